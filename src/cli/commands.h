@@ -1,0 +1,16 @@
+// The r3 subcommands. Each registers its options on the CLI11 app and returns the function
+// that runs it once the command line has been parsed.
+#pragma once
+
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
+namespace r3::cli {
+
+using Command = std::function<int()>;
+
+Command add_forward_command(CLI::App& app);
+Command add_generate_command(CLI::App& app);
+
+}  // namespace r3::cli

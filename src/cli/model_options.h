@@ -1,0 +1,24 @@
+// Options every model command shares (--model, --threads) and loading the model with a timing
+// line on stderr.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "core/thread_pool.h"
+#include "models/decoder_model.h"
+
+namespace r3::cli {
+
+struct ModelOptions {
+  std::string model_dir;
+  int threads = 0;
+
+  void add_to(CLI::App& command);
+  std::unique_ptr<models::DecoderModel> load() const;  // logs load time and model summary
+  std::unique_ptr<ThreadPool> make_pool() const;
+};
+
+}  // namespace r3::cli

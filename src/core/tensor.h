@@ -1,0 +1,87 @@
+// Tensor: a typed, shaped view of memory plus a shared owner that keeps the memory alive.
+//
+// The memory may be owned (Tensor::empty), borrowed from an mmap'ed checkpoint, or a view of
+// another tensor. Strides are in elements; ops in src/ops expect contiguous tensors and say so.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+#include "core/dtype.h"
+
+namespace r3 {
+
+using Shape = std::vector<int64_t>;
+
+std::string shape_to_string(const Shape& shape);  // "[2, 3]"
+int64_t shape_numel(const Shape& shape);
+Shape contiguous_strides(const Shape& shape);
+
+template <typename T> constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::F32; }
+template <> constexpr DType dtype_of<double>() { return DType::F64; }
+template <> constexpr DType dtype_of<int64_t>() { return DType::I64; }
+template <> constexpr DType dtype_of<int32_t>() { return DType::I32; }
+template <> constexpr DType dtype_of<uint16_t>() { return DType::U16; }
+template <> constexpr DType dtype_of<uint8_t>() { return DType::U8; }
+
+class Tensor {
+ public:
+  Tensor() = default;
+
+  // Owned, zero-filled, contiguous.
+  static Tensor empty(DType dtype, Shape shape);
+  // Contiguous view of memory kept alive by `owner`.
+  static Tensor view(DType dtype, Shape shape, void* data, std::shared_ptr<const void> owner);
+  // Owned contiguous copy of `values` with the given shape.
+  template <typename T>
+  static Tensor from(const std::vector<T>& values, Shape shape) {
+    R3_CHECK(shape_numel(shape) == static_cast<int64_t>(values.size()),
+             "Tensor::from: ", values.size(), " values do not fill shape ", shape_to_string(shape));
+    Tensor t = empty(dtype_of<T>(), std::move(shape));
+    std::copy(values.begin(), values.end(), t.data<T>());
+    return t;
+  }
+
+  // False for a default-constructed tensor (an absent optional weight).
+  bool defined() const { return data_ != nullptr; }
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  const Shape& strides() const { return strides_; }
+  int rank() const { return static_cast<int>(shape_.size()); }
+  int64_t dim(int axis) const;
+  int64_t numel() const { return shape_numel(shape_); }
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype_); }
+  bool is_contiguous() const { return strides_ == contiguous_strides(shape_); }
+
+  void* raw_data() { return data_; }
+  const void* raw_data() const { return data_; }
+
+  template <typename T>
+  T* data() {
+    R3_CHECK(dtype_ == dtype_of<T>(), "tensor holds ", dtype_name(dtype_), ", asked for ",
+             dtype_name(dtype_of<T>()));
+    return static_cast<T*>(data_);
+  }
+  template <typename T>
+  const T* data() const {
+    return const_cast<Tensor*>(this)->data<T>();
+  }
+
+  // View of rows [begin, end) along axis 0 (shares the owner).
+  Tensor rows(int64_t begin, int64_t end) const;
+  // Same memory, new contiguous shape with the same element count.
+  Tensor reshaped(Shape shape) const;
+
+ private:
+  DType dtype_ = DType::F32;
+  Shape shape_;
+  Shape strides_;
+  void* data_ = nullptr;
+  std::shared_ptr<const void> owner_;
+};
+
+}  // namespace r3

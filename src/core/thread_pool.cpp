@@ -1,0 +1,93 @@
+#include "core/thread_pool.h"
+
+#include <algorithm>
+
+namespace r3 {
+
+ThreadPool::ThreadPool(int threads) {
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  work_ready_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::run_chunks() {
+  for (;;) {
+    int64_t chunk;
+    {
+      std::lock_guard lock(mutex_);
+      if (next_chunk_ >= chunks_total_ || error_) return;
+      chunk = next_chunk_++;
+    }
+    int64_t begin = chunk * job_chunk_;
+    int64_t end = std::min(job_n_, begin + job_chunk_);
+    try {
+      (*job_)(begin, end);
+    } catch (...) {
+      std::lock_guard lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
+  }
+}
+
+void ThreadPool::worker_loop() {
+  uint64_t seen = 0;
+  for (;;) {
+    {
+      std::unique_lock lock(mutex_);
+      work_ready_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+      if (stopping_) return;
+      seen = generation_;
+      ++busy_workers_;
+    }
+    run_chunks();
+    {
+      std::lock_guard lock(mutex_);
+      --busy_workers_;
+    }
+    work_done_.notify_all();
+  }
+}
+
+void ThreadPool::parallel_for(int64_t n, int64_t grain, const RangeFn& fn) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(grain, 1);
+  const int64_t max_chunks = (n + grain - 1) / grain;
+  if (workers_.empty() || max_chunks <= 1) {
+    fn(0, n);
+    return;
+  }
+  // A few chunks per thread balance uneven work without shrinking chunks below `grain`.
+  const int64_t chunks = std::min<int64_t>(max_chunks, static_cast<int64_t>(size()) * 4);
+  {
+    std::lock_guard lock(mutex_);
+    job_ = &fn;
+    job_n_ = n;
+    job_chunk_ = (n + chunks - 1) / chunks;
+    chunks_total_ = (n + job_chunk_ - 1) / job_chunk_;
+    next_chunk_ = 0;
+    error_ = nullptr;
+    ++generation_;
+  }
+  work_ready_.notify_all();
+  run_chunks();
+  std::exception_ptr error;
+  {
+    std::unique_lock lock(mutex_);
+    // Every chunk is claimed once next_chunk_ reaches the total; wait for the running ones.
+    work_done_.wait(lock, [&] { return busy_workers_ == 0; });
+    job_ = nullptr;
+    error = error_;
+    error_ = nullptr;
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace r3

@@ -1,0 +1,36 @@
+// The routed experts of one sequence, per the data contract in DESIGN.md: rows are sequence
+// positions (row i = routing computed while token i was the model input), then the model's MoE
+// layers in order, then the router's top-k slots. Logical expert ids.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "moe/routing_capture.h"
+
+namespace r3::engine {
+
+class RoutedExperts {
+ public:
+  RoutedExperts(int64_t num_moe_layers, int64_t top_k) : layers_(num_moe_layers), top_k_(top_k) {}
+
+  int64_t rows() const {
+    return layers_ * top_k_ == 0 ? 0 : static_cast<int64_t>(ids_.size()) / (layers_ * top_k_);
+  }
+  int64_t num_moe_layers() const { return layers_; }
+  int64_t top_k() const { return top_k_; }
+  // ids of (row, MoE layer j, slot k).
+  int32_t at(int64_t row, int64_t layer, int64_t slot) const;
+  const std::vector<int32_t>& flat() const { return ids_; }
+
+  // Appends captured rows [first, first + count) of the last step.
+  void append(const moe::RoutingCapture& capture, int64_t first, int64_t count);
+
+ private:
+  int64_t layers_;
+  int64_t top_k_;
+  std::vector<int32_t> ids_;
+};
+
+}  // namespace r3::engine

@@ -1,0 +1,129 @@
+#include "io/checkpoint.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace r3 {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::map<std::string, std::string> read_index(const fs::path& index_path) {
+  std::ifstream in(index_path);
+  R3_CHECK(in.good(), "cannot read ", index_path.string());
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    R3_FAIL(index_path.string(), ": malformed JSON: ", e.what());
+  }
+  R3_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
+           index_path.string(), ": missing object 'weight_map'");
+  std::map<std::string, std::string> map;
+  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+    R3_CHECK(it.value().is_string(), index_path.string(), ": weight_map['", it.key(),
+             "'] is not a file name");
+    map[it.key()] = it.value().get<std::string>();
+  }
+  return map;
+}
+
+}  // namespace
+
+Checkpoint Checkpoint::open(const std::string& dir) {
+  Checkpoint ckpt;
+  ckpt.dir_ = dir;
+  const fs::path root(dir);
+  R3_CHECK(fs::is_directory(root), "model folder ", dir, " does not exist or is not a folder");
+  const fs::path index = root / "model.safetensors.index.json";
+  const fs::path single = root / "model.safetensors";
+
+  if (fs::exists(index)) {
+    std::map<std::string, std::shared_ptr<const SafetensorsFile>> shards;
+    for (const auto& [name, shard] : read_index(index)) {
+      auto& file = shards[shard];
+      if (!file) {
+        const fs::path shard_path = root / shard;
+        R3_CHECK(fs::exists(shard_path), index.string(), " lists shard ", shard,
+                 " (for tensor '", name, "') but the file is missing");
+        file = SafetensorsFile::open(shard_path.string());
+        ckpt.files_.push_back(file);
+      }
+      R3_CHECK(file->find(name) != nullptr, index.string(), " maps tensor '", name, "' to ", shard,
+               " but that shard does not contain it");
+      ckpt.where_[name] = file.get();
+    }
+  } else if (fs::exists(single)) {
+    auto file = SafetensorsFile::open(single.string());
+    for (const auto& [name, e] : file->entries()) ckpt.where_[name] = file.get();
+    ckpt.files_.push_back(std::move(file));
+  } else {
+    R3_FAIL("no checkpoint in ", dir,
+            ": expected model.safetensors or model.safetensors.index.json");
+  }
+  return ckpt;
+}
+
+uint64_t Checkpoint::total_bytes() const {
+  uint64_t total = 0;
+  for (const auto& [name, file] : where_) {
+    const auto* e = file->find(name);
+    total += e->end - e->begin;
+  }
+  return total;
+}
+
+Shape Checkpoint::shape(const std::string& name) const {
+  auto it = where_.find(name);
+  R3_CHECK(it != where_.end(), "checkpoint ", dir_, " has no tensor '", name, "'");
+  return it->second->find(name)->shape;
+}
+
+const SafetensorsEntry& Checkpoint::entry(const std::string& name, const Shape& expected) const {
+  auto it = where_.find(name);
+  R3_CHECK(it != where_.end(), "checkpoint ", dir_, " is missing tensor '", name,
+           "' (expected shape ", shape_to_string(expected), ")");
+  const SafetensorsEntry& e = *it->second->find(name);
+  R3_CHECK(e.shape == expected, "tensor '", name, "' in ", it->second->path(),
+           " has shape ", shape_to_string(e.shape), ", expected ", shape_to_string(expected));
+  loaded_.insert(name);
+  if (on_load_) on_load_(e.end - e.begin);
+  return e;
+}
+
+Tensor Checkpoint::load_f32(const std::string& name, const Shape& expected) const {
+  const SafetensorsEntry& e = entry(name, expected);
+  R3_CHECK(e.dtype == DType::F32 || e.dtype == DType::BF16 || e.dtype == DType::F16 ||
+               e.dtype == DType::F64,
+           "tensor '", name, "' has dtype ", dtype_name(e.dtype),
+           ", expected a floating type (F32, BF16, F16)");
+  Tensor stored = where_.at(name)->view(name);
+  const bool aligned = reinterpret_cast<uintptr_t>(stored.raw_data()) % alignof(float) == 0;
+  if (e.dtype == DType::F32 && aligned) return stored;  // zero-copy
+  Tensor out = Tensor::empty(DType::F32, e.shape);
+  convert_to_f32(stored.raw_data(), e.dtype, static_cast<std::size_t>(out.numel()),
+                 out.data<float>());
+  return out;
+}
+
+Tensor Checkpoint::load_raw(const std::string& name, const Shape& expected) const {
+  const SafetensorsEntry& e = entry(name, expected);
+  Tensor stored = where_.at(name)->view(name);
+  Tensor out = Tensor::empty(e.dtype, e.shape);  // copy: aligned for its element type
+  std::memcpy(out.raw_data(), stored.raw_data(), out.nbytes());
+  return out;
+}
+
+std::vector<std::string> Checkpoint::unused() const {
+  std::vector<std::string> names;
+  for (const auto& [name, file] : where_) {
+    if (!loaded_.count(name)) names.push_back(name);
+  }
+  return names;
+}
+
+}  // namespace r3

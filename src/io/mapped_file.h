@@ -1,0 +1,28 @@
+// Read-only memory mapping of a whole file (RAII). Checkpoint tensors are views into it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace r3 {
+
+class MappedFile {
+ public:
+  // Throws r3::Error naming the path when the file cannot be opened or mapped.
+  explicit MappedFile(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+}  // namespace r3

@@ -1,0 +1,123 @@
+#include "models/decoder_builder.h"
+
+#include "moe/softmax_topk_router.h"
+
+namespace r3::models {
+
+namespace {
+
+class LayerLoader {
+ public:
+  LayerLoader(const DecoderSpec& spec, const Checkpoint& ckpt, int64_t layer)
+      : spec_(spec), ckpt_(ckpt), layer_(layer), prefix_(expand_name(spec.names.layer, layer)) {}
+
+  Tensor load(const std::string& name, const Shape& shape, int64_t expert = -1) const {
+    return ckpt_.load_f32(expand_name(prefix_ + name, layer_, expert), shape);
+  }
+
+  GqaAttention attention() const {
+    const AttentionSpec& a = spec_.attention;
+    const std::string p = spec_.names.attention;
+    const int64_t h = spec_.hidden_size, q = a.num_heads * a.head_dim, kv = a.num_kv_heads * a.head_dim;
+    GqaAttentionWeights w;
+    w.q = load(p + "q_proj.weight", {q, h});
+    w.k = load(p + "k_proj.weight", {kv, h});
+    w.v = load(p + "v_proj.weight", {kv, h});
+    w.o = load(p + "o_proj.weight", {h, q});
+    if (a.qkv_bias) {
+      w.q_bias = load(p + "q_proj.bias", {q});
+      w.k_bias = load(p + "k_proj.bias", {kv});
+      w.v_bias = load(p + "v_proj.bias", {kv});
+    }
+    if (a.o_bias) w.o_bias = load(p + "o_proj.bias", {h});
+    if (a.qk_norm == QkNorm::kPerHead) {
+      w.q_norm = load(p + "q_norm.weight", {a.head_dim});
+      w.k_norm = load(p + "k_norm.weight", {a.head_dim});
+    } else if (a.qk_norm == QkNorm::kFull) {
+      w.q_norm = load(p + "q_norm.weight", {q});
+      w.k_norm = load(p + "k_norm.weight", {kv});
+    }
+    return GqaAttention(a, static_cast<float>(spec_.rms_norm_eps), std::move(w));
+  }
+
+  SwigluMlp mlp(const std::string& p, int64_t width) const {
+    const int64_t h = spec_.hidden_size;
+    return SwigluMlp(load(p + "gate_proj.weight", {width, h}), load(p + "up_proj.weight", {width, h}),
+                     load(p + "down_proj.weight", {h, width}));
+  }
+
+  std::unique_ptr<FeedForward> moe(int64_t moe_layer_id) const {
+    const MoeSpec& m = spec_.moe;
+    const DecoderNames& n = spec_.names;
+    const int64_t h = spec_.hidden_size, width = m.expert_intermediate;
+    std::vector<moe::SwigluExpertWeights> experts;
+    for (int64_t e = 0; e < m.num_experts; ++e) {
+      const std::string p = n.moe + n.expert;
+      experts.push_back({load(p + n.expert_gate, {width, h}, e), load(p + n.expert_up, {width, h}, e),
+                         load(p + n.expert_down, {h, width}, e)});
+    }
+    auto router = std::make_unique<moe::SoftmaxTopKRouter>(
+        load(n.moe + n.router, {m.num_experts, h}), m.top_k, m.normalize_topk);
+    std::optional<SwigluMlp> shared;
+    Tensor shared_gate;
+    if (m.shared_expert_intermediate > 0) {
+      shared = mlp(n.moe + n.shared_expert, m.shared_expert_intermediate);
+      if (m.shared_expert_gate) shared_gate = load(n.moe + n.shared_expert_gate, {1, h});
+    }
+    return std::make_unique<MoeFeedForward>(
+        moe::MoeLayer(moe_layer_id, std::move(router), moe::SwigluExperts(std::move(experts))),
+        std::move(shared), std::move(shared_gate));
+  }
+
+ private:
+  const DecoderSpec& spec_;
+  const Checkpoint& ckpt_;
+  int64_t layer_;
+  std::string prefix_;
+};
+
+}  // namespace
+
+std::unique_ptr<DecoderModel> build_decoder(const DecoderSpec& spec, const Checkpoint& ckpt) {
+  spec.validate();
+  const int64_t h = spec.hidden_size;
+  Tensor embed = ckpt.load_f32(spec.names.embed, {spec.vocab_size, h});
+
+  std::vector<DecoderLayer> layers;
+  int64_t moe_layer_id = 0;
+  for (int64_t i = 0; i < spec.num_layers; ++i) {
+    LayerLoader loader(spec, ckpt, i);
+    DecoderLayer layer;
+    layer.input_norm = loader.load(spec.names.input_norm, {h});
+    layer.post_attention_norm = loader.load(spec.names.post_attention_norm, {h});
+    layer.attention = std::make_unique<GqaAttention>(loader.attention());
+    if (spec.layer_is_moe[static_cast<std::size_t>(i)]) {
+      layer.feed_forward = loader.moe(moe_layer_id++);
+    } else {
+      layer.feed_forward =
+          std::make_unique<DenseFeedForward>(loader.mlp(spec.names.dense_mlp, spec.dense_intermediate));
+    }
+    layers.push_back(std::move(layer));
+  }
+  Tensor final_norm = ckpt.load_f32(spec.names.final_norm, {h});
+  Tensor lm_head = spec.tie_word_embeddings ? embed
+                                            : ckpt.load_f32(spec.names.lm_head, {spec.vocab_size, h});
+
+  ModelInfo info;
+  info.family = spec.family;
+  info.architecture = spec.architecture;
+  info.vocab_size = spec.vocab_size;
+  info.hidden_size = h;
+  info.num_layers = spec.num_layers;
+  info.max_position_embeddings = spec.max_position_embeddings;
+  info.moe_layers = spec.moe_layers();
+  info.num_experts = spec.moe.num_experts;
+  info.top_k = spec.moe.top_k;
+  info.eos_token_ids = spec.eos_token_ids;
+  const int64_t kv_width = spec.attention.num_kv_heads * spec.attention.head_dim;
+  return std::make_unique<DecoderModel>(std::move(info), static_cast<float>(spec.rms_norm_eps),
+                                        kv_width, std::move(embed), std::move(layers),
+                                        std::move(final_norm), std::move(lm_head));
+}
+
+}  // namespace r3::models

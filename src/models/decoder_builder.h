@@ -1,0 +1,15 @@
+// Assembles a DecoderModel from a DecoderSpec and the checkpoint's tensors, checking every
+// tensor's presence and shape against the spec.
+#pragma once
+
+#include <memory>
+
+#include "io/checkpoint.h"
+#include "models/decoder_model.h"
+#include "models/decoder_spec.h"
+
+namespace r3::models {
+
+std::unique_ptr<DecoderModel> build_decoder(const DecoderSpec& spec, const Checkpoint& checkpoint);
+
+}  // namespace r3::models

@@ -1,0 +1,53 @@
+#include "models/decoder_spec.h"
+
+#include "core/check.h"
+
+namespace r3::models {
+
+std::vector<int64_t> DecoderSpec::moe_layers() const {
+  std::vector<int64_t> out;
+  for (std::size_t i = 0; i < layer_is_moe.size(); ++i) {
+    if (layer_is_moe[i]) out.push_back(static_cast<int64_t>(i));
+  }
+  return out;
+}
+
+void DecoderSpec::validate() const {
+  auto positive = [&](int64_t v, const char* name) {
+    R3_CHECK(v > 0, family, " config: ", name, " must be positive, got ", v);
+  };
+  positive(vocab_size, "vocab_size");
+  positive(hidden_size, "hidden_size");
+  positive(num_layers, "num_hidden_layers");
+  positive(attention.num_heads, "num_attention_heads");
+  positive(attention.num_kv_heads, "num_key_value_heads");
+  positive(attention.head_dim, "head_dim");
+  R3_CHECK(attention.num_heads % attention.num_kv_heads == 0, family, " config: ",
+           attention.num_heads, " attention heads not divisible by ", attention.num_kv_heads,
+           " key/value heads");
+  R3_CHECK(attention.head_dim % 2 == 0, family, " config: head_dim must be even for rotary");
+  R3_CHECK(static_cast<int64_t>(layer_is_moe.size()) == num_layers, family,
+           " config: layer kinds do not cover every layer");
+  if (!moe_layers().empty()) {
+    positive(moe.num_experts, "num_experts");
+    positive(moe.expert_intermediate, "moe_intermediate_size");
+    R3_CHECK(moe.top_k >= 1 && moe.top_k <= moe.num_experts, family,
+             " config: num_experts_per_tok must be in [1, num_experts], got ", moe.top_k);
+  }
+  if (moe_layers().size() < static_cast<std::size_t>(num_layers)) {
+    positive(dense_intermediate, "intermediate_size");
+  }
+}
+
+std::string expand_name(std::string pattern, int64_t layer, int64_t expert) {
+  auto replace = [&](const std::string& key, int64_t value) {
+    for (auto pos = pattern.find(key); pos != std::string::npos; pos = pattern.find(key)) {
+      pattern.replace(pos, key.size(), std::to_string(value));
+    }
+  };
+  replace("{i}", layer);
+  if (expert >= 0) replace("{e}", expert);
+  return pattern;
+}
+
+}  // namespace r3::models

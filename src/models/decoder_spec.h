@@ -1,0 +1,81 @@
+// The typed description of a Llama-style MoE decoder, produced from config.json by a family
+// file (src/models/families) and consumed by the builder. Everything a family varies in is a
+// field here; the checkpoint tensor names a family uses are in DecoderNames.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace r3::models {
+
+enum class QkNorm {
+  kNone,
+  kPerHead,  // RMSNorm over head_dim of each head (Qwen3-MoE)
+  kFull,     // RMSNorm over the whole q / k projection (OLMoE)
+};
+
+struct AttentionSpec {
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  bool qkv_bias = false;
+  bool o_bias = false;
+  QkNorm qk_norm = QkNorm::kNone;
+  double clip_qkv = 0;  // 0: no clipping
+  double rope_theta = 10000.0;
+  int64_t sliding_window = 0;  // 0: full causal attention
+};
+
+struct MoeSpec {
+  int64_t num_experts = 0;
+  int64_t top_k = 0;
+  int64_t expert_intermediate = 0;
+  bool normalize_topk = false;
+  int64_t shared_expert_intermediate = 0;  // 0: no shared expert
+  bool shared_expert_gate = false;          // sigmoid(gate(x)) scales the shared expert
+};
+
+// Checkpoint names. "{i}" is replaced by the layer index, "{e}" by the expert index.
+struct DecoderNames {
+  std::string embed = "model.embed_tokens.weight";
+  std::string final_norm = "model.norm.weight";
+  std::string lm_head = "lm_head.weight";
+  std::string layer = "model.layers.{i}.";
+  std::string input_norm = "input_layernorm.weight";
+  std::string post_attention_norm = "post_attention_layernorm.weight";
+  std::string attention = "self_attn.";
+  std::string dense_mlp = "mlp.";
+  std::string moe = "mlp.";
+  std::string router = "gate.weight";
+  std::string expert = "experts.{e}.";
+  std::string expert_gate = "gate_proj.weight";
+  std::string expert_up = "up_proj.weight";
+  std::string expert_down = "down_proj.weight";
+  std::string shared_expert = "shared_expert.";
+  std::string shared_expert_gate = "shared_expert_gate.weight";
+};
+
+struct DecoderSpec {
+  std::string family;        // e.g. "qwen3_moe"
+  std::string architecture;  // e.g. "Qwen3MoeForCausalLM"
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t num_layers = 0;
+  int64_t dense_intermediate = 0;  // width of dense (non-MoE) layers' MLP
+  int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = false;
+  std::vector<int32_t> eos_token_ids;  // generation stops after one of these
+  AttentionSpec attention;
+  MoeSpec moe;
+  std::vector<bool> layer_is_moe;  // one entry per layer
+  DecoderNames names;
+
+  std::vector<int64_t> moe_layers() const;  // indices of the MoE layers
+  void validate() const;                    // throws r3::Error on inconsistent fields
+};
+
+std::string expand_name(std::string pattern, int64_t layer, int64_t expert = -1);
+
+}  // namespace r3::models

@@ -1,0 +1,78 @@
+#include "models/families/common_config.h"
+
+#include <algorithm>
+
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+
+namespace r3::models {
+
+namespace {
+
+// Rotary base from `rope_parameters` (transformers 5) or `rope_theta` (older configs). Only
+// plain RoPE is implemented so far; a scaled variant must not run silently as if it were plain.
+double read_rope_theta(const HfConfig& config) {
+  if (auto params = config.get_object("rope_parameters")) {
+    const std::string type = params->get_string("rope_type", params->get_string("type", "default"));
+    R3_CHECK(type == "default", config.source(), ": rope_type '", type,
+             "' is not supported for this family yet (only 'default')");
+    return params->get_double("rope_theta", config.get_double("rope_theta", 10000.0));
+  }
+  if (auto scaling = config.get_object("rope_scaling")) {
+    const std::string type = scaling->get_string("rope_type", scaling->get_string("type", "default"));
+    R3_CHECK(type == "default", config.source(), ": rope_scaling '", type,
+             "' is not supported for this family yet");
+  }
+  return config.get_double("rope_theta", 10000.0);
+}
+
+// eos_token_id may be an integer or a list of integers.
+std::vector<int32_t> read_eos_token_ids(const HfConfig& config) {
+  if (!config.has("eos_token_id")) return {};
+  if (config.raw()["eos_token_id"].is_array()) {
+    std::vector<int32_t> ids;
+    for (int64_t id : config.get_int_list("eos_token_id", {})) ids.push_back(static_cast<int32_t>(id));
+    return ids;
+  }
+  return {static_cast<int32_t>(config.get_int("eos_token_id"))};
+}
+
+}  // namespace
+
+void read_common_decoder_config(const HfConfig& config, DecoderSpec& spec) {
+  spec.architecture = config.architecture();
+  spec.vocab_size = config.get_int("vocab_size");
+  spec.hidden_size = config.get_int("hidden_size");
+  spec.num_layers = config.get_int("num_hidden_layers");
+  spec.max_position_embeddings = config.get_int("max_position_embeddings", 0);
+  spec.rms_norm_eps = config.get_double("rms_norm_eps", 1e-6);
+  spec.tie_word_embeddings = config.get_bool("tie_word_embeddings", false);
+  spec.dense_intermediate = config.get_int("intermediate_size", 0);
+  spec.eos_token_ids = read_eos_token_ids(config);
+
+  AttentionSpec& a = spec.attention;
+  a.num_heads = config.get_int("num_attention_heads");
+  a.num_kv_heads = config.get_int("num_key_value_heads", a.num_heads);
+  R3_CHECK(a.num_heads > 0, config.source(), ": num_attention_heads must be positive");
+  a.head_dim = config.get_int("head_dim", spec.hidden_size / a.num_heads);
+  a.rope_theta = read_rope_theta(config);
+
+  spec.moe.top_k = config.get_int("num_experts_per_tok", 0);
+  spec.moe.normalize_topk = config.get_bool("norm_topk_prob", false);
+}
+
+std::vector<bool> sparse_step_moe_layers(const HfConfig& config, int64_t num_layers,
+                                         int64_t num_experts) {
+  const int64_t step = config.get_int("decoder_sparse_step", 1);
+  R3_CHECK(step >= 1, config.source(), ": decoder_sparse_step must be >= 1, got ", step);
+  const std::vector<int64_t> mlp_only = config.get_int_list("mlp_only_layers", {});
+  std::vector<bool> is_moe(static_cast<std::size_t>(num_layers));
+  for (int64_t i = 0; i < num_layers; ++i) {
+    const bool dense = std::find(mlp_only.begin(), mlp_only.end(), i) != mlp_only.end();
+    is_moe[static_cast<std::size_t>(i)] = !dense && num_experts > 0 && (i + 1) % step == 0;
+  }
+  return is_moe;
+}
+
+}  // namespace r3::models

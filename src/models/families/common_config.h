@@ -1,0 +1,17 @@
+// config.json fields that the Llama-style MoE families share (sizes, heads, norms, rotary).
+#pragma once
+
+#include "io/hf_config.h"
+#include "models/decoder_spec.h"
+
+namespace r3::models {
+
+// Fills the fields every family reads the same way; family files then add their own.
+void read_common_decoder_config(const HfConfig& config, DecoderSpec& spec);
+
+// The Qwen-MoE rule: layer i is MoE unless listed in mlp_only_layers, when num_experts > 0 and
+// (i + 1) % decoder_sparse_step == 0.
+std::vector<bool> sparse_step_moe_layers(const HfConfig& config, int64_t num_layers,
+                                         int64_t num_experts);
+
+}  // namespace r3::models

@@ -1,0 +1,15 @@
+#include "models/families/families.h"
+
+namespace r3::models {
+
+const std::vector<Family>& all_families() {
+  static const std::vector<Family> families = {
+      {"qwen3_moe", {"Qwen3MoeForCausalLM"}, &parse_qwen3_moe},
+      {"qwen2_moe", {"Qwen2MoeForCausalLM"}, &parse_qwen2_moe},
+      {"mixtral", {"MixtralForCausalLM"}, &parse_mixtral},
+      {"olmoe", {"OlmoeForCausalLM"}, &parse_olmoe},
+  };
+  return families;
+}
+
+}  // namespace r3::models

@@ -1,0 +1,84 @@
+#include "models/gqa_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "ops/attention.h"
+#include "ops/linear.h"
+#include "ops/rms_norm.h"
+
+namespace r3::models {
+
+namespace {
+const Tensor* optional(const Tensor& t) { return t.defined() ? &t : nullptr; }
+}  // namespace
+
+GqaAttention::GqaAttention(const AttentionSpec& spec, float rms_eps, GqaAttentionWeights weights)
+    : spec_(spec), rms_eps_(rms_eps), w_(std::move(weights)), rotary_(spec.head_dim, spec.rope_theta) {}
+
+void GqaAttention::normalise_qk(ThreadPool& pool, Tensor& q, Tensor& k) const {
+  const int64_t tokens = q.dim(0), d = spec_.head_dim;
+  switch (spec_.qk_norm) {
+    case QkNorm::kNone:
+      return;
+    case QkNorm::kFull:  // over the whole projection, before splitting into heads
+      ops::rms_norm(pool, q, &w_.q_norm, rms_eps_, q);
+      ops::rms_norm(pool, k, &w_.k_norm, rms_eps_, k);
+      return;
+    case QkNorm::kPerHead: {  // over head_dim of every head
+      Tensor qh = q.reshaped({tokens * spec_.num_heads, d});
+      Tensor kh = k.reshaped({tokens * spec_.num_kv_heads, d});
+      ops::rms_norm(pool, qh, &w_.q_norm, rms_eps_, qh);
+      ops::rms_norm(pool, kh, &w_.k_norm, rms_eps_, kh);
+      return;
+    }
+  }
+}
+
+void GqaAttention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch& batch,
+                           KvCache& cache, int64_t layer, Tensor& out) const {
+  const int64_t tokens = x.dim(0), d = spec_.head_dim;
+  const int64_t q_width = spec_.num_heads * d, kv_width = spec_.num_kv_heads * d;
+  Tensor q = Tensor::empty(DType::F32, {tokens, q_width});
+  Tensor k = Tensor::empty(DType::F32, {tokens, kv_width});
+  Tensor v = Tensor::empty(DType::F32, {tokens, kv_width});
+  ops::linear(pool, x, w_.q, optional(w_.q_bias), q);
+  ops::linear(pool, x, w_.k, optional(w_.k_bias), k);
+  ops::linear(pool, x, w_.v, optional(w_.v_bias), v);
+  normalise_qk(pool, q, k);
+  if (spec_.clip_qkv > 0) {
+    const auto c = static_cast<float>(spec_.clip_qkv);
+    for (Tensor* t : {&q, &k, &v}) {
+      float* p = t->data<float>();
+      for (int64_t i = 0; i < t->numel(); ++i) p[i] = std::clamp(p[i], -c, c);
+    }
+  }
+  Tensor qh = q.reshaped({tokens, spec_.num_heads, d});
+  Tensor kh = k.reshaped({tokens, spec_.num_kv_heads, d});
+  rotary_.apply(qh, batch.positions);
+  rotary_.apply(kh, batch.positions);
+
+  // Append this step's keys/values, then let each token attend to its slot's rows up to itself.
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int64_t slot = batch.slots[t], pos = batch.positions[t];
+    R3_CHECK(pos < cache.capacity(), "sequence position ", pos, " exceeds the KV cache capacity of ",
+             cache.capacity(), " tokens");
+    std::memcpy(cache.keys(layer, slot) + pos * kv_width, k.data<float>() + t * kv_width,
+                sizeof(float) * static_cast<std::size_t>(kv_width));
+    std::memcpy(cache.values(layer, slot) + pos * kv_width, v.data<float>() + t * kv_width,
+                sizeof(float) * static_cast<std::size_t>(kv_width));
+  }
+  std::vector<ops::KvRows> rows(static_cast<std::size_t>(tokens));
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int64_t slot = batch.slots[t], pos = batch.positions[t];
+    const int64_t first = spec_.sliding_window > 0 ? std::max<int64_t>(0, pos - spec_.sliding_window + 1) : 0;
+    rows[t] = {cache.keys(layer, slot) + first * kv_width, cache.values(layer, slot) + first * kv_width,
+               pos + 1 - first, kv_width};
+  }
+  Tensor attended = Tensor::empty(DType::F32, {tokens, spec_.num_heads, d});
+  ops::attention(pool, qh, rows, spec_.num_kv_heads, 1.0f / std::sqrt(static_cast<float>(d)), attended);
+  ops::linear(pool, attended.reshaped({tokens, q_width}), w_.o, optional(w_.o_bias), out);
+}
+
+}  // namespace r3::models

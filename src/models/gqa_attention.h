@@ -1,0 +1,37 @@
+// Grouped-query causal self-attention with rotary positions, optional q/k RMSNorm, optional
+// biases, optional sliding window, writing its keys/values into the KV cache.
+#pragma once
+
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "models/decoder_spec.h"
+#include "models/forward_batch.h"
+#include "models/kv_cache.h"
+#include "ops/rotary.h"
+
+namespace r3::models {
+
+struct GqaAttentionWeights {
+  Tensor q, k, v, o;                    // [out, in] projections
+  Tensor q_bias, k_bias, v_bias, o_bias;  // empty when the spec has none
+  Tensor q_norm, k_norm;                // empty unless spec.qk_norm != kNone
+};
+
+class GqaAttention {
+ public:
+  GqaAttention(const AttentionSpec& spec, float rms_eps, GqaAttentionWeights weights);
+
+  // x: normalised hidden states F32 [tokens, hidden]; out: F32 [tokens, hidden].
+  void forward(ThreadPool& pool, const Tensor& x, const ForwardBatch& batch, KvCache& cache,
+               int64_t layer, Tensor& out) const;
+
+ private:
+  void normalise_qk(ThreadPool& pool, Tensor& q, Tensor& k) const;
+
+  AttentionSpec spec_;
+  float rms_eps_;
+  GqaAttentionWeights w_;
+  ops::Rotary rotary_;
+};
+
+}  // namespace r3::models

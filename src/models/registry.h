@@ -1,0 +1,20 @@
+// Loading a model folder: config.json picks the family (by `architectures`, then `model_type`),
+// the family builds a DecoderSpec, the builder loads the weights.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "io/hf_config.h"
+#include "models/decoder_model.h"
+#include "models/decoder_spec.h"
+
+namespace r3::models {
+
+// Throws r3::Error for an unknown architecture, listing the supported ones.
+DecoderSpec spec_from_config(const HfConfig& config);
+
+// Loads config + weights; shows progress on stderr when loading takes more than a moment.
+std::unique_ptr<DecoderModel> load_model(const std::string& model_dir);
+
+}  // namespace r3::models

@@ -1,0 +1,19 @@
+// A dense SwiGLU MLP: down(silu(gate(x)) * up(x)). Dense layers and shared experts use it.
+#pragma once
+
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+
+namespace r3::models {
+
+class SwigluMlp {
+ public:
+  SwigluMlp(Tensor gate, Tensor up, Tensor down);
+  // x, out: F32 [tokens, hidden].
+  void forward(ThreadPool& pool, const Tensor& x, Tensor& out) const;
+
+ private:
+  Tensor gate_, up_, down_;
+};
+
+}  // namespace r3::models

@@ -1,0 +1,31 @@
+#include "ops/rms_norm.h"
+
+#include <cmath>
+
+namespace r3::ops {
+
+void rms_norm(ThreadPool& pool, const Tensor& x, const Tensor* weight, float eps, Tensor& y) {
+  R3_CHECK(x.rank() >= 1 && x.is_contiguous() && y.is_contiguous() && x.numel() == y.numel(),
+           "rms_norm: x ", shape_to_string(x.shape()), " y ", shape_to_string(y.shape()));
+  const int64_t d = x.shape().back();
+  const int64_t rows = d == 0 ? 0 : x.numel() / d;
+  R3_CHECK(weight == nullptr || (weight->rank() == 1 && weight->dim(0) == d),
+           "rms_norm: weight shape");
+  const float* xp = x.data<float>();
+  const float* wp = weight ? weight->data<float>() : nullptr;
+  float* yp = y.data<float>();
+  pool.parallel_for(rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = xp + r * d;
+      float* yr = yp + r * d;
+      // The mean of squares in double: cheap, and keeps the normaliser as exact as the
+      // float64 reference.
+      double sum = 0;
+      for (int64_t i = 0; i < d; ++i) sum += static_cast<double>(xr[i]) * xr[i];
+      const auto inv = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(d) + eps));
+      for (int64_t i = 0; i < d; ++i) yr[i] = wp ? wp[i] * (xr[i] * inv) : xr[i] * inv;
+    }
+  });
+}
+
+}  // namespace r3::ops

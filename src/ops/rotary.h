@@ -1,0 +1,28 @@
+// Rotary position embedding, "rotate half" form as in Hugging Face Llama-style models:
+// the first rotary_dim/2 and second rotary_dim/2 dims of each head form the rotated pairs.
+#pragma once
+
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace r3::ops {
+
+class Rotary {
+ public:
+  // inv_freq[i] = 1 / theta^(2i / rotary_dim), computed in float32 exactly as transformers does,
+  // so the angles (and their rounding) match the reference.
+  Rotary(int64_t rotary_dim, double theta);
+
+  int64_t rotary_dim() const { return rotary_dim_; }
+
+  // x: F32 [tokens, heads, head_dim] (head_dim >= rotary_dim); rotates the first rotary_dim dims
+  // of every head in place, at positions[token].
+  void apply(Tensor& x, const std::vector<int32_t>& positions) const;
+
+ private:
+  int64_t rotary_dim_;
+  std::vector<float> inv_freq_;
+};
+
+}  // namespace r3::ops

@@ -1,0 +1,118 @@
+#include "test_support.h"
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+
+namespace r3::test {
+
+namespace fs = std::filesystem;
+
+std::string data_dir() { return R3_TEST_DATA_DIR; }
+std::string family_dir(const std::string& family) { return data_dir() + "/" + family; }
+std::string r3_binary() { return R3_BINARY; }
+
+TempDir::TempDir() {
+  std::random_device rd;
+  dir_ = fs::temp_directory_path() / ("r3-test-" + std::to_string(rd()) + std::to_string(rd()));
+  fs::create_directories(dir_);
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  fs::remove_all(dir_, ec);
+}
+
+std::string TempDir::path(const std::string& name) const {
+  return name.empty() ? dir_.string() : (dir_ / name).string();
+}
+
+namespace {
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+}  // namespace
+
+CommandResult run_r3(const std::string& args) {
+  TempDir tmp;
+  const std::string out = tmp.path("out"), err = tmp.path("err");
+  const std::string cmd = r3_binary() + " " + args + " >" + out + " 2>" + err + " </dev/null";
+  const int status = std::system(cmd.c_str());
+  CommandResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+std::vector<double> read_as_f64(const SafetensorsFile& file, const std::string& name) {
+  Tensor t = file.view(name);
+  std::vector<double> out(static_cast<std::size_t>(t.numel()));
+  const auto* bytes = static_cast<const unsigned char*>(t.raw_data());
+  if (t.dtype() == DType::F64) {
+    std::memcpy(out.data(), bytes, out.size() * sizeof(double));
+  } else {
+    std::vector<float> f(out.size());
+    convert_to_f32(bytes, t.dtype(), f.size(), f.data());
+    std::copy(f.begin(), f.end(), out.begin());
+  }
+  return out;
+}
+
+std::vector<int64_t> read_as_i64(const SafetensorsFile& file, const std::string& name) {
+  Tensor t = file.view(name);
+  std::vector<int64_t> out(static_cast<std::size_t>(t.numel()));
+  const auto* bytes = static_cast<const unsigned char*>(t.raw_data());
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    if (t.dtype() == DType::I64) {
+      std::memcpy(&out[i], bytes + 8 * i, 8);
+    } else if (t.dtype() == DType::I32) {
+      int32_t v;
+      std::memcpy(&v, bytes + 4 * i, 4);
+      out[i] = v;
+    } else {
+      R3_FAIL("read_as_i64: ", name, " is ", dtype_name(t.dtype()));
+    }
+  }
+  return out;
+}
+
+Reference load_reference(const std::string& family, int index) {
+  const std::string dir = family_dir(family);
+  auto file = SafetensorsFile::open(dir + "/reference_" + std::to_string(index) + ".safetensors");
+  std::ifstream in(dir + "/reference.json");
+  const auto meta = nlohmann::json::parse(in);
+  const auto& seq = meta.at("sequences").at(static_cast<std::size_t>(index));
+  Reference r;
+  r.input_ids = read_as_i64(*file, "input_ids");
+  r.prompt_len = seq.at("prompt_len").get<int64_t>();
+  r.generated = seq.at("generated").get<std::vector<int64_t>>();
+  r.moe_layers = seq.at("moe_layers").get<std::vector<int64_t>>();
+  r.logits = read_as_f64(*file, "logits");
+  r.topk_ids = read_as_i64(*file, "topk_ids");
+  r.topk_weights = read_as_f64(*file, "topk_weights");
+  const Shape& ids_shape = file->find("topk_ids")->shape;
+  r.tokens = ids_shape[0];
+  r.layers = ids_shape[1];
+  r.top_k = ids_shape[2];
+  r.vocab = file->find("logits")->shape[1];
+  return r;
+}
+
+std::string join(const std::vector<int64_t>& values, const std::string& separator) {
+  std::string out;
+  for (std::size_t i = 0; i < values.size(); ++i) out += (i ? separator : "") + std::to_string(values[i]);
+  return out;
+}
+
+}  // namespace r3::test

@@ -1,0 +1,59 @@
+// Shared helpers for the test suite: fixture paths, temporary folders, running the r3 binary,
+// and reading reference fixtures in float64.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.h"
+
+namespace r3::test {
+
+std::string data_dir();                  // tests/data
+std::string family_dir(const std::string& family);
+std::string r3_binary();                 // the built r3 executable
+
+// A fresh folder under the system temp dir, removed when the object goes away.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string path(const std::string& name = "") const;
+
+ private:
+  std::filesystem::path dir_;
+};
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+// Runs `r3 <args>` (args already shell-quoted where needed).
+CommandResult run_r3(const std::string& args);
+
+// Tensor `name` of a safetensors file, converted to double / int64 whatever its stored dtype.
+std::vector<double> read_as_f64(const SafetensorsFile& file, const std::string& name);
+std::vector<int64_t> read_as_i64(const SafetensorsFile& file, const std::string& name);
+
+// One reference sequence of a family fixture (tests/data/<family>/reference_<i>.safetensors).
+struct Reference {
+  std::vector<int64_t> input_ids;  // prompt + generated
+  int64_t prompt_len = 0;
+  std::vector<int64_t> generated;
+  std::vector<int64_t> moe_layers;
+  int64_t tokens = 0;  // T = input_ids.size() - 1
+  int64_t vocab = 0, layers = 0, top_k = 0;
+  std::vector<double> logits;        // [T, V]
+  std::vector<int64_t> topk_ids;     // [T, L, K]
+  std::vector<double> topk_weights;  // [T, L, K]
+};
+Reference load_reference(const std::string& family, int index);
+
+std::string join(const std::vector<int64_t>& values, const std::string& separator = ",");
+
+}  // namespace r3::test

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Copies the reference fixtures of the families r3 implements from the shared reference folder
+# (default ../shared/reference) into tests/data/. Re-run after regenerating references with
+# tools/make_reference.py. Usage: tools/copy_reference.sh [SOURCE_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source_dir="${1:-../shared/reference}"
+families=(qwen3_moe qwen2_moe mixtral olmoe)
+files=(config.json generation_config.json model.safetensors reference.json
+       reference_0.safetensors reference_1.safetensors)
+for family in "${families[@]}"; do
+  mkdir -p "tests/data/$family"
+  for f in "${files[@]}"; do
+    cp "$source_dir/$family/$f" "tests/data/$family/$f"
+  done
+  echo "copied $family"
+done

@@ -1,0 +1,408 @@
+#!/usr/bin/env python3
+r"""Regenerate r3 reference fixtures (see /work/shared/reference/README.md).
+
+Builds (or loads) a tiny float32 Hugging Face MoE checkpoint, greedy-generates with transformers
+in float32, then runs ONE float64 forward (eager attention, eager experts) over input_ids[:-1] and
+writes reference_i.safetensors + reference.json next to the checkpoint.
+
+  python3 tools/make_reference.py --family qwen3_moe --out DIR [--seed 1234] \
+      [--config-override key=value ...] [--prompt-lens 12,5] [--gen 8]
+  python3 tools/make_reference.py --from-checkpoint DIR --out DIR2 [--input-ids-from REFDIR]
+
+Needs torch, transformers (5.17 was used for the shipped fixtures) and safetensors.
+"""
+import argparse
+import copy
+import json
+import os
+import shutil
+import sys
+
+# Tiny configs of the shipped fixtures (noise keys such as transformers_version, dtype, use_cache,
+# initializer_range and training-only router losses removed). COMMON is merged into every family.
+COMMON = {"hidden_size": 64, "vocab_size": 320, "hidden_act": "silu", "rms_norm_eps": 1e-06,
+          "tie_word_embeddings": False, "num_attention_heads": 4}
+ROPE = {"rope_theta": 10000.0, "rope_type": "default"}
+TINY_CONFIGS = {
+    "qwen3_moe": {"attention_bias": False, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
+                  "decoder_sparse_step": 1, "head_dim": 16, "intermediate_size": 128, "max_position_embeddings": 256,
+                  "mlp_only_layers": [], "moe_intermediate_size": 32, "norm_topk_prob": True,
+                  "num_experts_per_tok": 2, "num_hidden_layers": 3, "num_key_value_heads": 2,
+                  "num_local_experts": 8, "rope_parameters": ROPE, "sliding_window": None,
+                  "use_sliding_window": False},
+    "qwen2_moe": {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None, "decoder_sparse_step": 1,
+                  "head_dim": 16, "intermediate_size": 128, "layer_types": ["full_attention"] * 3,
+                  "max_position_embeddings": 256, "max_window_layers": 28, "mlp_only_layers": [],
+                  "moe_intermediate_size": 32, "norm_topk_prob": False, "num_experts": 8,
+                  "num_experts_per_tok": 2, "num_hidden_layers": 3, "num_key_value_heads": 2, "qkv_bias": True,
+                  "rope_parameters": ROPE, "shared_expert_intermediate_size": 64, "sliding_window": 0,
+                  "use_sliding_window": False},
+    "mixtral": {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": None, "head_dim": 16, "intermediate_size": 32,
+                "max_position_embeddings": 256, "num_experts_per_tok": 2, "num_hidden_layers": 3,
+                "num_key_value_heads": 2, "num_local_experts": 8, "rope_parameters": ROPE, "sliding_window": None},
+    "olmoe": {"attention_bias": False, "bos_token_id": None, "eos_token_id": 50279, "pad_token_id": 1,
+              "clip_qkv": None, "head_dim": 16, "intermediate_size": 32, "max_position_embeddings": 256,
+              "norm_topk_prob": False, "num_experts": 8, "num_experts_per_tok": 2, "num_hidden_layers": 3,
+              "num_key_value_heads": 4, "rope_parameters": ROPE},
+    "deepseek_v2": {"attention_bias": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": None,
+                    "first_k_dense_replace": 1, "head_dim": 8, "intermediate_size": 128, "kv_lora_rank": 16,
+                    "max_position_embeddings": 256, "mlp_bias": False, "moe_intermediate_size": 32, "n_group": 4,
+                    "n_routed_experts": 16, "n_shared_experts": 2, "norm_topk_prob": False,
+                    "num_experts_per_tok": 4, "num_hidden_layers": 3, "num_key_value_heads": 4, "pretraining_tp": 1,
+                    "q_lora_rank": None, "qk_head_dim": 24, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                    "rope_parameters": ROPE, "routed_scaling_factor": 1.0, "topk_group": 2,
+                    "topk_method": "group_limited_greedy", "v_head_dim": 16},
+    "deepseek_v3": {"attention_bias": False, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": None,
+                    "first_k_dense_replace": 1, "head_dim": 8, "intermediate_size": 128, "kv_lora_rank": 16,
+                    "max_position_embeddings": 256, "moe_intermediate_size": 32, "n_group": 4,
+                    "n_routed_experts": 16, "n_shared_experts": 1, "norm_topk_prob": True, "num_experts_per_tok": 4,
+                    "num_hidden_layers": 3, "num_key_value_heads": 4, "num_nextn_predict_layers": 1,
+                    "pretraining_tp": 1, "q_lora_rank": 32, "qk_head_dim": 24, "qk_nope_head_dim": 16,
+                    "qk_rope_head_dim": 8, "rope_interleave": True, "rope_parameters": ROPE,
+                    "routed_scaling_factor": 2.5, "topk_group": 2, "v_head_dim": 16},
+    "deepseek_v4": {"attention_bias": False, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": None,
+                    "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+                    "compress_rope_theta": 160000.0, "hc_eps": 1e-06, "hc_mult": 2, "hc_sinkhorn_iters": 20,
+                    "head_dim": 32, "index_head_dim": 16, "index_n_heads": 2, "index_topk": 3,
+                    "layer_types": ["sliding_attention", "compressed_sparse_attention",
+                                    "heavily_compressed_attention", "compressed_sparse_attention"],
+                    "max_position_embeddings": 256, "mlp_bias": False, "mlp_layer_types": ["hash_moe", "moe", "moe", "moe"],
+                    "moe_intermediate_size": 32, "n_routed_experts": 16, "n_shared_experts": 1, "norm_topk_prob": True,
+                    "num_experts_per_tok": 4, "num_hidden_layers": 4, "num_key_value_heads": 1,
+                    "num_nextn_predict_layers": 1, "o_groups": 2, "o_lora_rank": 16, "partial_rotary_factor": 0.25,
+                    "q_lora_rank": 32, "qk_rope_head_dim": 8,
+                    "rope_parameters": {"compress": {"partial_rotary_factor": 0.25, "rope_theta": 160000.0, "rope_type": "default"},
+                                        "main": {"partial_rotary_factor": 0.25, "rope_theta": 10000.0, "rope_type": "default"}},
+                    "rope_theta": 10000.0, "routed_scaling_factor": 1.5, "scoring_func": "sqrtsoftplus",
+                    "sliding_window": 8, "swiglu_limit": 10.0},
+    "glm4_moe": {"attention_bias": False, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
+                 "first_k_dense_replace": 1, "head_dim": 16, "intermediate_size": 128, "max_position_embeddings": 256,
+                 "moe_intermediate_size": 32, "n_group": 4, "n_routed_experts": 16, "n_shared_experts": 1,
+                 "norm_topk_prob": True, "num_experts_per_tok": 4, "num_hidden_layers": 3, "num_key_value_heads": 2,
+                 "num_nextn_predict_layers": 1, "partial_rotary_factor": 0.5,
+                 "rope_parameters": {"partial_rotary_factor": 0.5, "rope_theta": 10000.0, "rope_type": "default"},
+                 "routed_scaling_factor": 1.5, "topk_group": 2, "use_qk_norm": True},
+    "gpt_oss": {"attention_bias": True, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
+                "head_dim": 16, "intermediate_size": 32, "layer_types": ["sliding_attention", "full_attention"],
+                "max_position_embeddings": 256, "num_experts_per_tok": 2, "num_hidden_layers": 2,
+                "num_key_value_heads": 2, "num_local_experts": 8,
+                "rope_parameters": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                                    "original_max_position_embeddings": 4096, "rope_theta": 10000.0,
+                                    "rope_type": "yarn", "truncate": False},
+                "sliding_window": 8},
+    "kimi_linear": {"attention_bias": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "head_dim": 8,
+                    "intermediate_size": 128, "kv_lora_rank": 16,
+                    "layer_types": ["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+                    "linear_attn_config": {"full_attn_layers": [3], "head_dim": 16, "kda_layers": [1, 2, 4],
+                                           "num_heads": 4, "short_conv_kernel_size": 4},
+                    "linear_conv_kernel_dim": 4, "linear_head_dim": 16, "linear_num_heads": 4,
+                    "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"], "model_max_length": 256,
+                    "moe_intermediate_size": 32, "moe_renormalize": True, "num_expert_group": 1, "num_experts": 8,
+                    "num_experts_per_token": 2, "num_hidden_layers": 4, "num_key_value_heads": 4,
+                    "num_shared_experts": 1, "pretraining_tp": 1, "q_lora_rank": None, "qk_head_dim": 24,
+                    "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "rope_theta": 10000.0,
+                    "routed_scaling_factor": 2.446, "topk_group": 1, "v_head_dim": 16},
+}
+NOTE = ("reference_i: forward over input_ids[:-1] (prompt + generated minus last) in float64; "
+        "topk_ids[t, j, k] = expert chosen at token t by the j-th MoE layer (moe_layers[j]).")
+
+
+def die(msg):
+    sys.exit(f"make_reference: error: {msg}")
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--family", help="build a random tiny checkpoint of this family: " + ", ".join(TINY_CONFIGS))
+    src.add_argument("--from-checkpoint", metavar="DIR", help="use an existing HF folder instead of a random model")
+    p.add_argument("--out", required=True, help="output folder (checkpoint + reference files)")
+    p.add_argument("--seed", type=int, default=1234, help="seed for weights and prompt ids (default 1234)")
+    p.add_argument("--config-override", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                   help="override tiny-config keys (VALUE parsed as JSON if possible; dotted keys reach nested dicts)")
+    p.add_argument("--prompt-lens", default="12,5", help="comma-separated prompt lengths, one sequence each")
+    p.add_argument("--gen", type=int, default=8, help="greedy tokens generated per prompt (default 8)")
+    p.add_argument("--input-ids-from", metavar="REFDIR",
+                   help="reuse the prompts stored in REFDIR/reference.json + reference_i.safetensors "
+                        "(replaces --prompt-lens; the seed recorded is REFDIR's)")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu: deterministic, tiny models)")
+    a = p.parse_args(argv)
+    if a.family is not None and a.family not in TINY_CONFIGS:
+        die(f"unknown family '{a.family}'; known families: {', '.join(TINY_CONFIGS)}")
+    if a.from_checkpoint and a.config_override:
+        die("--config-override only applies to --family builds")
+    try:
+        a.prompt_lens = [int(x) for x in a.prompt_lens.split(",") if x.strip()]
+    except ValueError:
+        die(f"--prompt-lens must be comma-separated integers, got '{a.prompt_lens}'")
+    if not a.prompt_lens or min(a.prompt_lens) < 1 or a.gen < 1:
+        die("prompt lengths and --gen must be >= 1")
+    return a
+
+
+def apply_overrides(cfg, overrides):
+    for item in overrides:
+        if "=" not in item:
+            die(f"--config-override expects KEY=VALUE, got '{item}'")
+        key, raw = item.split("=", 1)
+        try:
+            val = json.loads(raw)
+        except json.JSONDecodeError:
+            val = raw
+        node, parts = cfg, key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = val
+
+
+def reinit_weights(model, torch, seed):
+    """HF's default init (std 0.02) gives near-uniform routing; use O(1) activations instead.
+    Same scheme as the shipped fixtures: Linear-like [out, in] ~ N(0, 1/in); fused 3-D expert
+    tensors ~ N(0, 1/hidden); norm weights ~ 1 + 0.2 N; other vectors (biases, correction biases) ~ 0.2 N."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden = model.config.hidden_size
+    persistent = set(model.state_dict().keys())
+    tensors = list(model.named_parameters()) + [(n, b) for n, b in model.named_buffers() if n in persistent]
+    with torch.no_grad():
+        for name, t in tensors:
+            if "tid2eid" in name:  # deepseek_v4 hash routing table: K distinct experts per token id
+                rows = [torch.randperm(_n_experts(model), generator=gen)[: t.shape[-1]] for _ in range(t.shape[0])]
+                t.copy_(torch.stack(rows).to(t.dtype))
+                continue
+            if not t.is_floating_point():
+                continue
+            noise = torch.randn(t.shape, generator=gen, dtype=torch.float32)
+            if t.dim() == 2:
+                val = noise / t.shape[-1] ** 0.5
+            elif t.dim() == 3:
+                val = noise / hidden ** 0.5
+            elif "norm" in name.lower():
+                val = 1.0 + 0.2 * noise
+            else:
+                val = 0.2 * noise
+            t.copy_(val.to(t.dtype))
+
+
+def _n_experts(model):
+    c = model.config
+    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
+        if isinstance(getattr(c, key, None), int):
+            return getattr(c, key)
+    die("cannot find the number of experts in the config")
+
+
+def build_random(args, out, torch, transformers):
+    cfg = copy.deepcopy(dict(COMMON, **TINY_CONFIGS[args.family]))
+    apply_overrides(cfg, args.config_override)
+    config = transformers.AutoConfig.for_model(args.family, **cfg)
+    torch.manual_seed(args.seed)
+    model = transformers.AutoModelForCausalLM.from_config(config).float()
+    reinit_weights(model, torch, args.seed)
+    model.save_pretrained(out)  # writes model.safetensors (HF layout), config.json, generation_config.json
+
+
+def load_eager(path, torch, transformers, device):
+    """float32 model with eager attention AND eager experts. transformers 5 dispatches fused experts through
+    `config._experts_implementation` (@use_experts_implementation; default may be grouped_mm/batched_mm)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager")
+    if hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation("eager")
+    for m in model.modules():
+        c = getattr(m, "config", None)
+        if c is not None and getattr(c, "_experts_implementation", "eager") not in (None, "eager"):
+            die(f"{type(m).__name__} still uses experts implementation {c._experts_implementation!r}")
+        if c is not None and getattr(c, "_attn_implementation", "eager") not in (None, "eager"):
+            die(f"{type(m).__name__} still uses attention implementation {c._attn_implementation!r}")
+    return model.to(device).eval()
+
+
+def find_moe_blocks(model, torch):
+    """(layer index, gate module, experts module) for each decoder layer holding a routed MoE block, i.e. a
+    module with an `experts` child and a `gate`/`router` child."""
+    base = getattr(model, "model", model)
+    layers = getattr(base, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        die(f"{type(model).__name__}: cannot find the decoder layers (model.model.layers)")
+    blocks = []
+    for i, layer in enumerate(layers):
+        found = []
+        for _, m in layer.named_modules():
+            experts = getattr(m, "experts", None)
+            gate = next((getattr(m, a) for a in ("gate", "router") if isinstance(getattr(m, a, None), torch.nn.Module)), None)
+            if isinstance(experts, torch.nn.Module) and gate is not None:
+                found.append((i, gate, experts))
+        if len(found) > 1:
+            die(f"layer {i}: more than one MoE block found")
+        blocks += found
+    if not blocks:
+        die(f"{type(model).__name__}: no MoE layer found")
+    return blocks
+
+
+def forward_f64(model, ids, torch):
+    """One float64 forward over ids (1-D) recording logits, hidden states, router logits and the routing
+    the experts modules received."""
+    blocks = find_moe_blocks(model, torch)
+    n = len(blocks)
+    router, topk_ids, topk_w = [None] * n, [None] * n, [None] * n
+    active = [None]
+    orig_linear = torch.nn.functional.linear
+
+    # "router_logits" = the gate's raw linear output. Some transformers 5 routers return softmax probabilities
+    # under that name, so we record the first F.linear computed inside the gate's forward instead.
+    def linear_spy(*a, **k):
+        y = orig_linear(*a, **k)
+        if active[0] is not None and router[active[0]] is None:
+            router[active[0]] = y.detach()
+        return y
+
+    def gate_pre(j):
+        def hook(mod, args):
+            active[0] = j
+        return hook
+
+    def gate_post(j):
+        def hook(mod, args, out):
+            active[0] = None
+            if router[j] is None:  # gate without F.linear: fall back to its (first) output
+                router[j] = (out[0] if isinstance(out, (tuple, list)) else out).detach()
+        return hook
+
+    # topk ids/weights exactly as the fused experts module received them: forward(hidden, top_k_index, top_k_weights)
+    def experts_pre(j):
+        def hook(mod, args, kwargs):
+            if topk_ids[j] is not None:
+                die(f"experts module of MoE layer {blocks[j][0]} called twice in one forward")
+            idx = kwargs.get("top_k_index", args[1] if len(args) > 1 else None)
+            w = kwargs.get("top_k_weights", args[2] if len(args) > 2 else None)
+            if idx is None or w is None:
+                die(f"{type(mod).__name__} was not called as experts(hidden, top_k_index, top_k_weights)")
+            idx = idx.reshape(-1, idx.shape[-1])
+            w = w.reshape(idx.shape[0], -1)
+            if w.shape[-1] != idx.shape[-1]:  # dense [tokens, experts] weights (gpt_oss/deepseek_v2 style)
+                w = w.gather(1, idx.long())
+            topk_ids[j], topk_w[j] = idx.detach(), w.detach()
+        return hook
+
+    handles = []
+    for j, (_, gate, experts) in enumerate(blocks):
+        handles += [gate.register_forward_pre_hook(gate_pre(j)), gate.register_forward_hook(gate_post(j)),
+                    experts.register_forward_pre_hook(experts_pre(j), with_kwargs=True)]
+    torch.nn.functional.linear = linear_spy
+    try:
+        with torch.no_grad():
+            out = model(input_ids=ids[None].to(model.device), output_hidden_states=True, use_cache=False)
+    finally:
+        torch.nn.functional.linear = orig_linear
+        for h in handles:
+            h.remove()
+    if any(x is None for x in topk_ids + router):
+        die("a MoE layer did not record its routing (experts/gate hooks did not fire)")
+    T, H = ids.shape[0], model.config.hidden_size
+    res = {
+        "input_ids": None,  # filled by caller
+        "logits": out.logits[0].double().cpu(),
+        "router_logits": torch.stack([r.reshape(T, -1) for r in router], 1).double().cpu(),
+        "topk_ids": torch.stack(topk_ids, 1).to(torch.int32).cpu(),
+        "topk_weights": torch.stack(topk_w, 1).double().cpu(),
+    }
+    hs = out.hidden_states
+    # hidden_states only where the residual is one [T, H] stream (not e.g. deepseek_v4's hyper-connections)
+    if hs is not None and all(h.dim() == 3 and tuple(h.shape[1:]) == (T, H) for h in hs):
+        res["hidden_states"] = torch.stack([h[0] for h in hs]).double().cpu()
+    return res, [b[0] for b in blocks]
+
+
+def load_prompts(refdir, torch):
+    from safetensors.torch import load_file
+    meta = json.load(open(os.path.join(refdir, "reference.json")))
+    prompts = []
+    for i, s in enumerate(meta["sequences"]):
+        ids = load_file(os.path.join(refdir, f"reference_{i}.safetensors"))["input_ids"]
+        prompts.append(ids[: s["prompt_len"]].long())
+    return prompts, meta.get("seed")
+
+
+def random_prompts(lens, vocab, special, seed, torch):
+    allowed = torch.tensor([t for t in range(vocab) if t not in special])  # keep bos/eos/pad ids out of prompts
+    g = torch.Generator().manual_seed(seed)
+    return [allowed[torch.randint(len(allowed), (n,), generator=g)] for n in lens]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        import torch
+        import transformers
+        from safetensors.torch import save_file
+    except ImportError as e:
+        die(f"needs torch, transformers and safetensors ({e})")
+    torch.set_float32_matmul_precision("highest")  # no TF32 in the float32 generate
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    if args.family:
+        build_random(args, out, torch, transformers)
+    else:
+        src = os.path.abspath(args.from_checkpoint)
+        if not os.path.isfile(os.path.join(src, "config.json")):
+            die(f"{src} has no config.json")
+        if src != out:  # make --out a self-contained fixture folder
+            for f in ("config.json", "generation_config.json", "model.safetensors"):
+                if os.path.exists(os.path.join(src, f)):
+                    shutil.copy2(os.path.join(src, f), out)
+
+    model = load_eager(out, torch, transformers, args.device)
+    cfg, seed = model.config, args.seed
+    if args.input_ids_from:
+        prompts, ref_seed = load_prompts(args.input_ids_from, torch)
+        seed = ref_seed if ref_seed is not None else seed
+    else:
+        gc = model.generation_config
+        special = {t for c in (cfg, gc) for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+                   for t in (getattr(c, k, None),) if isinstance(t, int)}
+        prompts = random_prompts(args.prompt_lens, cfg.vocab_size, special, args.seed + 1, torch)
+
+    # 1) float32 greedy generation; eos disabled so that exactly --gen tokens come out (also on the model's own
+    #    generation_config: generate() fills unset/default fields of a passed config from it)
+    model.generation_config.eos_token_id = None
+    gen_cfg = transformers.GenerationConfig(do_sample=False, max_new_tokens=args.gen, min_new_tokens=0,
+                                            eos_token_id=None, pad_token_id=0, num_beams=1)
+    seqs = []
+    for p in prompts:
+        with torch.no_grad():
+            x = p[None].to(args.device)
+            y = model.generate(x, attention_mask=torch.ones_like(x), generation_config=gen_cfg)
+        seqs.append(y[0].cpu())
+        if y.shape[1] != p.shape[0] + args.gen:
+            die(f"generate returned {y.shape[1] - p.shape[0]} tokens instead of {args.gen}")
+
+    # 2) one float64 forward per sequence over input_ids[:-1]
+    model = model.double()
+    layer, gate, experts = find_moe_blocks(model, torch)[0]
+    print(f"{type(model).__name__}: gate {type(gate).__name__}, experts {type(experts).__name__} "
+          f"(experts implementation {getattr(model.config, '_experts_implementation', None)!r})")
+    sequences = []
+    for i, (p, ids) in enumerate(zip(prompts, seqs)):
+        res, moe_layers = forward_f64(model, ids[:-1], torch)
+        res["input_ids"] = ids.long()
+        P = p.shape[0]
+        generated = ids[P:].tolist()
+        agrees = res["logits"][P - 1:].argmax(-1).tolist() == generated
+        save_file({k: v.contiguous() for k, v in res.items()}, os.path.join(out, f"reference_{i}.safetensors"))
+        sequences.append({"prompt_len": P, "generated": generated, "moe_layers": moe_layers,
+                          "routing_source": "experts_in", "keys": sorted(res),
+                          "f64_greedy_agrees_with_f32_generate": agrees})
+        print(f"reference_{i}: prompt {P} + {len(generated)} tokens, moe_layers {moe_layers}, "
+              f"keys {sorted(res)}, f64 greedy agrees: {agrees}")
+    meta = {"model_type": cfg.model_type, "hf_class": type(model).__name__,
+            "transformers": transformers.__version__, "torch": torch.__version__, "seed": seed,
+            "num_experts": int(res["router_logits"].shape[-1]),
+            "top_k": int(res["topk_ids"].shape[-1]), "sequences": sequences, "note": NOTE}
+    with open(os.path.join(out, "reference.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
