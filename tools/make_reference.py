@@ -157,7 +157,7 @@ def apply_overrides(cfg, overrides):
 
 def reinit_weights(model, torch, seed):
     """HF's default init (std 0.02) gives near-uniform routing; use O(1) activations instead.
-    Same scheme as the shipped fixtures: Linear-like [out, in] ~ N(0, 1/in); fused 3-D expert
+    Approximates the weight statistics of the shipped fixtures (not their exact bits): Linear-like [out, in] ~ N(0, 1/in); fused 3-D expert
     tensors ~ N(0, 1/hidden); norm weights ~ 1 + 0.2 N; other vectors (biases, correction biases) ~ 0.2 N."""
     gen = torch.Generator().manual_seed(seed)
     hidden = model.config.hidden_size

@@ -25,6 +25,18 @@ int main(int argc, char** argv) {
   bool quiet = false;
   app.add_flag("-q,--quiet", quiet, "Only warnings and errors on stderr");
 
+  // CLI11 reports an unknown command only as "a subcommand is required"; name it instead.
+  std::string known;
+  bool is_known = false;
+  for (const auto& [sub, run] : commands) {
+    known += (known.empty() ? "" : ", ") + sub->get_name();
+    is_known = is_known || (argc > 1 && sub->get_name() == argv[1]);
+  }
+  if (argc > 1 && argv[1][0] != '-' && !is_known) {
+    std::fprintf(stderr, "r3: error: unknown command '%s' (commands: %s; see --help)\n", argv[1],
+                 known.c_str());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

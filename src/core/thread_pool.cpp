@@ -83,6 +83,9 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const RangeFn& fn) {
     std::unique_lock lock(mutex_);
     // Every chunk is claimed once next_chunk_ reaches the total; wait for the running ones.
     work_done_.wait(lock, [&] { return busy_workers_ == 0; });
+    // After an error some chunks were never claimed: retire them, so a worker that wakes only
+    // now finds nothing to run instead of calling a job that has already returned.
+    next_chunk_ = chunks_total_;
     job_ = nullptr;
     error = error_;
     error_ = nullptr;

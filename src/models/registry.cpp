@@ -31,7 +31,9 @@ DecoderSpec spec_from_config(const HfConfig& config) {
     R3_FAIL(config.source(), ": unsupported architecture '", arch.empty() ? "?" : arch,
             "' (model_type '", type.empty() ? "?" : type, "'); supported: ", supported);
   }
-  return match->parse(config);
+  DecoderSpec spec = match->parse(config);
+  spec.validate();
+  return spec;
 }
 
 std::unique_ptr<DecoderModel> load_model(const std::string& model_dir) {

@@ -1,0 +1,106 @@
+// Core pieces: dtype conversions, tensors, the thread pool, the check macro.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <limits>
+
+#include "core/check.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+
+namespace r3 {
+namespace {
+
+TEST(DType, HalfAndBfloatKnownValues) {
+  EXPECT_EQ(f16_to_f32(0x3C00), 1.0f);
+  EXPECT_EQ(f16_to_f32(0xC000), -2.0f);
+  EXPECT_EQ(f16_to_f32(0x7BFF), 65504.0f);
+  EXPECT_EQ(f16_to_f32(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
+  EXPECT_TRUE(std::isinf(f16_to_f32(0x7C00)));
+  EXPECT_TRUE(std::isnan(f16_to_f32(0x7E00)));
+  EXPECT_EQ(f32_to_f16(1.0f), 0x3C00);
+  EXPECT_EQ(f32_to_f16(65504.0f), 0x7BFF);
+  EXPECT_EQ(f32_to_f16(1e6f), 0x7C00);
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -24)), 0x0001);
+  EXPECT_EQ(f32_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3C00);  // tie rounds to even
+  EXPECT_EQ(bf16_to_f32(0x3F80), 1.0f);
+  EXPECT_EQ(f32_to_bf16(1.0f), 0x3F80);
+  EXPECT_EQ(f32_to_bf16(1.0f + std::ldexp(1.0f, -8)), 0x3F80);  // tie rounds to even
+  EXPECT_EQ(f32_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3F82);
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+}
+
+TEST(DType, EveryHalfRoundTrips) {
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const auto h = static_cast<uint16_t>(bits);
+    const float f = f16_to_f32(h);
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(f32_to_f16(f), h) << std::hex << bits;
+    ASSERT_EQ(f32_to_bf16(bf16_to_f32(h)), h) << std::hex << bits;
+  }
+}
+
+TEST(DType, NamesAndConversion) {
+  EXPECT_EQ(dtype_from_name("BF16"), DType::BF16);
+  EXPECT_EQ(dtype_size(DType::I64), 8u);
+  EXPECT_THROW(dtype_from_name("F8_E4M3"), Error);
+  const int64_t src[] = {-3, 7};
+  float dst[2];
+  convert_to_f32(src, DType::I64, 2, dst);
+  EXPECT_EQ(dst[0], -3.0f);
+  EXPECT_EQ(dst[1], 7.0f);
+}
+
+TEST(Tensor, ShapesViewsAndChecks) {
+  Tensor t = Tensor::from<float>({1, 2, 3, 4, 5, 6}, {3, 2});
+  EXPECT_EQ(t.numel(), 6);
+  EXPECT_TRUE(t.is_contiguous());
+  Tensor r = t.rows(1, 3);
+  EXPECT_EQ(r.shape(), Shape({2, 2}));
+  EXPECT_EQ(r.data<float>()[0], 3.0f);
+  EXPECT_EQ(t.reshaped({2, 3}).shape(), Shape({2, 3}));
+  EXPECT_THROW(t.reshaped({4, 2}), Error);
+  EXPECT_THROW(t.data<int32_t>(), Error);
+  EXPECT_THROW(t.rows(2, 5), Error);
+  EXPECT_FALSE(Tensor().defined());
+}
+
+TEST(Check, MessageAndLocation) {
+  try {
+    R3_CHECK(1 + 1 == 3, "value was ", 42);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "value was 42");
+    EXPECT_NE(e.location().find("test_core.cpp:"), std::string::npos);
+  }
+}
+
+TEST(ThreadPool, CoversEveryIndexOnceAndPropagatesErrors) {
+  ThreadPool pool(4);
+  EXPECT_EQ(pool.size(), 4);
+  for (int64_t n : {0, 1, 7, 1000}) {
+    std::vector<std::atomic<int>> hits(static_cast<std::size_t>(n));
+    pool.parallel_for(n, 3, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) hits[static_cast<std::size_t>(i)]++;
+    });
+    for (auto& h : hits) EXPECT_EQ(h.load(), 1);
+  }
+  // A failing job leaves chunks unclaimed; a worker that wakes late must not run them after
+  // parallel_for has returned (that once crashed). Many rounds make the late wake-up likely.
+  for (int round = 0; round < 300; ++round) {
+    EXPECT_THROW(pool.parallel_for(100, 1, [](int64_t b, int64_t) {
+      if (b < 50) throw Error("boom");
+    }), Error);
+  }
+  // Still usable after an error.
+  std::atomic<int64_t> sum = 0;
+  pool.parallel_for(100, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) sum += i;
+  });
+  EXPECT_EQ(sum.load(), 4950);
+}
+
+}  // namespace
+}  // namespace r3

@@ -1,0 +1,181 @@
+// Every CPU op against a plain double-precision loop, and bit-identical for any thread count.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "core/thread_pool.h"
+#include "ops/activation.h"
+#include "ops/attention.h"
+#include "ops/linear.h"
+#include "ops/rms_norm.h"
+#include "ops/rotary.h"
+#include "ops/topk.h"
+
+namespace r3::ops {
+namespace {
+
+Tensor random_tensor(Shape shape, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  Tensor t = Tensor::empty(DType::F32, std::move(shape));
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = dist(rng);
+  return t;
+}
+
+std::vector<float> values(const Tensor& t) { return {t.data<float>(), t.data<float>() + t.numel()}; }
+
+void expect_close(const Tensor& got, const std::vector<double>& want, double tol) {
+  ASSERT_EQ(static_cast<std::size_t>(got.numel()), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    ASSERT_NEAR(got.data<float>()[i], want[i], tol * (1 + std::fabs(want[i]))) << "element " << i;
+  }
+}
+
+TEST(Ops, LinearMatchesNaiveLoopAndIgnoresThreadCount) {
+  for (auto [m, k, n] : {std::tuple{1, 64, 320}, {19, 64, 8}, {33, 100, 37}, {5, 7, 3}}) {
+    Tensor x = random_tensor({m, k}, 1), w = random_tensor({n, k}, 2), b = random_tensor({n}, 3);
+    std::vector<double> want(static_cast<std::size_t>(m * n));
+    for (int i = 0; i < m; ++i) {
+      for (int j = 0; j < n; ++j) {
+        double s = b.data<float>()[j];
+        for (int p = 0; p < k; ++p) s += double(x.data<float>()[i * k + p]) * w.data<float>()[j * k + p];
+        want[static_cast<std::size_t>(i * n + j)] = s;
+      }
+    }
+    std::vector<float> first;
+    for (int threads : {1, 2, 5}) {
+      ThreadPool pool(threads);
+      Tensor y = Tensor::empty(DType::F32, {m, n});
+      linear(pool, x, w, &b, y);
+      expect_close(y, want, 1e-5);
+      if (first.empty()) first = values(y);
+      EXPECT_EQ(values(y), first) << threads << " threads";
+    }
+  }
+}
+
+TEST(Ops, LinearRowsDoNotDependOnOtherRows) {
+  ThreadPool pool(2);
+  Tensor x = random_tensor({40, 96}, 4), w = random_tensor({50, 96}, 5);
+  Tensor all = Tensor::empty(DType::F32, {40, 50}), one = Tensor::empty(DType::F32, {1, 50});
+  linear(pool, x, w, nullptr, all);
+  for (int64_t r : {0, 17, 39}) {
+    Tensor row = Tensor::empty(DType::F32, {1, 96});
+    std::copy_n(x.data<float>() + r * 96, 96, row.data<float>());
+    linear(pool, row, w, nullptr, one);
+    EXPECT_EQ(values(one), std::vector<float>(all.data<float>() + r * 50, all.data<float>() + r * 50 + 50));
+  }
+}
+
+TEST(Ops, RmsNormMatchesNaiveLoop) {
+  ThreadPool pool(2);
+  Tensor x = random_tensor({7, 48}, 6), w = random_tensor({48}, 7);
+  Tensor y = Tensor::empty(DType::F32, {7, 48}), y_plain = Tensor::empty(DType::F32, {7, 48});
+  rms_norm(pool, x, &w, 1e-6f, y);
+  rms_norm(pool, x, nullptr, 1e-6f, y_plain);
+  std::vector<double> want, want_plain;
+  for (int r = 0; r < 7; ++r) {
+    double ss = 0;
+    for (int i = 0; i < 48; ++i) ss += double(x.data<float>()[r * 48 + i]) * x.data<float>()[r * 48 + i];
+    const double inv = 1.0 / std::sqrt(ss / 48 + 1e-6);
+    for (int i = 0; i < 48; ++i) {
+      want.push_back(x.data<float>()[r * 48 + i] * inv * w.data<float>()[i]);
+      want_plain.push_back(x.data<float>()[r * 48 + i] * inv);
+    }
+  }
+  expect_close(y, want, 1e-6);
+  expect_close(y_plain, want_plain, 1e-6);
+  rms_norm(pool, x, &w, 1e-6f, x);  // in place
+  expect_close(x, want, 1e-6);
+}
+
+TEST(Ops, RotaryMatchesNaiveRotateHalf) {
+  const int64_t tokens = 3, heads = 2, dim = 8;
+  Tensor x = random_tensor({tokens, heads, dim}, 8);
+  const std::vector<float> before = values(x);
+  const std::vector<int32_t> positions = {0, 5, 31};
+  Rotary(dim, 10000.0).apply(x, positions);
+  std::vector<double> want(before.size());
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t i = 0; i < dim / 2; ++i) {
+        const double angle = positions[t] / std::pow(10000.0, 2.0 * i / dim);
+        const std::size_t base = static_cast<std::size_t>((t * heads + h) * dim);
+        const double a = before[base + i], b = before[base + i + dim / 2];
+        want[base + i] = a * std::cos(angle) - b * std::sin(angle);
+        want[base + i + dim / 2] = b * std::cos(angle) + a * std::sin(angle);
+      }
+    }
+  }
+  expect_close(x, want, 1e-5);
+  EXPECT_THROW(Rotary(7, 10000.0), Error);
+}
+
+TEST(Ops, AttentionMatchesNaiveGroupedQueryAttention) {
+  const int64_t heads = 4, kv_heads = 2, dim = 8, len = 6;
+  Tensor q = random_tensor({2, heads, dim}, 9);
+  Tensor keys = random_tensor({len, kv_heads * dim}, 10), vals = random_tensor({len, kv_heads * dim}, 11);
+  // Token 0 sees 3 rows, token 1 sees rows 2..5 (a sliding window of 4).
+  std::vector<KvRows> rows = {{keys.data<float>(), vals.data<float>(), 3, kv_heads * dim},
+                              {keys.data<float>() + 2 * kv_heads * dim, vals.data<float>() + 2 * kv_heads * dim, 4,
+                               kv_heads * dim}};
+  const float scale = 0.3f;
+  std::vector<float> first;
+  for (int threads : {1, 3}) {
+    ThreadPool pool(threads);
+    Tensor out = Tensor::empty(DType::F32, {2, heads, dim});
+    attention(pool, q, rows, kv_heads, scale, out);
+    std::vector<double> want;
+    for (int64_t t = 0; t < 2; ++t) {
+      const int64_t start = t == 0 ? 0 : 2, n = t == 0 ? 3 : 4;
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t g = h / (heads / kv_heads);
+        std::vector<double> s(static_cast<std::size_t>(n));
+        double mx = -1e300, sum = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          double d = 0;
+          for (int64_t c = 0; c < dim; ++c)
+            d += double(q.data<float>()[(t * heads + h) * dim + c]) * keys.data<float>()[(start + j) * kv_heads * dim + g * dim + c];
+          s[j] = d * scale;
+          mx = std::max(mx, s[j]);
+        }
+        for (auto& v : s) sum += (v = std::exp(v - mx));
+        for (int64_t c = 0; c < dim; ++c) {
+          double o = 0;
+          for (int64_t j = 0; j < n; ++j) o += s[j] / sum * vals.data<float>()[(start + j) * kv_heads * dim + g * dim + c];
+          want.push_back(o);
+        }
+      }
+    }
+    expect_close(out, want, 1e-5);
+    if (first.empty()) first = values(out);
+    EXPECT_EQ(values(out), first);
+  }
+}
+
+TEST(Ops, SoftmaxAndTopK) {
+  std::vector<float> v = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f};
+  std::vector<float> p = v;
+  softmax(p);
+  double z = 0;
+  for (float x : v) z += std::exp(double(x));
+  for (std::size_t i = 0; i < v.size(); ++i) EXPECT_NEAR(p[i], std::exp(double(v[i])) / z, 1e-7);
+  // Largest first; the tie between indices 1 and 3 goes to the lower index.
+  EXPECT_EQ(topk_indices(v, 3), (std::vector<int32_t>{1, 3, 2}));
+  EXPECT_EQ(topk_indices(v, 0), std::vector<int32_t>{});
+  EXPECT_THROW(topk_indices(v, 6), Error);
+}
+
+TEST(Ops, SiluAndMul) {
+  Tensor g = Tensor::from<float>({-2.0f, 0.0f, 1.5f}, {1, 3}), u = Tensor::from<float>({3.0f, 4.0f, -1.0f}, {1, 3});
+  Tensor o = Tensor::empty(DType::F32, {1, 3});
+  silu_and_mul(g, u, o);
+  for (int i = 0; i < 3; ++i) {
+    const double gv = g.data<float>()[i];
+    EXPECT_NEAR(o.data<float>()[i], gv / (1 + std::exp(-gv)) * u.data<float>()[i], 1e-6);
+  }
+}
+
+}  // namespace
+}  // namespace r3::ops
