@@ -5,7 +5,11 @@
 #include <cmath>
 #include <limits>
 
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
 #include "core/check.h"
+#include "core/progress.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
@@ -100,6 +104,44 @@ TEST(ThreadPool, CoversEveryIndexOnceAndPropagatesErrors) {
     for (int64_t i = b; i < e; ++i) sum += i;
   });
   EXPECT_EQ(sum.load(), 4950);
+}
+
+// Captures what spdlog prints while alive.
+class LogCapture {
+ public:
+  LogCapture() : previous_(spdlog::default_logger()) {
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
+  }
+  ~LogCapture() { spdlog::set_default_logger(previous_); }
+  std::string text() const { return out_.str(); }
+
+ private:
+  std::ostringstream out_;
+  std::shared_ptr<spdlog::logger> previous_;
+};
+
+TEST(Progress, SilentForQuickWorkThenReportsPercentages) {
+  {
+    LogCapture log;
+    {
+      Progress quick("loading quick", 100);  // default: quiet for the first 500 ms
+      quick.advance(50);
+      quick.advance(50);
+    }
+    EXPECT_EQ(log.text(), "");
+  }
+  LogCapture log;
+  {
+    Progress slow("loading slow", 4'000'000, "MB", 1e6, std::chrono::milliseconds(0),
+                  std::chrono::milliseconds(0));
+    slow.advance(1'000'000);
+    slow.advance(3'000'000);
+  }
+  const std::string text = log.text();
+  EXPECT_NE(text.find("loading slow: 25% (1.0/4.0 MB"), std::string::npos) << text;
+  EXPECT_NE(text.find("loading slow: 100% (4.0/4.0 MB"), std::string::npos) << text;
+  EXPECT_NE(text.find(" done"), std::string::npos) << text;
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-r"""Regenerate r3 reference fixtures (see /work/shared/reference/README.md).
+r"""Regenerate r3 reference fixtures (the format of tests/data/<family>/, see tests/data/README.md).
 
 Builds (or loads) a tiny float32 Hugging Face MoE checkpoint, greedy-generates with transformers
 in float32, then runs ONE float64 forward (eager attention, eager experts) over input_ids[:-1] and

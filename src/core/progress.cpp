@@ -4,16 +4,14 @@
 
 namespace r3 {
 
-namespace {
-constexpr auto kQuietPeriod = std::chrono::milliseconds(500);
-constexpr auto kPrintInterval = std::chrono::milliseconds(250);
-}  // namespace
-
-Progress::Progress(std::string label, uint64_t total, std::string unit, double unit_scale)
+Progress::Progress(std::string label, uint64_t total, std::string unit, double unit_scale,
+                   std::chrono::milliseconds quiet_period, std::chrono::milliseconds print_interval)
     : label_(std::move(label)),
       total_(total),
       unit_(std::move(unit)),
       unit_scale_(unit_scale),
+      quiet_period_(quiet_period),
+      print_interval_(print_interval),
       start_(std::chrono::steady_clock::now()),
       last_print_(start_) {}
 
@@ -24,7 +22,7 @@ Progress::~Progress() {
 void Progress::advance(uint64_t amount) {
   done_ += amount;
   auto now = std::chrono::steady_clock::now();
-  if (now - start_ < kQuietPeriod || now - last_print_ < kPrintInterval) return;
+  if (now - start_ < quiet_period_ || now - last_print_ < print_interval_) return;
   last_print_ = now;
   print(false);
 }

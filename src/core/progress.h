@@ -10,7 +10,11 @@ namespace r3 {
 
 class Progress {
  public:
-  Progress(std::string label, uint64_t total, std::string unit = "MB", double unit_scale = 1e6);
+  // Nothing is printed during the first `quiet_period`; then at most one line per
+  // `print_interval`, and a final line when done.
+  Progress(std::string label, uint64_t total, std::string unit = "MB", double unit_scale = 1e6,
+           std::chrono::milliseconds quiet_period = std::chrono::milliseconds(500),
+           std::chrono::milliseconds print_interval = std::chrono::milliseconds(250));
   ~Progress();  // prints the final line if anything was printed before
 
   void advance(uint64_t amount);
@@ -23,6 +27,8 @@ class Progress {
   uint64_t done_ = 0;
   std::string unit_;
   double unit_scale_;
+  std::chrono::milliseconds quiet_period_;
+  std::chrono::milliseconds print_interval_;
   std::chrono::steady_clock::time_point start_;
   std::chrono::steady_clock::time_point last_print_;
   bool printed_ = false;
