@@ -123,11 +123,10 @@ void BM_DecodeStep(benchmark::State& state) {
   models::KvCache cache = model->make_kv_cache(1, ctx + 1);
   std::vector<int32_t> prompt(static_cast<std::size_t>(ctx));
   for (int64_t i = 0; i < ctx; ++i) prompt[static_cast<std::size_t>(i)] = static_cast<int32_t>((i * 37) % 8192);
-  model->forward(pool, models::ForwardBatch::sequence(prompt, 0), cache, nullptr);
+  model->forward(pool, models::ForwardBatch::sequence(prompt, 0), cache);
   for (auto _ : state) {
     cache.set_length(0, ctx);  // decode the same position again each iteration
-    Tensor logits = model->forward(pool, models::ForwardBatch::sequence({11}, static_cast<int32_t>(ctx)),
-                                   cache, nullptr);
+    Tensor logits = model->forward(pool, models::ForwardBatch::sequence({11}, static_cast<int32_t>(ctx)), cache);
     benchmark::DoNotOptimize(logits.raw_data());
   }
   const double bytes = SyntheticModel::decode_bytes(ctx);

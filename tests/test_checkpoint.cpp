@@ -50,7 +50,7 @@ std::vector<float> logits_of(const std::string& dir, const std::vector<int32_t>&
   auto model = models::load_model(dir);
   ThreadPool pool(2);
   models::KvCache cache = model->make_kv_cache(1, static_cast<int64_t>(ids.size()));
-  Tensor logits = model->forward(pool, models::ForwardBatch::sequence(ids, 0), cache, nullptr);
+  Tensor logits = model->forward(pool, models::ForwardBatch::sequence(ids, 0), cache);
   return {logits.data<float>(), logits.data<float>() + logits.numel()};
 }
 

@@ -11,21 +11,55 @@
 
 #include "core/thread_pool.h"
 #include "engine/generator.h"
+#include "engine/step_runner.h"
 #include "models/registry.h"
 #include "test_support.h"
 
 namespace r3::test {
 namespace {
 
+// A family's reference sequence, run with one MoE backend, with or without EPLB replicas that
+// are re-placed after every step.
 struct Case {
   std::string family;
   int index;
+  std::string backend;
+  bool eplb;
+
+  std::string flags() const {
+    return " --moe-backend " + backend + (eplb ? " --eplb-redundant-experts 3 --eplb-rebalance-every 1" : "");
+  }
 };
 
-void PrintTo(const Case& c, std::ostream* os) { *os << c.family << " sequence " << c.index; }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.family << " sequence " << c.index << ", " << c.backend << (c.eplb ? ", EPLB" : "");
+}
 
 std::string case_name(const testing::TestParamInfo<Case>& info) {
-  return info.param.family + "_seq" + std::to_string(info.param.index);
+  return info.param.family + "_seq" + std::to_string(info.param.index) + "_" + info.param.backend +
+         (info.param.eplb ? "_eplb" : "");
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (const std::string family : {"qwen3_moe", "qwen2_moe", "mixtral", "olmoe"}) {
+    for (int index : {0, 1}) {
+      for (const std::string backend : {"modular", "monolithic", "mega"}) {
+        for (bool eplb : {false, true}) cases.push_back({family, index, backend, eplb});
+      }
+    }
+  }
+  return cases;
+}
+
+models::LoadOptions load_options(const Case& c) {
+  models::LoadOptions options;
+  options.moe_backend = moe::parse_moe_backend(c.backend);
+  if (c.eplb) {
+    options.eplb.redundant_experts = 3;
+    options.eplb.rebalance_every = 1;
+  }
+  return options;
 }
 
 class ReferenceParity : public testing::TestWithParam<Case> {
@@ -52,7 +86,7 @@ class ReferenceParity : public testing::TestWithParam<Case> {
 TEST_P(ReferenceParity, ForwardMatchesReference) {
   TempDir tmp;
   const std::string dump = tmp.path("dump.safetensors");
-  const CommandResult run = run_r3("forward -q --model " + family_dir(GetParam().family) +
+  const CommandResult run = run_r3("forward -q --model " + family_dir(GetParam().family) + GetParam().flags() +
                                    " --ids " + join(forward_ids()) + " --dump " + dump);
   ASSERT_EQ(run.exit_code, 0) << run.err;
   auto file = SafetensorsFile::open(dump);
@@ -93,7 +127,7 @@ TEST_P(ReferenceParity, ForwardMatchesReference) {
 TEST_P(ReferenceParity, GenerateMatchesReference) {
   const auto gen = static_cast<int64_t>(ref_.generated.size());
   const CommandResult run =
-      run_r3("generate -q --json --ignore-eos --model " + family_dir(GetParam().family) + " --ids " +
+      run_r3("generate -q --json --ignore-eos --model " + family_dir(GetParam().family) + GetParam().flags() + " --ids " +
              join(prompt_ids()) + " --max-new-tokens " + std::to_string(gen));
   ASSERT_EQ(run.exit_code, 0) << run.err;
   const auto out = nlohmann::json::parse(run.out);
@@ -117,7 +151,7 @@ TEST_P(ReferenceParity, GenerateMatchesReference) {
 // Decoding one token at a time through the KV cache gives exactly the routing (and the
 // logits) of one full forward over the same tokens: the kernels are batch invariant.
 TEST_P(ReferenceParity, IncrementalDecodeEqualsFullForward) {
-  auto model = models::load_model(family_dir(GetParam().family));
+  auto model = models::load_model(family_dir(GetParam().family), load_options(GetParam()));
   ThreadPool pool(2);
   std::vector<int32_t> prompt(ref_.input_ids.begin(), ref_.input_ids.begin() + ref_.prompt_len);
   engine::GenerateOptions options;
@@ -128,33 +162,26 @@ TEST_P(ReferenceParity, IncrementalDecodeEqualsFullForward) {
   all.insert(all.end(), gen.output_ids.begin(), gen.output_ids.end() - 1);
   const auto tokens = static_cast<int64_t>(all.size());
   models::KvCache cache = model->make_kv_cache(1, tokens);
-  moe::RoutingCapture capture(ref_.layers, ref_.top_k);
-  capture.begin_step(tokens);
-  model->forward(pool, models::ForwardBatch::sequence(all, 0), cache, &capture);
+  engine::StepRunner runner(*model, pool, cache, tokens);
   engine::RoutedExperts full(ref_.layers, ref_.top_k);
-  full.append(capture, 0, tokens);
+  runner.run({{0, all, &full, {}}});
   EXPECT_EQ(gen.routed_experts.flat(), full.flat());
 }
 
 // Results do not depend on the number of threads (bit for bit).
 TEST_P(ReferenceParity, ThreadCountDoesNotChangeLogits) {
-  auto model = models::load_model(family_dir(GetParam().family));
+  auto model = models::load_model(family_dir(GetParam().family), load_options(GetParam()));
   std::vector<int32_t> ids(ref_.input_ids.begin(), ref_.input_ids.end() - 1);
   auto run = [&](int threads) {
     ThreadPool pool(threads);
     models::KvCache cache = model->make_kv_cache(1, static_cast<int64_t>(ids.size()));
-    Tensor logits = model->forward(pool, models::ForwardBatch::sequence(ids, 0), cache, nullptr);
+    Tensor logits = model->forward(pool, models::ForwardBatch::sequence(ids, 0), cache);
     return std::vector<float>(logits.data<float>(), logits.data<float>() + logits.numel());
   };
   EXPECT_EQ(run(1), run(3));
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, ReferenceParity,
-                         testing::Values(Case{"qwen3_moe", 0}, Case{"qwen3_moe", 1},
-                                         Case{"qwen2_moe", 0}, Case{"qwen2_moe", 1},
-                                         Case{"mixtral", 0}, Case{"mixtral", 1},
-                                         Case{"olmoe", 0}, Case{"olmoe", 1}),
-                         case_name);
+INSTANTIATE_TEST_SUITE_P(Families, ReferenceParity, testing::ValuesIn(all_cases()), case_name);
 
 }  // namespace
 }  // namespace r3::test

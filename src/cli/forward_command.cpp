@@ -8,6 +8,8 @@
 #include "cli/routing_table.h"
 #include "cli/token_ids.h"
 #include "engine/sampler.h"
+#include "engine/routing_replay.h"
+#include "engine/step_runner.h"
 #include "io/safetensors.h"
 
 namespace r3::cli {
@@ -18,6 +20,7 @@ struct ForwardOptions {
   ModelOptions model;
   std::string ids;
   std::string dump;
+  std::string replay;
 };
 
 std::string join_layers(const std::vector<int64_t>& layers) {
@@ -31,25 +34,29 @@ int run_forward(const ForwardOptions& options) {
   const auto& info = model->info();
   const auto tokens = static_cast<int64_t>(ids.size());
 
+  const auto layers = static_cast<int64_t>(info.moe_layers.size()), k = info.top_k;
+  std::vector<int32_t> forced;
+  if (!options.replay.empty()) {
+    forced = engine::load_routing_replay(options.replay, layers, k, info.num_experts).slice(0, tokens);
+  }
   models::KvCache cache = model->make_kv_cache(1, tokens);
-  moe::RoutingCapture capture(static_cast<int64_t>(info.moe_layers.size()), info.top_k);
+  engine::StepRunner runner(*model, *pool, cache, tokens, /*keep_weights=*/true);
+  engine::RoutedExperts routed(layers, k);
   const auto start = std::chrono::steady_clock::now();
-  capture.begin_step(tokens);
-  Tensor logits = model->forward(*pool, models::ForwardBatch::sequence(ids, 0), cache, &capture);
-  capture.end_step();
+  Tensor logits = runner.run({{0, ids, &routed, forced}}, 0, /*all_logits=*/true);
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   spdlog::info("prefill {} tokens in {:.2f} ms ({:.0f} tokens/s, {} threads)", tokens, ms,
                1e3 * static_cast<double>(tokens) / ms, pool->size());
 
-  engine::RoutedExperts routed(capture.num_moe_layers(), capture.top_k());
-  routed.append(capture, 0, tokens);
   if (!options.dump.empty()) {
-    const int64_t layers = capture.num_moe_layers(), k = capture.top_k();
     Tensor weights = Tensor::empty(DType::F32, {tokens, layers, k});
     for (int64_t t = 0; t < tokens; ++t) {
-      auto row = capture.weights_row(t);
-      std::copy(row.begin(), row.end(), weights.data<float>() + t * layers * k);
+      for (int64_t l = 0; l < layers; ++l) {
+        for (int64_t j = 0; j < k; ++j) {
+          weights.data<float>()[(t * layers + l) * k + j] = runner.capturer().weight(t, l, j);
+        }
+      }
     }
     write_safetensors(options.dump,
                       {{"logits", logits},
@@ -80,6 +87,9 @@ Command add_forward_command(CLI::App& app) {
       "forward", "One prefill over the given token ids: logits and routed experts of every position");
   options->model.add_to(*cmd);
   cmd->add_option("--ids", options->ids, "Comma-separated input token ids, e.g. 3,17,42")->required();
+  cmd->add_option("--replay", options->replay,
+                  "Force this routing (JSON routed_experts layout, or safetensors topk_ids) instead "
+                  "of the router's own selection");
   cmd->add_option("--dump", options->dump,
                   "Write logits F32 [T,V], topk_ids I32 [T,L_moe,K], topk_weights F32 [T,L_moe,K] "
                   "(metadata moe_layers) to this safetensors file");

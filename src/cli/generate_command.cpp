@@ -20,6 +20,7 @@ struct GenerateCommandOptions {
   engine::GenerateOptions generate;
   bool ignore_eos = false;
   bool json = false;
+  std::string replay;
 };
 
 nlohmann::json routed_to_json(const engine::RoutedExperts& routed) {
@@ -43,6 +44,12 @@ int run_generate(GenerateCommandOptions& options) {
   auto pool = options.model.make_pool();
   const auto& info = model->info();
   if (!options.ignore_eos) options.generate.stop_token_ids = info.eos_token_ids;
+  engine::RoutingReplay replay;
+  if (!options.replay.empty()) {
+    replay = engine::load_routing_replay(options.replay, static_cast<int64_t>(info.moe_layers.size()),
+                                         info.top_k, info.num_experts);
+    options.generate.replay = &replay;
+  }
 
   const engine::GenerateResult result = engine::generate(*model, *pool, prompt, options.generate);
   const auto& t = result.timings;
@@ -94,6 +101,10 @@ Command add_generate_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", g.sampling.seed, "Random seed for sampling")->capture_default_str();
+  cmd->add_option("--replay", options->replay,
+                  "Force this routing, row i while token i is the input (the routed_experts layout "
+                  "of --json, or a safetensors file with topk_ids); expert weights come from the "
+                  "router's own scores at those ids");
   cmd->add_flag("--ignore-eos", options->ignore_eos,
                 "Keep generating past the model's eos_token_id");
   cmd->add_flag("--json", options->json,

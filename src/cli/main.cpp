@@ -18,7 +18,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.fallthrough();  // global flags such as --quiet may follow the subcommand
   std::map<CLI::App*, r3::cli::Command> commands;
-  for (auto add : {&r3::cli::add_forward_command, &r3::cli::add_generate_command}) {
+  for (auto add : {&r3::cli::add_forward_command, &r3::cli::add_generate_command,
+                   &r3::cli::add_eplb_plan_command}) {
     r3::cli::Command run = add(app);
     commands[app.get_subcommands({}).back()] = std::move(run);
   }

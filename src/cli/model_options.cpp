@@ -13,17 +13,46 @@ void ModelOptions::add_to(CLI::App& command) {
       ->required();
   command.add_option("--threads", threads, "CPU threads (default: all cores)")
       ->check(CLI::NonNegativeNumber);
+  command.add_option("--moe-backend", moe_backend,
+                     "MoE execution path: modular (router + grouped GEMMs), monolithic (one fused "
+                     "routine), mega (fused experts module fed by the model's gate); "
+                     "monolithic-nocapture is a fused kernel that cannot report its routing")
+      ->capture_default_str()
+      ->check(CLI::IsMember(moe::moe_backend_names()));
+  auto& eplb = load_options.eplb;
+  command.add_option("--eplb-redundant-experts", eplb.redundant_experts,
+                     "Extra physical expert replicas per MoE layer (EPLB)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  command.add_option("--eplb-window", eplb.window_steps, "Steps of expert load EPLB balances over")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  command.add_option("--eplb-rebalance-every", eplb.rebalance_every,
+                     "Re-place experts every N steps from the measured load (0: never)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  command.add_option("--eplb-groups", eplb.topology.num_groups, "Expert groups kept on one node")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  command.add_option("--eplb-nodes", eplb.topology.num_nodes, "Nodes the experts are spread over")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  command.add_option("--eplb-gpus", eplb.topology.num_gpus, "GPUs the experts are spread over")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
 }
 
 std::unique_ptr<models::DecoderModel> ModelOptions::load() const {
   const auto start = std::chrono::steady_clock::now();
-  auto model = models::load_model(model_dir);
+  models::LoadOptions options = load_options;
+  options.moe_backend = moe::parse_moe_backend(moe_backend);
+  auto model = models::load_model(model_dir, options);
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   const auto& info = model->info();
-  spdlog::info("loaded {} ({}, {} layers, {} MoE layers, {} experts, top-{}) in {:.1f} ms",
+  spdlog::info("loaded {} ({}, {} layers, {} MoE layers, {} experts, top-{}, MoE backend {}) in {:.1f} ms",
                model_dir, info.family, info.num_layers, info.moe_layers.size(), info.num_experts,
-               info.top_k, ms);
+               info.top_k, moe_backend, ms);
   return model;
 }
 

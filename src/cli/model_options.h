@@ -9,12 +9,15 @@
 
 #include "core/thread_pool.h"
 #include "models/decoder_model.h"
+#include "models/load_options.h"
 
 namespace r3::cli {
 
 struct ModelOptions {
   std::string model_dir;
   int threads = 0;
+  std::string moe_backend = "modular";
+  models::LoadOptions load_options;
 
   void add_to(CLI::App& command);
   std::unique_ptr<models::DecoderModel> load() const;  // logs load time and model summary

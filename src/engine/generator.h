@@ -1,5 +1,6 @@
 // Single-sequence generation: one prefill over the prompt, then one decode step per new token
-// through the KV cache, collecting the routed experts of every input token.
+// through the KV cache, collecting the routed experts of every input token. With a replayed
+// routing, row i of it is forced while token i is the model input.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +8,7 @@
 
 #include "core/thread_pool.h"
 #include "engine/routed_experts.h"
+#include "engine/routing_replay.h"
 #include "engine/sampler.h"
 #include "models/decoder_model.h"
 
@@ -16,6 +18,7 @@ struct GenerateOptions {
   int64_t max_new_tokens = 16;
   SamplingParams sampling;
   std::vector<int32_t> stop_token_ids;  // generation ends after emitting one of these
+  const RoutingReplay* replay = nullptr;
 };
 
 struct GenerateTimings {
@@ -32,7 +35,7 @@ struct GenerateResult {
   GenerateTimings timings;
 };
 
-GenerateResult generate(const models::DecoderModel& model, ThreadPool& pool,
-                        const std::vector<int32_t>& prompt, const GenerateOptions& options);
+GenerateResult generate(models::DecoderModel& model, ThreadPool& pool, const std::vector<int32_t>& prompt,
+                        const GenerateOptions& options);
 
 }  // namespace r3::engine

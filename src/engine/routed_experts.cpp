@@ -10,13 +10,10 @@ int32_t RoutedExperts::at(int64_t row, int64_t layer, int64_t slot) const {
   return ids_[static_cast<std::size_t>((row * layers_ + layer) * top_k_ + slot)];
 }
 
-void RoutedExperts::append(const moe::RoutingCapture& capture, int64_t first, int64_t count) {
-  R3_CHECK(capture.num_moe_layers() == layers_ && capture.top_k() == top_k_,
+void RoutedExperts::append(const moe::RoutingCapturer& capturer, int64_t row) {
+  R3_CHECK(capturer.num_moe_layers() == layers_ && capturer.top_k() == top_k_,
            "routed experts: capture layout differs");
-  for (int64_t t = first; t < first + count; ++t) {
-    auto row = capture.row(t);
-    ids_.insert(ids_.end(), row.begin(), row.end());
-  }
+  capturer.append_row(row, ids_);
 }
 
 }  // namespace r3::engine

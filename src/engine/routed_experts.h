@@ -7,7 +7,7 @@
 #include <span>
 #include <vector>
 
-#include "moe/routing_capture.h"
+#include "moe/routing_capturer.h"
 
 namespace r3::engine {
 
@@ -24,8 +24,8 @@ class RoutedExperts {
   int32_t at(int64_t row, int64_t layer, int64_t slot) const;
   const std::vector<int32_t>& flat() const { return ids_; }
 
-  // Appends captured rows [first, first + count) of the last step.
-  void append(const moe::RoutingCapture& capture, int64_t first, int64_t count);
+  // Appends the captured row of the last step's token `row`.
+  void append(const moe::RoutingCapturer& capturer, int64_t row);
 
  private:
   int64_t layers_;

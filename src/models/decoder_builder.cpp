@@ -1,6 +1,6 @@
 #include "models/decoder_builder.h"
 
-#include "moe/softmax_topk_router.h"
+#include "moe/moe_backend.h"
 
 namespace r3::models {
 
@@ -8,8 +8,8 @@ namespace {
 
 class LayerLoader {
  public:
-  LayerLoader(const DecoderSpec& spec, const Checkpoint& ckpt, int64_t layer)
-      : spec_(spec), ckpt_(ckpt), layer_(layer), prefix_(expand_name(spec.names.layer, layer)) {}
+  LayerLoader(const DecoderSpec& spec, const Checkpoint& ckpt, const LoadOptions& options, int64_t layer)
+      : spec_(spec), ckpt_(ckpt), options_(options), layer_(layer), prefix_(expand_name(spec.names.layer, layer)) {}
 
   Tensor load(const std::string& name, const Shape& shape, int64_t expert = -1) const {
     return ckpt_.load_f32(expand_name(prefix_ + name, layer_, expert), shape);
@@ -56,37 +56,42 @@ class LayerLoader {
       experts.push_back({load(p + n.expert_gate, {width, h}, e), load(p + n.expert_up, {width, h}, e),
                          load(p + n.expert_down, {h, width}, e)});
     }
-    auto router = std::make_unique<moe::SoftmaxTopKRouter>(
-        load(n.moe + n.router, {m.num_experts, h}), m.top_k, m.normalize_topk);
+    auto physical = std::make_shared<moe::PhysicalExperts>(
+        std::move(experts), moe::ExpertPlacement::initial(m.num_experts, options_.eplb.redundant_experts),
+        options_.eplb.window_steps);
+    auto block = moe::make_softmax_topk_moe(options_.moe_backend, moe_layer_id,
+                                            load(n.moe + n.router, {m.num_experts, h}), m.top_k,
+                                            m.normalize_topk, std::move(physical));
     std::optional<SwigluMlp> shared;
     Tensor shared_gate;
     if (m.shared_expert_intermediate > 0) {
       shared = mlp(n.moe + n.shared_expert, m.shared_expert_intermediate);
       if (m.shared_expert_gate) shared_gate = load(n.moe + n.shared_expert_gate, {1, h});
     }
-    return std::make_unique<MoeFeedForward>(
-        moe::MoeLayer(moe_layer_id, std::move(router), moe::SwigluExperts(std::move(experts))),
-        std::move(shared), std::move(shared_gate));
+    return std::make_unique<MoeFeedForward>(std::move(block), std::move(shared), std::move(shared_gate));
   }
 
  private:
   const DecoderSpec& spec_;
   const Checkpoint& ckpt_;
+  const LoadOptions& options_;
   int64_t layer_;
   std::string prefix_;
 };
 
 }  // namespace
 
-std::unique_ptr<DecoderModel> build_decoder(const DecoderSpec& spec, const Checkpoint& ckpt) {
+std::unique_ptr<DecoderModel> build_decoder(const DecoderSpec& spec, const Checkpoint& ckpt,
+                                            const LoadOptions& options) {
   spec.validate();
+  options.eplb.validate();
   const int64_t h = spec.hidden_size;
   Tensor embed = ckpt.load_f32(spec.names.embed, {spec.vocab_size, h});
 
   std::vector<DecoderLayer> layers;
   int64_t moe_layer_id = 0;
   for (int64_t i = 0; i < spec.num_layers; ++i) {
-    LayerLoader loader(spec, ckpt, i);
+    LayerLoader loader(spec, ckpt, options, i);
     DecoderLayer layer;
     layer.input_norm = loader.load(spec.names.input_norm, {h});
     layer.post_attention_norm = loader.load(spec.names.post_attention_norm, {h});
@@ -115,9 +120,15 @@ std::unique_ptr<DecoderModel> build_decoder(const DecoderSpec& spec, const Check
   info.top_k = spec.moe.top_k;
   info.eos_token_ids = spec.eos_token_ids;
   const int64_t kv_width = spec.attention.num_kv_heads * spec.attention.head_dim;
-  return std::make_unique<DecoderModel>(std::move(info), static_cast<float>(spec.rms_norm_eps),
-                                        kv_width, std::move(embed), std::move(layers),
-                                        std::move(final_norm), std::move(lm_head));
+  auto model = std::make_unique<DecoderModel>(std::move(info), static_cast<float>(spec.rms_norm_eps),
+                                              kv_width, std::move(embed), std::move(layers),
+                                              std::move(final_norm), std::move(lm_head));
+  if (options.eplb.redundant_experts > 0 || options.eplb.rebalance_every > 0) {
+    std::vector<moe::PhysicalExperts*> experts;
+    for (moe::MoeBlock* block : model->moe_blocks()) experts.push_back(&block->experts());
+    model->set_eplb(std::make_unique<moe::EplbController>(options.eplb, std::move(experts)));
+  }
+  return model;
 }
 
 }  // namespace r3::models

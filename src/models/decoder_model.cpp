@@ -34,6 +34,7 @@ void DecoderModel::validate(const ForwardBatch& batch, const KvCache& cache) con
     R3_CHECK(id >= 0 && id < info_.vocab_size, "token id ", id, " is outside the vocabulary [0, ",
              info_.vocab_size, ")");
     const int32_t slot = batch.slots[t];
+    if (slot == ForwardBatch::kPadding) continue;
     R3_CHECK(slot >= 0 && slot < cache.max_slots(), "forward: slot ", slot, " out of range");
     auto [it, fresh] = next.try_emplace(slot, cache.length(slot));
     R3_CHECK(batch.positions[t] == it->second, "forward: slot ", slot, " expects position ",
@@ -42,13 +43,45 @@ void DecoderModel::validate(const ForwardBatch& batch, const KvCache& cache) con
              " tokens exceeds the KV cache capacity of ", cache.capacity());
     ++it->second;
   }
+  const auto per_token = static_cast<std::size_t>(info_.moe_layers.size() * info_.top_k);
+  R3_CHECK(batch.forced_routing.empty() || batch.forced_routing.size() == n * per_token,
+           "replayed routing has ", batch.forced_routing.size(), " ids for ", n, " tokens x ",
+           info_.moe_layers.size(), " MoE layers x top-", info_.top_k);
   for (int64_t row : batch.logit_rows) {
     R3_CHECK(row >= 0 && row < batch.size(), "forward: logit row ", row, " out of range");
   }
 }
 
-Tensor DecoderModel::forward(ThreadPool& pool, const ForwardBatch& batch, KvCache& cache,
-                             moe::RoutingCapture* capture) const {
+std::vector<moe::MoeBlock*> DecoderModel::moe_blocks() {
+  std::vector<moe::MoeBlock*> blocks;
+  for (auto& layer : layers_) {
+    if (moe::MoeBlock* b = layer.feed_forward->moe_block()) blocks.push_back(b);
+  }
+  return blocks;
+}
+
+void DecoderModel::end_step() {
+  if (eplb_) eplb_->end_step();
+}
+
+namespace {
+
+// Column j of a [tokens, layers, k] routing: the [tokens, k] ids of MoE layer j.
+std::vector<int32_t> layer_routing(const std::vector<int32_t>& forced, int64_t tokens, int64_t layers,
+                                   int64_t k, int64_t j) {
+  std::vector<int32_t> out;
+  if (forced.empty()) return out;
+  out.reserve(static_cast<std::size_t>(tokens * k));
+  for (int64_t t = 0; t < tokens; ++t) {
+    const auto first = forced.begin() + (t * layers + j) * k;
+    out.insert(out.end(), first, first + k);
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor DecoderModel::forward(ThreadPool& pool, const ForwardBatch& batch, KvCache& cache) const {
   validate(batch, cache);
   const int64_t tokens = batch.size(), hidden = info_.hidden_size;
   Tensor residual = Tensor::empty(DType::F32, {tokens, hidden});
@@ -63,17 +96,23 @@ Tensor DecoderModel::forward(ThreadPool& pool, const ForwardBatch& batch, KvCach
     const float* b = branch.data<float>();
     for (int64_t i = 0; i < tokens * hidden; ++i) r[i] += b[i];
   };
+  const auto moe_count = static_cast<int64_t>(info_.moe_layers.size());
+  int64_t moe_index = 0;
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     const DecoderLayer& layer = layers_[l];
     ops::rms_norm(pool, residual, &layer.input_norm, rms_eps_, normed);
     layer.attention->forward(pool, normed, batch, cache, static_cast<int64_t>(l), branch);
     add_branch();
     ops::rms_norm(pool, residual, &layer.post_attention_norm, rms_eps_, normed);
-    layer.feed_forward->forward(pool, normed, capture, branch);
+    std::vector<int32_t> forced;
+    if (layer.feed_forward->moe_block() != nullptr) {
+      forced = layer_routing(batch.forced_routing, tokens, moe_count, info_.top_k, moe_index++);
+    }
+    layer.feed_forward->forward(pool, normed, forced, branch);
     add_branch();
   }
   for (int64_t t = 0; t < tokens; ++t) {
-    cache.set_length(batch.slots[t], batch.positions[t] + 1);
+    if (batch.slots[t] != ForwardBatch::kPadding) cache.set_length(batch.slots[t], batch.positions[t] + 1);
   }
 
   Tensor selected = residual;

@@ -10,6 +10,7 @@
 #include "models/gqa_attention.h"
 #include "models/kv_cache.h"
 #include "models/model_info.h"
+#include "moe/eplb/eplb_controller.h"
 
 namespace r3::models {
 
@@ -31,10 +32,16 @@ class DecoderModel {
   KvCache make_kv_cache(int64_t max_slots, int64_t capacity) const;
 
   // Runs one step and returns logits F32 [rows, vocab] for batch.logit_rows (all rows if empty).
-  // Routing of every token is written to `capture` when it is not null (capture->begin_step
-  // is the caller's). Updates the cache lengths of the slots in the batch.
-  Tensor forward(ThreadPool& pool, const ForwardBatch& batch, KvCache& cache,
-                 moe::RoutingCapture* capture) const;
+  // Routing reaches whatever capture sink is bound to the MoE layers (moe/capture_binder.h).
+  // Updates the cache lengths of the slots in the batch.
+  Tensor forward(ThreadPool& pool, const ForwardBatch& batch, KvCache& cache) const;
+
+  // The MoE layers in order; index j has layer id j.
+  std::vector<moe::MoeBlock*> moe_blocks();
+  // Call after each step: EPLB load windows and rebalancing (no-op without EPLB).
+  void end_step();
+  void set_eplb(std::unique_ptr<moe::EplbController> eplb) { eplb_ = std::move(eplb); }
+  const moe::EplbController* eplb() const { return eplb_.get(); }
 
  private:
   void validate(const ForwardBatch& batch, const KvCache& cache) const;
@@ -46,6 +53,7 @@ class DecoderModel {
   std::vector<DecoderLayer> layers_;
   Tensor final_norm_;
   Tensor lm_head_;
+  std::unique_ptr<moe::EplbController> eplb_;
 };
 
 }  // namespace r3::models

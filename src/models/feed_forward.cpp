@@ -5,20 +5,20 @@
 
 namespace r3::models {
 
-void DenseFeedForward::forward(ThreadPool& pool, const Tensor& x, moe::RoutingCapture*,
+void DenseFeedForward::forward(ThreadPool& pool, const Tensor& x, std::span<const int32_t>,
                                Tensor& out) const {
   mlp_.forward(pool, x, out);
 }
 
-MoeFeedForward::MoeFeedForward(moe::MoeLayer moe, std::optional<SwigluMlp> shared_expert,
+MoeFeedForward::MoeFeedForward(std::unique_ptr<moe::MoeBlock> moe, std::optional<SwigluMlp> shared_expert,
                                Tensor shared_gate)
     : moe_(std::move(moe)),
       shared_expert_(std::move(shared_expert)),
       shared_gate_(std::move(shared_gate)) {}
 
-void MoeFeedForward::forward(ThreadPool& pool, const Tensor& x, moe::RoutingCapture* capture,
+void MoeFeedForward::forward(ThreadPool& pool, const Tensor& x, std::span<const int32_t> forced,
                              Tensor& out) const {
-  moe_.forward(pool, x, capture, out);
+  moe_->forward(pool, x, forced, out);
   if (!shared_expert_) return;
   const int64_t tokens = x.dim(0), hidden = x.dim(1);
   Tensor shared = Tensor::empty(DType::F32, {tokens, hidden});

@@ -6,22 +6,24 @@
 #include <optional>
 
 #include "models/swiglu_mlp.h"
-#include "moe/moe_layer.h"
+#include "moe/moe_block.h"
 
 namespace r3::models {
 
 class FeedForward {
  public:
   virtual ~FeedForward() = default;
-  // x, out: F32 [tokens, hidden]; capture may be null.
-  virtual void forward(ThreadPool& pool, const Tensor& x, moe::RoutingCapture* capture,
+  // x, out: F32 [tokens, hidden]. forced: this layer's replayed routing [tokens, top_k] or empty.
+  virtual void forward(ThreadPool& pool, const Tensor& x, std::span<const int32_t> forced,
                        Tensor& out) const = 0;
+  // The MoE layer inside, if any (for capture binding and EPLB).
+  virtual moe::MoeBlock* moe_block() { return nullptr; }
 };
 
 class DenseFeedForward final : public FeedForward {
  public:
   explicit DenseFeedForward(SwigluMlp mlp) : mlp_(std::move(mlp)) {}
-  void forward(ThreadPool& pool, const Tensor& x, moe::RoutingCapture* capture,
+  void forward(ThreadPool& pool, const Tensor& x, std::span<const int32_t> forced,
                Tensor& out) const override;
 
  private:
@@ -31,12 +33,14 @@ class DenseFeedForward final : public FeedForward {
 class MoeFeedForward final : public FeedForward {
  public:
   // shared_gate: F32 [1, hidden] or empty (ungated shared expert).
-  MoeFeedForward(moe::MoeLayer moe, std::optional<SwigluMlp> shared_expert, Tensor shared_gate);
-  void forward(ThreadPool& pool, const Tensor& x, moe::RoutingCapture* capture,
+  MoeFeedForward(std::unique_ptr<moe::MoeBlock> moe, std::optional<SwigluMlp> shared_expert,
+                 Tensor shared_gate);
+  void forward(ThreadPool& pool, const Tensor& x, std::span<const int32_t> forced,
                Tensor& out) const override;
+  moe::MoeBlock* moe_block() override { return moe_.get(); }
 
  private:
-  moe::MoeLayer moe_;
+  std::unique_ptr<moe::MoeBlock> moe_;
   std::optional<SwigluMlp> shared_expert_;
   Tensor shared_gate_;
 };

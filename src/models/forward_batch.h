@@ -10,9 +10,14 @@ namespace r3::models {
 struct ForwardBatch {
   std::vector<int32_t> token_ids;
   std::vector<int32_t> positions;
-  std::vector<int32_t> slots;  // KV cache slot of each token
+  std::vector<int32_t> slots;  // KV cache slot of each token; kPadding for padding rows
+  // Padding rows (slot kPadding) run through the layers like any token but read and write no
+  // KV cache and belong to no sequence; their routing is never attributed to a request.
+  static constexpr int32_t kPadding = -1;
   // Token rows to compute logits for (lm_head is the largest matmul); empty means every row.
   std::vector<int64_t> logit_rows;
+  // Routing to replay: [tokens, num MoE layers, top_k] logical ids, or empty to route freely.
+  std::vector<int32_t> forced_routing;
 
   int64_t size() const { return static_cast<int64_t>(token_ids.size()); }
 

@@ -62,6 +62,7 @@ void GqaAttention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch
   // Append this step's keys/values, then let each token attend to its slot's rows up to itself.
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t slot = batch.slots[t], pos = batch.positions[t];
+    if (slot == ForwardBatch::kPadding) continue;
     R3_CHECK(pos < cache.capacity(), "sequence position ", pos, " exceeds the KV cache capacity of ",
              cache.capacity(), " tokens");
     std::memcpy(cache.keys(layer, slot) + pos * kv_width, k.data<float>() + t * kv_width,
@@ -72,6 +73,7 @@ void GqaAttention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch
   std::vector<ops::KvRows> rows(static_cast<std::size_t>(tokens));
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t slot = batch.slots[t], pos = batch.positions[t];
+    if (slot == ForwardBatch::kPadding) continue;  // attends to nothing: output zeros
     const int64_t first = spec_.sliding_window > 0 ? std::max<int64_t>(0, pos - spec_.sliding_window + 1) : 0;
     rows[t] = {cache.keys(layer, slot) + first * kv_width, cache.values(layer, slot) + first * kv_width,
                pos + 1 - first, kv_width};

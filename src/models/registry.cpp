@@ -36,13 +36,13 @@ DecoderSpec spec_from_config(const HfConfig& config) {
   return spec;
 }
 
-std::unique_ptr<DecoderModel> load_model(const std::string& model_dir) {
+std::unique_ptr<DecoderModel> load_model(const std::string& model_dir, const LoadOptions& options) {
   const HfConfig config = HfConfig::load(model_dir);
   const DecoderSpec spec = spec_from_config(config);
   Checkpoint checkpoint = Checkpoint::open(model_dir);
   Progress progress("loading " + model_dir, checkpoint.total_bytes());
   checkpoint.on_load([&](uint64_t bytes) { progress.advance(bytes); });
-  auto model = build_decoder(spec, checkpoint);
+  auto model = build_decoder(spec, checkpoint, options);
   const auto unused = checkpoint.unused();
   if (!unused.empty()) {
     spdlog::warn("{} checkpoint tensors were not used by the {} model, e.g. '{}'", unused.size(),

@@ -24,7 +24,11 @@ void attention(ThreadPool& pool, const Tensor& q, const std::vector<KvRows>& kv,
     for (int64_t th = begin; th < end; ++th) {
       const int64_t t = th / heads, h = th % heads;
       const KvRows& rows = kv[static_cast<std::size_t>(t)];
-      R3_CHECK(rows.length > 0, "attention: token ", t, " has no keys to attend to");
+      float* ov = op + th * head_dim;
+      if (rows.length == 0) {  // a padding row: nothing to attend to
+        std::fill(ov, ov + head_dim, 0.0f);
+        continue;
+      }
       const int64_t kv_offset = (h / group) * head_dim;
       const float* qv = qp + th * head_dim;
       scores.resize(static_cast<std::size_t>(rows.length));
@@ -38,7 +42,6 @@ void attention(ThreadPool& pool, const Tensor& q, const std::vector<KvRows>& kv,
         scores[j] = std::exp(scores[j] - max_score);
         denom += scores[j];
       }
-      float* ov = op + th * head_dim;
       std::fill(ov, ov + head_dim, 0.0f);
       for (int64_t j = 0; j < rows.length; ++j) {
         const float p = scores[j] / denom;

@@ -1,6 +1,7 @@
 // Scaled dot-product attention of query tokens over their own sequence's cached keys/values,
 // with grouped-query heads (num_heads a multiple of num_kv_heads). Causality comes from the
-// caller: each query sees exactly the `length` cached rows it is given.
+// caller: each query sees exactly the `length` cached rows it is given (0 rows: output zeros,
+// for padding rows).
 #pragma once
 
 #include <vector>

@@ -1,0 +1,114 @@
+// `r3 eplb-plan`: the placement EPLB would choose for given expert loads, and its balance.
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "core/check.h"
+#include "moe/eplb/expert_placement.h"
+#include "moe/eplb/rebalance.h"
+
+namespace r3::cli {
+
+namespace {
+
+struct EplbPlanOptions {
+  std::string load_file;
+  int64_t redundant = 0;
+  moe::EplbTopology topology;
+  bool json = false;
+};
+
+// Loads: one list of per-expert loads, a list of such lists (one per MoE layer), or an object
+// with the same under "load".
+std::vector<std::vector<double>> read_loads(const std::string& path) {
+  std::ifstream in(path);
+  R3_CHECK(in.good(), "cannot read load file ", path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    R3_FAIL(path, ": malformed JSON: ", e.what());
+  }
+  if (j.is_object() && j.contains("load")) j = j["load"];
+  R3_CHECK(j.is_array() && !j.empty(), path, ": expected a list of expert loads or a list of such lists");
+  if (!j[0].is_array()) j = nlohmann::json::array({j});
+  std::vector<std::vector<double>> layers;
+  for (std::size_t l = 0; l < j.size(); ++l) {
+    R3_CHECK(j[l].is_array() && !j[l].empty(), path, ": layer ", l, " is not a list of loads");
+    std::vector<double> loads;
+    for (const auto& v : j[l]) {
+      R3_CHECK(v.is_number() && v.get<double>() >= 0, path, ": layer ", l, ": load ", v.dump(),
+               " is not a non-negative number");
+      loads.push_back(v.get<double>());
+    }
+    R3_CHECK(layers.empty() || loads.size() == layers[0].size(), path,
+             ": layers have different expert counts");
+    layers.push_back(std::move(loads));
+  }
+  return layers;
+}
+
+int run_eplb_plan(const EplbPlanOptions& options) {
+  const auto layers = read_loads(options.load_file);
+  nlohmann::json out = nlohmann::json::array();
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    const auto& load = layers[l];
+    const auto experts = static_cast<int64_t>(load.size());
+    const int64_t physical = experts + options.redundant;
+    const moe::EplbPlan plan = moe::plan_placement(load, physical, options.topology);
+    const auto before = moe::placement_balance(
+        moe::ExpertPlacement::initial(experts, options.redundant).physical_to_logical(), load,
+        options.topology.num_gpus);
+    const auto after = moe::placement_balance(plan.physical_to_logical, load, options.topology.num_gpus);
+    if (options.json) {
+      out.push_back({{"layer", l},
+                     {"physical_to_logical", plan.physical_to_logical},
+                     {"replica_count", plan.replica_count},
+                     {"gpu_load", after.gpu_load},
+                     {"imbalance_before", before.imbalance()},
+                     {"imbalance_after", after.imbalance()}});
+      continue;
+    }
+    fmt::print("layer {}: {} experts on {} physical slots, {} GPUs ({} per GPU), {} nodes, {} groups\n", l,
+               experts, physical, options.topology.num_gpus, physical / options.topology.num_gpus,
+               options.topology.num_nodes, options.topology.num_groups);
+    fmt::print("  max/mean GPU load: {:.3f} (initial placement) -> {:.3f} (plan)\n", before.imbalance(),
+               after.imbalance());
+    const int64_t per_gpu = physical / options.topology.num_gpus;
+    for (int64_t g = 0; g < options.topology.num_gpus; ++g) {
+      std::vector<int32_t> held(plan.physical_to_logical.begin() + g * per_gpu,
+                                plan.physical_to_logical.begin() + (g + 1) * per_gpu);
+      fmt::print("  gpu {:>3}: load {:>10.1f}  experts {}\n", g, after.gpu_load[static_cast<std::size_t>(g)],
+                 fmt::join(held, " "));
+    }
+  }
+  if (options.json) fmt::print("{}\n", out.dump());
+  return 0;
+}
+
+}  // namespace
+
+Command add_eplb_plan_command(CLI::App& app) {
+  auto options = std::make_shared<EplbPlanOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "eplb-plan", "Print the expert placement EPLB plans for measured loads, and its balance");
+  cmd->add_option("--load", options->load_file,
+                  "JSON file: per-expert loads, a list per MoE layer, or {\"load\": ...}")
+      ->required();
+  cmd->add_option("--redundant-experts", options->redundant, "Extra physical replicas")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--groups", options->topology.num_groups, "Expert groups kept on one node")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--nodes", options->topology.num_nodes, "Nodes")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--gpus", options->topology.num_gpus, "GPUs in total")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--json", options->json, "Print the plans as JSON");
+  return [options] { return run_eplb_plan(*options); };
+}
+
+}  // namespace r3::cli

@@ -1,0 +1,14 @@
+// How to run a loaded model's MoE layers: execution path and expert-parallel load balancing.
+#pragma once
+
+#include "moe/eplb/eplb_controller.h"
+#include "moe/moe_backend.h"
+
+namespace r3::models {
+
+struct LoadOptions {
+  moe::MoeBackend moe_backend = moe::MoeBackend::kModular;
+  moe::EplbOptions eplb;
+};
+
+}  // namespace r3::models

@@ -1,0 +1,25 @@
+#include "moe/mega_moe.h"
+
+#include "moe/expert_kernels.h"
+
+namespace r3::moe {
+
+void MegaExperts::forward(ThreadPool& pool, const Tensor& hidden, Routing routing, Tensor& out) const {
+  const CapturedRouting captured = capture(std::move(routing), layer_id_, sink_);
+  const PhysicalRouting physical = experts_.map(captured);
+  fused_experts(pool, hidden, physical, experts_, out);
+}
+
+MegaMoe::MegaMoe(std::unique_ptr<Router> gate, std::shared_ptr<PhysicalExperts> experts)
+    : MoeBlock(gate->layer_id(), std::move(experts)), gate_(std::move(gate)), mega_(layer_id(), this->experts()) {
+  R3_CHECK(gate_->num_experts() == this->experts().num_logical(), "MoE layer ", layer_id(),
+           ": gate scores ", gate_->num_experts(), " experts, the layer has ",
+           this->experts().num_logical());
+}
+
+void MegaMoe::forward(ThreadPool& pool, const Tensor& hidden, std::span<const int32_t> forced,
+                      Tensor& out) const {
+  mega_.forward(pool, hidden, gate_->compute(pool, hidden, forced), out);
+}
+
+}  // namespace r3::moe

@@ -1,0 +1,40 @@
+// The mega path: the model computes top-k ids and weights with its gate, and a fused experts
+// module does dispatch, both GEMMs, the activation and the combine. That module bypasses the
+// router object, so it is itself the capture source (explicit layer id, settable callback).
+#pragma once
+
+#include "moe/moe_block.h"
+
+namespace r3::moe {
+
+class MegaExperts final : public CaptureSource {
+ public:
+  MegaExperts(int64_t layer_id, const PhysicalExperts& experts) : layer_id_(layer_id), experts_(experts) {}
+
+  int64_t layer_id() const override { return layer_id_; }
+  void set_capture(CaptureSink sink) override { sink_ = std::move(sink); }
+  // routing: the logical top-k ids and weights the model computed.
+  void forward(ThreadPool& pool, const Tensor& hidden, Routing routing, Tensor& out) const;
+
+ private:
+  int64_t layer_id_;
+  const PhysicalExperts& experts_;
+  CaptureSink sink_;
+};
+
+class MegaMoe final : public MoeBlock {
+ public:
+  // gate: computes the routing on the model side; its own capture hook stays unbound.
+  MegaMoe(std::unique_ptr<Router> gate, std::shared_ptr<PhysicalExperts> experts);
+
+  std::string backend_name() const override { return "mega"; }
+  CaptureSource* capture_source() override { return &mega_; }
+  void forward(ThreadPool& pool, const Tensor& hidden, std::span<const int32_t> forced,
+               Tensor& out) const override;
+
+ private:
+  std::unique_ptr<Router> gate_;
+  MegaExperts mega_;
+};
+
+}  // namespace r3::moe

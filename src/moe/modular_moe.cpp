@@ -1,0 +1,21 @@
+#include "moe/modular_moe.h"
+
+#include "moe/expert_kernels.h"
+
+namespace r3::moe {
+
+ModularMoe::ModularMoe(std::unique_ptr<Router> router, std::shared_ptr<PhysicalExperts> experts)
+    : MoeBlock(router->layer_id(), std::move(experts)), router_(std::move(router)) {
+  R3_CHECK(router_->num_experts() == this->experts().num_logical(), "MoE layer ", layer_id(),
+           ": router scores ", router_->num_experts(), " experts, the layer has ",
+           this->experts().num_logical());
+}
+
+void ModularMoe::forward(ThreadPool& pool, const Tensor& hidden, std::span<const int32_t> forced,
+                         Tensor& out) const {
+  const CapturedRouting routing = router_->route(pool, hidden, forced);  // captures
+  const PhysicalRouting physical = experts().map(routing);
+  grouped_experts(pool, hidden, physical, experts(), out);
+}
+
+}  // namespace r3::moe

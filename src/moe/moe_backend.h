@@ -1,0 +1,29 @@
+// Choosing the execution path of MoE layers (--moe-backend) and building a layer for it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "moe/moe_block.h"
+
+namespace r3::moe {
+
+enum class MoeBackend {
+  kModular,              // router object + grouped GEMMs (default: fastest here, see README)
+  kMonolithic,           // one fused routine that reports its routing
+  kMonolithicNoCapture,  // a fused routine that cannot report its routing (start-up error with capture)
+  kMega,                 // model-side gate + fused experts module as capture source
+};
+
+MoeBackend parse_moe_backend(std::string_view name);  // throws listing the valid names
+std::string_view moe_backend_name(MoeBackend backend);
+std::vector<std::string> moe_backend_names();
+
+// A softmax top-k MoE layer (Qwen-MoE, Mixtral, OLMoE) on the chosen path.
+std::unique_ptr<MoeBlock> make_softmax_topk_moe(MoeBackend backend, int64_t layer_id, Tensor gate_weight,
+                                                int64_t top_k, bool normalize_topk,
+                                                std::shared_ptr<PhysicalExperts> experts);
+
+}  // namespace r3::moe

@@ -1,0 +1,36 @@
+// The monolithic path: one fused routine computes the gate, the softmax top-k routing and the
+// experts. A fused kernel must declare whether it can write the routing it chose to a capture
+// buffer. r3 has two: "cpu-fused-softmax-topk", which can (it is then a capture source), and
+// "cpu-fused-softmax-topk-nocapture", a minimal kernel that cannot, so that asking for capture
+// with it fails at start-up rather than returning nothing.
+#pragma once
+
+#include "moe/moe_block.h"
+
+namespace r3::moe {
+
+class MonolithicMoe final : public MoeBlock, public CaptureSource {
+ public:
+  MonolithicMoe(int64_t layer_id, Tensor gate_weight, int64_t top_k, bool normalize_topk,
+                std::shared_ptr<PhysicalExperts> experts, bool can_capture);
+
+  std::string kernel_name() const;
+  std::string backend_name() const override { return can_capture_ ? "monolithic" : "monolithic-nocapture"; }
+  CaptureSource* capture_source() override { return can_capture_ ? this : nullptr; }
+  std::string non_capturing_kernel() const override { return can_capture_ ? "" : kernel_name(); }
+
+  int64_t layer_id() const override { return MoeBlock::layer_id(); }
+  void set_capture(CaptureSink sink) override;
+
+  void forward(ThreadPool& pool, const Tensor& hidden, std::span<const int32_t> forced,
+               Tensor& out) const override;
+
+ private:
+  Tensor gate_weight_;
+  int64_t top_k_;
+  bool normalize_topk_;
+  bool can_capture_;
+  CaptureSink sink_;
+};
+
+}  // namespace r3::moe

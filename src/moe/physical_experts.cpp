@@ -1,0 +1,92 @@
+#include "moe/physical_experts.h"
+
+#include <cstring>
+
+namespace r3::moe {
+
+namespace {
+
+Tensor copy_of(const Tensor& t) {
+  Tensor c = Tensor::empty(t.dtype(), t.shape());
+  std::memcpy(c.raw_data(), t.raw_data(), t.nbytes());
+  return c;
+}
+
+SwigluExpertWeights copy_of(const SwigluExpertWeights& w) {
+  return {copy_of(w.gate), copy_of(w.up), copy_of(w.down)};
+}
+
+}  // namespace
+
+PhysicalExperts::PhysicalExperts(std::vector<SwigluExpertWeights> logical, ExpertPlacement placement,
+                                 int64_t load_window_steps)
+    : placement_(std::move(placement)), load_(placement_.num_physical(), load_window_steps) {
+  R3_CHECK(!logical.empty(), "an MoE layer needs at least one expert");
+  R3_CHECK(static_cast<int64_t>(logical.size()) == placement_.num_logical(), "placement covers ",
+           placement_.num_logical(), " experts, the layer has ", logical.size());
+  intermediate_ = logical[0].gate.dim(0);
+  hidden_ = logical[0].gate.dim(1);
+  for (const auto& e : logical) {
+    R3_CHECK(e.gate.shape() == Shape({intermediate_, hidden_}) && e.up.shape() == e.gate.shape() &&
+                 e.down.shape() == Shape({hidden_, intermediate_}),
+             "experts of one layer must share their shapes");
+  }
+  const bool identity = placement_.num_physical() == placement_.num_logical() &&
+                        [&] {
+                          for (int32_t p = 0; p < placement_.num_physical(); ++p) {
+                            if (placement_.logical_of(p) != p) return false;
+                          }
+                          return true;
+                        }();
+  if (identity) {
+    slots_ = std::move(logical);  // no EPLB: the checkpoint's tensors, zero-copy
+  } else {
+    for (int32_t p = 0; p < placement_.num_physical(); ++p) {
+      slots_.push_back(copy_of(logical[static_cast<std::size_t>(placement_.logical_of(p))]));
+    }
+  }
+}
+
+PhysicalRouting PhysicalExperts::map(const CapturedRouting& captured) const {
+  const Routing& r = captured.routing();
+  PhysicalRouting out{r.tokens, r.top_k, std::vector<int32_t>(r.expert_ids.size()), r.weights};
+  for (int64_t t = 0; t < r.tokens; ++t) {
+    for (int64_t k = 0; k < r.top_k; ++k) {
+      const auto i = static_cast<std::size_t>(t * r.top_k + k);
+      const int32_t logical = r.expert_ids[i];
+      R3_CHECK(logical >= 0 && logical < num_logical(), "EPLB map: expert id ", logical,
+               " outside [0, ", num_logical(), ")");
+      const int32_t physical = map_fn_ ? map_fn_(logical, t, k) : placement_.choose(logical, t, k, r.top_k);
+      R3_CHECK(physical >= 0 && physical < num_physical(), "EPLB map: physical slot ", physical,
+               " outside [0, ", num_physical(), ")");
+      out.physical_ids[i] = physical;
+      load_.add(physical);
+    }
+  }
+  return out;
+}
+
+std::vector<double> PhysicalExperts::logical_load() const {
+  const std::vector<int64_t> physical = load_.totals();
+  std::vector<double> logical(static_cast<std::size_t>(num_logical()), 0.0);
+  for (int32_t p = 0; p < num_physical(); ++p) {
+    logical[static_cast<std::size_t>(placement_.logical_of(p))] += static_cast<double>(physical[static_cast<std::size_t>(p)]);
+  }
+  return logical;
+}
+
+void PhysicalExperts::rearrange(ExpertPlacement placement) {
+  R3_CHECK(placement.num_logical() == num_logical(), "rearrange: placement for ",
+           placement.num_logical(), " experts, layer has ", num_logical());
+  std::vector<SwigluExpertWeights> moved;
+  for (int32_t p = 0; p < placement.num_physical(); ++p) {
+    // Any current replica of the slot's logical expert holds its weights.
+    const int32_t source = placement_.replicas(placement.logical_of(p)).front();
+    moved.push_back(copy_of(slots_[static_cast<std::size_t>(source)]));
+  }
+  slots_ = std::move(moved);
+  load_ = LoadWindow(placement.num_physical(), load_.window_steps());
+  placement_ = std::move(placement);
+}
+
+}  // namespace r3::moe

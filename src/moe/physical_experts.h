@@ -1,0 +1,68 @@
+// The experts of one MoE layer as they are placed: one SwiGLU weight set per physical slot,
+// the placement (EPLB) that maps logical ids to slots, and the load each slot received.
+//
+// map() is the EPLB step of the pipeline. It only takes a CapturedRouting, so the logical ids
+// have always reached the capture sink before they are remapped.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "core/tensor.h"
+#include "moe/capture.h"
+#include "moe/eplb/expert_placement.h"
+#include "moe/eplb/load_window.h"
+
+namespace r3::moe {
+
+struct SwigluExpertWeights {
+  Tensor gate;  // [intermediate, hidden]
+  Tensor up;    // [intermediate, hidden]
+  Tensor down;  // [hidden, intermediate]
+};
+
+// A routing after the EPLB map: physical slot ids, with the logical routing's weights.
+struct PhysicalRouting {
+  int64_t tokens = 0;
+  int64_t top_k = 0;
+  std::vector<int32_t> physical_ids;  // [tokens, top_k]
+  std::vector<float> weights;         // [tokens, top_k]
+};
+
+class PhysicalExperts {
+ public:
+  // logical: the checkpoint's experts; placement: where they go (replicas are copied).
+  PhysicalExperts(std::vector<SwigluExpertWeights> logical, ExpertPlacement placement,
+                  int64_t load_window_steps = 1);
+
+  int64_t num_logical() const { return placement_.num_logical(); }
+  int64_t num_physical() const { return placement_.num_physical(); }
+  int64_t hidden_size() const { return hidden_; }
+  int64_t intermediate_size() const { return intermediate_; }
+  const ExpertPlacement& placement() const { return placement_; }
+  const SwigluExpertWeights& weights(int32_t physical) const { return slots_.at(static_cast<std::size_t>(physical)); }
+
+  // The EPLB map: each (token, slot) goes to replica (token * top_k + slot) % replicas of its
+  // logical expert. Records the load per physical slot.
+  PhysicalRouting map(const CapturedRouting& routing) const;
+
+  // Replaces the mapping function (logical, token, slot) -> physical; tests use it to prove
+  // capture happens before the map. An empty function restores the placement's own choice.
+  using MapFunction = std::function<int32_t(int32_t logical, int64_t token, int64_t slot)>;
+  void set_map_function(MapFunction fn) { map_fn_ = std::move(fn); }
+
+  // EPLB bookkeeping.
+  void end_step() { load_.end_step(); }
+  std::vector<double> logical_load() const;  // over the load window
+  // Moves expert weights into the slots of `placement` (copies), and restarts the load window.
+  void rearrange(ExpertPlacement placement);
+
+ private:
+  ExpertPlacement placement_;
+  std::vector<SwigluExpertWeights> slots_;
+  int64_t hidden_ = 0, intermediate_ = 0;
+  MapFunction map_fn_;
+  mutable LoadWindow load_;  // a statistic of the runs, not part of the model's semantics
+};
+
+}  // namespace r3::moe

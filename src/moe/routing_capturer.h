@@ -1,0 +1,53 @@
+// The capture buffer of one engine: [max tokens per step, num MoE layers, top_k] logical ids in
+// the narrowest integer type that holds every expert id (uint8 up to 256 experts, else uint16),
+// preallocated once. Rows are the step's tokens in batch order; the engine hands each request
+// its rows after the step. Optionally keeps the combine weights too (for `r3 forward --dump`).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <variant>
+#include <vector>
+
+#include "moe/capture.h"
+
+namespace r3::moe {
+
+class RoutingCapturer {
+ public:
+  RoutingCapturer(int64_t max_tokens, int64_t num_moe_layers, int64_t top_k, int64_t num_experts,
+                  bool keep_weights = false);
+
+  // The callback bound to every capture point of the model.
+  CaptureSink sink();
+
+  // Starts a step of `tokens` rows (<= max_tokens); every MoE layer must then record once.
+  void begin_step(int64_t tokens);
+  // Throws unless every layer recorded exactly once this step.
+  void end_step() const;
+  bool recorded(int64_t moe_layer) const { return recorded_.at(static_cast<std::size_t>(moe_layer)); }
+
+  int64_t max_tokens() const { return max_tokens_; }
+  int64_t tokens() const { return tokens_; }
+  int64_t num_moe_layers() const { return layers_; }
+  int64_t top_k() const { return top_k_; }
+  std::size_t element_size() const;  // 1 or 2 bytes
+
+  int32_t id(int64_t token, int64_t layer, int64_t slot) const;
+  float weight(int64_t token, int64_t layer, int64_t slot) const;
+  // Appends the [layers * top_k] ids of `token` to `out`.
+  void append_row(int64_t token, std::vector<int32_t>& out) const;
+
+ private:
+  void record(int64_t layer, std::span<const int32_t> ids, std::span<const float> weights);
+  std::size_t index(int64_t token, int64_t layer, int64_t slot) const;
+
+  int64_t max_tokens_, layers_, top_k_, num_experts_;
+  bool keep_weights_;
+  int64_t tokens_ = 0;
+  std::variant<std::vector<uint8_t>, std::vector<uint16_t>> ids_;
+  std::vector<float> weights_;
+  std::vector<bool> recorded_;
+};
+
+}  // namespace r3::moe

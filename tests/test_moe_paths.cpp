@@ -1,0 +1,285 @@
+// Routed-experts capture across the three MoE execution paths: the paths agree, EPLB changes
+// neither outputs nor captured (logical) ids, capture always precedes the EPLB map, the binder's
+// start-up errors, batching with padding rows, and the capture buffer's element type.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "engine/generator.h"
+#include "engine/step_runner.h"
+#include "models/registry.h"
+#include "moe/capture_binder.h"
+#include "moe/modular_moe.h"
+#include "test_support.h"
+
+namespace r3::test {
+namespace {
+
+using moe::MoeBackend;
+
+const std::vector<std::string> kFamilies = {"qwen3_moe", "qwen2_moe", "mixtral", "olmoe"};
+const std::vector<MoeBackend> kCapturingBackends = {MoeBackend::kModular, MoeBackend::kMonolithic,
+                                                    MoeBackend::kMega};
+
+std::vector<int32_t> reference_forward_ids(const std::string& family) {
+  const Reference ref = load_reference(family, 0);
+  return {ref.input_ids.begin(), ref.input_ids.end() - 1};
+}
+
+std::unique_ptr<models::DecoderModel> load(const std::string& family, MoeBackend backend,
+                                           moe::EplbOptions eplb = {}) {
+  models::LoadOptions options;
+  options.moe_backend = backend;
+  options.eplb = eplb;
+  return models::load_model(family_dir(family), options);
+}
+
+struct StepResult {
+  std::vector<float> logits;
+  std::vector<int32_t> routed;
+};
+
+// One prefill over `ids` (all logits), then `decode` single-token steps feeding back argmax.
+std::vector<StepResult> run_steps(models::DecoderModel& model, const std::vector<int32_t>& ids, int decode,
+                                  const std::vector<int32_t>& forced = {}) {
+  ThreadPool pool(2);
+  models::KvCache cache = model.make_kv_cache(1, static_cast<int64_t>(ids.size()) + decode);
+  engine::StepRunner runner(model, pool, cache, static_cast<int64_t>(ids.size()));
+  std::vector<StepResult> steps;
+  const auto& info = model.info();
+  std::vector<int32_t> input = ids;
+  for (int s = 0; s <= decode; ++s) {
+    engine::RoutedExperts routed(static_cast<int64_t>(info.moe_layers.size()), info.top_k);
+    Tensor logits = runner.run({{0, input, &routed, forced}}, 0, /*all_logits=*/true);
+    const auto* last = logits.data<float>() + (logits.dim(0) - 1) * logits.dim(1);
+    steps.push_back({{logits.data<float>(), logits.data<float>() + logits.numel()}, routed.flat()});
+    input = {static_cast<int32_t>(std::max_element(last, last + logits.dim(1)) - last)};
+    if (!forced.empty()) break;
+  }
+  return steps;
+}
+
+TEST(MoePaths, AllCapturingPathsAgreeBitForBit) {
+  for (const auto& family : kFamilies) {
+    const auto ids = reference_forward_ids(family);
+    auto reference = load(family, MoeBackend::kModular);
+    const auto expected = run_steps(*reference, ids, 4);
+    for (MoeBackend backend : {MoeBackend::kMonolithic, MoeBackend::kMega}) {
+      auto model = load(family, backend);
+      const auto got = run_steps(*model, ids, 4);
+      ASSERT_EQ(got.size(), expected.size());
+      for (std::size_t s = 0; s < got.size(); ++s) {
+        EXPECT_EQ(got[s].logits, expected[s].logits) << family << " " << moe::moe_backend_name(backend) << " step " << s;
+        EXPECT_EQ(got[s].routed, expected[s].routed) << family << " " << moe::moe_backend_name(backend) << " step " << s;
+      }
+    }
+  }
+}
+
+TEST(MoePaths, NonCapturingMonolithicKernelComputesTheSameWithoutCapture) {
+  const auto ids = reference_forward_ids("olmoe");
+  auto a = load("olmoe", MoeBackend::kModular), b = load("olmoe", MoeBackend::kMonolithicNoCapture);
+  ThreadPool pool(2);
+  auto logits = [&](models::DecoderModel& m) {
+    models::KvCache cache = m.make_kv_cache(1, static_cast<int64_t>(ids.size()));
+    Tensor t = m.forward(pool, models::ForwardBatch::sequence(ids, 0), cache);  // no capture bound
+    return std::vector<float>(t.data<float>(), t.data<float>() + t.numel());
+  };
+  EXPECT_EQ(logits(*a), logits(*b));
+}
+
+TEST(Eplb, ReplicasAndRebalancingChangeNeitherLogitsNorCapturedIds) {
+  for (const auto& family : {"qwen3_moe", "mixtral"}) {
+    const auto ids = reference_forward_ids(family);
+    for (MoeBackend backend : kCapturingBackends) {
+      auto plain = load(family, backend);
+      const auto expected = run_steps(*plain, ids, 6);
+      for (int64_t redundant : {1, 3, 8}) {
+        moe::EplbOptions eplb;
+        eplb.redundant_experts = redundant;
+        eplb.rebalance_every = 1;
+        eplb.window_steps = 2;
+        auto model = load(family, backend, eplb);
+        const auto got = run_steps(*model, ids, 6);
+        for (std::size_t s = 0; s < got.size(); ++s) {
+          EXPECT_EQ(got[s].logits, expected[s].logits) << family << " redundant " << redundant << " step " << s;
+          EXPECT_EQ(got[s].routed, expected[s].routed) << family << " redundant " << redundant << " step " << s;
+          for (int32_t id : got[s].routed) ASSERT_TRUE(id >= 0 && id < model->info().num_experts);
+        }
+        // Not vacuous: the layers really hold replicas and were re-placed every step.
+        ASSERT_NE(model->eplb(), nullptr);
+        EXPECT_EQ(model->eplb()->rebalances(), 7);
+        for (moe::MoeBlock* block : model->moe_blocks()) {
+          EXPECT_EQ(block->experts().num_physical(), model->info().num_experts + redundant);
+        }
+      }
+    }
+  }
+}
+
+TEST(Eplb, RebalancingFollowsTheMeasuredLoad) {
+  moe::EplbOptions eplb;
+  eplb.redundant_experts = 4;
+  eplb.rebalance_every = 1;
+  auto model = load("qwen3_moe", MoeBackend::kModular, eplb);
+  ThreadPool pool(2);
+  const auto ids = reference_forward_ids("qwen3_moe");
+  models::KvCache cache = model->make_kv_cache(1, static_cast<int64_t>(ids.size()));
+  engine::RoutedExperts routed(3, 2);
+  {
+    engine::StepRunner runner(*model, pool, cache, static_cast<int64_t>(ids.size()));
+    runner.run({{0, ids, &routed, {}}});
+  }
+  // The most used expert of layer 0 in that step now has the most replicas.
+  std::vector<int64_t> uses(8, 0);
+  for (int64_t r = 0; r < routed.rows(); ++r) {
+    for (int64_t k = 0; k < 2; ++k) ++uses[static_cast<std::size_t>(routed.at(r, 0, k))];
+  }
+  const auto busiest = static_cast<int32_t>(std::max_element(uses.begin(), uses.end()) - uses.begin());
+  const auto& placement = model->moe_blocks()[0]->experts().placement();
+  std::size_t most_replicas = 0;
+  for (int32_t e = 0; e < 8; ++e) most_replicas = std::max(most_replicas, placement.replicas(e).size());
+  EXPECT_EQ(placement.replicas(busiest).size(), most_replicas);
+  EXPECT_GT(most_replicas, 1u);
+}
+
+// Replace the EPLB map of one layer with one that throws: when it throws, the capturer already
+// holds that layer's logical ids, on every path.
+TEST(CaptureOrder, CaptureHoldsLogicalIdsBeforeTheEplbMapRuns) {
+  for (MoeBackend backend : kCapturingBackends) {
+    for (int64_t layer : {0, 2}) {
+      auto model = load("qwen3_moe", backend);
+      const auto ids = reference_forward_ids("qwen3_moe");
+      const auto expected = run_steps(*model, ids, 0)[0].routed;  // [T, 3, 2]
+      model->moe_blocks()[static_cast<std::size_t>(layer)]->experts().set_map_function(
+          [](int32_t, int64_t, int64_t) -> int32_t { throw Error("EPLB map called"); });
+      ThreadPool pool(2);
+      models::KvCache cache = model->make_kv_cache(1, static_cast<int64_t>(ids.size()));
+      engine::StepRunner runner(*model, pool, cache, static_cast<int64_t>(ids.size()));
+      EXPECT_THROW(runner.run({{0, ids, nullptr, {}}}), Error);
+      const auto& capturer = runner.capturer();
+      ASSERT_TRUE(capturer.recorded(layer)) << moe::moe_backend_name(backend) << " layer " << layer;
+      for (int64_t t = 0; t < capturer.tokens(); ++t) {
+        for (int64_t k = 0; k < 2; ++k) {
+          EXPECT_EQ(capturer.id(t, layer, k), expected[static_cast<std::size_t>((t * 3 + layer) * 2 + k)]);
+        }
+      }
+      if (layer == 0) {
+        EXPECT_FALSE(capturer.recorded(1));  // the step stopped at layer 0
+      }
+    }
+  }
+}
+
+TEST(CaptureBinder, NonCapturingMonolithicKernelFailsAtStartUp) {
+  auto model = load("mixtral", MoeBackend::kMonolithicNoCapture);
+  ThreadPool pool(1);
+  models::KvCache cache = model->make_kv_cache(1, 4);
+  try {
+    engine::StepRunner runner(*model, pool, cache, 4);
+    FAIL() << "capture was bound to a kernel that cannot capture";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "Routed-experts capture is not supported with monolithic MoE kernel "
+                 "cpu-fused-softmax-topk-nocapture.");
+  }
+}
+
+// An MoE layer that offers no capture point at all.
+class OpaqueMoe final : public moe::MoeBlock {
+ public:
+  explicit OpaqueMoe(int64_t id)
+      : MoeBlock(id, std::make_shared<moe::PhysicalExperts>(
+                         std::vector<moe::SwigluExpertWeights>{{Tensor::empty(DType::F32, {1, 1}),
+                                                                Tensor::empty(DType::F32, {1, 1}),
+                                                                Tensor::empty(DType::F32, {1, 1})}},
+                         moe::ExpertPlacement::initial(1, 0))) {}
+  std::string backend_name() const override { return "opaque"; }
+  void forward(ThreadPool&, const Tensor&, std::span<const int32_t>, Tensor&) const override {}
+};
+
+TEST(CaptureBinder, LayerWithoutRouterOrCaptureSourceFails) {
+  auto model = load("qwen3_moe", MoeBackend::kModular);
+  std::vector<moe::MoeBlock*> layers = model->moe_blocks();
+  OpaqueMoe opaque(1);
+  layers[1] = &opaque;
+  try {
+    moe::bind_routing_capture(layers, [](int64_t, std::span<const int32_t>, std::span<const float>) {});
+    FAIL() << "bound a layer with no capture point";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "No supported MoE router found for routed-experts capture.");
+  }
+}
+
+TEST(CaptureBinder, BindsEveryLayerOnceAndChecksLayerIds) {
+  for (MoeBackend backend : kCapturingBackends) {
+    auto model = load("qwen2_moe", backend);
+    std::vector<moe::MoeBlock*> layers = model->moe_blocks();
+    std::multiset<int64_t> seen;
+    EXPECT_EQ(moe::bind_routing_capture(
+                  layers, [&](int64_t id, std::span<const int32_t>, std::span<const float>) { seen.insert(id); }),
+              3);
+    ThreadPool pool(1);
+    models::KvCache cache = model->make_kv_cache(1, 3);
+    model->forward(pool, models::ForwardBatch::sequence({1, 2, 3}, 0), cache);
+    EXPECT_EQ(seen, (std::multiset<int64_t>{0, 1, 2})) << moe::moe_backend_name(backend);  // once each
+    layers[2] = layers[1];  // a layer id twice
+    EXPECT_THROW(moe::bind_routing_capture(layers, nullptr), Error);
+  }
+}
+
+// Two sequences and padding rows in one step: each sequence gets exactly the rows (and
+// logits) it gets when it runs alone; padding is never attributed.
+TEST(StepRunner, BatchedSequencesWithPaddingGetTheirOwnRows) {
+  auto model = load("qwen3_moe", MoeBackend::kModular);
+  const Reference r0 = load_reference("qwen3_moe", 0), r1 = load_reference("qwen3_moe", 1);
+  const std::vector<int32_t> a(r0.input_ids.begin(), r0.input_ids.begin() + 6);
+  const std::vector<int32_t> b(r1.input_ids.begin(), r1.input_ids.begin() + 4);
+  ThreadPool pool(2);
+  auto solo = [&](const std::vector<int32_t>& ids) {
+    models::KvCache cache = model->make_kv_cache(1, 16);
+    engine::StepRunner runner(*model, pool, cache, 16);
+    engine::RoutedExperts routed(3, 2);
+    Tensor logits = runner.run({{0, ids, &routed, {}}});
+    runner.run({{0, {7}, &routed, {}}});
+    return std::pair{std::vector<float>(logits.data<float>(), logits.data<float>() + logits.numel()), routed.flat()};
+  };
+  const auto [logits_a, routed_a] = solo(a);
+  const auto [logits_b, routed_b] = solo(b);
+
+  models::KvCache cache = model->make_kv_cache(2, 16);
+  engine::StepRunner runner(*model, pool, cache, 16);
+  engine::RoutedExperts ra(3, 2), rb(3, 2);
+  Tensor logits = runner.run({{0, a, &ra, {}}, {1, b, &rb, {}}}, /*padding_rows=*/3);
+  EXPECT_EQ(runner.capturer().tokens(), 6 + 4 + 3);
+  runner.run({{1, {7}, &rb, {}}, {0, {7}, &ra, {}}}, /*padding_rows=*/1);
+  const int64_t v = logits.dim(1);
+  EXPECT_EQ(std::vector<float>(logits.data<float>(), logits.data<float>() + v), logits_a);
+  EXPECT_EQ(std::vector<float>(logits.data<float>() + v, logits.data<float>() + 2 * v), logits_b);
+  EXPECT_EQ(ra.flat(), routed_a);
+  EXPECT_EQ(rb.flat(), routed_b);
+  EXPECT_EQ(ra.rows(), 7);
+  EXPECT_EQ(rb.rows(), 5);
+}
+
+TEST(RoutingCapturer, NarrowestElementType) {
+  EXPECT_EQ(moe::RoutingCapturer(4, 3, 2, 8).element_size(), 1u);
+  EXPECT_EQ(moe::RoutingCapturer(4, 3, 2, 256).element_size(), 1u);
+  EXPECT_EQ(moe::RoutingCapturer(4, 3, 2, 257).element_size(), 2u);
+  moe::RoutingCapturer c(4, 2, 2, 300);
+  c.begin_step(1);
+  auto sink = c.sink();
+  sink(0, std::vector<int32_t>{299, 5}, std::vector<float>{0.5f, 0.5f});
+  sink(1, std::vector<int32_t>{0, 256}, std::vector<float>{0.5f, 0.5f});
+  c.end_step();
+  EXPECT_EQ(c.id(0, 0, 0), 299);
+  EXPECT_EQ(c.id(0, 1, 1), 256);
+  EXPECT_THROW(sink(1, std::vector<int32_t>{0, 1}, std::vector<float>{0.5f, 0.5f}), Error);  // twice
+  c.begin_step(1);
+  EXPECT_THROW(sink(0, std::vector<int32_t>{300, 1}, std::vector<float>{0.5f, 0.5f}), Error);  // not logical
+  EXPECT_THROW(c.end_step(), Error);  // layer 1 missing
+  EXPECT_THROW(c.begin_step(5), Error);  // beyond the preallocated rows
+}
+
+}  // namespace
+}  // namespace r3::test
