@@ -115,10 +115,25 @@ struct SyntheticModel {
   }
 };
 
-void BM_DecodeStep(benchmark::State& state) {
+const moe::MoeBackend kBackends[] = {moe::MoeBackend::kModular, moe::MoeBackend::kMonolithic,
+                                     moe::MoeBackend::kMega};
+
+SyntheticModel& synthetic_model() {
   static SyntheticModel synthetic;
+  return synthetic;
+}
+
+std::unique_ptr<models::DecoderModel> load_synthetic(int64_t backend) {
+  models::LoadOptions options;
+  options.moe_backend = kBackends[backend];
+  return models::load_model(synthetic_model().dir.string(), options);
+}
+
+// Args: context length, MoE backend (0 modular, 1 monolithic, 2 mega).
+void BM_DecodeStep(benchmark::State& state) {
   const int64_t ctx = state.range(0);
-  auto model = models::load_model(synthetic.dir.string());
+  auto model = load_synthetic(state.range(1));
+  state.SetLabel(std::string(moe::moe_backend_name(kBackends[state.range(1)])));
   ThreadPool pool;
   models::KvCache cache = model->make_kv_cache(1, ctx + 1);
   std::vector<int32_t> prompt(static_cast<std::size_t>(ctx));
@@ -133,7 +148,30 @@ void BM_DecodeStep(benchmark::State& state) {
   state.counters["bytes/step"] = bytes;
   state.SetBytesProcessed(static_cast<int64_t>(bytes) * state.iterations());
 }
-BENCHMARK(BM_DecodeStep)->Arg(64)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_DecodeStep)
+    ->ArgsProduct({{64, 1024}, {0, 1, 2}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// A prefill of `tokens` tokens: weights once, 2 * params FLOPs per token for the active path.
+void BM_Prefill(benchmark::State& state) {
+  const int64_t tokens = state.range(0);
+  auto model = load_synthetic(state.range(1));
+  state.SetLabel(std::string(moe::moe_backend_name(kBackends[state.range(1)])));
+  ThreadPool pool;
+  std::vector<int32_t> ids(static_cast<std::size_t>(tokens));
+  for (int64_t i = 0; i < tokens; ++i) ids[static_cast<std::size_t>(i)] = static_cast<int32_t>((i * 37) % 8192);
+  for (auto _ : state) {
+    models::KvCache cache = model->make_kv_cache(1, tokens);
+    models::ForwardBatch batch = models::ForwardBatch::sequence(ids, 0);
+    batch.logit_rows = {tokens - 1};
+    Tensor logits = model->forward(pool, batch, cache);
+    benchmark::DoNotOptimize(logits.raw_data());
+  }
+  state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(tokens) * static_cast<double>(state.iterations()),
+                                                  benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_Prefill)->ArgsProduct({{256}, {0, 1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 }  // namespace r3

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
 
 #include <nlohmann/json.hpp>
 
@@ -43,6 +44,13 @@ TEST(Cli, BadArgumentsGiveOneLineErrorAndNonZeroExit) {
       {"forward --model /nonexistent --ids 1", "/nonexistent"},
       {"forward --model " + data_dir() + " --ids 1", "config.json"},
       {"forward" + model + " --ids 1 --dump /nonexistent/dir/out.safetensors", "cannot write"},
+      {"generate" + model + " --ids 1,2 --moe-backend turbo", "--moe-backend"},
+      {"generate" + model + " --ids 1,2 --moe-backend monolithic-nocapture",
+       "Routed-experts capture is not supported with monolithic MoE kernel cpu-fused-softmax-topk-nocapture."},
+      {"generate" + model + " --ids 1,2 --eplb-redundant-experts -1", "--eplb-redundant-experts"},
+      {"generate" + model + " --ids 1,2 --eplb-redundant-experts 1 --eplb-gpus 2 --eplb-rebalance-every 1",
+       "9 physical experts do not split over 2 GPUs"},
+      {"eplb-plan --load /nonexistent.json", "cannot read load file /nonexistent.json"},
   };
   for (const auto& [args, expected] : cases) {
     const CommandResult r = run_r3(args);
@@ -53,6 +61,22 @@ TEST(Cli, BadArgumentsGiveOneLineErrorAndNonZeroExit) {
     EXPECT_EQ(count_lines(last), 1) << args << "\n" << r.err;
     EXPECT_NE(last.find(expected), std::string::npos) << args << "\n" << r.err;
   }
+}
+
+TEST(Cli, EplbPlanPrintsPlacementAndBalance) {
+  TempDir tmp;
+  std::ofstream(tmp.path("load.json")) << "[[90, 5, 5, 5, 5, 5, 5, 5], [10, 10, 10, 10, 10, 10, 10, 10]]";
+  const CommandResult r = run_r3("eplb-plan --load " + tmp.path("load.json") + " --redundant-experts 4 --gpus 4");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("layer 0: 8 experts on 12 physical slots, 4 GPUs (3 per GPU)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("layer 1:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("max/mean GPU load:"), std::string::npos) << r.out;
+  const auto j = nlohmann::json::parse(
+      run_r3("eplb-plan --json --load " + tmp.path("load.json") + " --redundant-experts 4 --gpus 4").out);
+  ASSERT_EQ(j.size(), 2u);
+  EXPECT_EQ(j[0]["physical_to_logical"].size(), 12u);
+  EXPECT_LT(j[0]["imbalance_after"].get<double>(), j[0]["imbalance_before"].get<double>());
+  EXPECT_EQ(j[0]["replica_count"][0].get<int>(), 5);  // the hot expert takes every extra slot
 }
 
 TEST(Cli, GenerateShowsTokensRoutingAndTimings) {

@@ -7,7 +7,7 @@
 namespace r3::models {
 
 struct LoadOptions {
-  moe::MoeBackend moe_backend = moe::MoeBackend::kModular;
+  moe::MoeBackend moe_backend = moe::MoeBackend::kMonolithic;  // fastest on CPU (README)
   moe::EplbOptions eplb;
 };
 

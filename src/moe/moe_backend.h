@@ -11,8 +11,8 @@
 namespace r3::moe {
 
 enum class MoeBackend {
-  kModular,              // router object + grouped GEMMs (default: fastest here, see README)
-  kMonolithic,           // one fused routine that reports its routing
+  kModular,              // router object + grouped GEMMs
+  kMonolithic,           // one fused routine that reports its routing (default: fastest on CPU)
   kMonolithicNoCapture,  // a fused routine that cannot report its routing (start-up error with capture)
   kMega,                 // model-side gate + fused experts module as capture source
 };
