@@ -50,7 +50,7 @@ TEST(Cli, BadArgumentsGiveOneLineErrorAndNonZeroExit) {
       {"generate" + model + " --ids 1,2 --eplb-redundant-experts -1", "--eplb-redundant-experts"},
       {"generate" + model + " --ids 1,2 --eplb-redundant-experts 1 --eplb-gpus 2 --eplb-rebalance-every 1",
        "9 physical experts do not split over 2 GPUs"},
-      {"eplb-plan --load /nonexistent.json", "cannot read load file /nonexistent.json"},
+      {"eplb-plan --load /nonexistent.json", "cannot read /nonexistent.json"},
   };
   for (const auto& [args, expected] : cases) {
     const CommandResult r = run_r3(args);

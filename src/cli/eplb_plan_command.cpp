@@ -1,11 +1,10 @@
 // `r3 eplb-plan`: the placement EPLB would choose for given expert loads, and its balance.
-#include <fstream>
-
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "core/check.h"
+#include "io/json_file.h"
 #include "moe/eplb/expert_placement.h"
 #include "moe/eplb/rebalance.h"
 
@@ -23,14 +22,7 @@ struct EplbPlanOptions {
 // Loads: one list of per-expert loads, a list of such lists (one per MoE layer), or an object
 // with the same under "load".
 std::vector<std::vector<double>> read_loads(const std::string& path) {
-  std::ifstream in(path);
-  R3_CHECK(in.good(), "cannot read load file ", path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    R3_FAIL(path, ": malformed JSON: ", e.what());
-  }
+  nlohmann::json j = read_json_file(path);
   if (j.is_object() && j.contains("load")) j = j["load"];
   R3_CHECK(j.is_array() && !j.empty(), path, ": expected a list of expert loads or a list of such lists");
   if (!j[0].is_array()) j = nlohmann::json::array({j});

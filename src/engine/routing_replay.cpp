@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "io/json_file.h"
 #include "io/safetensors.h"
 
 namespace r3::engine {
@@ -22,14 +22,7 @@ std::vector<int32_t> RoutingReplay::slice(int64_t first, int64_t count) const {
 namespace {
 
 RoutingReplay from_json(const std::string& path) {
-  std::ifstream in(path);
-  R3_CHECK(in.good(), "cannot read replay file ", path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    R3_FAIL(path, ": malformed JSON: ", e.what());
-  }
+  nlohmann::json j = read_json_file(path);
   if (j.is_object()) {
     R3_CHECK(j.contains("routed_experts"), path, ": JSON object without 'routed_experts'");
     j = j["routed_experts"];

@@ -1,10 +1,9 @@
 #include "io/checkpoint.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <cstring>
 
-#include <nlohmann/json.hpp>
+#include "io/json_file.h"
 
 namespace r3 {
 
@@ -13,14 +12,7 @@ namespace fs = std::filesystem;
 namespace {
 
 std::map<std::string, std::string> read_index(const fs::path& index_path) {
-  std::ifstream in(index_path);
-  R3_CHECK(in.good(), "cannot read ", index_path.string());
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    R3_FAIL(index_path.string(), ": malformed JSON: ", e.what());
-  }
+  const nlohmann::json j = read_json_file(index_path.string());
   R3_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
            index_path.string(), ": missing object 'weight_map'");
   std::map<std::string, std::string> map;
