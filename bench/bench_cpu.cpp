@@ -123,7 +123,7 @@ SyntheticModel& synthetic_model() {
   return synthetic;
 }
 
-std::unique_ptr<models::DecoderModel> load_synthetic(int64_t backend) {
+std::unique_ptr<models::CausalLM> load_synthetic(int64_t backend) {
   models::LoadOptions options;
   options.moe_backend = kBackends[backend];
   return models::load_model(synthetic_model().dir.string(), options);
@@ -135,7 +135,8 @@ void BM_DecodeStep(benchmark::State& state) {
   auto model = load_synthetic(state.range(1));
   state.SetLabel(std::string(moe::moe_backend_name(kBackends[state.range(1)])));
   ThreadPool pool;
-  models::KvCache cache = model->make_kv_cache(1, ctx + 1);
+  auto cache_owner = model->make_cache(1, ctx + 1);
+  models::ModelCache& cache = *cache_owner;
   std::vector<int32_t> prompt(static_cast<std::size_t>(ctx));
   for (int64_t i = 0; i < ctx; ++i) prompt[static_cast<std::size_t>(i)] = static_cast<int32_t>((i * 37) % 8192);
   model->forward(pool, models::ForwardBatch::sequence(prompt, 0), cache);
@@ -162,7 +163,8 @@ void BM_Prefill(benchmark::State& state) {
   std::vector<int32_t> ids(static_cast<std::size_t>(tokens));
   for (int64_t i = 0; i < tokens; ++i) ids[static_cast<std::size_t>(i)] = static_cast<int32_t>((i * 37) % 8192);
   for (auto _ : state) {
-    models::KvCache cache = model->make_kv_cache(1, tokens);
+    auto cache_owner = model->make_cache(1, tokens);
+    models::ModelCache& cache = *cache_owner;
     models::ForwardBatch batch = models::ForwardBatch::sequence(ids, 0);
     batch.logit_rows = {tokens - 1};
     Tensor logits = model->forward(pool, batch, cache);

@@ -49,7 +49,8 @@ std::vector<NamedTensor> fixture_tensors(const std::string& family, DType dtype)
 std::vector<float> logits_of(const std::string& dir, const std::vector<int32_t>& ids) {
   auto model = models::load_model(dir);
   ThreadPool pool(2);
-  models::KvCache cache = model->make_kv_cache(1, static_cast<int64_t>(ids.size()));
+  auto cache_owner = model->make_cache(1, static_cast<int64_t>(ids.size()));
+  models::ModelCache& cache = *cache_owner;
   Tensor logits = model->forward(pool, models::ForwardBatch::sequence(ids, 0), cache);
   return {logits.data<float>(), logits.data<float>() + logits.numel()};
 }

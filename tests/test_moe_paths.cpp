@@ -26,7 +26,7 @@ std::vector<int32_t> reference_forward_ids(const std::string& family) {
   return {ref.input_ids.begin(), ref.input_ids.end() - 1};
 }
 
-std::unique_ptr<models::DecoderModel> load(const std::string& family, MoeBackend backend,
+std::unique_ptr<models::CausalLM> load(const std::string& family, MoeBackend backend,
                                            moe::EplbOptions eplb = {}) {
   models::LoadOptions options;
   options.moe_backend = backend;
@@ -40,10 +40,11 @@ struct StepResult {
 };
 
 // One prefill over `ids` (all logits), then `decode` single-token steps feeding back argmax.
-std::vector<StepResult> run_steps(models::DecoderModel& model, const std::vector<int32_t>& ids, int decode,
+std::vector<StepResult> run_steps(models::CausalLM& model, const std::vector<int32_t>& ids, int decode,
                                   const std::vector<int32_t>& forced = {}) {
   ThreadPool pool(2);
-  models::KvCache cache = model.make_kv_cache(1, static_cast<int64_t>(ids.size()) + decode);
+  auto cache_owner = model.make_cache(1, static_cast<int64_t>(ids.size()) + decode);
+  models::ModelCache& cache = *cache_owner;
   engine::StepRunner runner(model, pool, cache, static_cast<int64_t>(ids.size()));
   std::vector<StepResult> steps;
   const auto& info = model.info();
@@ -80,8 +81,9 @@ TEST(MoePaths, NonCapturingMonolithicKernelComputesTheSameWithoutCapture) {
   const auto ids = reference_forward_ids("olmoe");
   auto a = load("olmoe", MoeBackend::kModular), b = load("olmoe", MoeBackend::kMonolithicNoCapture);
   ThreadPool pool(2);
-  auto logits = [&](models::DecoderModel& m) {
-    models::KvCache cache = m.make_kv_cache(1, static_cast<int64_t>(ids.size()));
+  auto logits = [&](models::CausalLM& m) {
+    auto cache_owner = m.make_cache(1, static_cast<int64_t>(ids.size()));
+    models::ModelCache& cache = *cache_owner;
     Tensor t = m.forward(pool, models::ForwardBatch::sequence(ids, 0), cache);  // no capture bound
     return std::vector<float>(t.data<float>(), t.data<float>() + t.numel());
   };
@@ -124,7 +126,8 @@ TEST(Eplb, RebalancingFollowsTheMeasuredLoad) {
   auto model = load("qwen3_moe", MoeBackend::kModular, eplb);
   ThreadPool pool(2);
   const auto ids = reference_forward_ids("qwen3_moe");
-  models::KvCache cache = model->make_kv_cache(1, static_cast<int64_t>(ids.size()));
+  auto cache_owner = model->make_cache(1, static_cast<int64_t>(ids.size()));
+  models::ModelCache& cache = *cache_owner;
   engine::RoutedExperts routed(3, 2);
   {
     engine::StepRunner runner(*model, pool, cache, static_cast<int64_t>(ids.size()));
@@ -154,7 +157,8 @@ TEST(CaptureOrder, CaptureHoldsLogicalIdsBeforeTheEplbMapRuns) {
       model->moe_blocks()[static_cast<std::size_t>(layer)]->experts().set_map_function(
           [](int32_t, int64_t, int64_t) -> int32_t { throw Error("EPLB map called"); });
       ThreadPool pool(2);
-      models::KvCache cache = model->make_kv_cache(1, static_cast<int64_t>(ids.size()));
+      auto cache_owner = model->make_cache(1, static_cast<int64_t>(ids.size()));
+      models::ModelCache& cache = *cache_owner;
       engine::StepRunner runner(*model, pool, cache, static_cast<int64_t>(ids.size()));
       EXPECT_THROW(runner.run({{0, ids, nullptr, {}}}), Error);
       const auto& capturer = runner.capturer();
@@ -174,7 +178,8 @@ TEST(CaptureOrder, CaptureHoldsLogicalIdsBeforeTheEplbMapRuns) {
 TEST(CaptureBinder, NonCapturingMonolithicKernelFailsAtStartUp) {
   auto model = load("mixtral", MoeBackend::kMonolithicNoCapture);
   ThreadPool pool(1);
-  models::KvCache cache = model->make_kv_cache(1, 4);
+  auto cache_owner = model->make_cache(1, 4);
+  models::ModelCache& cache = *cache_owner;
   try {
     engine::StepRunner runner(*model, pool, cache, 4);
     FAIL() << "capture was bound to a kernel that cannot capture";
@@ -220,7 +225,8 @@ TEST(CaptureBinder, BindsEveryLayerOnceAndChecksLayerIds) {
                   layers, [&](int64_t id, std::span<const int32_t>, std::span<const float>) { seen.insert(id); }),
               3);
     ThreadPool pool(1);
-    models::KvCache cache = model->make_kv_cache(1, 3);
+    auto cache_owner = model->make_cache(1, 3);
+    models::ModelCache& cache = *cache_owner;
     model->forward(pool, models::ForwardBatch::sequence({1, 2, 3}, 0), cache);
     EXPECT_EQ(seen, (std::multiset<int64_t>{0, 1, 2})) << moe::moe_backend_name(backend);  // once each
     layers[2] = layers[1];  // a layer id twice
@@ -237,7 +243,8 @@ TEST(StepRunner, BatchedSequencesWithPaddingGetTheirOwnRows) {
   const std::vector<int32_t> b(r1.input_ids.begin(), r1.input_ids.begin() + 4);
   ThreadPool pool(2);
   auto solo = [&](const std::vector<int32_t>& ids) {
-    models::KvCache cache = model->make_kv_cache(1, 16);
+    auto cache_owner = model->make_cache(1, 16);
+    models::ModelCache& cache = *cache_owner;
     engine::StepRunner runner(*model, pool, cache, 16);
     engine::RoutedExperts routed(3, 2);
     Tensor logits = runner.run({{0, ids, &routed, {}}});
@@ -247,7 +254,9 @@ TEST(StepRunner, BatchedSequencesWithPaddingGetTheirOwnRows) {
   const auto [logits_a, routed_a] = solo(a);
   const auto [logits_b, routed_b] = solo(b);
 
-  models::KvCache cache = model->make_kv_cache(2, 16);
+  auto cache_owner = model->make_cache(2, 16);
+
+  models::ModelCache& cache = *cache_owner;
   engine::StepRunner runner(*model, pool, cache, 16);
   engine::RoutedExperts ra(3, 2), rb(3, 2);
   Tensor logits = runner.run({{0, a, &ra, {}}, {1, b, &rb, {}}}, /*padding_rows=*/3);

@@ -161,7 +161,8 @@ TEST_P(ReferenceParity, IncrementalDecodeEqualsFullForward) {
   std::vector<int32_t> all = prompt;
   all.insert(all.end(), gen.output_ids.begin(), gen.output_ids.end() - 1);
   const auto tokens = static_cast<int64_t>(all.size());
-  models::KvCache cache = model->make_kv_cache(1, tokens);
+  auto cache_owner = model->make_cache(1, tokens);
+  models::ModelCache& cache = *cache_owner;
   engine::StepRunner runner(*model, pool, cache, tokens);
   engine::RoutedExperts full(ref_.layers, ref_.top_k);
   runner.run({{0, all, &full, {}}});
@@ -174,7 +175,8 @@ TEST_P(ReferenceParity, ThreadCountDoesNotChangeLogits) {
   std::vector<int32_t> ids(ref_.input_ids.begin(), ref_.input_ids.end() - 1);
   auto run = [&](int threads) {
     ThreadPool pool(threads);
-    models::KvCache cache = model->make_kv_cache(1, static_cast<int64_t>(ids.size()));
+    auto cache_owner = model->make_cache(1, static_cast<int64_t>(ids.size()));
+    models::ModelCache& cache = *cache_owner;
     Tensor logits = model->forward(pool, models::ForwardBatch::sequence(ids, 0), cache);
     return std::vector<float>(logits.data<float>(), logits.data<float>() + logits.numel());
   };

@@ -39,8 +39,8 @@ int run_forward(const ForwardOptions& options) {
   if (!options.replay.empty()) {
     forced = engine::load_routing_replay(options.replay, layers, k, info.num_experts).slice(0, tokens);
   }
-  models::KvCache cache = model->make_kv_cache(1, tokens);
-  engine::StepRunner runner(*model, *pool, cache, tokens, /*keep_weights=*/true);
+  auto cache = model->make_cache(1, tokens);
+  engine::StepRunner runner(*model, *pool, *cache, tokens, /*keep_weights=*/true);
   engine::RoutedExperts routed(layers, k);
   const auto start = std::chrono::steady_clock::now();
   Tensor logits = runner.run({{0, ids, &routed, forced}}, 0, /*all_logits=*/true);

@@ -42,7 +42,7 @@ void ModelOptions::add_to(CLI::App& command) {
       ->check(CLI::PositiveNumber);
 }
 
-std::unique_ptr<models::DecoderModel> ModelOptions::load() const {
+std::unique_ptr<models::CausalLM> ModelOptions::load() const {
   const auto start = std::chrono::steady_clock::now();
   models::LoadOptions options = load_options;
   options.moe_backend = moe::parse_moe_backend(moe_backend);

@@ -8,7 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include "core/thread_pool.h"
-#include "models/decoder_model.h"
+#include "models/causal_lm.h"
 #include "models/load_options.h"
 
 namespace r3::cli {
@@ -20,7 +20,7 @@ struct ModelOptions {
   models::LoadOptions load_options;
 
   void add_to(CLI::App& command);
-  std::unique_ptr<models::DecoderModel> load() const;  // logs load time and model summary
+  std::unique_ptr<models::CausalLM> load() const;  // logs load time and model summary
   std::unique_ptr<ThreadPool> make_pool() const;
 };
 

@@ -10,7 +10,7 @@
 #include "engine/routed_experts.h"
 #include "engine/routing_replay.h"
 #include "engine/sampler.h"
-#include "models/decoder_model.h"
+#include "models/causal_lm.h"
 
 namespace r3::engine {
 
@@ -35,7 +35,7 @@ struct GenerateResult {
   GenerateTimings timings;
 };
 
-GenerateResult generate(models::DecoderModel& model, ThreadPool& pool, const std::vector<int32_t>& prompt,
+GenerateResult generate(models::CausalLM& model, ThreadPool& pool, const std::vector<int32_t>& prompt,
                         const GenerateOptions& options);
 
 }  // namespace r3::engine

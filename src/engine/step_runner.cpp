@@ -2,7 +2,7 @@
 
 namespace r3::engine {
 
-StepRunner::StepRunner(models::DecoderModel& model, ThreadPool& pool, models::KvCache& cache,
+StepRunner::StepRunner(models::CausalLM& model, ThreadPool& pool, models::ModelCache& cache,
                        int64_t max_tokens, bool keep_weights)
     : model_(model),
       pool_(pool),

@@ -8,7 +8,7 @@
 
 #include "core/thread_pool.h"
 #include "engine/routed_experts.h"
-#include "models/decoder_model.h"
+#include "models/causal_lm.h"
 #include "moe/capture_binder.h"
 #include "moe/routing_capturer.h"
 
@@ -24,7 +24,7 @@ struct StepSequence {
 class StepRunner {
  public:
   // max_tokens: the largest step (rows, padding included) the capture buffer is sized for.
-  StepRunner(models::DecoderModel& model, ThreadPool& pool, models::KvCache& cache, int64_t max_tokens,
+  StepRunner(models::CausalLM& model, ThreadPool& pool, models::ModelCache& cache, int64_t max_tokens,
              bool keep_weights = false);
 
   // Returns logits F32 [sequences, vocab] of each sequence's last token, or of every row of the
@@ -34,9 +34,9 @@ class StepRunner {
   const moe::RoutingCapturer& capturer() const { return capturer_; }
 
  private:
-  models::DecoderModel& model_;
+  models::CausalLM& model_;
   ThreadPool& pool_;
-  models::KvCache& cache_;
+  models::ModelCache& cache_;
   moe::RoutingCapturer capturer_;
   moe::ScopedCaptureBinding binding_;
 };

@@ -123,11 +123,7 @@ std::unique_ptr<DecoderModel> build_decoder(const DecoderSpec& spec, const Check
   auto model = std::make_unique<DecoderModel>(std::move(info), static_cast<float>(spec.rms_norm_eps),
                                               kv_width, std::move(embed), std::move(layers),
                                               std::move(final_norm), std::move(lm_head));
-  if (options.eplb.redundant_experts > 0 || options.eplb.rebalance_every > 0) {
-    std::vector<moe::PhysicalExperts*> experts;
-    for (moe::MoeBlock* block : model->moe_blocks()) experts.push_back(&block->experts());
-    model->set_eplb(std::make_unique<moe::EplbController>(options.eplb, std::move(experts)));
-  }
+  model->enable_eplb(options.eplb);
   return model;
 }
 

@@ -1,7 +1,6 @@
 #include "models/decoder_model.h"
 
 #include <cstring>
-#include <map>
 
 #include "ops/linear.h"
 #include "ops/rms_norm.h"
@@ -18,38 +17,8 @@ DecoderModel::DecoderModel(ModelInfo info, float rms_eps, int64_t kv_width, Tens
       final_norm_(std::move(final_norm)),
       lm_head_(std::move(lm_head)) {}
 
-KvCache DecoderModel::make_kv_cache(int64_t max_slots, int64_t capacity) const {
-  return KvCache(info_.num_layers, kv_width_, kv_width_, max_slots, capacity);
-}
-
-void DecoderModel::validate(const ForwardBatch& batch, const KvCache& cache) const {
-  const auto n = static_cast<std::size_t>(batch.size());
-  R3_CHECK(n > 0, "forward: empty batch");
-  R3_CHECK(batch.positions.size() == n && batch.slots.size() == n,
-           "forward: token_ids, positions and slots must have the same length");
-  // Each slot's tokens must continue its cached prefix without gaps.
-  std::map<int32_t, int64_t> next;
-  for (std::size_t t = 0; t < n; ++t) {
-    const int32_t id = batch.token_ids[t];
-    R3_CHECK(id >= 0 && id < info_.vocab_size, "token id ", id, " is outside the vocabulary [0, ",
-             info_.vocab_size, ")");
-    const int32_t slot = batch.slots[t];
-    if (slot == ForwardBatch::kPadding) continue;
-    R3_CHECK(slot >= 0 && slot < cache.max_slots(), "forward: slot ", slot, " out of range");
-    auto [it, fresh] = next.try_emplace(slot, cache.length(slot));
-    R3_CHECK(batch.positions[t] == it->second, "forward: slot ", slot, " expects position ",
-             it->second, ", got ", batch.positions[t]);
-    R3_CHECK(batch.positions[t] < cache.capacity(), "sequence of ", batch.positions[t] + 1,
-             " tokens exceeds the KV cache capacity of ", cache.capacity());
-    ++it->second;
-  }
-  const auto per_token = static_cast<std::size_t>(info_.moe_layers.size() * info_.top_k);
-  R3_CHECK(batch.forced_routing.empty() || batch.forced_routing.size() == n * per_token,
-           "replayed routing has ", batch.forced_routing.size(), " ids for ", n, " tokens x ",
-           info_.moe_layers.size(), " MoE layers x top-", info_.top_k);
-  for (int64_t row : batch.logit_rows) {
-    R3_CHECK(row >= 0 && row < batch.size(), "forward: logit row ", row, " out of range");
-  }
+std::unique_ptr<ModelCache> DecoderModel::make_cache(int64_t max_slots, int64_t capacity) const {
+  return std::make_unique<KvCache>(info_.num_layers, kv_width_, kv_width_, max_slots, capacity);
 }
 
 std::vector<moe::MoeBlock*> DecoderModel::moe_blocks() {
@@ -58,10 +27,6 @@ std::vector<moe::MoeBlock*> DecoderModel::moe_blocks() {
     if (moe::MoeBlock* b = layer.feed_forward->moe_block()) blocks.push_back(b);
   }
   return blocks;
-}
-
-void DecoderModel::end_step() {
-  if (eplb_) eplb_->end_step();
 }
 
 namespace {
@@ -81,8 +46,11 @@ std::vector<int32_t> layer_routing(const std::vector<int32_t>& forced, int64_t t
 
 }  // namespace
 
-Tensor DecoderModel::forward(ThreadPool& pool, const ForwardBatch& batch, KvCache& cache) const {
-  validate(batch, cache);
+Tensor DecoderModel::forward(ThreadPool& pool, const ForwardBatch& batch, ModelCache& model_cache) const {
+  validate_batch(batch, model_cache, info_);
+  auto* kv = dynamic_cast<KvCache*>(&model_cache);
+  R3_CHECK(kv != nullptr, "forward: the cache was not made by this model");
+  KvCache& cache = *kv;
   const int64_t tokens = batch.size(), hidden = info_.hidden_size;
   Tensor residual = Tensor::empty(DType::F32, {tokens, hidden});
   for (int64_t t = 0; t < tokens; ++t) {

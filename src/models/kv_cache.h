@@ -6,16 +6,18 @@
 #include <cstdint>
 #include <vector>
 
+#include "models/model_cache.h"
+
 namespace r3::models {
 
-class KvCache {
+class KvCache final : public ModelCache {
  public:
   // key_width / value_width: floats per position per layer (num_kv_heads * head_dim for GQA).
   KvCache(int64_t num_layers, int64_t key_width, int64_t value_width, int64_t max_slots,
           int64_t capacity);
 
-  int64_t capacity() const { return capacity_; }
-  int64_t max_slots() const { return max_slots_; }
+  int64_t capacity() const override { return capacity_; }
+  int64_t max_slots() const override { return max_slots_; }
   int64_t key_width() const { return key_width_; }
   int64_t value_width() const { return value_width_; }
   // Bytes one cached position costs across all layers.
@@ -26,9 +28,8 @@ class KvCache {
   float* values(int64_t layer, int64_t slot);
 
   // Positions [0, length) of a slot hold valid rows.
-  int64_t length(int64_t slot) const { return lengths_.at(static_cast<std::size_t>(slot)); }
-  void set_length(int64_t slot, int64_t length);
-  void clear(int64_t slot) { set_length(slot, 0); }
+  int64_t length(int64_t slot) const override { return lengths_.at(static_cast<std::size_t>(slot)); }
+  void set_length(int64_t slot, int64_t length) override;
 
  private:
   std::size_t offset(int64_t layer, int64_t slot, int64_t width) const;

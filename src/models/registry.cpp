@@ -36,7 +36,7 @@ DecoderSpec spec_from_config(const HfConfig& config) {
   return spec;
 }
 
-std::unique_ptr<DecoderModel> load_model(const std::string& model_dir, const LoadOptions& options) {
+std::unique_ptr<CausalLM> load_model(const std::string& model_dir, const LoadOptions& options) {
   const HfConfig config = HfConfig::load(model_dir);
   const DecoderSpec spec = spec_from_config(config);
   Checkpoint checkpoint = Checkpoint::open(model_dir);

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "io/hf_config.h"
-#include "models/decoder_model.h"
+#include "models/causal_lm.h"
 #include "models/decoder_spec.h"
 #include "models/load_options.h"
 
@@ -16,6 +16,6 @@ namespace r3::models {
 DecoderSpec spec_from_config(const HfConfig& config);
 
 // Loads config + weights; shows progress on stderr when loading takes more than a moment.
-std::unique_ptr<DecoderModel> load_model(const std::string& model_dir, const LoadOptions& options = {});
+std::unique_ptr<CausalLM> load_model(const std::string& model_dir, const LoadOptions& options = {});
 
 }  // namespace r3::models

@@ -1,0 +1,48 @@
+// The interface every model family implements for the engine: one forward step over a batch of
+// tokens from several sequences, its cache, its MoE layers (for capture binding and EPLB).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "models/forward_batch.h"
+#include "models/model_cache.h"
+#include "models/model_info.h"
+#include "moe/eplb/eplb_controller.h"
+#include "moe/moe_block.h"
+
+namespace r3::models {
+
+class CausalLM {
+ public:
+  virtual ~CausalLM() = default;
+
+  virtual const ModelInfo& info() const = 0;
+  // A cache for `max_slots` sequences of up to `capacity` tokens.
+  virtual std::unique_ptr<ModelCache> make_cache(int64_t max_slots, int64_t capacity) const = 0;
+  // Runs one step and returns logits F32 [rows, vocab] for batch.logit_rows (all rows if empty).
+  // Routing reaches whatever capture sink is bound to the MoE layers (moe/capture_binder.h).
+  // Updates the cache lengths of the slots in the batch.
+  virtual Tensor forward(ThreadPool& pool, const ForwardBatch& batch, ModelCache& cache) const = 0;
+  // The MoE layers in order; index j has layer id j.
+  virtual std::vector<moe::MoeBlock*> moe_blocks() = 0;
+
+  // Call after each step: EPLB load windows and rebalancing (no-op without EPLB).
+  void end_step() {
+    if (eplb_) eplb_->end_step();
+  }
+  const moe::EplbController* eplb() const { return eplb_.get(); }
+  // Starts EPLB over this model's MoE layers when the options ask for it.
+  void enable_eplb(const moe::EplbOptions& options);
+
+ private:
+  std::unique_ptr<moe::EplbController> eplb_;
+};
+
+// Checks a batch against the model and cache: ids in the vocabulary, each slot's tokens
+// continuing its cached prefix, capacity, logit rows, replayed routing size.
+void validate_batch(const ForwardBatch& batch, const ModelCache& cache, const ModelInfo& info);
+
+}  // namespace r3::models
