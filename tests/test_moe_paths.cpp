@@ -200,7 +200,7 @@ class OpaqueMoe final : public moe::MoeBlock {
                                                                 Tensor::empty(DType::F32, {1, 1})}},
                          moe::ExpertPlacement::initial(1, 0))) {}
   std::string backend_name() const override { return "opaque"; }
-  void forward(ThreadPool&, const Tensor&, std::span<const int32_t>, Tensor&) const override {}
+  void forward(ThreadPool&, const moe::MoeInput&, Tensor&) const override {}
 };
 
 TEST(CaptureBinder, LayerWithoutRouterOrCaptureSourceFails) {

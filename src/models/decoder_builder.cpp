@@ -59,9 +59,9 @@ class LayerLoader {
     auto physical = std::make_shared<moe::PhysicalExperts>(
         std::move(experts), moe::ExpertPlacement::initial(m.num_experts, options_.eplb.redundant_experts),
         options_.eplb.window_steps);
-    auto block = moe::make_softmax_topk_moe(options_.moe_backend, moe_layer_id,
-                                            load(n.moe + n.router, {m.num_experts, h}), m.top_k,
-                                            m.normalize_topk, std::move(physical));
+    auto block = moe::make_moe_block(options_.moe_backend, moe_layer_id, load(n.moe + n.router, {m.num_experts, h}),
+                                     std::make_shared<moe::SoftmaxTopK>(m.top_k, m.normalize_topk),
+                                     std::move(physical));
     std::optional<SwigluMlp> shared;
     Tensor shared_gate;
     if (m.shared_expert_intermediate > 0) {

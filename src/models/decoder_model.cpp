@@ -76,7 +76,7 @@ Tensor DecoderModel::forward(ThreadPool& pool, const ForwardBatch& batch, ModelC
     if (layer.feed_forward->moe_block() != nullptr) {
       forced = layer_routing(batch.forced_routing, tokens, moe_count, info_.top_k, moe_index++);
     }
-    layer.feed_forward->forward(pool, normed, forced, branch);
+    layer.feed_forward->forward(pool, {normed, batch.token_ids, forced}, branch);
     add_branch();
   }
   for (int64_t t = 0; t < tokens; ++t) {

@@ -5,9 +5,8 @@
 
 namespace r3::models {
 
-void DenseFeedForward::forward(ThreadPool& pool, const Tensor& x, std::span<const int32_t>,
-                               Tensor& out) const {
-  mlp_.forward(pool, x, out);
+void DenseFeedForward::forward(ThreadPool& pool, const moe::MoeInput& input, Tensor& out) const {
+  mlp_.forward(pool, input.hidden, out);
 }
 
 MoeFeedForward::MoeFeedForward(std::unique_ptr<moe::MoeBlock> moe, std::optional<SwigluMlp> shared_expert,
@@ -16,9 +15,9 @@ MoeFeedForward::MoeFeedForward(std::unique_ptr<moe::MoeBlock> moe, std::optional
       shared_expert_(std::move(shared_expert)),
       shared_gate_(std::move(shared_gate)) {}
 
-void MoeFeedForward::forward(ThreadPool& pool, const Tensor& x, std::span<const int32_t> forced,
-                             Tensor& out) const {
-  moe_->forward(pool, x, forced, out);
+void MoeFeedForward::forward(ThreadPool& pool, const moe::MoeInput& input, Tensor& out) const {
+  const Tensor& x = input.hidden;
+  moe_->forward(pool, input, out);
   if (!shared_expert_) return;
   const int64_t tokens = x.dim(0), hidden = x.dim(1);
   Tensor shared = Tensor::empty(DType::F32, {tokens, hidden});

@@ -59,7 +59,7 @@ void grouped_experts(ThreadPool& pool, const Tensor& hidden, const PhysicalRouti
     Tensor down = Tensor::empty(DType::F32, {n, h});
     ops::linear(pool, gathered, w.gate, nullptr, gate);
     ops::linear(pool, gathered, w.up, nullptr, up);
-    ops::silu_and_mul(gate, up, gate);
+    ops::silu_and_mul(gate, up, gate, experts.swiglu_limit());
     ops::linear(pool, gate, w.down, nullptr, down);
     for (int64_t i = 0; i < n; ++i) {
       std::memcpy(slot_out.data<float>() + slots[i] * h, down.data<float>() + i * h,
@@ -83,7 +83,7 @@ void fused_experts(ThreadPool& pool, const Tensor& hidden, const PhysicalRouting
       for (int64_t j = 0; j < width; ++j) {
         const float g = ops::dot(xt, w.gate.data<float>() + j * h, h);
         const float u = ops::dot(xt, w.up.data<float>() + j * h, h);
-        act[static_cast<std::size_t>(j)] = ops::silu(g) * u;
+        act[static_cast<std::size_t>(j)] = ops::clamped_swiglu(g, u, experts.swiglu_limit());
       }
       float* y = slot_out.data<float>() + s * h;
       for (int64_t d = 0; d < h; ++d) y[d] = ops::dot(act.data(), w.down.data<float>() + d * width, width);

@@ -17,9 +17,8 @@ MegaMoe::MegaMoe(std::unique_ptr<Router> gate, std::shared_ptr<PhysicalExperts> 
            this->experts().num_logical());
 }
 
-void MegaMoe::forward(ThreadPool& pool, const Tensor& hidden, std::span<const int32_t> forced,
-                      Tensor& out) const {
-  mega_.forward(pool, hidden, gate_->compute(pool, hidden, forced), out);
+void MegaMoe::forward(ThreadPool& pool, const MoeInput& input, Tensor& out) const {
+  mega_.forward(pool, input.hidden, gate_->compute(pool, input), out);
 }
 
 }  // namespace r3::moe

@@ -29,8 +29,7 @@ class MegaMoe final : public MoeBlock {
 
   std::string backend_name() const override { return "mega"; }
   CaptureSource* capture_source() override { return &mega_; }
-  void forward(ThreadPool& pool, const Tensor& hidden, std::span<const int32_t> forced,
-               Tensor& out) const override;
+  void forward(ThreadPool& pool, const MoeInput& input, Tensor& out) const override;
 
  private:
   std::unique_ptr<Router> gate_;

@@ -11,11 +11,10 @@ ModularMoe::ModularMoe(std::unique_ptr<Router> router, std::shared_ptr<PhysicalE
            this->experts().num_logical());
 }
 
-void ModularMoe::forward(ThreadPool& pool, const Tensor& hidden, std::span<const int32_t> forced,
-                         Tensor& out) const {
-  const CapturedRouting routing = router_->route(pool, hidden, forced);  // captures
+void ModularMoe::forward(ThreadPool& pool, const MoeInput& input, Tensor& out) const {
+  const CapturedRouting routing = router_->route(pool, input);  // captures
   const PhysicalRouting physical = experts().map(routing);
-  grouped_experts(pool, hidden, physical, experts(), out);
+  grouped_experts(pool, input.hidden, physical, experts(), out);
 }
 
 }  // namespace r3::moe

@@ -12,8 +12,7 @@ class ModularMoe final : public MoeBlock {
 
   std::string backend_name() const override { return "modular"; }
   Router* capture_router() override { return router_.get(); }
-  void forward(ThreadPool& pool, const Tensor& hidden, std::span<const int32_t> forced,
-               Tensor& out) const override;
+  void forward(ThreadPool& pool, const MoeInput& input, Tensor& out) const override;
 
  private:
   std::unique_ptr<Router> router_;

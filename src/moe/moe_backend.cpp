@@ -3,7 +3,6 @@
 #include "moe/mega_moe.h"
 #include "moe/modular_moe.h"
 #include "moe/monolithic_moe.h"
-#include "moe/softmax_topk_router.h"
 
 namespace r3::moe {
 
@@ -37,12 +36,10 @@ MoeBackend parse_moe_backend(std::string_view name) {
   R3_FAIL("unknown MoE backend '", name, "' (valid: ", valid, ")");
 }
 
-std::unique_ptr<MoeBlock> make_softmax_topk_moe(MoeBackend backend, int64_t layer_id, Tensor gate_weight,
-                                                int64_t top_k, bool normalize_topk,
-                                                std::shared_ptr<PhysicalExperts> experts) {
-  auto router = [&] {
-    return std::make_unique<SoftmaxTopKRouter>(layer_id, gate_weight, top_k, normalize_topk);
-  };
+std::unique_ptr<MoeBlock> make_moe_block(MoeBackend backend, int64_t layer_id, Tensor gate_weight,
+                                         std::shared_ptr<const RoutingRule> rule,
+                                         std::shared_ptr<PhysicalExperts> experts) {
+  auto router = [&] { return std::make_unique<Router>(layer_id, gate_weight, rule); };
   switch (backend) {
     case MoeBackend::kModular:
       return std::make_unique<ModularMoe>(router(), std::move(experts));
@@ -50,7 +47,7 @@ std::unique_ptr<MoeBlock> make_softmax_topk_moe(MoeBackend backend, int64_t laye
       return std::make_unique<MegaMoe>(router(), std::move(experts));
     case MoeBackend::kMonolithic:
     case MoeBackend::kMonolithicNoCapture:
-      return std::make_unique<MonolithicMoe>(layer_id, gate_weight, top_k, normalize_topk, std::move(experts),
+      return std::make_unique<MonolithicMoe>(layer_id, gate_weight, rule, std::move(experts),
                                              backend == MoeBackend::kMonolithic);
   }
   R3_FAIL("unknown MoE backend");

@@ -21,9 +21,9 @@ MoeBackend parse_moe_backend(std::string_view name);  // throws listing the vali
 std::string_view moe_backend_name(MoeBackend backend);
 std::vector<std::string> moe_backend_names();
 
-// A softmax top-k MoE layer (Qwen-MoE, Mixtral, OLMoE) on the chosen path.
-std::unique_ptr<MoeBlock> make_softmax_topk_moe(MoeBackend backend, int64_t layer_id, Tensor gate_weight,
-                                                int64_t top_k, bool normalize_topk,
-                                                std::shared_ptr<PhysicalExperts> experts);
+// An MoE layer with a linear gate and `rule`, on the chosen path.
+std::unique_ptr<MoeBlock> make_moe_block(MoeBackend backend, int64_t layer_id, Tensor gate_weight,
+                                         std::shared_ptr<const RoutingRule> rule,
+                                         std::shared_ptr<PhysicalExperts> experts);
 
 }  // namespace r3::moe

@@ -40,9 +40,8 @@ class MoeBlock {
   // otherwise.
   virtual std::string non_capturing_kernel() const { return ""; }
 
-  // hidden, out: F32 [tokens, hidden]. forced: [tokens, top_k] logical ids to replay, or empty.
-  virtual void forward(ThreadPool& pool, const Tensor& hidden, std::span<const int32_t> forced,
-                       Tensor& out) const = 0;
+  // out: F32 [tokens, hidden].
+  virtual void forward(ThreadPool& pool, const MoeInput& input, Tensor& out) const = 0;
 
  private:
   int64_t layer_id_;

@@ -1,8 +1,8 @@
-// The monolithic path: one fused routine computes the gate, the softmax top-k routing and the
-// experts. A fused kernel must declare whether it can write the routing it chose to a capture
-// buffer. r3 has two: "cpu-fused-softmax-topk", which can (it is then a capture source), and
-// "cpu-fused-softmax-topk-nocapture", a minimal kernel that cannot, so that asking for capture
-// with it fails at start-up rather than returning nothing.
+// The monolithic path: one fused routine computes the gate, the routing (any RoutingRule) and
+// the experts. A fused kernel must declare whether it can write the routing it chose to a
+// capture buffer. r3 has two: "cpu-fused-<rule>", which can (it is then a capture source), and
+// "cpu-fused-<rule>-nocapture", a minimal kernel that cannot, so that asking for capture with
+// it fails at start-up rather than returning nothing.
 #pragma once
 
 #include "moe/moe_block.h"
@@ -11,7 +11,7 @@ namespace r3::moe {
 
 class MonolithicMoe final : public MoeBlock, public CaptureSource {
  public:
-  MonolithicMoe(int64_t layer_id, Tensor gate_weight, int64_t top_k, bool normalize_topk,
+  MonolithicMoe(int64_t layer_id, Tensor gate_weight, std::shared_ptr<const RoutingRule> rule,
                 std::shared_ptr<PhysicalExperts> experts, bool can_capture);
 
   std::string kernel_name() const;
@@ -22,13 +22,11 @@ class MonolithicMoe final : public MoeBlock, public CaptureSource {
   int64_t layer_id() const override { return MoeBlock::layer_id(); }
   void set_capture(CaptureSink sink) override;
 
-  void forward(ThreadPool& pool, const Tensor& hidden, std::span<const int32_t> forced,
-               Tensor& out) const override;
+  void forward(ThreadPool& pool, const MoeInput& input, Tensor& out) const override;
 
  private:
   Tensor gate_weight_;
-  int64_t top_k_;
-  bool normalize_topk_;
+  std::shared_ptr<const RoutingRule> rule_;
   bool can_capture_;
   CaptureSink sink_;
 };

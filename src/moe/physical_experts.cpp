@@ -19,8 +19,8 @@ SwigluExpertWeights copy_of(const SwigluExpertWeights& w) {
 }  // namespace
 
 PhysicalExperts::PhysicalExperts(std::vector<SwigluExpertWeights> logical, ExpertPlacement placement,
-                                 int64_t load_window_steps)
-    : placement_(std::move(placement)), load_(placement_.num_physical(), load_window_steps) {
+                                 int64_t load_window_steps, float swiglu_limit)
+    : placement_(std::move(placement)), swiglu_limit_(swiglu_limit), load_(placement_.num_physical(), load_window_steps) {
   R3_CHECK(!logical.empty(), "an MoE layer needs at least one expert");
   R3_CHECK(static_cast<int64_t>(logical.size()) == placement_.num_logical(), "placement covers ",
            placement_.num_logical(), " experts, the layer has ", logical.size());

@@ -5,6 +5,7 @@
 // have always reached the capture sink before they are remapped.
 #pragma once
 
+#include <cmath>
 #include <functional>
 #include <vector>
 
@@ -32,13 +33,15 @@ struct PhysicalRouting {
 class PhysicalExperts {
  public:
   // logical: the checkpoint's experts; placement: where they go (replicas are copied).
+  // swiglu_limit: DeepSeek-V4 clamps gate to <= limit and up to [-limit, limit] (inf: none).
   PhysicalExperts(std::vector<SwigluExpertWeights> logical, ExpertPlacement placement,
-                  int64_t load_window_steps = 1);
+                  int64_t load_window_steps = 1, float swiglu_limit = INFINITY);
 
   int64_t num_logical() const { return placement_.num_logical(); }
   int64_t num_physical() const { return placement_.num_physical(); }
   int64_t hidden_size() const { return hidden_; }
   int64_t intermediate_size() const { return intermediate_; }
+  float swiglu_limit() const { return swiglu_limit_; }
   const ExpertPlacement& placement() const { return placement_; }
   const SwigluExpertWeights& weights(int32_t physical) const { return slots_.at(static_cast<std::size_t>(physical)); }
 
@@ -61,6 +64,7 @@ class PhysicalExperts {
   ExpertPlacement placement_;
   std::vector<SwigluExpertWeights> slots_;
   int64_t hidden_ = 0, intermediate_ = 0;
+  float swiglu_limit_;
   MapFunction map_fn_;
   mutable LoadWindow load_;  // a statistic of the runs, not part of the model's semantics
 };

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "ops/linear.h"
+
 namespace r3::moe {
 
 void check_forced_routing(std::span<const int32_t> forced, int64_t tokens, int64_t top_k,
@@ -20,12 +22,38 @@ void check_forced_routing(std::span<const int32_t> forced, int64_t tokens, int64
   }
 }
 
-Routing Router::compute(ThreadPool& pool, const Tensor& hidden, std::span<const int32_t> forced) const {
-  const int64_t tokens = hidden.dim(0);
-  if (!forced.empty()) check_forced_routing(forced, tokens, top_k(), num_experts(), layer_id_);
+Router::Router(int64_t layer_id, Tensor gate_weight, std::shared_ptr<const RoutingRule> rule)
+    : layer_id_(layer_id), gate_weight_(std::move(gate_weight)), rule_(std::move(rule)) {
+  R3_CHECK(gate_weight_.rank() == 2, "router gate must be [num_experts, hidden]");
+  R3_CHECK(rule_->top_k() >= 1 && rule_->top_k() <= gate_weight_.dim(0), "top_k ", rule_->top_k(),
+           " must be in [1, ", gate_weight_.dim(0), "]");
+}
+
+void route_tokens(ThreadPool& pool, const RoutingRule& rule, Tensor& logits, const MoeInput& input,
+                  Routing& out) {
+  const int64_t tokens = logits.dim(0), experts = logits.dim(1), k = rule.top_k();
+  R3_CHECK(static_cast<int64_t>(input.token_ids.size()) == tokens,
+           "routing: ", input.token_ids.size(), " token ids for ", tokens, " tokens");
+  out.resize(tokens, k);
+  pool.parallel_for(tokens, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      std::span<float> row(logits.data<float>() + t * experts, static_cast<std::size_t>(experts));
+      auto forced_row = input.forced.empty()
+                            ? input.forced
+                            : input.forced.subspan(static_cast<std::size_t>(t * k), static_cast<std::size_t>(k));
+      const int32_t token = input.token_ids[static_cast<std::size_t>(t)];
+      rule.route(row, token, forced_row, out.expert_ids.data() + t * k, out.weights.data() + t * k);
+    }
+  });
+}
+
+Routing Router::compute(ThreadPool& pool, const MoeInput& input) const {
+  const int64_t tokens = input.hidden.dim(0);
+  if (!input.forced.empty()) check_forced_routing(input.forced, tokens, top_k(), num_experts(), layer_id_);
+  Tensor logits = Tensor::empty(DType::F32, {tokens, num_experts()});
+  ops::linear(pool, input.hidden, gate_weight_, nullptr, logits);
   Routing out;
-  out.resize(tokens, top_k());
-  select(pool, hidden, forced, out);
+  route_tokens(pool, *rule_, logits, input, out);
   return out;
 }
 

@@ -1,47 +1,58 @@
-// A router turns hidden states into a Routing: scores, a selection (or a forced routing when
-// replaying), then weights. In the modular path the router is also the capture point: route()
-// hands its logical ids to the capture sink before anyone can map them.
+// A router turns hidden states into a Routing: a linear gate, then a RoutingRule per token
+// (scores, a selection or a forced routing when replaying, weights). In the modular path the
+// router is also the capture point: route() hands its logical ids to the capture sink before
+// anyone can map them.
 #pragma once
 
+#include <memory>
 #include <span>
 #include <string>
 
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "moe/capture.h"
+#include "moe/routing_rule.h"
 
 namespace r3::moe {
 
+// What a MoE layer routes on: the hidden states, the step's token ids (hash routing needs
+// them), and an optional forced routing [tokens, top_k] to replay.
+struct MoeInput {
+  const Tensor& hidden;                // F32 [tokens, hidden]
+  std::span<const int32_t> token_ids;  // [tokens]
+  std::span<const int32_t> forced;     // [tokens, top_k] or empty
+};
+
 class Router {
  public:
-  explicit Router(int64_t layer_id) : layer_id_(layer_id) {}
-  virtual ~Router() = default;
+  // gate_weight: F32 [num_experts, hidden].
+  Router(int64_t layer_id, Tensor gate_weight, std::shared_ptr<const RoutingRule> rule);
 
   int64_t layer_id() const { return layer_id_; }
-  virtual int64_t num_experts() const = 0;
-  virtual int64_t top_k() const = 0;
-  virtual std::string name() const = 0;
+  int64_t num_experts() const { return gate_weight_.dim(0); }
+  int64_t top_k() const { return rule_->top_k(); }
+  std::string name() const { return rule_->name(); }
 
-  // hidden: F32 [tokens, hidden]. forced: [tokens, top_k] logical ids to use instead of the
-  // router's own selection (replay), or empty; weights then come from the router's own scores
-  // at those ids. Checks forced ids are in range and distinct within a row.
-  Routing compute(ThreadPool& pool, const Tensor& hidden, std::span<const int32_t> forced) const;
+  // Forced ids replace the rule's selection (replay); weights then come from the router's own
+  // scores at those ids. Checks forced ids are in range and distinct within a row.
+  Routing compute(ThreadPool& pool, const MoeInput& input) const;
   // compute() followed by the capture point (the modular path).
-  CapturedRouting route(ThreadPool& pool, const Tensor& hidden, std::span<const int32_t> forced) const {
-    return capture(compute(pool, hidden, forced), layer_id_, sink_);
+  CapturedRouting route(ThreadPool& pool, const MoeInput& input) const {
+    return capture(compute(pool, input), layer_id_, sink_);
   }
 
   void set_capture(CaptureSink sink) { sink_ = std::move(sink); }
 
- protected:
-  // Fills out (already sized [tokens, top_k]) from the hidden states.
-  virtual void select(ThreadPool& pool, const Tensor& hidden, std::span<const int32_t> forced,
-                      Routing& out) const = 0;
-
  private:
   int64_t layer_id_;
+  Tensor gate_weight_;
+  std::shared_ptr<const RoutingRule> rule_;
   CaptureSink sink_;
 };
+
+// Runs `rule` over gate logits [tokens, num_experts] (overwritten), writing `out`.
+void route_tokens(ThreadPool& pool, const RoutingRule& rule, Tensor& logits, const MoeInput& input,
+                  Routing& out);
 
 // Checks a forced routing [tokens, top_k]: ids within [0, num_experts), distinct in each row.
 void check_forced_routing(std::span<const int32_t> forced, int64_t tokens, int64_t top_k,

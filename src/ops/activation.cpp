@@ -8,14 +8,14 @@ float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 float silu(float x) { return x * sigmoid(x); }
 
-void silu_and_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
+void silu_and_mul(const Tensor& gate, const Tensor& up, Tensor& out, float limit) {
   R3_CHECK(gate.shape() == up.shape() && gate.shape() == out.shape(), "silu_and_mul: gate ",
            shape_to_string(gate.shape()), " up ", shape_to_string(up.shape()), " out ",
            shape_to_string(out.shape()));
   const float* g = gate.data<float>();
   const float* u = up.data<float>();
   float* o = out.data<float>();
-  for (int64_t i = 0, n = out.numel(); i < n; ++i) o[i] = silu(g[i]) * u[i];
+  for (int64_t i = 0, n = out.numel(); i < n; ++i) o[i] = clamped_swiglu(g[i], u[i], limit);
 }
 
 }  // namespace r3::ops

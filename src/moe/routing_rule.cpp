@@ -1,0 +1,101 @@
+#include "moe/routing_rule.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/check.h"
+#include "ops/topk.h"
+
+namespace r3::moe {
+
+namespace {
+
+void choose(std::span<const float> selection_scores, int64_t k, std::span<const int32_t> forced, int32_t* ids) {
+  if (forced.empty()) {
+    const std::vector<int32_t> chosen = ops::topk_indices(selection_scores, k);
+    std::copy(chosen.begin(), chosen.end(), ids);
+  } else {
+    R3_CHECK(static_cast<int64_t>(forced.size()) == k, "forced routing has ", forced.size(),
+             " ids, the router selects ", k);
+    std::copy(forced.begin(), forced.end(), ids);
+  }
+}
+
+// weights[j] = scores[ids[j]] / (sum + eps) * scaling.
+void renormalised(std::span<const float> scores, int64_t k, const int32_t* ids, float eps, float scaling,
+                  float* weights) {
+  double sum = 0;
+  for (int64_t j = 0; j < k; ++j) sum += scores[static_cast<std::size_t>(ids[j])];
+  for (int64_t j = 0; j < k; ++j) {
+    weights[j] = static_cast<float>(scores[static_cast<std::size_t>(ids[j])] / (sum + eps) * scaling);
+  }
+}
+
+}  // namespace
+
+float sqrt_softplus(float x) {
+  // torch softplus (beta 1, threshold 20): x itself above the threshold.
+  const double sp = x > 20.0f ? static_cast<double>(x) : std::log1p(std::exp(static_cast<double>(x)));
+  return static_cast<float>(std::sqrt(sp));
+}
+
+void SoftmaxTopK::route(std::span<float> logits, int32_t, std::span<const int32_t> forced, int32_t* ids,
+                        float* weights) const {
+  ops::softmax(logits);
+  choose(logits, k_, forced, ids);
+  if (normalize_) {
+    renormalised(logits, k_, ids, 0.0f, 1.0f, weights);
+  } else {
+    for (int64_t j = 0; j < k_; ++j) weights[j] = logits[static_cast<std::size_t>(ids[j])];
+  }
+}
+
+void SqrtSoftplusTopK::route(std::span<float> logits, int32_t, std::span<const int32_t> forced, int32_t* ids,
+                             float* weights) const {
+  R3_CHECK(bias_.size() == logits.size(), "routing: correction bias has ", bias_.size(), " entries for ",
+           logits.size(), " experts");
+  std::vector<float> biased(logits.size());
+  for (std::size_t e = 0; e < logits.size(); ++e) {
+    logits[e] = sqrt_softplus(logits[e]);
+    biased[e] = logits[e] + bias_[e];
+  }
+  choose(biased, k_, forced, ids);
+  renormalised(logits, k_, ids, 1e-20f, scaling_, weights);
+}
+
+SqrtSoftplusHash::SqrtSoftplusHash(const Tensor& table, int64_t num_experts, float scaling) : scaling_(scaling) {
+  R3_CHECK(table.rank() == 2, "hash routing table must be [vocab, top_k]");
+  k_ = table.dim(1);
+  const auto* bytes = static_cast<const unsigned char*>(table.raw_data());
+  for (int64_t i = 0; i < table.numel(); ++i) {
+    int64_t id = 0;
+    if (table.dtype() == DType::I64) {
+      std::memcpy(&id, bytes + 8 * i, 8);
+    } else {
+      R3_CHECK(table.dtype() == DType::I32, "hash routing table must be I64 or I32");
+      int32_t v;
+      std::memcpy(&v, bytes + 4 * i, 4);
+      id = v;
+    }
+    R3_CHECK(id >= 0 && id < num_experts, "hash routing table entry ", id, " (token ", i / k_,
+             ") is not an expert id in [0, ", num_experts, ")");
+    table_.push_back(static_cast<int32_t>(id));
+  }
+}
+
+void SqrtSoftplusHash::route(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced,
+                             int32_t* ids, float* weights) const {
+  for (float& v : logits) v = sqrt_softplus(v);
+  if (forced.empty()) {
+    const auto row = static_cast<std::size_t>(token_id) * static_cast<std::size_t>(k_);
+    R3_CHECK(row + static_cast<std::size_t>(k_) <= table_.size(), "hash routing: token ", token_id,
+             " outside the table");
+    std::copy_n(table_.begin() + static_cast<std::ptrdiff_t>(row), k_, ids);
+  } else {
+    choose(logits, k_, forced, ids);
+  }
+  renormalised(logits, k_, ids, 1e-20f, scaling_, weights);
+}
+
+}  // namespace r3::moe

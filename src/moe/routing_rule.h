@@ -1,0 +1,79 @@
+// How one token's gate logits become its routing: scoring, selection (or a forced routing when
+// replaying, or a token-id table for hash layers) and weights. Each family's rule is written
+// once here and used by the router object and by the fused kernels alike.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace r3::moe {
+
+class RoutingRule {
+ public:
+  virtual ~RoutingRule() = default;
+  virtual std::string name() const = 0;
+  virtual int64_t top_k() const = 0;
+  // logits: the token's gate output (may be overwritten). token_id: the input token (hash
+  // rules). forced: top_k ids to use instead of the rule's selection, or empty. Writes top_k
+  // ids and weights.
+  virtual void route(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced,
+                     int32_t* ids, float* weights) const = 0;
+};
+
+// Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE: softmax, top-k, optional renormalisation.
+class SoftmaxTopK final : public RoutingRule {
+ public:
+  SoftmaxTopK(int64_t k, bool normalize) : k_(k), normalize_(normalize) {}
+  std::string name() const override { return "softmax-topk"; }
+  int64_t top_k() const override { return k_; }
+  void route(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
+             float* weights) const override;
+
+ private:
+  int64_t k_;
+  bool normalize_;
+};
+
+// DeepSeek-V4: scores sqrt(softplus(logit)); selection by top-k of score + correction bias
+// (the bias steers selection only); weights = scores at the selection, renormalised, times
+// routed_scaling_factor.
+class SqrtSoftplusTopK final : public RoutingRule {
+ public:
+  SqrtSoftplusTopK(int64_t k, std::vector<float> correction_bias, float scaling)
+      : k_(k), bias_(std::move(correction_bias)), scaling_(scaling) {}
+  std::string name() const override { return "sqrtsoftplus-topk"; }
+  int64_t top_k() const override { return k_; }
+  void route(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
+             float* weights) const override;
+
+ private:
+  int64_t k_;
+  std::vector<float> bias_;
+  float scaling_;
+};
+
+// DeepSeek-V4 hash layers: the experts come from a fixed table tid2eid[token_id]; weights as
+// SqrtSoftplusTopK.
+class SqrtSoftplusHash final : public RoutingRule {
+ public:
+  // table: [vocab, k] expert ids (I64 or I32).
+  SqrtSoftplusHash(const Tensor& table, int64_t num_experts, float scaling);
+  std::string name() const override { return "sqrtsoftplus-hash"; }
+  int64_t top_k() const override { return k_; }
+  void route(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
+             float* weights) const override;
+
+ private:
+  int64_t k_;
+  std::vector<int32_t> table_;  // [vocab, k]
+  float scaling_;
+};
+
+float sqrt_softplus(float x);
+
+}  // namespace r3::moe
