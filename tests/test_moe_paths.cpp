@@ -17,7 +17,7 @@ namespace {
 
 using moe::MoeBackend;
 
-const std::vector<std::string> kFamilies = {"qwen3_moe", "qwen2_moe", "mixtral", "olmoe"};
+const std::vector<std::string> kFamilies = {"qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v4"};
 const std::vector<MoeBackend> kCapturingBackends = {MoeBackend::kModular, MoeBackend::kMonolithic,
                                                     MoeBackend::kMega};
 
@@ -91,7 +91,7 @@ TEST(MoePaths, NonCapturingMonolithicKernelComputesTheSameWithoutCapture) {
 }
 
 TEST(Eplb, ReplicasAndRebalancingChangeNeitherLogitsNorCapturedIds) {
-  for (const auto& family : {"qwen3_moe", "mixtral"}) {
+  for (const auto& family : {"qwen3_moe", "mixtral", "deepseek_v4"}) {
     const auto ids = reference_forward_ids(family);
     for (MoeBackend backend : kCapturingBackends) {
       auto plain = load(family, backend);
@@ -147,13 +147,16 @@ TEST(Eplb, RebalancingFollowsTheMeasuredLoad) {
 }
 
 // Replace the EPLB map of one layer with one that throws: when it throws, the capturer already
-// holds that layer's logical ids, on every path.
-TEST(CaptureOrder, CaptureHoldsLogicalIdsBeforeTheEplbMapRuns) {
-  for (MoeBackend backend : kCapturingBackends) {
-    for (int64_t layer : {0, 2}) {
-      auto model = load("qwen3_moe", backend);
-      const auto ids = reference_forward_ids("qwen3_moe");
-      const auto expected = run_steps(*model, ids, 0)[0].routed;  // [T, 3, 2]
+// holds that layer's logical ids. Every path on Qwen3-MoE; DeepSeek-V4's layer 0 routes by its
+// hash table and layer 1 by scores.
+void expect_capture_before_map(const std::string& family, MoeBackend backend, int64_t layer) {
+  SCOPED_TRACE(family + " " + std::string(moe::moe_backend_name(backend)) + " layer " + std::to_string(layer));
+  {
+    {
+      auto model = load(family, backend);
+      const int64_t layers = static_cast<int64_t>(model->info().moe_layers.size()), k = model->info().top_k;
+      const auto ids = reference_forward_ids(family);
+      const auto expected = run_steps(*model, ids, 0)[0].routed;  // [T, layers, k]
       model->moe_blocks()[static_cast<std::size_t>(layer)]->experts().set_map_function(
           [](int32_t, int64_t, int64_t) -> int32_t { throw Error("EPLB map called"); });
       ThreadPool pool(2);
@@ -162,17 +165,27 @@ TEST(CaptureOrder, CaptureHoldsLogicalIdsBeforeTheEplbMapRuns) {
       engine::StepRunner runner(*model, pool, cache, static_cast<int64_t>(ids.size()));
       EXPECT_THROW(runner.run({{0, ids, nullptr, {}}}), Error);
       const auto& capturer = runner.capturer();
-      ASSERT_TRUE(capturer.recorded(layer)) << moe::moe_backend_name(backend) << " layer " << layer;
+      ASSERT_TRUE(capturer.recorded(layer));
       for (int64_t t = 0; t < capturer.tokens(); ++t) {
-        for (int64_t k = 0; k < 2; ++k) {
-          EXPECT_EQ(capturer.id(t, layer, k), expected[static_cast<std::size_t>((t * 3 + layer) * 2 + k)]);
+        for (int64_t j = 0; j < k; ++j) {
+          EXPECT_EQ(capturer.id(t, layer, j), expected[static_cast<std::size_t>((t * layers + layer) * k + j)]);
         }
       }
-      if (layer == 0) {
-        EXPECT_FALSE(capturer.recorded(1));  // the step stopped at layer 0
-      }
+      EXPECT_FALSE(capturer.recorded(layer + 1));  // the step stopped at this layer
     }
   }
+}
+
+TEST(CaptureOrder, CaptureHoldsLogicalIdsBeforeTheEplbMapRuns) {
+  for (MoeBackend backend : kCapturingBackends) {
+    expect_capture_before_map("qwen3_moe", backend, 0);
+    expect_capture_before_map("qwen3_moe", backend, 1);
+  }
+}
+
+TEST(CaptureOrder, DeepseekV4MegaPathHashAndScoredLayers) {
+  expect_capture_before_map("deepseek_v4", MoeBackend::kMega, 0);  // hash_moe: tid2eid[token]
+  expect_capture_before_map("deepseek_v4", MoeBackend::kMega, 1);  // moe: sqrt-softplus biased top-k
 }
 
 TEST(CaptureBinder, NonCapturingMonolithicKernelFailsAtStartUp) {

@@ -29,23 +29,6 @@ std::vector<moe::MoeBlock*> DecoderModel::moe_blocks() {
   return blocks;
 }
 
-namespace {
-
-// Column j of a [tokens, layers, k] routing: the [tokens, k] ids of MoE layer j.
-std::vector<int32_t> layer_routing(const std::vector<int32_t>& forced, int64_t tokens, int64_t layers,
-                                   int64_t k, int64_t j) {
-  std::vector<int32_t> out;
-  if (forced.empty()) return out;
-  out.reserve(static_cast<std::size_t>(tokens * k));
-  for (int64_t t = 0; t < tokens; ++t) {
-    const auto first = forced.begin() + (t * layers + j) * k;
-    out.insert(out.end(), first, first + k);
-  }
-  return out;
-}
-
-}  // namespace
-
 Tensor DecoderModel::forward(ThreadPool& pool, const ForwardBatch& batch, ModelCache& model_cache) const {
   validate_batch(batch, model_cache, info_);
   auto* kv = dynamic_cast<KvCache*>(&model_cache);
@@ -74,7 +57,7 @@ Tensor DecoderModel::forward(ThreadPool& pool, const ForwardBatch& batch, ModelC
     ops::rms_norm(pool, residual, &layer.post_attention_norm, rms_eps_, normed);
     std::vector<int32_t> forced;
     if (layer.feed_forward->moe_block() != nullptr) {
-      forced = layer_routing(batch.forced_routing, tokens, moe_count, info_.top_k, moe_index++);
+      forced = batch.forced_for_layer(moe_index++, moe_count, info_.top_k);
     }
     layer.feed_forward->forward(pool, {normed, batch.token_ids, forced}, branch);
     add_branch();

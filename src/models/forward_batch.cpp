@@ -2,6 +2,17 @@
 
 namespace r3::models {
 
+std::vector<int32_t> ForwardBatch::forced_for_layer(int64_t j, int64_t moe_layers, int64_t k) const {
+  std::vector<int32_t> out;
+  if (forced_routing.empty()) return out;
+  out.reserve(static_cast<std::size_t>(size() * k));
+  for (int64_t t = 0; t < size(); ++t) {
+    const auto first = forced_routing.begin() + (t * moe_layers + j) * k;
+    out.insert(out.end(), first, first + k);
+  }
+  return out;
+}
+
 ForwardBatch ForwardBatch::sequence(const std::vector<int32_t>& ids, int32_t start, int32_t slot) {
   ForwardBatch b;
   b.token_ids = ids;

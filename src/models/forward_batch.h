@@ -21,6 +21,9 @@ struct ForwardBatch {
 
   int64_t size() const { return static_cast<int64_t>(token_ids.size()); }
 
+  // The replayed routing of MoE layer j as [tokens, k], or empty when nothing is replayed.
+  std::vector<int32_t> forced_for_layer(int64_t j, int64_t moe_layers, int64_t k) const;
+
   // One sequence: `ids` at positions start, start+1, ... in `slot`.
   static ForwardBatch sequence(const std::vector<int32_t>& ids, int32_t start, int32_t slot = 0);
 };

@@ -1,6 +1,7 @@
 #include "models/registry.h"
 
 #include <algorithm>
+#include <optional>
 
 #include <spdlog/spdlog.h>
 
@@ -11,7 +12,9 @@
 
 namespace r3::models {
 
-DecoderSpec spec_from_config(const HfConfig& config) {
+namespace {
+
+const Family& family_of(const HfConfig& config) {
   const std::string arch = config.architecture();
   const std::string type = config.model_type();
   const Family* match = nullptr;
@@ -31,22 +34,33 @@ DecoderSpec spec_from_config(const HfConfig& config) {
     R3_FAIL(config.source(), ": unsupported architecture '", arch.empty() ? "?" : arch,
             "' (model_type '", type.empty() ? "?" : type, "'); supported: ", supported);
   }
-  DecoderSpec spec = match->parse(config);
+  return *match;
+}
+
+}  // namespace
+
+DecoderSpec spec_from_config(const HfConfig& config) {
+  const Family& family = family_of(config);
+  R3_CHECK(family.parse != nullptr, config.source(), ": ", family.model_type, " is not a Llama-style decoder");
+  DecoderSpec spec = family.parse(config);
   spec.validate();
   return spec;
 }
 
 std::unique_ptr<CausalLM> load_model(const std::string& model_dir, const LoadOptions& options) {
   const HfConfig config = HfConfig::load(model_dir);
-  const DecoderSpec spec = spec_from_config(config);
+  const Family& family = family_of(config);
+  std::optional<DecoderSpec> spec;
+  if (family.parse != nullptr) spec = spec_from_config(config);  // config errors before any weight loads
   Checkpoint checkpoint = Checkpoint::open(model_dir);
   Progress progress("loading " + model_dir, checkpoint.total_bytes());
   checkpoint.on_load([&](uint64_t bytes) { progress.advance(bytes); });
-  auto model = build_decoder(spec, checkpoint, options);
+  std::unique_ptr<CausalLM> model =
+      spec ? std::unique_ptr<CausalLM>(build_decoder(*spec, checkpoint, options)) : family.load(config, checkpoint, options);
   const auto unused = checkpoint.unused();
   if (!unused.empty()) {
     spdlog::warn("{} checkpoint tensors were not used by the {} model, e.g. '{}'", unused.size(),
-                 spec.family, unused.front());
+                 family.model_type, unused.front());
   }
   return model;
 }

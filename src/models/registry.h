@@ -12,7 +12,8 @@
 
 namespace r3::models {
 
-// Throws r3::Error for an unknown architecture, listing the supported ones.
+// The Llama-style decoder spec of a config. Throws r3::Error for an unknown architecture
+// (listing the supported ones) or one that is not described by a DecoderSpec.
 DecoderSpec spec_from_config(const HfConfig& config);
 
 // Loads config + weights; shows progress on stderr when loading takes more than a moment.

@@ -1,5 +1,8 @@
-// A dense SwiGLU MLP: down(silu(gate(x)) * up(x)). Dense layers and shared experts use it.
+// A dense SwiGLU MLP: down(silu(gate(x)) * up(x)), optionally with DeepSeek-V4's clamps
+// (gate <= limit, |up| <= limit). Dense layers and shared experts use it.
 #pragma once
+
+#include <cmath>
 
 #include "core/tensor.h"
 #include "core/thread_pool.h"
@@ -8,12 +11,13 @@ namespace r3::models {
 
 class SwigluMlp {
  public:
-  SwigluMlp(Tensor gate, Tensor up, Tensor down);
+  SwigluMlp(Tensor gate, Tensor up, Tensor down, float limit = INFINITY);
   // x, out: F32 [tokens, hidden].
   void forward(ThreadPool& pool, const Tensor& x, Tensor& out) const;
 
  private:
   Tensor gate_, up_, down_;
+  float limit_;
 };
 
 }  // namespace r3::models

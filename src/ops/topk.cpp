@@ -31,4 +31,27 @@ std::vector<int32_t> topk_indices(std::span<const float> values, int64_t k) {
   return order;
 }
 
+std::vector<int32_t> torch_cpu_topk_set(std::span<const float> values, int64_t k) {
+  const auto n = static_cast<int64_t>(values.size());
+  R3_CHECK(k >= 0 && k <= n, "top-k: k = ", k, " with ", n, " values");
+  std::vector<int32_t> out;
+  if (k == 0) return out;
+  auto nan_first_greater = [](double a, double b) { return (std::isnan(a) && !std::isnan(b)) || a > b; };
+  if (k * 64 <= n) {  // torch's fast path: partial_sort of an index vector
+    std::vector<int64_t> idx(static_cast<std::size_t>(n));
+    std::iota(idx.begin(), idx.end(), int64_t{0});
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                      [&](int64_t a, int64_t b) { return nan_first_greater(values[a], values[b]); });
+    for (int64_t j = 0; j < k; ++j) out.push_back(static_cast<int32_t>(idx[j]));
+    return out;
+  }
+  // (value, index) pairs in accumulate precision (double), nth_element at k - 1.
+  std::vector<std::pair<double, int64_t>> queue(static_cast<std::size_t>(n));
+  for (int64_t j = 0; j < n; ++j) queue[j] = {values[j], j};
+  std::nth_element(queue.begin(), queue.begin() + k - 1, queue.end(),
+                   [&](const auto& x, const auto& y) { return nan_first_greater(x.first, y.first); });
+  for (int64_t j = 0; j < k; ++j) out.push_back(static_cast<int32_t>(queue[j].second));
+  return out;
+}
+
 }  // namespace r3::ops

@@ -14,4 +14,10 @@ void softmax(std::span<float> values);
 // descending sort would order them).
 std::vector<int32_t> topk_indices(std::span<const float> values, int64_t k);
 
+// The k indices PyTorch's CPU `topk` returns, as a set, ties included: it partially sorts
+// (value, index) pairs with std::nth_element (or std::partial_sort when k * 64 <= n), so which
+// of several equal values are kept depends on that algorithm. DeepSeek-V4's indexer scores tie
+// often (ReLU zeros); matching the reference needs the same choice.
+std::vector<int32_t> torch_cpu_topk_set(std::span<const float> values, int64_t k);
+
 }  // namespace r3::ops

@@ -5,21 +5,30 @@
 #include <string>
 #include <vector>
 
+#include "io/checkpoint.h"
 #include "io/hf_config.h"
+#include "models/causal_lm.h"
 #include "models/decoder_spec.h"
+#include "models/load_options.h"
 
 namespace r3::models {
 
+// A family is either a Llama-style decoder described by a DecoderSpec (`parse`), or a model
+// with its own structure that loads itself (`load`).
 struct Family {
   std::string model_type;                  // config.json "model_type"
   std::vector<std::string> architectures;  // config.json "architectures"
-  DecoderSpec (*parse)(const HfConfig& config);
+  DecoderSpec (*parse)(const HfConfig& config) = nullptr;
+  std::unique_ptr<CausalLM> (*load)(const HfConfig& config, const Checkpoint& checkpoint,
+                                    const LoadOptions& options) = nullptr;
 };
 
 DecoderSpec parse_qwen3_moe(const HfConfig& config);
 DecoderSpec parse_qwen2_moe(const HfConfig& config);
 DecoderSpec parse_mixtral(const HfConfig& config);
 DecoderSpec parse_olmoe(const HfConfig& config);
+std::unique_ptr<CausalLM> load_deepseek_v4(const HfConfig& config, const Checkpoint& checkpoint,
+                                           const LoadOptions& options);
 
 // Every family r3 supports, in one list (no static registration that a linker could drop).
 const std::vector<Family>& all_families();

@@ -1,0 +1,48 @@
+// Manifold-constrained hyper-connections (mHC) of DeepSeek-V4: the residual is `hc` parallel
+// streams per token. Before a sublayer, `pre` weights collapse the streams into its input; after
+// it, stream k becomes post[k] * output + sum_j comb[j][k] * stream[j], with `comb` projected to a
+// doubly-stochastic matrix by Sinkhorn iterations.
+#pragma once
+
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace r3::models {
+
+class HyperConnection {
+ public:
+  // fn: [(2 + hc) * hc, hc * hidden]; base: [(2 + hc) * hc]; scale: [3].
+  HyperConnection(Tensor fn, Tensor base, Tensor scale, int64_t hc, int64_t sinkhorn_iters, float hc_eps,
+                  float rms_eps);
+
+  struct Mix {
+    std::vector<float> pre, post, comb;  // [hc], [hc], [hc * hc] (comb[j * hc + k])
+  };
+  // streams: one token's [hc, hidden].
+  Mix mix(const float* streams) const;
+
+ private:
+  Tensor fn_, base_, scale_;
+  int64_t hc_, iters_;
+  float hc_eps_, rms_eps_;
+};
+
+// The final collapse of the streams before the model's last norm.
+class HyperHead {
+ public:
+  // fn: [hc, hc * hidden]; base: [hc]; scale: [1].
+  HyperHead(Tensor fn, Tensor base, Tensor scale, int64_t hc, float hc_eps, float rms_eps);
+  // streams: [hc, hidden] -> out: [hidden].
+  void collapse(const float* streams, int64_t hidden, float* out) const;
+
+ private:
+  Tensor fn_, base_, scale_;
+  int64_t hc_;
+  float hc_eps_, rms_eps_;
+};
+
+// Unweighted RMSNorm of n values into `out` (float accumulation as the reference runs it).
+void unweighted_rms_norm(const float* x, int64_t n, float eps, float* out);
+
+}  // namespace r3::models

@@ -1,0 +1,33 @@
+#include "ops/interleaved_rotary.h"
+
+#include <cmath>
+
+#include "core/check.h"
+
+namespace r3::ops {
+
+TrailingInterleavedRotary::TrailingInterleavedRotary(int64_t rope_dim, double theta) : rope_dim_(rope_dim) {
+  R3_CHECK(rope_dim > 0 && rope_dim % 2 == 0, "rotary dim must be even and positive, got ", rope_dim);
+  const auto base = static_cast<float>(theta);
+  for (int64_t i = 0; i < rope_dim / 2; ++i) {
+    inv_freq_.push_back(1.0f / std::pow(base, static_cast<float>(2 * i) / static_cast<float>(rope_dim)));
+  }
+}
+
+void TrailingInterleavedRotary::apply(float* x, int64_t heads, int64_t head_dim, int64_t pos, bool conjugate) const {
+  R3_CHECK(head_dim >= rope_dim_, "rotary: head_dim ", head_dim, " < rope dim ", rope_dim_);
+  const int64_t half = rope_dim_ / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float angle = static_cast<float>(pos) * inv_freq_[static_cast<std::size_t>(i)];  // float32 product
+    const auto c = static_cast<float>(std::cos(static_cast<double>(angle)));
+    const float s = static_cast<float>(std::sin(static_cast<double>(angle))) * (conjugate ? -1.0f : 1.0f);
+    for (int64_t h = 0; h < heads; ++h) {
+      float* pair = x + h * head_dim + (head_dim - rope_dim_) + 2 * i;
+      const float a = pair[0], b = pair[1];
+      pair[0] = a * c - b * s;
+      pair[1] = b * c + a * s;
+    }
+  }
+}
+
+}  // namespace r3::ops

@@ -1,0 +1,25 @@
+// Rotary embedding in DeepSeek-V4's layout: consecutive channel pairs (2i, 2i+1) rotate
+// together, on the trailing `rope_dim` channels of each head ([nope | rope]).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace r3::ops {
+
+class TrailingInterleavedRotary {
+ public:
+  // inv_freq[i] = 1 / theta^(2i / rope_dim) in float32, as transformers computes it.
+  TrailingInterleavedRotary(int64_t rope_dim, double theta);
+
+  int64_t rope_dim() const { return rope_dim_; }
+  // Rotates the last rope_dim of `head_dim` channels of `heads` consecutive heads at `x` by
+  // position `pos`; conjugate = true rotates by -angle (undoes a rotation at that position).
+  void apply(float* x, int64_t heads, int64_t head_dim, int64_t pos, bool conjugate = false) const;
+
+ private:
+  int64_t rope_dim_;
+  std::vector<float> inv_freq_;
+};
+
+}  // namespace r3::ops
