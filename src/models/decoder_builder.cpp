@@ -46,6 +46,21 @@ class LayerLoader {
                      load(p + "down_proj.weight", {h, width}));
   }
 
+  std::shared_ptr<const moe::RoutingRule> routing_rule() const {
+    const MoeSpec& m = spec_.moe;
+    switch (m.router) {
+      case RouterKind::kSoftmaxTopK:
+        return std::make_shared<moe::SoftmaxTopK>(m.top_k, m.normalize_topk);
+      case RouterKind::kSigmoidGroupTopK: {
+        Tensor bias = load(spec_.names.moe + spec_.names.router_bias, {m.num_experts});
+        return std::make_shared<moe::SigmoidGroupTopK>(
+            m.top_k, std::vector<float>(bias.data<float>(), bias.data<float>() + m.num_experts), m.num_groups,
+            m.topk_groups, m.normalize_topk, static_cast<float>(m.routed_scaling_factor));
+      }
+    }
+    R3_FAIL("unknown router kind");
+  }
+
   std::unique_ptr<FeedForward> moe(int64_t moe_layer_id) const {
     const MoeSpec& m = spec_.moe;
     const DecoderNames& n = spec_.names;
@@ -60,8 +75,7 @@ class LayerLoader {
         std::move(experts), moe::ExpertPlacement::initial(m.num_experts, options_.eplb.redundant_experts),
         options_.eplb.window_steps);
     auto block = moe::make_moe_block(options_.moe_backend, moe_layer_id, load(n.moe + n.router, {m.num_experts, h}),
-                                     std::make_shared<moe::SoftmaxTopK>(m.top_k, m.normalize_topk),
-                                     std::move(physical));
+                                     routing_rule(), std::move(physical));
     std::optional<SwigluMlp> shared;
     Tensor shared_gate;
     if (m.shared_expert_intermediate > 0) {

@@ -26,6 +26,8 @@ void DecoderSpec::validate() const {
            attention.num_heads, " attention heads not divisible by ", attention.num_kv_heads,
            " key/value heads");
   R3_CHECK(attention.head_dim % 2 == 0, family, " config: head_dim must be even for rotary");
+  R3_CHECK(attention.rotary_dim >= 0 && attention.rotary_dim % 2 == 0 && attention.rotary_dim <= attention.head_dim,
+           family, " config: rotary dim ", attention.rotary_dim, " must be even and at most head_dim");
   R3_CHECK(static_cast<int64_t>(layer_is_moe.size()) == num_layers, family,
            " config: layer kinds do not cover every layer");
   if (!moe_layers().empty()) {

@@ -24,7 +24,13 @@ struct AttentionSpec {
   QkNorm qk_norm = QkNorm::kNone;
   double clip_qkv = 0;  // 0: no clipping
   double rope_theta = 10000.0;
+  int64_t rotary_dim = 0;      // leading channels of each head that rotate; 0: all (head_dim)
   int64_t sliding_window = 0;  // 0: full causal attention
+};
+
+enum class RouterKind {
+  kSoftmaxTopK,       // Qwen-MoE, Mixtral, OLMoE
+  kSigmoidGroupTopK,  // DeepSeek-V3 / Kimi K2 / GLM-4.5: sigmoid + correction bias + group limit
 };
 
 struct MoeSpec {
@@ -34,6 +40,9 @@ struct MoeSpec {
   bool normalize_topk = false;
   int64_t shared_expert_intermediate = 0;  // 0: no shared expert
   bool shared_expert_gate = false;          // sigmoid(gate(x)) scales the shared expert
+  RouterKind router = RouterKind::kSoftmaxTopK;
+  int64_t num_groups = 1, topk_groups = 1;  // kSigmoidGroupTopK
+  double routed_scaling_factor = 1.0;       // kSigmoidGroupTopK
 };
 
 // Checkpoint names. "{i}" is replaced by the layer index, "{e}" by the expert index.
@@ -48,11 +57,12 @@ struct DecoderNames {
   std::string dense_mlp = "mlp.";
   std::string moe = "mlp.";
   std::string router = "gate.weight";
+  std::string router_bias = "gate.e_score_correction_bias";
   std::string expert = "experts.{e}.";
   std::string expert_gate = "gate_proj.weight";
   std::string expert_up = "up_proj.weight";
   std::string expert_down = "down_proj.weight";
-  std::string shared_expert = "shared_expert.";
+  std::string shared_expert = "shared_expert.";  // Qwen2-MoE; DeepSeek and GLM: "shared_experts."
   std::string shared_expert_gate = "shared_expert_gate.weight";
 };
 

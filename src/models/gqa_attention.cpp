@@ -15,7 +15,10 @@ const Tensor* optional(const Tensor& t) { return t.defined() ? &t : nullptr; }
 }  // namespace
 
 GqaAttention::GqaAttention(const AttentionSpec& spec, float rms_eps, GqaAttentionWeights weights)
-    : spec_(spec), rms_eps_(rms_eps), w_(std::move(weights)), rotary_(spec.head_dim, spec.rope_theta) {}
+    : spec_(spec),
+      rms_eps_(rms_eps),
+      w_(std::move(weights)),
+      rotary_(spec.rotary_dim > 0 ? spec.rotary_dim : spec.head_dim, spec.rope_theta) {}
 
 void GqaAttention::normalise_qk(ThreadPool& pool, Tensor& q, Tensor& k) const {
   const int64_t tokens = q.dim(0), d = spec_.head_dim;

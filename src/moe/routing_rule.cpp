@@ -64,6 +64,53 @@ void SqrtSoftplusTopK::route(std::span<float> logits, int32_t, std::span<const i
   renormalised(logits, k_, ids, 1e-20f, scaling_, weights);
 }
 
+SigmoidGroupTopK::SigmoidGroupTopK(int64_t k, std::vector<float> correction_bias, int64_t num_groups,
+                                   int64_t topk_groups, bool normalize, float scaling)
+    : k_(k), bias_(std::move(correction_bias)), groups_(num_groups), topk_groups_(topk_groups),
+      normalize_(normalize), scaling_(scaling) {
+  const auto experts = static_cast<int64_t>(bias_.size());
+  R3_CHECK(groups_ >= 1 && experts % groups_ == 0, "routing: ", experts, " experts do not split into n_group ",
+           groups_, " groups");
+  R3_CHECK(topk_groups_ >= 1 && topk_groups_ <= groups_, "routing: topk_group ", topk_groups_,
+           " must be in [1, n_group = ", groups_, "]");
+  R3_CHECK(k_ <= topk_groups_ * (experts / groups_), "routing: top-", k_, " cannot be chosen from ", topk_groups_,
+           " groups of ", experts / groups_, " experts");
+}
+
+void SigmoidGroupTopK::route(std::span<float> logits, int32_t, std::span<const int32_t> forced, int32_t* ids,
+                             float* weights) const {
+  const auto experts = static_cast<int64_t>(logits.size());
+  R3_CHECK(static_cast<int64_t>(bias_.size()) == experts, "routing: correction bias has ", bias_.size(),
+           " entries for ", experts, " experts");
+  const int64_t group_size = experts / groups_;
+  std::vector<float> choice(logits.size());
+  for (std::size_t e = 0; e < logits.size(); ++e) {
+    logits[e] = 1.0f / (1.0f + std::exp(-logits[e]));
+    choice[e] = logits[e] + bias_[e];
+  }
+  if (forced.empty()) {
+    // Group score: the sum of the group's two best choices (its only one if a group has one).
+    std::vector<float> group_score(static_cast<std::size_t>(groups_));
+    for (int64_t g = 0; g < groups_; ++g) {
+      std::span<const float> members(choice.data() + g * group_size, static_cast<std::size_t>(group_size));
+      float sum = 0;
+      for (int32_t i : ops::topk_indices(members, std::min<int64_t>(2, group_size))) sum += members[i];
+      group_score[static_cast<std::size_t>(g)] = sum;
+    }
+    std::vector<bool> eligible(static_cast<std::size_t>(groups_), false);
+    for (int32_t g : ops::topk_indices(group_score, topk_groups_)) eligible[static_cast<std::size_t>(g)] = true;
+    for (int64_t e = 0; e < experts; ++e) {
+      if (!eligible[static_cast<std::size_t>(e / group_size)]) choice[static_cast<std::size_t>(e)] = -INFINITY;
+    }
+  }
+  choose(choice, k_, forced, ids);
+  if (normalize_) {
+    renormalised(logits, k_, ids, 1e-20f, scaling_, weights);
+  } else {
+    for (int64_t j = 0; j < k_; ++j) weights[j] = logits[static_cast<std::size_t>(ids[j])] * scaling_;
+  }
+}
+
 SqrtSoftplusHash::SqrtSoftplusHash(const Tensor& table, int64_t num_experts, float scaling) : scaling_(scaling) {
   R3_CHECK(table.rank() == 2, "hash routing table must be [vocab, top_k]");
   k_ = table.dim(1);

@@ -74,6 +74,27 @@ class SqrtSoftplusHash final : public RoutingRule {
   float scaling_;
 };
 
+// DeepSeek-V3 / Kimi K2 / GLM-4.5: scores sigmoid(logit); choice = score + correction bias;
+// only the topk_group groups with the largest sum of their two best choices are eligible;
+// top-k of the eligible choices; weights = scores at the selection, optionally renormalised,
+// times routed_scaling_factor.
+class SigmoidGroupTopK final : public RoutingRule {
+ public:
+  SigmoidGroupTopK(int64_t k, std::vector<float> correction_bias, int64_t num_groups, int64_t topk_groups,
+                   bool normalize, float scaling);
+  std::string name() const override { return "sigmoid-group-topk"; }
+  int64_t top_k() const override { return k_; }
+  void route(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
+             float* weights) const override;
+
+ private:
+  int64_t k_;
+  std::vector<float> bias_;
+  int64_t groups_, topk_groups_;
+  bool normalize_;
+  float scaling_;
+};
+
 float sqrt_softplus(float x);
 
 }  // namespace r3::moe

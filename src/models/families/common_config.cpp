@@ -57,6 +57,11 @@ void read_common_decoder_config(const HfConfig& config, DecoderSpec& spec) {
   R3_CHECK(a.num_heads > 0, config.source(), ": num_attention_heads must be positive");
   a.head_dim = config.get_int("head_dim", spec.hidden_size / a.num_heads);
   a.rope_theta = read_rope_theta(config);
+  // Partial rotary (GLM-4.5): the leading head_dim * factor channels rotate.
+  double partial = config.get_double("partial_rotary_factor", 1.0);
+  if (auto params = config.get_object("rope_parameters")) partial = params->get_double("partial_rotary_factor", partial);
+  R3_CHECK(partial > 0 && partial <= 1, config.source(), ": partial_rotary_factor must be in (0, 1], got ", partial);
+  a.rotary_dim = static_cast<int64_t>(static_cast<double>(a.head_dim) * partial);
 
   spec.moe.top_k = config.get_int("num_experts_per_tok", 0);
   spec.moe.normalize_topk = config.get_bool("norm_topk_prob", false);

@@ -8,6 +8,7 @@ const std::vector<Family>& all_families() {
       {"qwen2_moe", {"Qwen2MoeForCausalLM"}, &parse_qwen2_moe},
       {"mixtral", {"MixtralForCausalLM"}, &parse_mixtral},
       {"olmoe", {"OlmoeForCausalLM"}, &parse_olmoe},
+      {"glm4_moe", {"Glm4MoeForCausalLM"}, &parse_glm4_moe},
       {"deepseek_v4", {"DeepseekV4ForCausalLM"}, nullptr, &load_deepseek_v4},
   };
   return families;

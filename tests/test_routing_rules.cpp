@@ -1,0 +1,82 @@
+// Routing rules on crafted scores: group-limited selection (DeepSeek-V3 / Kimi K2 / GLM-4.5).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+
+#include "core/check.h"
+#include "moe/routing_rule.h"
+
+namespace r3::moe {
+namespace {
+
+// Logits whose sigmoid is exactly `p` (up to float rounding).
+std::vector<float> logits_for(const std::vector<double>& p) {
+  std::vector<float> out;
+  for (double v : p) out.push_back(static_cast<float>(std::log(v / (1 - v))));
+  return out;
+}
+
+std::set<int32_t> route(const SigmoidGroupTopK& rule, std::vector<float> logits, std::vector<float>* weights = nullptr) {
+  std::vector<int32_t> ids(static_cast<std::size_t>(rule.top_k()));
+  std::vector<float> w(ids.size());
+  rule.route(logits, 0, {}, ids.data(), w.data());
+  if (weights) *weights = w;
+  return {ids.begin(), ids.end()};
+}
+
+TEST(SigmoidGroupTopK, MaskedGroupsNeverWinEvenWithTheBestBiasedScore) {
+  // 4 groups of 2; group scores (sum of the two best) pick groups 0 and 1. Expert 7 alone has the
+  // largest biased score, but its group (3) is not among the best two groups.
+  const std::vector<double> p = {0.9, 0.8, 0.7, 0.7, 0.1, 0.1, 0.1, 0.2};
+  std::vector<float> bias(8, 0.0f);
+  bias[7] = 1.05f;  // 0.2 + 1.05 = 1.25, above every other choice; group 3 sums to 1.35 < 1.4
+  const SigmoidGroupTopK rule(2, bias, 4, 2, true, 1.0f);
+  EXPECT_EQ(route(rule, logits_for(p)), (std::set<int32_t>{0, 1}));
+}
+
+TEST(SigmoidGroupTopK, BiasSelectsButWeightsComeFromUnbiasedScores) {
+  const std::vector<double> p = {0.5, 0.6, 0.4, 0.3};
+  const SigmoidGroupTopK rule(2, {0.0f, 0.0f, 0.5f, 0.0f}, 1, 1, false, 2.5f);
+  std::vector<float> w;
+  EXPECT_EQ(route(rule, logits_for(p), &w), (std::set<int32_t>{1, 2}));  // 0.4 + 0.5 beats 0.6
+  EXPECT_NEAR(w[0] + w[1], (0.6 + 0.4) * 2.5, 1e-5);  // not renormalised, scaled
+}
+
+TEST(SigmoidGroupTopK, AllGroupsEligibleEqualsPlainTopK) {
+  const std::vector<double> p = {0.2, 0.9, 0.3, 0.8, 0.7, 0.1};
+  const SigmoidGroupTopK grouped(3, std::vector<float>(6, 0.0f), 3, 3, true, 1.0f);  // topk_group == n_group
+  EXPECT_EQ(route(grouped, logits_for(p)), (std::set<int32_t>{1, 3, 4}));
+  std::vector<float> w;
+  route(grouped, logits_for(p), &w);
+  EXPECT_NEAR(w[0] + w[1] + w[2], 1.0, 1e-6);
+}
+
+TEST(SigmoidGroupTopK, TiedGroupsResolveToTheLowerGroup) {
+  // Groups 0 and 1 tie exactly (same scores); one group is kept: group 0, deterministically.
+  const std::vector<double> p = {0.6, 0.4, 0.6, 0.4};
+  const SigmoidGroupTopK rule(2, std::vector<float>(4, 0.0f), 2, 1, true, 1.0f);
+  EXPECT_EQ(route(rule, logits_for(p)), (std::set<int32_t>{0, 1}));
+}
+
+TEST(SigmoidGroupTopK, ImpossibleConfigurationsAreErrors) {
+  EXPECT_THROW(SigmoidGroupTopK(2, std::vector<float>(6, 0.0f), 4, 1, true, 1.0f), Error);  // 6 into 4 groups
+  EXPECT_THROW(SigmoidGroupTopK(2, std::vector<float>(8, 0.0f), 4, 5, true, 1.0f), Error);  // topk_group > n_group
+  EXPECT_THROW(SigmoidGroupTopK(5, std::vector<float>(8, 0.0f), 4, 2, true, 1.0f), Error);  // 5 from 2 groups of 2
+}
+
+TEST(SigmoidGroupTopK, ForcedRoutingBypassesTheGroupLimit) {
+  const std::vector<double> p = {0.9, 0.8, 0.1, 0.2};
+  const SigmoidGroupTopK rule(2, std::vector<float>(4, 0.0f), 2, 1, true, 1.0f);
+  std::vector<float> logits = logits_for(p);
+  const std::vector<int32_t> forced = {2, 3};  // replaying a routing outside the best group
+  int32_t ids[2];
+  float w[2];
+  rule.route(logits, 0, forced, ids, w);
+  EXPECT_EQ(ids[0], 2);
+  EXPECT_EQ(ids[1], 3);
+  EXPECT_NEAR(w[0], 0.1 / 0.3, 1e-5);
+}
+
+}  // namespace
+}  // namespace r3::moe
