@@ -1,5 +1,6 @@
 #include "models/decoder_builder.h"
 
+#include "models/mla_attention.h"
 #include "moe/moe_backend.h"
 
 namespace r3::models {
@@ -15,7 +16,35 @@ class LayerLoader {
     return ckpt_.load_f32(expand_name(prefix_ + name, layer_, expert), shape);
   }
 
-  GqaAttention attention() const {
+  std::unique_ptr<AttentionLayer> attention() const {
+    if (spec_.attention.kind == AttentionKind::kLatent) return latent_attention();
+    return std::make_unique<GqaAttention>(grouped_query_attention());
+  }
+
+  std::unique_ptr<AttentionLayer> latent_attention() const {
+    const AttentionSpec& a = spec_.attention;
+    const LatentAttentionSpec& m = a.latent;
+    const std::string p = spec_.names.attention;
+    const int64_t h = spec_.hidden_size, qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+    MlaWeights w;
+    if (m.q_lora_rank == 0) {
+      w.q_proj = load(p + "q_proj.weight", {a.num_heads * qk, h});
+    } else {
+      w.q_a_proj = load(p + "q_a_proj.weight", {m.q_lora_rank, h});
+      w.q_a_norm = load(p + "q_a_layernorm.weight", {m.q_lora_rank});
+      w.q_b_proj = load(p + "q_b_proj.weight", {a.num_heads * qk, m.q_lora_rank});
+      if (a.qkv_bias) w.q_a_bias = load(p + "q_a_proj.bias", {m.q_lora_rank});
+    }
+    w.kv_a_proj = load(p + "kv_a_proj_with_mqa.weight", {m.kv_lora_rank + m.qk_rope_head_dim, h});
+    w.kv_a_norm = load(p + "kv_a_layernorm.weight", {m.kv_lora_rank});
+    w.kv_b_proj = load(p + "kv_b_proj.weight", {a.num_heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank});
+    w.o_proj = load(p + "o_proj.weight", {h, a.num_heads * m.v_head_dim});
+    if (a.qkv_bias) w.kv_a_bias = load(p + "kv_a_proj_with_mqa.bias", {m.kv_lora_rank + m.qk_rope_head_dim});
+    if (a.o_bias) w.o_bias = load(p + "o_proj.bias", {h});
+    return std::make_unique<MlaAttention>(a, static_cast<float>(spec_.rms_norm_eps), std::move(w));
+  }
+
+  GqaAttention grouped_query_attention() const {
     const AttentionSpec& a = spec_.attention;
     const std::string p = spec_.names.attention;
     const int64_t h = spec_.hidden_size, q = a.num_heads * a.head_dim, kv = a.num_kv_heads * a.head_dim;
@@ -57,6 +86,9 @@ class LayerLoader {
             m.top_k, std::vector<float>(bias.data<float>(), bias.data<float>() + m.num_experts), m.num_groups,
             m.topk_groups, m.normalize_topk, static_cast<float>(m.routed_scaling_factor));
       }
+      case RouterKind::kSoftmaxGroupGreedy:
+        return std::make_shared<moe::SoftmaxGroupGreedy>(m.top_k, m.num_groups, m.topk_groups,
+                                                         static_cast<float>(m.routed_scaling_factor));
     }
     R3_FAIL("unknown router kind");
   }
@@ -109,7 +141,7 @@ std::unique_ptr<DecoderModel> build_decoder(const DecoderSpec& spec, const Check
     DecoderLayer layer;
     layer.input_norm = loader.load(spec.names.input_norm, {h});
     layer.post_attention_norm = loader.load(spec.names.post_attention_norm, {h});
-    layer.attention = std::make_unique<GqaAttention>(loader.attention());
+    layer.attention = loader.attention();
     if (spec.layer_is_moe[static_cast<std::size_t>(i)]) {
       layer.feed_forward = loader.moe(moe_layer_id++);
     } else {
@@ -133,9 +165,13 @@ std::unique_ptr<DecoderModel> build_decoder(const DecoderSpec& spec, const Check
   info.num_experts = spec.moe.num_experts;
   info.top_k = spec.moe.top_k;
   info.eos_token_ids = spec.eos_token_ids;
-  const int64_t kv_width = spec.attention.num_kv_heads * spec.attention.head_dim;
-  auto model = std::make_unique<DecoderModel>(std::move(info), static_cast<float>(spec.rms_norm_eps),
-                                              kv_width, std::move(embed), std::move(layers),
+  // What each layer caches per position: K and V rows, or (MLA) the latent and the rotary key.
+  const bool latent = spec.attention.kind == AttentionKind::kLatent;
+  const int64_t key_width = latent ? spec.attention.latent.kv_lora_rank
+                                   : spec.attention.num_kv_heads * spec.attention.head_dim;
+  const int64_t value_width = latent ? spec.attention.latent.qk_rope_head_dim : key_width;
+  auto model = std::make_unique<DecoderModel>(std::move(info), static_cast<float>(spec.rms_norm_eps), key_width,
+                                              value_width, std::move(embed), std::move(layers),
                                               std::move(final_norm), std::move(lm_head));
   model->enable_eplb(options.eplb);
   return model;

@@ -7,18 +7,19 @@
 
 namespace r3::models {
 
-DecoderModel::DecoderModel(ModelInfo info, float rms_eps, int64_t kv_width, Tensor embed,
+DecoderModel::DecoderModel(ModelInfo info, float rms_eps, int64_t key_width, int64_t value_width, Tensor embed,
                            std::vector<DecoderLayer> layers, Tensor final_norm, Tensor lm_head)
     : info_(std::move(info)),
       rms_eps_(rms_eps),
-      kv_width_(kv_width),
+      key_width_(key_width),
+      value_width_(value_width),
       embed_(std::move(embed)),
       layers_(std::move(layers)),
       final_norm_(std::move(final_norm)),
       lm_head_(std::move(lm_head)) {}
 
 std::unique_ptr<ModelCache> DecoderModel::make_cache(int64_t max_slots, int64_t capacity) const {
-  return std::make_unique<KvCache>(info_.num_layers, kv_width_, kv_width_, max_slots, capacity);
+  return std::make_unique<KvCache>(info_.num_layers, key_width_, value_width_, max_slots, capacity);
 }
 
 std::vector<moe::MoeBlock*> DecoderModel::moe_blocks() {

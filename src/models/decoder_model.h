@@ -15,13 +15,15 @@ namespace r3::models {
 struct DecoderLayer {
   Tensor input_norm;
   Tensor post_attention_norm;
-  std::unique_ptr<GqaAttention> attention;
+  std::unique_ptr<AttentionLayer> attention;
   std::unique_ptr<FeedForward> feed_forward;
 };
 
 class DecoderModel final : public CausalLM {
  public:
-  DecoderModel(ModelInfo info, float rms_eps, int64_t kv_width, Tensor embed,
+  // key_width / value_width: floats each layer caches per position (K and V rows for GQA; the
+  // latent and the rotary key for MLA).
+  DecoderModel(ModelInfo info, float rms_eps, int64_t key_width, int64_t value_width, Tensor embed,
                std::vector<DecoderLayer> layers, Tensor final_norm, Tensor lm_head);
 
   const ModelInfo& info() const override { return info_; }
@@ -33,7 +35,7 @@ class DecoderModel final : public CausalLM {
 
   ModelInfo info_;
   float rms_eps_;
-  int64_t kv_width_;
+  int64_t key_width_, value_width_;
   Tensor embed_;
   std::vector<DecoderLayer> layers_;
   Tensor final_norm_;

@@ -15,7 +15,24 @@ enum class QkNorm {
   kFull,     // RMSNorm over the whole q / k projection (OLMoE)
 };
 
+enum class AttentionKind {
+  kGroupedQuery,  // Llama-style q/k/v projections (GQA)
+  kLatent,        // DeepSeek-V2/V3 multi-head latent attention (MLA)
+};
+
+// MLA: q through an optional LoRA, keys and values from a shared latent of kv_lora_rank plus one
+// rotary key of qk_rope_head_dim; the cache holds only those two per position.
+struct LatentAttentionSpec {
+  int64_t q_lora_rank = 0;  // 0: a plain q projection
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+};
+
 struct AttentionSpec {
+  AttentionKind kind = AttentionKind::kGroupedQuery;
+  LatentAttentionSpec latent;
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
@@ -31,6 +48,7 @@ struct AttentionSpec {
 enum class RouterKind {
   kSoftmaxTopK,       // Qwen-MoE, Mixtral, OLMoE
   kSigmoidGroupTopK,  // DeepSeek-V3 / Kimi K2 / GLM-4.5: sigmoid + correction bias + group limit
+  kSoftmaxGroupGreedy,  // DeepSeek-V2: softmax, greedy or group-limited greedy
 };
 
 struct MoeSpec {

@@ -2,11 +2,8 @@
 // biases, optional sliding window, writing its keys/values into the KV cache.
 #pragma once
 
-#include "core/tensor.h"
-#include "core/thread_pool.h"
+#include "models/attention_layer.h"
 #include "models/decoder_spec.h"
-#include "models/forward_batch.h"
-#include "models/kv_cache.h"
 #include "ops/rotary.h"
 
 namespace r3::models {
@@ -17,13 +14,13 @@ struct GqaAttentionWeights {
   Tensor q_norm, k_norm;                // empty unless spec.qk_norm != kNone
 };
 
-class GqaAttention {
+class GqaAttention final : public AttentionLayer {
  public:
   GqaAttention(const AttentionSpec& spec, float rms_eps, GqaAttentionWeights weights);
 
   // x: normalised hidden states F32 [tokens, hidden]; out: F32 [tokens, hidden].
   void forward(ThreadPool& pool, const Tensor& x, const ForwardBatch& batch, KvCache& cache,
-               int64_t layer, Tensor& out) const;
+               int64_t layer, Tensor& out) const override;
 
  private:
   void normalise_qk(ThreadPool& pool, Tensor& q, Tensor& k) const;

@@ -111,6 +111,34 @@ void SigmoidGroupTopK::route(std::span<float> logits, int32_t, std::span<const i
   }
 }
 
+SoftmaxGroupGreedy::SoftmaxGroupGreedy(int64_t k, int64_t num_groups, int64_t topk_groups, float scaling)
+    : k_(k), groups_(num_groups), topk_groups_(topk_groups), scaling_(scaling) {
+  R3_CHECK(groups_ >= 1 && topk_groups_ >= 1 && topk_groups_ <= groups_, "routing: topk_group ", topk_groups_,
+           " must be in [1, n_group = ", groups_, "]");
+}
+
+void SoftmaxGroupGreedy::route(std::span<float> logits, int32_t, std::span<const int32_t> forced, int32_t* ids,
+                               float* weights) const {
+  ops::softmax(logits);
+  const auto experts = static_cast<int64_t>(logits.size());
+  R3_CHECK(experts % groups_ == 0, "routing: ", experts, " experts do not split into ", groups_, " groups");
+  std::vector<float> choice(logits.begin(), logits.end());
+  if (forced.empty() && topk_groups_ < groups_) {
+    const int64_t group_size = experts / groups_;
+    std::vector<float> group_max(static_cast<std::size_t>(groups_));
+    for (int64_t g = 0; g < groups_; ++g) {
+      group_max[g] = *std::max_element(choice.begin() + g * group_size, choice.begin() + (g + 1) * group_size);
+    }
+    std::vector<bool> eligible(static_cast<std::size_t>(groups_), false);
+    for (int32_t g : ops::topk_indices(group_max, topk_groups_)) eligible[static_cast<std::size_t>(g)] = true;
+    for (int64_t e = 0; e < experts; ++e) {
+      if (!eligible[static_cast<std::size_t>(e / group_size)]) choice[static_cast<std::size_t>(e)] = 0.0f;  // as transformers
+    }
+  }
+  choose(choice, k_, forced, ids);
+  for (int64_t j = 0; j < k_; ++j) weights[j] = logits[static_cast<std::size_t>(ids[j])] * scaling_;
+}
+
 SqrtSoftplusHash::SqrtSoftplusHash(const Tensor& table, int64_t num_experts, float scaling) : scaling_(scaling) {
   R3_CHECK(table.rank() == 2, "hash routing table must be [vocab, top_k]");
   k_ = table.dim(1);

@@ -95,6 +95,22 @@ class SigmoidGroupTopK final : public RoutingRule {
   float scaling_;
 };
 
+// DeepSeek-V2: softmax; "greedy" top-k, or "group_limited_greedy": only the topk_group groups
+// with the largest single probability are eligible; weights = probabilities at the selection
+// times routed_scaling_factor (no renormalisation).
+class SoftmaxGroupGreedy final : public RoutingRule {
+ public:
+  SoftmaxGroupGreedy(int64_t k, int64_t num_groups, int64_t topk_groups, float scaling);
+  std::string name() const override { return "softmax-group-greedy"; }
+  int64_t top_k() const override { return k_; }
+  void route(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
+             float* weights) const override;
+
+ private:
+  int64_t k_, groups_, topk_groups_;
+  float scaling_;
+};
+
 float sqrt_softplus(float x);
 
 }  // namespace r3::moe

@@ -67,6 +67,38 @@ void read_common_decoder_config(const HfConfig& config, DecoderSpec& spec) {
   spec.moe.normalize_topk = config.get_bool("norm_topk_prob", false);
 }
 
+void read_deepseek_common(const HfConfig& config, DecoderSpec& spec) {
+  read_common_decoder_config(config, spec);
+  AttentionSpec& a = spec.attention;
+  a.kind = AttentionKind::kLatent;
+  LatentAttentionSpec& m = a.latent;
+  m.q_lora_rank = config.get_int("q_lora_rank", 0);
+  m.kv_lora_rank = config.get_int("kv_lora_rank");
+  m.qk_nope_head_dim = config.get_int("qk_nope_head_dim");
+  m.qk_rope_head_dim = config.get_int("qk_rope_head_dim");
+  m.v_head_dim = config.get_int("v_head_dim");
+  a.num_kv_heads = a.num_heads;  // every head reads the shared latent
+  a.head_dim = m.qk_nope_head_dim + m.qk_rope_head_dim;
+  a.rotary_dim = 0;
+  a.qkv_bias = a.o_bias = config.get_bool("attention_bias", false);
+  R3_CHECK(config.get_bool("rope_interleave", true), config.source(),
+           ": rope_interleave false is not supported yet (DeepSeek checkpoints use interleaved pairs)");
+  R3_CHECK(!config.get_bool("mlp_bias", false), config.source(), ": mlp_bias true is not supported yet");
+  R3_CHECK(m.kv_lora_rank > 0 && m.qk_nope_head_dim > 0 && m.qk_rope_head_dim > 0 && m.qk_rope_head_dim % 2 == 0 &&
+               m.v_head_dim > 0,
+           config.source(), ": latent attention sizes must be positive (and qk_rope_head_dim even)");
+  MoeSpec& moe = spec.moe;
+  moe.num_experts = config.get_int_any({"n_routed_experts", "num_local_experts"});
+  moe.expert_intermediate = config.get_int("moe_intermediate_size");
+  moe.shared_expert_intermediate = moe.expert_intermediate * config.get_int("n_shared_experts", 0);
+  moe.num_groups = config.get_int("n_group", 1);
+  moe.topk_groups = config.get_int("topk_group", 1);
+  moe.routed_scaling_factor = config.get_double("routed_scaling_factor", 1.0);
+  const int64_t dense = config.get_int("first_k_dense_replace", 0);
+  for (int64_t i = 0; i < spec.num_layers; ++i) spec.layer_is_moe.push_back(i >= dense);
+  spec.names.shared_expert = "shared_experts.";
+}
+
 std::vector<bool> sparse_step_moe_layers(const HfConfig& config, int64_t num_layers,
                                          int64_t num_experts) {
   const int64_t step = config.get_int("decoder_sparse_step", 1);

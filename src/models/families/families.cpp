@@ -9,6 +9,8 @@ const std::vector<Family>& all_families() {
       {"mixtral", {"MixtralForCausalLM"}, &parse_mixtral},
       {"olmoe", {"OlmoeForCausalLM"}, &parse_olmoe},
       {"glm4_moe", {"Glm4MoeForCausalLM"}, &parse_glm4_moe},
+      {"deepseek_v2", {"DeepseekV2ForCausalLM"}, &parse_deepseek_v2},
+      {"deepseek_v3", {"DeepseekV3ForCausalLM"}, &parse_deepseek_v3},
       {"deepseek_v4", {"DeepseekV4ForCausalLM"}, nullptr, &load_deepseek_v4},
   };
   return families;

@@ -1,0 +1,20 @@
+// The attention half of a decoder layer, whatever its kind (grouped-query, multi-head latent).
+#pragma once
+
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "models/forward_batch.h"
+#include "models/kv_cache.h"
+
+namespace r3::models {
+
+class AttentionLayer {
+ public:
+  virtual ~AttentionLayer() = default;
+  // x: normalised hidden states F32 [tokens, hidden]; out: F32 [tokens, hidden]. Writes this
+  // step's rows of `layer` into the cache, then attends causally over each token's slot.
+  virtual void forward(ThreadPool& pool, const Tensor& x, const ForwardBatch& batch, KvCache& cache, int64_t layer,
+                       Tensor& out) const = 0;
+};
+
+}  // namespace r3::models

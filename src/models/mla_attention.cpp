@@ -1,0 +1,97 @@
+#include "models/mla_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "ops/dot.h"
+#include "ops/linear.h"
+#include "ops/rms_norm.h"
+
+namespace r3::models {
+
+namespace {
+const Tensor* optional(const Tensor& t) { return t.defined() ? &t : nullptr; }
+}  // namespace
+
+MlaAttention::MlaAttention(const AttentionSpec& spec, float rms_eps, MlaWeights weights)
+    : spec_(spec), rms_eps_(rms_eps), w_(std::move(weights)), rotary_(spec.latent.qk_rope_head_dim, spec.rope_theta) {}
+
+void MlaAttention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch& batch, KvCache& cache, int64_t layer,
+                           Tensor& out) const {
+  const LatentAttentionSpec& m = spec_.latent;
+  const int64_t tokens = x.dim(0), heads = spec_.num_heads;
+  const int64_t nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, qk = nope + rope, vd = m.v_head_dim;
+  const int64_t lora = m.kv_lora_rank;
+
+  Tensor q = Tensor::empty(DType::F32, {tokens, heads * qk});
+  if (m.q_lora_rank == 0) {
+    ops::linear(pool, x, w_.q_proj, nullptr, q);
+  } else {
+    Tensor q_latent = Tensor::empty(DType::F32, {tokens, m.q_lora_rank});
+    ops::linear(pool, x, w_.q_a_proj, optional(w_.q_a_bias), q_latent);
+    ops::rms_norm(pool, q_latent, &w_.q_a_norm, rms_eps_, q_latent);
+    ops::linear(pool, q_latent, w_.q_b_proj, nullptr, q);
+  }
+  Tensor compressed = Tensor::empty(DType::F32, {tokens, lora + rope});
+  ops::linear(pool, x, w_.kv_a_proj, optional(w_.kv_a_bias), compressed);
+
+  // Cache rows: keys() holds the normalised latent, values() the rotated shared key.
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int64_t p = batch.positions[t];
+    float* row = compressed.data<float>() + t * (lora + rope);
+    Tensor latent = Tensor::view(DType::F32, {1, lora}, row, nullptr);
+    ops::rms_norm(pool, latent, &w_.kv_a_norm, rms_eps_, latent);
+    rotary_.apply(row + lora, 1, rope, p);
+    rotary_.apply(q.data<float>() + t * heads * qk, heads, qk, p);
+    if (batch.slots[t] == ForwardBatch::kPadding) continue;
+    R3_CHECK(p < cache.capacity(), "sequence position ", p, " exceeds the KV cache capacity of ", cache.capacity());
+    std::memcpy(cache.keys(layer, batch.slots[t]) + p * lora, row, sizeof(float) * static_cast<std::size_t>(lora));
+    std::memcpy(cache.values(layer, batch.slots[t]) + p * rope, row + lora, sizeof(float) * static_cast<std::size_t>(rope));
+  }
+
+  const float scale = 1.0f / std::sqrt(static_cast<float>(qk));
+  const float* kv_b = w_.kv_b_proj.data<float>();
+  Tensor attended = Tensor::empty(DType::F32, {tokens, heads * vd});
+  pool.parallel_for(tokens * heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> q_latent(static_cast<std::size_t>(lora)), out_latent(static_cast<std::size_t>(lora));
+    std::vector<float> scores;
+    for (int64_t th = begin; th < end; ++th) {
+      const int64_t t = th / heads, h = th % heads;
+      float* o = attended.data<float>() + t * heads * vd + h * vd;
+      if (batch.slots[t] == ForwardBatch::kPadding) {
+        std::fill(o, o + vd, 0.0f);
+        continue;
+      }
+      const float* qh = q.data<float>() + (t * heads + h) * qk;
+      const float* w_k = kv_b + h * (nope + vd) * lora;  // rows: this head's key part
+      const float* w_v = w_k + nope * lora;              // rows: this head's value part
+      // q_nope through W_k into the latent space.
+      std::fill(q_latent.begin(), q_latent.end(), 0.0f);
+      for (int64_t i = 0; i < nope; ++i) {
+        for (int64_t c = 0; c < lora; ++c) q_latent[c] += qh[i] * w_k[i * lora + c];
+      }
+      const int64_t p = batch.positions[t], len = p + 1;
+      const float* latents = cache.keys(layer, batch.slots[t]);
+      const float* rope_keys = cache.values(layer, batch.slots[t]);
+      scores.resize(static_cast<std::size_t>(len));
+      float max_score = -INFINITY;
+      for (int64_t j = 0; j < len; ++j) {
+        scores[j] = (ops::dot(q_latent.data(), latents + j * lora, lora) + ops::dot(qh + nope, rope_keys + j * rope, rope)) *
+                    scale;
+        max_score = std::max(max_score, scores[j]);
+      }
+      float denom = 0;
+      for (float& s : scores) denom += (s = std::exp(s - max_score));
+      std::fill(out_latent.begin(), out_latent.end(), 0.0f);
+      for (int64_t j = 0; j < len; ++j) {
+        const float pj = scores[j] / denom;
+        for (int64_t c = 0; c < lora; ++c) out_latent[c] += pj * latents[j * lora + c];
+      }
+      for (int64_t i = 0; i < vd; ++i) o[i] = ops::dot(w_v + i * lora, out_latent.data(), lora);
+    }
+  });
+  ops::linear(pool, attended, w_.o_proj, optional(w_.o_bias), out);
+}
+
+}  // namespace r3::models

@@ -1,0 +1,36 @@
+// Multi-head latent attention (DeepSeek-V2/V3, Kimi K2). Each position caches only its latent
+// c (kv_lora_rank, after RMSNorm) and one rotary key k_r (qk_rope_head_dim). Per head, keys are
+// [W_k c | k_r] and values W_v c, with W_k, W_v the head's rows of kv_b_proj; attention runs in
+// the latent space (q_nope projected through W_k, values projected after the weighted sum),
+// which is the same arithmetic as expanding every cached position, with far less work.
+#pragma once
+
+#include "models/attention_layer.h"
+#include "models/decoder_spec.h"
+#include "ops/interleaved_rotary.h"
+
+namespace r3::models {
+
+struct MlaWeights {
+  Tensor q_proj;                          // [heads * qk_head_dim, hidden] when q_lora_rank == 0
+  Tensor q_a_proj, q_a_norm, q_b_proj;    // LoRA: [q_lora, hidden], [q_lora], [heads * qk_head_dim, q_lora]
+  Tensor kv_a_proj, kv_a_norm, kv_b_proj; // [kv_lora + rope, hidden], [kv_lora], [heads * (nope + v), kv_lora]
+  Tensor o_proj;                          // [hidden, heads * v]
+  Tensor q_a_bias, kv_a_bias, o_bias;     // when attention_bias
+};
+
+class MlaAttention final : public AttentionLayer {
+ public:
+  MlaAttention(const AttentionSpec& spec, float rms_eps, MlaWeights weights);
+
+  void forward(ThreadPool& pool, const Tensor& x, const ForwardBatch& batch, KvCache& cache, int64_t layer,
+               Tensor& out) const override;
+
+ private:
+  AttentionSpec spec_;
+  float rms_eps_;
+  MlaWeights w_;
+  ops::TrailingInterleavedRotary rotary_;
+};
+
+}  // namespace r3::models
