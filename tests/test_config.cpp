@@ -138,8 +138,8 @@ TEST(Config, MissingAndMistypedFieldsAreNamed) {
 
 TEST(Config, UnsupportedRopeScalingIsRefusedNotIgnored) {
   auto j = fixture_config("qwen3_moe");
-  j["rope_parameters"]["rope_type"] = "yarn";
-  EXPECT_NE(error_of(j).find("rope_type 'yarn' is not supported"), std::string::npos) << error_of(j);
+  j["rope_parameters"]["rope_type"] = "longrope";
+  EXPECT_NE(error_of(j).find("rope_type 'longrope' is not supported"), std::string::npos) << error_of(j);
 }
 
 TEST(Config, MalformedJsonIsAClearError) {

@@ -16,6 +16,11 @@ class LayerLoader {
     return ckpt_.load_f32(expand_name(prefix_ + name, layer_, expert), shape);
   }
 
+  ops::RopeFrequencies rope_frequencies(int64_t rotary_dim) const {
+    return ops::rope_frequencies(rotary_dim, spec_.attention.rope_theta, spec_.attention.rope_scaling,
+                                 spec_.max_position_embeddings);
+  }
+
   std::unique_ptr<AttentionLayer> attention() const {
     if (spec_.attention.kind == AttentionKind::kLatent) return latent_attention();
     return std::make_unique<GqaAttention>(grouped_query_attention());
@@ -41,7 +46,8 @@ class LayerLoader {
     w.o_proj = load(p + "o_proj.weight", {h, a.num_heads * m.v_head_dim});
     if (a.qkv_bias) w.kv_a_bias = load(p + "kv_a_proj_with_mqa.bias", {m.kv_lora_rank + m.qk_rope_head_dim});
     if (a.o_bias) w.o_bias = load(p + "o_proj.bias", {h});
-    return std::make_unique<MlaAttention>(a, static_cast<float>(spec_.rms_norm_eps), std::move(w));
+    return std::make_unique<MlaAttention>(a, static_cast<float>(spec_.rms_norm_eps), std::move(w),
+                                          rope_frequencies(m.qk_rope_head_dim));
   }
 
   GqaAttention grouped_query_attention() const {
@@ -66,7 +72,10 @@ class LayerLoader {
       w.q_norm = load(p + "q_norm.weight", {q});
       w.k_norm = load(p + "k_norm.weight", {kv});
     }
-    return GqaAttention(a, static_cast<float>(spec_.rms_norm_eps), std::move(w));
+    if (a.sinks) w.sinks = load(p + "sinks", {a.num_heads});
+    const bool sliding = spec_.layer_sliding.empty() || spec_.layer_sliding[static_cast<std::size_t>(layer_)];
+    return GqaAttention(a, static_cast<float>(spec_.rms_norm_eps), std::move(w),
+                        rope_frequencies(a.rotary_dim > 0 ? a.rotary_dim : a.head_dim), sliding ? a.sliding_window : 0);
   }
 
   SwigluMlp mlp(const std::string& p, int64_t width) const {

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "ops/rope_scaling.h"
+
 namespace r3::models {
 
 enum class QkNorm {
@@ -42,7 +44,9 @@ struct AttentionSpec {
   double clip_qkv = 0;  // 0: no clipping
   double rope_theta = 10000.0;
   int64_t rotary_dim = 0;      // leading channels of each head that rotate; 0: all (head_dim)
-  int64_t sliding_window = 0;  // 0: full causal attention
+  ops::RopeScaling rope_scaling;
+  int64_t sliding_window = 0;  // 0: full causal attention (see DecoderSpec::layer_sliding)
+  bool sinks = false;          // GPT-OSS: a learned per-head logit that absorbs probability mass
 };
 
 enum class RouterKind {
@@ -98,6 +102,8 @@ struct DecoderSpec {
   AttentionSpec attention;
   MoeSpec moe;
   std::vector<bool> layer_is_moe;  // one entry per layer
+  // Which layers use attention.sliding_window (GPT-OSS alternates); empty: every layer.
+  std::vector<bool> layer_sliding;
   DecoderNames names;
 
   std::vector<int64_t> moe_layers() const;  // indices of the MoE layers

@@ -14,11 +14,13 @@ namespace {
 const Tensor* optional(const Tensor& t) { return t.defined() ? &t : nullptr; }
 }  // namespace
 
-GqaAttention::GqaAttention(const AttentionSpec& spec, float rms_eps, GqaAttentionWeights weights)
+GqaAttention::GqaAttention(const AttentionSpec& spec, float rms_eps, GqaAttentionWeights weights,
+                           const ops::RopeFrequencies& rope, int64_t sliding_window)
     : spec_(spec),
       rms_eps_(rms_eps),
       w_(std::move(weights)),
-      rotary_(spec.rotary_dim > 0 ? spec.rotary_dim : spec.head_dim, spec.rope_theta) {}
+      rotary_(static_cast<int64_t>(rope.inv_freq.size()) * 2, rope.inv_freq, rope.attention_scaling),
+      sliding_window_(sliding_window) {}
 
 void GqaAttention::normalise_qk(ThreadPool& pool, Tensor& q, Tensor& k) const {
   const int64_t tokens = q.dim(0), d = spec_.head_dim;
@@ -77,12 +79,13 @@ void GqaAttention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t slot = batch.slots[t], pos = batch.positions[t];
     if (slot == ForwardBatch::kPadding) continue;  // attends to nothing: output zeros
-    const int64_t first = spec_.sliding_window > 0 ? std::max<int64_t>(0, pos - spec_.sliding_window + 1) : 0;
+    const int64_t first = sliding_window_ > 0 ? std::max<int64_t>(0, pos - sliding_window_ + 1) : 0;
     rows[t] = {cache.keys(layer, slot) + first * kv_width, cache.values(layer, slot) + first * kv_width,
                pos + 1 - first, kv_width};
   }
   Tensor attended = Tensor::empty(DType::F32, {tokens, spec_.num_heads, d});
-  ops::attention(pool, qh, rows, spec_.num_kv_heads, 1.0f / std::sqrt(static_cast<float>(d)), attended);
+  ops::attention(pool, qh, rows, spec_.num_kv_heads, 1.0f / std::sqrt(static_cast<float>(d)), attended,
+                 w_.sinks.defined() ? w_.sinks.data<float>() : nullptr);
   ops::linear(pool, attended.reshaped({tokens, q_width}), w_.o, optional(w_.o_bias), out);
 }
 

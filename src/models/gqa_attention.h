@@ -4,6 +4,7 @@
 
 #include "models/attention_layer.h"
 #include "models/decoder_spec.h"
+#include "ops/rope_scaling.h"
 #include "ops/rotary.h"
 
 namespace r3::models {
@@ -12,11 +13,14 @@ struct GqaAttentionWeights {
   Tensor q, k, v, o;                    // [out, in] projections
   Tensor q_bias, k_bias, v_bias, o_bias;  // empty when the spec has none
   Tensor q_norm, k_norm;                // empty unless spec.qk_norm != kNone
+  Tensor sinks;                         // [num_heads] when spec.sinks
 };
 
 class GqaAttention final : public AttentionLayer {
  public:
-  GqaAttention(const AttentionSpec& spec, float rms_eps, GqaAttentionWeights weights);
+  // sliding_window: this layer's window (0: full causal attention).
+  GqaAttention(const AttentionSpec& spec, float rms_eps, GqaAttentionWeights weights,
+               const ops::RopeFrequencies& rope, int64_t sliding_window);
 
   // x: normalised hidden states F32 [tokens, hidden]; out: F32 [tokens, hidden].
   void forward(ThreadPool& pool, const Tensor& x, const ForwardBatch& batch, KvCache& cache,
@@ -29,6 +33,7 @@ class GqaAttention final : public AttentionLayer {
   float rms_eps_;
   GqaAttentionWeights w_;
   ops::Rotary rotary_;
+  int64_t sliding_window_;
 };
 
 }  // namespace r3::models

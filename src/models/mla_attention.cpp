@@ -14,8 +14,15 @@ namespace {
 const Tensor* optional(const Tensor& t) { return t.defined() ? &t : nullptr; }
 }  // namespace
 
-MlaAttention::MlaAttention(const AttentionSpec& spec, float rms_eps, MlaWeights weights)
-    : spec_(spec), rms_eps_(rms_eps), w_(std::move(weights)), rotary_(spec.latent.qk_rope_head_dim, spec.rope_theta) {}
+MlaAttention::MlaAttention(const AttentionSpec& spec, float rms_eps, MlaWeights weights, const ops::RopeFrequencies& rope)
+    : spec_(spec),
+      rms_eps_(rms_eps),
+      w_(std::move(weights)),
+      rotary_(spec.latent.qk_rope_head_dim, rope.inv_freq, rope.attention_scaling),
+      // qk_head_dim^-0.5, times DeepSeek's YaRN mscale^2 when the rope is scaled.
+      softmax_scale_(static_cast<float>(1.0 / std::sqrt(static_cast<double>(spec.latent.qk_nope_head_dim +
+                                                                           spec.latent.qk_rope_head_dim)) *
+                                        ops::yarn_softmax_scale_factor(spec.rope_scaling))) {}
 
 void MlaAttention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch& batch, KvCache& cache, int64_t layer,
                            Tensor& out) const {
@@ -50,7 +57,7 @@ void MlaAttention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch
     std::memcpy(cache.values(layer, batch.slots[t]) + p * rope, row + lora, sizeof(float) * static_cast<std::size_t>(rope));
   }
 
-  const float scale = 1.0f / std::sqrt(static_cast<float>(qk));
+  const float scale = softmax_scale_;
   const float* kv_b = w_.kv_b_proj.data<float>();
   Tensor attended = Tensor::empty(DType::F32, {tokens, heads * vd});
   pool.parallel_for(tokens * heads, 1, [&](int64_t begin, int64_t end) {

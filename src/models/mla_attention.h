@@ -8,6 +8,7 @@
 #include "models/attention_layer.h"
 #include "models/decoder_spec.h"
 #include "ops/interleaved_rotary.h"
+#include "ops/rope_scaling.h"
 
 namespace r3::models {
 
@@ -21,7 +22,7 @@ struct MlaWeights {
 
 class MlaAttention final : public AttentionLayer {
  public:
-  MlaAttention(const AttentionSpec& spec, float rms_eps, MlaWeights weights);
+  MlaAttention(const AttentionSpec& spec, float rms_eps, MlaWeights weights, const ops::RopeFrequencies& rope);
 
   void forward(ThreadPool& pool, const Tensor& x, const ForwardBatch& batch, KvCache& cache, int64_t layer,
                Tensor& out) const override;
@@ -31,6 +32,7 @@ class MlaAttention final : public AttentionLayer {
   float rms_eps_;
   MlaWeights w_;
   ops::TrailingInterleavedRotary rotary_;
+  float softmax_scale_;
 };
 
 }  // namespace r3::models

@@ -8,7 +8,7 @@
 namespace r3::ops {
 
 void attention(ThreadPool& pool, const Tensor& q, const std::vector<KvRows>& kv,
-               int64_t num_kv_heads, float scale, Tensor& out) {
+               int64_t num_kv_heads, float scale, Tensor& out, const float* sinks) {
   R3_CHECK(q.rank() == 3 && q.is_contiguous() && out.shape() == q.shape(),
            "attention: q ", shape_to_string(q.shape()), " out ", shape_to_string(out.shape()));
   const int64_t tokens = q.dim(0), heads = q.dim(1), head_dim = q.dim(2);
@@ -32,12 +32,12 @@ void attention(ThreadPool& pool, const Tensor& q, const std::vector<KvRows>& kv,
       const int64_t kv_offset = (h / group) * head_dim;
       const float* qv = qp + th * head_dim;
       scores.resize(static_cast<std::size_t>(rows.length));
-      float max_score = -INFINITY;
+      float max_score = sinks ? sinks[h] : -INFINITY;
       for (int64_t j = 0; j < rows.length; ++j) {
         scores[j] = dot(qv, rows.keys + j * rows.row_stride + kv_offset, head_dim) * scale;
         max_score = std::max(max_score, scores[j]);
       }
-      float denom = 0;
+      float denom = sinks ? std::exp(sinks[h] - max_score) : 0.0f;
       for (int64_t j = 0; j < rows.length; ++j) {
         scores[j] = std::exp(scores[j] - max_score);
         denom += scores[j];

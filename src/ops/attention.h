@@ -21,7 +21,8 @@ struct KvRows {
 };
 
 // q: F32 [tokens, num_heads, head_dim]; out: F32 [tokens, num_heads, head_dim].
+// sinks: per-head logits that join the softmax but carry no value (GPT-OSS), or nullptr.
 void attention(ThreadPool& pool, const Tensor& q, const std::vector<KvRows>& kv,
-               int64_t num_kv_heads, float scale, Tensor& out);
+               int64_t num_kv_heads, float scale, Tensor& out, const float* sinks = nullptr);
 
 }  // namespace r3::ops

@@ -14,13 +14,20 @@ TrailingInterleavedRotary::TrailingInterleavedRotary(int64_t rope_dim, double th
   }
 }
 
+TrailingInterleavedRotary::TrailingInterleavedRotary(int64_t rope_dim, std::vector<float> inv_freq,
+                                                     float attention_scaling)
+    : rope_dim_(rope_dim), inv_freq_(std::move(inv_freq)), attention_scaling_(attention_scaling) {
+  R3_CHECK(static_cast<int64_t>(inv_freq_.size()) * 2 == rope_dim, "rotary: ", inv_freq_.size(),
+           " frequencies for rope dim ", rope_dim);
+}
+
 void TrailingInterleavedRotary::apply(float* x, int64_t heads, int64_t head_dim, int64_t pos, bool conjugate) const {
   R3_CHECK(head_dim >= rope_dim_, "rotary: head_dim ", head_dim, " < rope dim ", rope_dim_);
   const int64_t half = rope_dim_ / 2;
   for (int64_t i = 0; i < half; ++i) {
     const float angle = static_cast<float>(pos) * inv_freq_[static_cast<std::size_t>(i)];  // float32 product
-    const auto c = static_cast<float>(std::cos(static_cast<double>(angle)));
-    const float s = static_cast<float>(std::sin(static_cast<double>(angle))) * (conjugate ? -1.0f : 1.0f);
+    const float c = static_cast<float>(std::cos(static_cast<double>(angle))) * attention_scaling_;
+    const float s = static_cast<float>(std::sin(static_cast<double>(angle))) * attention_scaling_ * (conjugate ? -1.0f : 1.0f);
     for (int64_t h = 0; h < heads; ++h) {
       float* pair = x + h * head_dim + (head_dim - rope_dim_) + 2 * i;
       const float a = pair[0], b = pair[1];

@@ -11,6 +11,8 @@ class TrailingInterleavedRotary {
  public:
   // inv_freq[i] = 1 / theta^(2i / rope_dim) in float32, as transformers computes it.
   TrailingInterleavedRotary(int64_t rope_dim, double theta);
+  // Precomputed frequencies (YaRN); cos and sin are multiplied by attention_scaling.
+  TrailingInterleavedRotary(int64_t rope_dim, std::vector<float> inv_freq, float attention_scaling);
 
   int64_t rope_dim() const { return rope_dim_; }
   // Rotates the last rope_dim of `head_dim` channels of `heads` consecutive heads at `x` by
@@ -20,6 +22,7 @@ class TrailingInterleavedRotary {
  private:
   int64_t rope_dim_;
   std::vector<float> inv_freq_;
+  float attention_scaling_ = 1.0f;
 };
 
 }  // namespace r3::ops

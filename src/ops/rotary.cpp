@@ -14,6 +14,12 @@ Rotary::Rotary(int64_t rotary_dim, double theta) : rotary_dim_(rotary_dim) {
   }
 }
 
+Rotary::Rotary(int64_t rotary_dim, std::vector<float> inv_freq, float attention_scaling)
+    : rotary_dim_(rotary_dim), inv_freq_(std::move(inv_freq)), attention_scaling_(attention_scaling) {
+  R3_CHECK(static_cast<int64_t>(inv_freq_.size()) * 2 == rotary_dim, "rotary: ", inv_freq_.size(),
+           " frequencies for rotary dim ", rotary_dim);
+}
+
 void Rotary::apply(Tensor& x, const std::vector<int32_t>& positions) const {
   R3_CHECK(x.rank() == 3 && x.is_contiguous(), "rotary: x must be [tokens, heads, head_dim]");
   const int64_t tokens = x.dim(0), heads = x.dim(1), head_dim = x.dim(2);
@@ -25,8 +31,8 @@ void Rotary::apply(Tensor& x, const std::vector<int32_t>& positions) const {
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t i = 0; i < half; ++i) {
       const float angle = static_cast<float>(positions[t]) * inv_freq_[i];  // float32 product
-      cos[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
-      sin[i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+      cos[i] = static_cast<float>(std::cos(static_cast<double>(angle))) * attention_scaling_;
+      sin[i] = static_cast<float>(std::sin(static_cast<double>(angle))) * attention_scaling_;
     }
     for (int64_t h = 0; h < heads; ++h) {
       float* v = xp + (t * heads + h) * head_dim;

@@ -13,6 +13,8 @@ class Rotary {
   // inv_freq[i] = 1 / theta^(2i / rotary_dim), computed in float32 exactly as transformers does,
   // so the angles (and their rounding) match the reference.
   Rotary(int64_t rotary_dim, double theta);
+  // Precomputed frequencies (YaRN); cos and sin are multiplied by attention_scaling.
+  Rotary(int64_t rotary_dim, std::vector<float> inv_freq, float attention_scaling);
 
   int64_t rotary_dim() const { return rotary_dim_; }
 
@@ -23,6 +25,7 @@ class Rotary {
  private:
   int64_t rotary_dim_;
   std::vector<float> inv_freq_;
+  float attention_scaling_ = 1.0f;
 };
 
 }  // namespace r3::ops

@@ -10,20 +10,32 @@ namespace r3::models {
 
 namespace {
 
-// Rotary base from `rope_parameters` (transformers 5) or `rope_theta` (older configs). Only
-// plain RoPE is implemented so far; a scaled variant must not run silently as if it were plain.
-double read_rope_theta(const HfConfig& config) {
+// Plain RoPE or YaRN from `rope_parameters` (transformers 5) or `rope_scaling` (older configs).
+// Other scaled variants must not run silently as if they were plain RoPE.
+ops::RopeScaling read_rope_scaling(const HfConfig& config, const HfConfig& params) {
+  const std::string type = params.get_string("rope_type", params.get_string("type", "default"));
+  ops::RopeScaling s;
+  if (type == "default") return s;
+  R3_CHECK(type == "yarn", config.source(), ": rope_type '", type,
+           "' is not supported yet (default, yarn)");
+  s.kind = ops::RopeScaling::Kind::kYarn;
+  s.factor = params.get_double("factor");
+  s.original_max_position_embeddings = params.get_int("original_max_position_embeddings", 0);
+  s.beta_fast = params.get_double("beta_fast", 32.0);
+  s.beta_slow = params.get_double("beta_slow", 1.0);
+  s.truncate = params.get_bool("truncate", true);
+  s.attention_factor = params.get_double("attention_factor", 0.0);
+  s.mscale = params.get_double("mscale", 0.0);
+  s.mscale_all_dim = params.get_double("mscale_all_dim", 0.0);
+  return s;
+}
+
+double read_rope(const HfConfig& config, ops::RopeScaling& scaling) {
   if (auto params = config.get_object("rope_parameters")) {
-    const std::string type = params->get_string("rope_type", params->get_string("type", "default"));
-    R3_CHECK(type == "default", config.source(), ": rope_type '", type,
-             "' is not supported for this family yet (only 'default')");
+    scaling = read_rope_scaling(config, *params);
     return params->get_double("rope_theta", config.get_double("rope_theta", 10000.0));
   }
-  if (auto scaling = config.get_object("rope_scaling")) {
-    const std::string type = scaling->get_string("rope_type", scaling->get_string("type", "default"));
-    R3_CHECK(type == "default", config.source(), ": rope_scaling '", type,
-             "' is not supported for this family yet");
-  }
+  if (auto legacy = config.get_object("rope_scaling")) scaling = read_rope_scaling(config, *legacy);
   return config.get_double("rope_theta", 10000.0);
 }
 
@@ -56,7 +68,7 @@ void read_common_decoder_config(const HfConfig& config, DecoderSpec& spec) {
   a.num_kv_heads = config.get_int("num_key_value_heads", a.num_heads);
   R3_CHECK(a.num_heads > 0, config.source(), ": num_attention_heads must be positive");
   a.head_dim = config.get_int("head_dim", spec.hidden_size / a.num_heads);
-  a.rope_theta = read_rope_theta(config);
+  a.rope_theta = read_rope(config, a.rope_scaling);
   // Partial rotary (GLM-4.5): the leading head_dim * factor channels rotate.
   double partial = config.get_double("partial_rotary_factor", 1.0);
   if (auto params = config.get_object("rope_parameters")) partial = params->get_double("partial_rotary_factor", partial);
