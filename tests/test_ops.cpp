@@ -9,6 +9,7 @@
 #include "ops/attention.h"
 #include "ops/linear.h"
 #include "ops/rms_norm.h"
+#include "ops/rope_scaling.h"
 #include "ops/rotary.h"
 #include "ops/topk.h"
 
@@ -175,6 +176,36 @@ TEST(Ops, SiluAndMul) {
     const double gv = g.data<float>()[i];
     EXPECT_NEAR(o.data<float>()[i], gv / (1 + std::exp(-gv)) * u.data<float>()[i], 1e-6);
   }
+}
+
+}  // namespace
+}  // namespace r3::ops
+
+namespace r3::ops {
+namespace {
+
+TEST(RopeScaling, YarnExtrapolatesHighFrequenciesAndInterpolatesLowOnes) {
+  const auto plain = rope_frequencies(16, 10000.0, {}, 256);
+  ASSERT_EQ(plain.inv_freq.size(), 8u);
+  EXPECT_EQ(plain.attention_scaling, 1.0f);
+  for (int i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(plain.inv_freq[i], 1.0f / std::pow(10000.0f, 2.0f * i / 16.0f));
+
+  RopeScaling yarn;
+  yarn.kind = RopeScaling::Kind::kYarn;
+  yarn.factor = 32;
+  yarn.original_max_position_embeddings = 4096;
+  yarn.truncate = false;
+  const auto scaled = rope_frequencies(16, 10000.0, yarn, 256);
+  // Correction range for beta_fast 32 / beta_slow 1 over 4096 positions: dims 2.62 .. 5.63.
+  EXPECT_FLOAT_EQ(scaled.inv_freq[0], plain.inv_freq[0]);         // fully extrapolated
+  EXPECT_FLOAT_EQ(scaled.inv_freq[7], plain.inv_freq[7] / 32.0f);  // fully interpolated
+  EXPECT_LT(scaled.inv_freq[4], plain.inv_freq[4]);
+  EXPECT_GT(scaled.inv_freq[4], plain.inv_freq[4] / 32.0f);
+  EXPECT_NEAR(scaled.attention_scaling, 0.1 * std::log(32.0) + 1.0, 1e-6);
+  // DeepSeek's softmax correction needs mscale_all_dim.
+  EXPECT_EQ(yarn_softmax_scale_factor(yarn), 1.0);
+  yarn.mscale_all_dim = 1.0;
+  EXPECT_NEAR(yarn_softmax_scale_factor(yarn), std::pow(0.1 * std::log(32.0) + 1.0, 2), 1e-9);
 }
 
 }  // namespace

@@ -95,6 +95,8 @@ class LayerLoader {
             m.top_k, std::vector<float>(bias.data<float>(), bias.data<float>() + m.num_experts), m.num_groups,
             m.topk_groups, m.normalize_topk, static_cast<float>(m.routed_scaling_factor));
       }
+      case RouterKind::kTopKSoftmax:
+        return std::make_shared<moe::TopKSoftmax>(m.top_k);
       case RouterKind::kSoftmaxGroupGreedy:
         return std::make_shared<moe::SoftmaxGroupGreedy>(m.top_k, m.num_groups, m.topk_groups,
                                                          static_cast<float>(m.routed_scaling_factor));
@@ -102,21 +104,60 @@ class LayerLoader {
     R3_FAIL("unknown router kind");
   }
 
+  // GPT-OSS stores each layer's experts fused and transposed ([in, out]), gate and up columns
+  // interleaved; r3 keeps every expert as [out, in] gate, up and down with their biases.
+  std::vector<moe::SwigluExpertWeights> gpt_oss_experts() const {
+    const MoeSpec& m = spec_.moe;
+    const std::string p = spec_.names.moe + "experts.";
+    const int64_t h = spec_.hidden_size, width = m.expert_intermediate, e_count = m.num_experts;
+    const Tensor gate_up = load(p + "gate_up_proj", {e_count, h, 2 * width});
+    const Tensor gate_up_bias = load(p + "gate_up_proj_bias", {e_count, 2 * width});
+    const Tensor down = load(p + "down_proj", {e_count, width, h});
+    const Tensor down_bias = load(p + "down_proj_bias", {e_count, h});
+    std::vector<moe::SwigluExpertWeights> experts;
+    for (int64_t e = 0; e < e_count; ++e) {
+      moe::SwigluExpertWeights w{Tensor::empty(DType::F32, {width, h}), Tensor::empty(DType::F32, {width, h}),
+                                 Tensor::empty(DType::F32, {h, width}), Tensor::empty(DType::F32, {width}),
+                                 Tensor::empty(DType::F32, {width}), Tensor::empty(DType::F32, {h})};
+      const float* gu = gate_up.data<float>() + e * h * 2 * width;
+      for (int64_t j = 0; j < width; ++j) {
+        for (int64_t i = 0; i < h; ++i) {
+          w.gate.data<float>()[j * h + i] = gu[i * 2 * width + 2 * j];
+          w.up.data<float>()[j * h + i] = gu[i * 2 * width + 2 * j + 1];
+        }
+        w.gate_bias.data<float>()[j] = gate_up_bias.data<float>()[e * 2 * width + 2 * j];
+        w.up_bias.data<float>()[j] = gate_up_bias.data<float>()[e * 2 * width + 2 * j + 1];
+      }
+      const float* dn = down.data<float>() + e * width * h;
+      for (int64_t d = 0; d < h; ++d) {
+        for (int64_t j = 0; j < width; ++j) w.down.data<float>()[d * width + j] = dn[j * h + d];
+      }
+      std::copy_n(down_bias.data<float>() + e * h, h, w.down_bias.data<float>());
+      experts.push_back(std::move(w));
+    }
+    return experts;
+  }
+
   std::unique_ptr<FeedForward> moe(int64_t moe_layer_id) const {
     const MoeSpec& m = spec_.moe;
     const DecoderNames& n = spec_.names;
     const int64_t h = spec_.hidden_size, width = m.expert_intermediate;
     std::vector<moe::SwigluExpertWeights> experts;
-    for (int64_t e = 0; e < m.num_experts; ++e) {
-      const std::string p = n.moe + n.expert;
-      experts.push_back({load(p + n.expert_gate, {width, h}, e), load(p + n.expert_up, {width, h}, e),
-                         load(p + n.expert_down, {h, width}, e)});
+    if (m.expert_layout == ExpertLayout::kGptOssFused) {
+      experts = gpt_oss_experts();
+    } else {
+      for (int64_t e = 0; e < m.num_experts; ++e) {
+        const std::string p = n.moe + n.expert;
+        experts.push_back({load(p + n.expert_gate, {width, h}, e), load(p + n.expert_up, {width, h}, e),
+                           load(p + n.expert_down, {h, width}, e)});
+      }
     }
     auto physical = std::make_shared<moe::PhysicalExperts>(
         std::move(experts), moe::ExpertPlacement::initial(m.num_experts, options_.eplb.redundant_experts),
-        options_.eplb.window_steps);
+        options_.eplb.window_steps, m.activation);
     auto block = moe::make_moe_block(options_.moe_backend, moe_layer_id, load(n.moe + n.router, {m.num_experts, h}),
-                                     routing_rule(), std::move(physical));
+                                     routing_rule(), std::move(physical),
+                                     m.router_has_bias ? load(n.moe + n.router_gate_bias, {m.num_experts}) : Tensor());
     std::optional<SwigluMlp> shared;
     Tensor shared_gate;
     if (m.shared_expert_intermediate > 0) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "moe/physical_experts.h"
 #include "ops/rope_scaling.h"
 
 namespace r3::models {
@@ -53,6 +54,12 @@ enum class RouterKind {
   kSoftmaxTopK,       // Qwen-MoE, Mixtral, OLMoE
   kSigmoidGroupTopK,  // DeepSeek-V3 / Kimi K2 / GLM-4.5: sigmoid + correction bias + group limit
   kSoftmaxGroupGreedy,  // DeepSeek-V2: softmax, greedy or group-limited greedy
+  kTopKSoftmax,         // GPT-OSS: top-k of the (biased) logits, softmax over the k
+};
+
+enum class ExpertLayout {
+  kPerExpert,    // experts.{e}.gate/up/down tensors, [out, in]
+  kGptOssFused,  // experts.gate_up_proj [E, hidden, 2I] (gate/up interleaved), down_proj [E, I, hidden], biases
 };
 
 struct MoeSpec {
@@ -63,6 +70,9 @@ struct MoeSpec {
   int64_t shared_expert_intermediate = 0;  // 0: no shared expert
   bool shared_expert_gate = false;          // sigmoid(gate(x)) scales the shared expert
   RouterKind router = RouterKind::kSoftmaxTopK;
+  bool router_has_bias = false;            // names.router_gate_bias
+  ExpertLayout expert_layout = ExpertLayout::kPerExpert;
+  moe::ExpertActivation activation;
   int64_t num_groups = 1, topk_groups = 1;  // kSigmoidGroupTopK
   double routed_scaling_factor = 1.0;       // kSigmoidGroupTopK
 };
@@ -80,6 +90,7 @@ struct DecoderNames {
   std::string moe = "mlp.";
   std::string router = "gate.weight";
   std::string router_bias = "gate.e_score_correction_bias";
+  std::string router_gate_bias = "router.bias";
   std::string expert = "experts.{e}.";
   std::string expert_gate = "gate_proj.weight";
   std::string expert_up = "up_proj.weight";

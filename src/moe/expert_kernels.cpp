@@ -11,6 +11,8 @@ namespace r3::moe {
 
 namespace {
 
+const Tensor* optional(const Tensor& t) { return t.defined() ? &t : nullptr; }
+
 void check_shapes(const Tensor& hidden, const PhysicalRouting& routing, const PhysicalExperts& experts,
                   const Tensor& out) {
   R3_CHECK(hidden.rank() == 2 && hidden.dim(1) == experts.hidden_size() && out.shape() == hidden.shape() &&
@@ -57,10 +59,11 @@ void grouped_experts(ThreadPool& pool, const Tensor& hidden, const PhysicalRouti
     Tensor gate = Tensor::empty(DType::F32, {n, width});
     Tensor up = Tensor::empty(DType::F32, {n, width});
     Tensor down = Tensor::empty(DType::F32, {n, h});
-    ops::linear(pool, gathered, w.gate, nullptr, gate);
-    ops::linear(pool, gathered, w.up, nullptr, up);
-    ops::silu_and_mul(gate, up, gate, experts.swiglu_limit());
-    ops::linear(pool, gate, w.down, nullptr, down);
+    ops::linear(pool, gathered, w.gate, optional(w.gate_bias), gate);
+    ops::linear(pool, gathered, w.up, optional(w.up_bias), up);
+    const ExpertActivation& act = experts.activation();
+    for (int64_t i = 0; i < n * width; ++i) gate.data<float>()[i] = act(gate.data<float>()[i], up.data<float>()[i]);
+    ops::linear(pool, gate, w.down, optional(w.down_bias), down);
     for (int64_t i = 0; i < n; ++i) {
       std::memcpy(slot_out.data<float>() + slots[i] * h, down.data<float>() + i * h,
                   sizeof(float) * static_cast<std::size_t>(h));
@@ -80,13 +83,21 @@ void fused_experts(ThreadPool& pool, const Tensor& hidden, const PhysicalRouting
     for (int64_t s = begin; s < end; ++s) {
       const SwigluExpertWeights& w = experts.weights(routing.physical_ids[static_cast<std::size_t>(s)]);
       const float* xt = x + (s / k) * h;
+      const float* gb = w.gate_bias.defined() ? w.gate_bias.data<float>() : nullptr;
+      const float* ub = w.up_bias.defined() ? w.up_bias.data<float>() : nullptr;
+      const float* db = w.down_bias.defined() ? w.down_bias.data<float>() : nullptr;
       for (int64_t j = 0; j < width; ++j) {
-        const float g = ops::dot(xt, w.gate.data<float>() + j * h, h);
-        const float u = ops::dot(xt, w.up.data<float>() + j * h, h);
-        act[static_cast<std::size_t>(j)] = ops::clamped_swiglu(g, u, experts.swiglu_limit());
+        float g = ops::dot(xt, w.gate.data<float>() + j * h, h);
+        float u = ops::dot(xt, w.up.data<float>() + j * h, h);
+        if (gb) g += gb[j];
+        if (ub) u += ub[j];
+        act[static_cast<std::size_t>(j)] = experts.activation()(g, u);
       }
       float* y = slot_out.data<float>() + s * h;
-      for (int64_t d = 0; d < h; ++d) y[d] = ops::dot(act.data(), w.down.data<float>() + d * width, width);
+      for (int64_t d = 0; d < h; ++d) {
+        const float v = ops::dot(act.data(), w.down.data<float>() + d * width, width);
+        y[d] = db ? v + db[d] : v;
+      }
     }
   });
   combine(routing, slot_out, h, out);

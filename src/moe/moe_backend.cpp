@@ -38,8 +38,8 @@ MoeBackend parse_moe_backend(std::string_view name) {
 
 std::unique_ptr<MoeBlock> make_moe_block(MoeBackend backend, int64_t layer_id, Tensor gate_weight,
                                          std::shared_ptr<const RoutingRule> rule,
-                                         std::shared_ptr<PhysicalExperts> experts) {
-  auto router = [&] { return std::make_unique<Router>(layer_id, gate_weight, rule); };
+                                         std::shared_ptr<PhysicalExperts> experts, Tensor gate_bias) {
+  auto router = [&] { return std::make_unique<Router>(layer_id, gate_weight, rule, gate_bias); };
   switch (backend) {
     case MoeBackend::kModular:
       return std::make_unique<ModularMoe>(router(), std::move(experts));
@@ -48,7 +48,7 @@ std::unique_ptr<MoeBlock> make_moe_block(MoeBackend backend, int64_t layer_id, T
     case MoeBackend::kMonolithic:
     case MoeBackend::kMonolithicNoCapture:
       return std::make_unique<MonolithicMoe>(layer_id, gate_weight, rule, std::move(experts),
-                                             backend == MoeBackend::kMonolithic);
+                                             backend == MoeBackend::kMonolithic, gate_bias);
   }
   R3_FAIL("unknown MoE backend");
 }

@@ -24,6 +24,6 @@ std::vector<std::string> moe_backend_names();
 // An MoE layer with a linear gate and `rule`, on the chosen path.
 std::unique_ptr<MoeBlock> make_moe_block(MoeBackend backend, int64_t layer_id, Tensor gate_weight,
                                          std::shared_ptr<const RoutingRule> rule,
-                                         std::shared_ptr<PhysicalExperts> experts);
+                                         std::shared_ptr<PhysicalExperts> experts, Tensor gate_bias = Tensor());
 
 }  // namespace r3::moe

@@ -6,10 +6,11 @@
 namespace r3::moe {
 
 MonolithicMoe::MonolithicMoe(int64_t layer_id, Tensor gate_weight, std::shared_ptr<const RoutingRule> rule,
-                             std::shared_ptr<PhysicalExperts> experts, bool can_capture)
+                             std::shared_ptr<PhysicalExperts> experts, bool can_capture, Tensor gate_bias)
     : MoeBlock(layer_id, std::move(experts)),
       gate_weight_(std::move(gate_weight)),
       rule_(std::move(rule)),
+      gate_bias_(std::move(gate_bias)),
       can_capture_(can_capture) {
   R3_CHECK(gate_weight_.rank() == 2 && gate_weight_.dim(0) == this->experts().num_logical(),
            "MoE layer ", layer_id, ": gate must be [num_experts, hidden]");
@@ -34,7 +35,8 @@ void MonolithicMoe::forward(ThreadPool& pool, const MoeInput& input, Tensor& out
   pool.parallel_for(tokens * experts_n, 64, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t t = i / experts_n, e = i % experts_n;
-      logits.data<float>()[i] = ops::dot(hidden.data<float>() + t * h, gate_weight_.data<float>() + e * h, h);
+      const float v = ops::dot(hidden.data<float>() + t * h, gate_weight_.data<float>() + e * h, h);
+      logits.data<float>()[i] = gate_bias_.defined() ? v + gate_bias_.data<float>()[e] : v;
     }
   });
   Routing routing;

@@ -12,7 +12,7 @@ namespace r3::moe {
 class MonolithicMoe final : public MoeBlock, public CaptureSource {
  public:
   MonolithicMoe(int64_t layer_id, Tensor gate_weight, std::shared_ptr<const RoutingRule> rule,
-                std::shared_ptr<PhysicalExperts> experts, bool can_capture);
+                std::shared_ptr<PhysicalExperts> experts, bool can_capture, Tensor gate_bias = Tensor());
 
   std::string kernel_name() const;
   std::string backend_name() const override { return can_capture_ ? "monolithic" : "monolithic-nocapture"; }
@@ -27,6 +27,7 @@ class MonolithicMoe final : public MoeBlock, public CaptureSource {
  private:
   Tensor gate_weight_;
   std::shared_ptr<const RoutingRule> rule_;
+  Tensor gate_bias_;
   bool can_capture_;
   CaptureSink sink_;
 };

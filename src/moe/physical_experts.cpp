@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "ops/activation.h"
+
 namespace r3::moe {
 
 namespace {
@@ -12,15 +14,25 @@ Tensor copy_of(const Tensor& t) {
   return c;
 }
 
+Tensor copy_if_defined(const Tensor& t) { return t.defined() ? copy_of(t) : Tensor(); }
+
 SwigluExpertWeights copy_of(const SwigluExpertWeights& w) {
-  return {copy_of(w.gate), copy_of(w.up), copy_of(w.down)};
+  return {copy_of(w.gate), copy_of(w.up), copy_of(w.down), copy_if_defined(w.gate_bias), copy_if_defined(w.up_bias),
+          copy_if_defined(w.down_bias)};
 }
 
 }  // namespace
 
+float ExpertActivation::operator()(float gate, float up) const {
+  if (kind == Kind::kSwiglu) return ops::clamped_swiglu(gate, up, limit);
+  const float g = gate > limit ? limit : gate;
+  const float u = up > limit ? limit : (up < -limit ? -limit : up);
+  return (u + 1.0f) * (g * ops::sigmoid(g * alpha));
+}
+
 PhysicalExperts::PhysicalExperts(std::vector<SwigluExpertWeights> logical, ExpertPlacement placement,
-                                 int64_t load_window_steps, float swiglu_limit)
-    : placement_(std::move(placement)), swiglu_limit_(swiglu_limit), load_(placement_.num_physical(), load_window_steps) {
+                                 int64_t load_window_steps, ExpertActivation activation)
+    : placement_(std::move(placement)), activation_(activation), load_(placement_.num_physical(), load_window_steps) {
   R3_CHECK(!logical.empty(), "an MoE layer needs at least one expert");
   R3_CHECK(static_cast<int64_t>(logical.size()) == placement_.num_logical(), "placement covers ",
            placement_.num_logical(), " experts, the layer has ", logical.size());

@@ -20,6 +20,20 @@ struct SwigluExpertWeights {
   Tensor gate;  // [intermediate, hidden]
   Tensor up;    // [intermediate, hidden]
   Tensor down;  // [hidden, intermediate]
+  // [intermediate], [intermediate], [hidden]; GPT-OSS only.
+  Tensor gate_bias = Tensor(), up_bias = Tensor(), down_bias = Tensor();
+};
+
+// The gated activation between the experts' two projections.
+struct ExpertActivation {
+  enum class Kind {
+    kSwiglu,   // silu(min(gate, limit)) * clamp(up, ±limit); limit inf: plain SwiGLU
+    kGptOss,   // g = min(gate, limit): (clamp(up, ±limit) + 1) * g * sigmoid(alpha * g)
+  } kind = Kind::kSwiglu;
+  float limit = INFINITY;
+  float alpha = 1.702f;
+
+  float operator()(float gate, float up) const;
 };
 
 // A routing after the EPLB map: physical slot ids, with the logical routing's weights.
@@ -33,15 +47,14 @@ struct PhysicalRouting {
 class PhysicalExperts {
  public:
   // logical: the checkpoint's experts; placement: where they go (replicas are copied).
-  // swiglu_limit: DeepSeek-V4 clamps gate to <= limit and up to [-limit, limit] (inf: none).
   PhysicalExperts(std::vector<SwigluExpertWeights> logical, ExpertPlacement placement,
-                  int64_t load_window_steps = 1, float swiglu_limit = INFINITY);
+                  int64_t load_window_steps = 1, ExpertActivation activation = {});
 
   int64_t num_logical() const { return placement_.num_logical(); }
   int64_t num_physical() const { return placement_.num_physical(); }
   int64_t hidden_size() const { return hidden_; }
   int64_t intermediate_size() const { return intermediate_; }
-  float swiglu_limit() const { return swiglu_limit_; }
+  const ExpertActivation& activation() const { return activation_; }
   const ExpertPlacement& placement() const { return placement_; }
   const SwigluExpertWeights& weights(int32_t physical) const { return slots_.at(static_cast<std::size_t>(physical)); }
 
@@ -64,7 +77,7 @@ class PhysicalExperts {
   ExpertPlacement placement_;
   std::vector<SwigluExpertWeights> slots_;
   int64_t hidden_ = 0, intermediate_ = 0;
-  float swiglu_limit_;
+  ExpertActivation activation_;
   MapFunction map_fn_;
   mutable LoadWindow load_;  // a statistic of the runs, not part of the model's semantics
 };

@@ -22,8 +22,8 @@ void check_forced_routing(std::span<const int32_t> forced, int64_t tokens, int64
   }
 }
 
-Router::Router(int64_t layer_id, Tensor gate_weight, std::shared_ptr<const RoutingRule> rule)
-    : layer_id_(layer_id), gate_weight_(std::move(gate_weight)), rule_(std::move(rule)) {
+Router::Router(int64_t layer_id, Tensor gate_weight, std::shared_ptr<const RoutingRule> rule, Tensor gate_bias)
+    : layer_id_(layer_id), gate_weight_(std::move(gate_weight)), rule_(std::move(rule)), gate_bias_(std::move(gate_bias)) {
   R3_CHECK(gate_weight_.rank() == 2, "router gate must be [num_experts, hidden]");
   R3_CHECK(rule_->top_k() >= 1 && rule_->top_k() <= gate_weight_.dim(0), "top_k ", rule_->top_k(),
            " must be in [1, ", gate_weight_.dim(0), "]");
@@ -51,7 +51,7 @@ Routing Router::compute(ThreadPool& pool, const MoeInput& input) const {
   const int64_t tokens = input.hidden.dim(0);
   if (!input.forced.empty()) check_forced_routing(input.forced, tokens, top_k(), num_experts(), layer_id_);
   Tensor logits = Tensor::empty(DType::F32, {tokens, num_experts()});
-  ops::linear(pool, input.hidden, gate_weight_, nullptr, logits);
+  ops::linear(pool, input.hidden, gate_weight_, gate_bias_.defined() ? &gate_bias_ : nullptr, logits);
   Routing out;
   route_tokens(pool, *rule_, logits, input, out);
   return out;

@@ -25,8 +25,8 @@ struct MoeInput {
 
 class Router {
  public:
-  // gate_weight: F32 [num_experts, hidden].
-  Router(int64_t layer_id, Tensor gate_weight, std::shared_ptr<const RoutingRule> rule);
+  // gate_weight: F32 [num_experts, hidden]; gate_bias: F32 [num_experts] or undefined.
+  Router(int64_t layer_id, Tensor gate_weight, std::shared_ptr<const RoutingRule> rule, Tensor gate_bias = Tensor());
 
   int64_t layer_id() const { return layer_id_; }
   int64_t num_experts() const { return gate_weight_.dim(0); }
@@ -47,6 +47,7 @@ class Router {
   int64_t layer_id_;
   Tensor gate_weight_;
   std::shared_ptr<const RoutingRule> rule_;
+  Tensor gate_bias_;
   CaptureSink sink_;
 };
 

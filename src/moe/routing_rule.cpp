@@ -139,6 +139,15 @@ void SoftmaxGroupGreedy::route(std::span<float> logits, int32_t, std::span<const
   for (int64_t j = 0; j < k_; ++j) weights[j] = logits[static_cast<std::size_t>(ids[j])] * scaling_;
 }
 
+void TopKSoftmax::route(std::span<float> logits, int32_t, std::span<const int32_t> forced, int32_t* ids,
+                        float* weights) const {
+  choose(logits, k_, forced, ids);
+  std::vector<float> chosen(static_cast<std::size_t>(k_));
+  for (int64_t j = 0; j < k_; ++j) chosen[static_cast<std::size_t>(j)] = logits[static_cast<std::size_t>(ids[j])];
+  ops::softmax(chosen);
+  std::copy(chosen.begin(), chosen.end(), weights);
+}
+
 SqrtSoftplusHash::SqrtSoftplusHash(const Tensor& table, int64_t num_experts, float scaling) : scaling_(scaling) {
   R3_CHECK(table.rank() == 2, "hash routing table must be [vocab, top_k]");
   k_ = table.dim(1);

@@ -111,6 +111,19 @@ class SoftmaxGroupGreedy final : public RoutingRule {
   float scaling_;
 };
 
+// GPT-OSS: top-k of the raw logits, weights = softmax over those k logits.
+class TopKSoftmax final : public RoutingRule {
+ public:
+  explicit TopKSoftmax(int64_t k) : k_(k) {}
+  std::string name() const override { return "topk-softmax"; }
+  int64_t top_k() const override { return k_; }
+  void route(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
+             float* weights) const override;
+
+ private:
+  int64_t k_;
+};
+
 float sqrt_softplus(float x);
 
 }  // namespace r3::moe

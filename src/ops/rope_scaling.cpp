@@ -24,12 +24,11 @@ RopeFrequencies rope_frequencies(int64_t rotary_dim, double theta, const RopeSca
     for (float p : pos_freqs) out.inv_freq.push_back(1.0f / p);
     return out;
   }
-  double factor = s.factor;
-  int64_t original = max_position_embeddings;
-  if (s.original_max_position_embeddings > 0) {
-    original = s.original_max_position_embeddings;
-    factor = static_cast<double>(max_position_embeddings) / static_cast<double>(original);
-  }
+  // transformers 5.17 takes `factor` as given and uses original_max_position_embeddings (when
+  // present) only for the correction range (checked against the GPT-OSS reference).
+  const double factor = s.factor;
+  const int64_t original =
+      s.original_max_position_embeddings > 0 ? s.original_max_position_embeddings : max_position_embeddings;
   double attention = s.attention_factor;
   if (attention == 0.0) {
     attention = (s.mscale != 0.0 && s.mscale_all_dim != 0.0) ? get_mscale(factor, s.mscale) / get_mscale(factor, s.mscale_all_dim)

@@ -21,8 +21,8 @@ struct RopeFrequencies {
   float attention_scaling = 1.0f;  // multiplies cos and sin
 };
 
-// max_position_embeddings: the config's (YaRN with original_max_position_embeddings takes the
-// factor as their ratio, as transformers does).
+// max_position_embeddings: the config's; YaRN's correction range uses
+// original_max_position_embeddings instead when the config gives it.
 RopeFrequencies rope_frequencies(int64_t rotary_dim, double theta, const RopeScaling& scaling,
                                  int64_t max_position_embeddings);
 

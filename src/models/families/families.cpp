@@ -11,6 +11,7 @@ const std::vector<Family>& all_families() {
       {"glm4_moe", {"Glm4MoeForCausalLM"}, &parse_glm4_moe},
       {"deepseek_v2", {"DeepseekV2ForCausalLM"}, &parse_deepseek_v2},
       {"deepseek_v3", {"DeepseekV3ForCausalLM"}, &parse_deepseek_v3},
+      {"gpt_oss", {"GptOssForCausalLM"}, &parse_gpt_oss},
       {"deepseek_v4", {"DeepseekV4ForCausalLM"}, nullptr, &load_deepseek_v4},
   };
   return families;

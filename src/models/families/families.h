@@ -30,6 +30,7 @@ DecoderSpec parse_olmoe(const HfConfig& config);
 DecoderSpec parse_glm4_moe(const HfConfig& config);
 DecoderSpec parse_deepseek_v2(const HfConfig& config);
 DecoderSpec parse_deepseek_v3(const HfConfig& config);
+DecoderSpec parse_gpt_oss(const HfConfig& config);
 std::unique_ptr<CausalLM> load_deepseek_v4(const HfConfig& config, const Checkpoint& checkpoint,
                                            const LoadOptions& options);
 
