@@ -90,6 +90,12 @@ std::vector<int64_t> HfConfig::get_int_list(const std::string& key,
   return out;
 }
 
+std::vector<int64_t> HfConfig::get_int_or_list(const std::string& key) const {
+  if (!has(key)) return {};
+  if (at(key).is_array()) return get_int_list(key, {});
+  return {get_int(key)};
+}
+
 int64_t HfConfig::get_int_any(const std::vector<std::string>& keys) const {
   for (const auto& k : keys) {
     if (has(k)) return get_int(k);

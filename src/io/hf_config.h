@@ -29,6 +29,8 @@ class HfConfig {
   std::string get_string(const std::string& key, const std::string& fallback) const;
   std::vector<int64_t> get_int_list(const std::string& key,
                                     const std::vector<int64_t>& fallback) const;
+  // An integer or a list of integers (e.g. eos_token_id), as a list; empty when absent.
+  std::vector<int64_t> get_int_or_list(const std::string& key) const;
   // First key present among `keys` (configs rename fields across versions).
   int64_t get_int_any(const std::vector<std::string>& keys) const;
   // A nested object as its own config (e.g. "rope_parameters"); nullopt when absent.

@@ -33,13 +33,7 @@ DeepseekV4Spec DeepseekV4Spec::parse(const HfConfig& c) {
   s.max_position_embeddings = c.get_int("max_position_embeddings", 0);
   s.rms_norm_eps = c.get_double("rms_norm_eps", 1e-6);
   s.tie_word_embeddings = c.get_bool("tie_word_embeddings", false);
-  if (c.has("eos_token_id")) {
-    if (c.raw()["eos_token_id"].is_array()) {
-      for (int64_t id : c.get_int_list("eos_token_id", {})) s.eos_token_ids.push_back(static_cast<int32_t>(id));
-    } else {
-      s.eos_token_ids.push_back(static_cast<int32_t>(c.get_int("eos_token_id")));
-    }
-  }
+  for (int64_t id : c.get_int_or_list("eos_token_id")) s.eos_token_ids.push_back(static_cast<int32_t>(id));
 
   s.num_heads = c.get_int("num_attention_heads");
   R3_CHECK(c.get_int("num_key_value_heads", 1) == 1, c.source(), ": deepseek_v4 attention has one shared KV head");

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include <nlohmann/json.hpp>
-
 #include "core/check.h"
 
 namespace r3::models {
@@ -39,17 +37,6 @@ double read_rope(const HfConfig& config, ops::RopeScaling& scaling) {
   return config.get_double("rope_theta", 10000.0);
 }
 
-// eos_token_id may be an integer or a list of integers.
-std::vector<int32_t> read_eos_token_ids(const HfConfig& config) {
-  if (!config.has("eos_token_id")) return {};
-  if (config.raw()["eos_token_id"].is_array()) {
-    std::vector<int32_t> ids;
-    for (int64_t id : config.get_int_list("eos_token_id", {})) ids.push_back(static_cast<int32_t>(id));
-    return ids;
-  }
-  return {static_cast<int32_t>(config.get_int("eos_token_id"))};
-}
-
 }  // namespace
 
 void read_common_decoder_config(const HfConfig& config, DecoderSpec& spec) {
@@ -61,7 +48,7 @@ void read_common_decoder_config(const HfConfig& config, DecoderSpec& spec) {
   spec.rms_norm_eps = config.get_double("rms_norm_eps", 1e-6);
   spec.tie_word_embeddings = config.get_bool("tie_word_embeddings", false);
   spec.dense_intermediate = config.get_int("intermediate_size", 0);
-  spec.eos_token_ids = read_eos_token_ids(config);
+  for (int64_t id : config.get_int_or_list("eos_token_id")) spec.eos_token_ids.push_back(static_cast<int32_t>(id));
 
   AttentionSpec& a = spec.attention;
   a.num_heads = config.get_int("num_attention_heads");
