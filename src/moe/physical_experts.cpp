@@ -23,13 +23,6 @@ SwigluExpertWeights copy_of(const SwigluExpertWeights& w) {
 
 }  // namespace
 
-float ExpertActivation::operator()(float gate, float up) const {
-  if (kind == Kind::kSwiglu) return ops::clamped_swiglu(gate, up, limit);
-  const float g = gate > limit ? limit : gate;
-  const float u = up > limit ? limit : (up < -limit ? -limit : up);
-  return (u + 1.0f) * (g * ops::sigmoid(g * alpha));
-}
-
 PhysicalExperts::PhysicalExperts(std::vector<SwigluExpertWeights> logical, ExpertPlacement placement,
                                  int64_t load_window_steps, ExpertActivation activation)
     : placement_(std::move(placement)), activation_(activation), load_(placement_.num_physical(), load_window_steps) {

@@ -13,6 +13,7 @@
 #include "moe/capture.h"
 #include "moe/eplb/expert_placement.h"
 #include "moe/eplb/load_window.h"
+#include "ops/activation.h"
 
 namespace r3::moe {
 
@@ -33,7 +34,13 @@ struct ExpertActivation {
   float limit = INFINITY;
   float alpha = 1.702f;
 
-  float operator()(float gate, float up) const;
+  // Inline: the expert kernels call it once per (row, channel).
+  float operator()(float gate, float up) const {
+    if (kind == Kind::kSwiglu) return ops::clamped_swiglu(gate, up, limit);
+    const float g = gate > limit ? limit : gate;
+    const float u = up > limit ? limit : (up < -limit ? -limit : up);
+    return (u + 1.0f) * (g * ops::sigmoid(g * alpha));
+  }
 };
 
 // A routing after the EPLB map: physical slot ids, with the logical routing's weights.
