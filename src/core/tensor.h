@@ -48,6 +48,8 @@ class Tensor {
 
   // False for a default-constructed tensor (an absent optional weight).
   bool defined() const { return data_ != nullptr; }
+  // This tensor, or nullptr when undefined: for optional operands such as biases.
+  const Tensor* if_defined() const { return defined() ? this : nullptr; }
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
   const Shape& strides() const { return strides_; }

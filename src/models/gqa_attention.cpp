@@ -10,10 +10,6 @@
 
 namespace r3::models {
 
-namespace {
-const Tensor* optional(const Tensor& t) { return t.defined() ? &t : nullptr; }
-}  // namespace
-
 GqaAttention::GqaAttention(const AttentionSpec& spec, float rms_eps, GqaAttentionWeights weights,
                            const ops::RopeFrequencies& rope, int64_t sliding_window)
     : spec_(spec),
@@ -48,9 +44,9 @@ void GqaAttention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch
   Tensor q = Tensor::empty(DType::F32, {tokens, q_width});
   Tensor k = Tensor::empty(DType::F32, {tokens, kv_width});
   Tensor v = Tensor::empty(DType::F32, {tokens, kv_width});
-  ops::linear(pool, x, w_.q, optional(w_.q_bias), q);
-  ops::linear(pool, x, w_.k, optional(w_.k_bias), k);
-  ops::linear(pool, x, w_.v, optional(w_.v_bias), v);
+  ops::linear(pool, x, w_.q, w_.q_bias.if_defined(), q);
+  ops::linear(pool, x, w_.k, w_.k_bias.if_defined(), k);
+  ops::linear(pool, x, w_.v, w_.v_bias.if_defined(), v);
   normalise_qk(pool, q, k);
   if (spec_.clip_qkv > 0) {
     const auto c = static_cast<float>(spec_.clip_qkv);
@@ -86,7 +82,7 @@ void GqaAttention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch
   Tensor attended = Tensor::empty(DType::F32, {tokens, spec_.num_heads, d});
   ops::attention(pool, qh, rows, spec_.num_kv_heads, 1.0f / std::sqrt(static_cast<float>(d)), attended,
                  w_.sinks.defined() ? w_.sinks.data<float>() : nullptr);
-  ops::linear(pool, attended.reshaped({tokens, q_width}), w_.o, optional(w_.o_bias), out);
+  ops::linear(pool, attended.reshaped({tokens, q_width}), w_.o, w_.o_bias.if_defined(), out);
 }
 
 }  // namespace r3::models

@@ -10,10 +10,6 @@
 
 namespace r3::models {
 
-namespace {
-const Tensor* optional(const Tensor& t) { return t.defined() ? &t : nullptr; }
-}  // namespace
-
 MlaAttention::MlaAttention(const AttentionSpec& spec, float rms_eps, MlaWeights weights, const ops::RopeFrequencies& rope)
     : spec_(spec),
       rms_eps_(rms_eps),
@@ -36,12 +32,12 @@ void MlaAttention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch
     ops::linear(pool, x, w_.q_proj, nullptr, q);
   } else {
     Tensor q_latent = Tensor::empty(DType::F32, {tokens, m.q_lora_rank});
-    ops::linear(pool, x, w_.q_a_proj, optional(w_.q_a_bias), q_latent);
+    ops::linear(pool, x, w_.q_a_proj, w_.q_a_bias.if_defined(), q_latent);
     ops::rms_norm(pool, q_latent, &w_.q_a_norm, rms_eps_, q_latent);
     ops::linear(pool, q_latent, w_.q_b_proj, nullptr, q);
   }
   Tensor compressed = Tensor::empty(DType::F32, {tokens, lora + rope});
-  ops::linear(pool, x, w_.kv_a_proj, optional(w_.kv_a_bias), compressed);
+  ops::linear(pool, x, w_.kv_a_proj, w_.kv_a_bias.if_defined(), compressed);
 
   // Cache rows: keys() holds the normalised latent, values() the rotated shared key.
   for (int64_t t = 0; t < tokens; ++t) {
@@ -98,7 +94,7 @@ void MlaAttention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch
       for (int64_t i = 0; i < vd; ++i) o[i] = ops::dot(w_v + i * lora, out_latent.data(), lora);
     }
   });
-  ops::linear(pool, attended, w_.o_proj, optional(w_.o_bias), out);
+  ops::linear(pool, attended, w_.o_proj, w_.o_bias.if_defined(), out);
 }
 
 }  // namespace r3::models

@@ -11,7 +11,6 @@ namespace r3::moe {
 
 namespace {
 
-const Tensor* optional(const Tensor& t) { return t.defined() ? &t : nullptr; }
 
 void check_shapes(const Tensor& hidden, const PhysicalRouting& routing, const PhysicalExperts& experts,
                   const Tensor& out) {
@@ -59,11 +58,11 @@ void grouped_experts(ThreadPool& pool, const Tensor& hidden, const PhysicalRouti
     Tensor gate = Tensor::empty(DType::F32, {n, width});
     Tensor up = Tensor::empty(DType::F32, {n, width});
     Tensor down = Tensor::empty(DType::F32, {n, h});
-    ops::linear(pool, gathered, w.gate, optional(w.gate_bias), gate);
-    ops::linear(pool, gathered, w.up, optional(w.up_bias), up);
+    ops::linear(pool, gathered, w.gate, w.gate_bias.if_defined(), gate);
+    ops::linear(pool, gathered, w.up, w.up_bias.if_defined(), up);
     const ExpertActivation& act = experts.activation();
     for (int64_t i = 0; i < n * width; ++i) gate.data<float>()[i] = act(gate.data<float>()[i], up.data<float>()[i]);
-    ops::linear(pool, gate, w.down, optional(w.down_bias), down);
+    ops::linear(pool, gate, w.down, w.down_bias.if_defined(), down);
     for (int64_t i = 0; i < n; ++i) {
       std::memcpy(slot_out.data<float>() + slots[i] * h, down.data<float>() + i * h,
                   sizeof(float) * static_cast<std::size_t>(h));

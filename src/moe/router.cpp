@@ -51,7 +51,7 @@ Routing Router::compute(ThreadPool& pool, const MoeInput& input) const {
   const int64_t tokens = input.hidden.dim(0);
   if (!input.forced.empty()) check_forced_routing(input.forced, tokens, top_k(), num_experts(), layer_id_);
   Tensor logits = Tensor::empty(DType::F32, {tokens, num_experts()});
-  ops::linear(pool, input.hidden, gate_weight_, gate_bias_.defined() ? &gate_bias_ : nullptr, logits);
+  ops::linear(pool, input.hidden, gate_weight_, gate_bias_.if_defined(), logits);
   Routing out;
   route_tokens(pool, *rule_, logits, input, out);
   return out;

@@ -86,10 +86,15 @@ void read_deepseek_common(const HfConfig& config, DecoderSpec& spec) {
   R3_CHECK(m.kv_lora_rank > 0 && m.qk_nope_head_dim > 0 && m.qk_rope_head_dim > 0 && m.qk_rope_head_dim % 2 == 0 &&
                m.v_head_dim > 0,
            config.source(), ": latent attention sizes must be positive (and qk_rope_head_dim even)");
+  read_deepseek_style_moe(config, 0, spec);
+}
+
+void read_deepseek_style_moe(const HfConfig& config, int64_t default_shared_experts, DecoderSpec& spec) {
   MoeSpec& moe = spec.moe;
   moe.num_experts = config.get_int_any({"n_routed_experts", "num_local_experts"});
   moe.expert_intermediate = config.get_int("moe_intermediate_size");
-  moe.shared_expert_intermediate = moe.expert_intermediate * config.get_int("n_shared_experts", 0);
+  moe.shared_expert_intermediate =
+      moe.expert_intermediate * config.get_int("n_shared_experts", default_shared_experts);
   moe.num_groups = config.get_int("n_group", 1);
   moe.topk_groups = config.get_int("topk_group", 1);
   moe.routed_scaling_factor = config.get_double("routed_scaling_factor", 1.0);

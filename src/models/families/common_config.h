@@ -11,8 +11,12 @@ void read_common_decoder_config(const HfConfig& config, DecoderSpec& spec);
 
 // The Qwen-MoE rule: layer i is MoE unless listed in mlp_only_layers, when num_experts > 0 and
 // (i + 1) % decoder_sparse_step == 0.
-// DeepSeek-V2/V3 family fields: multi-head latent attention, routed + shared experts with the
-// first `first_k_dense_replace` layers dense (router fields are the caller's).
+// DeepSeek-style MoE fields (DeepSeek-V2/V3, GLM-4.5): routed experts, shared experts of width
+// moe_intermediate_size * n_shared_experts, expert groups, routed_scaling_factor, the first
+// `first_k_dense_replace` layers dense. The router kind is the caller's.
+void read_deepseek_style_moe(const HfConfig& config, int64_t default_shared_experts, DecoderSpec& spec);
+
+// DeepSeek-V2/V3 family fields: multi-head latent attention plus the DeepSeek-style MoE.
 void read_deepseek_common(const HfConfig& config, DecoderSpec& spec);
 
 std::vector<bool> sparse_step_moe_layers(const HfConfig& config, int64_t num_layers,
