@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "io/json_file.h"
+#include "io/mapped_file.h"
 
 namespace r3 {
 
@@ -69,6 +70,19 @@ uint64_t Checkpoint::total_bytes() const {
   return total;
 }
 
+std::vector<std::string> Checkpoint::tensor_names() const {
+  std::vector<std::string> names;
+  for (const auto& [name, file] : where_) names.push_back(name);
+  return names;
+}
+
+uint64_t Checkpoint::stored_bytes(const std::string& name) const {
+  auto it = where_.find(name);
+  R3_CHECK(it != where_.end(), "checkpoint ", dir_, " has no tensor '", name, "'");
+  const SafetensorsEntry* e = it->second->find(name);
+  return e->end - e->begin;
+}
+
 Shape Checkpoint::shape(const std::string& name) const {
   auto it = where_.find(name);
   R3_CHECK(it != where_.end(), "checkpoint ", dir_, " has no tensor '", name, "'");
@@ -88,18 +102,38 @@ const SafetensorsEntry& Checkpoint::entry(const std::string& name, const Shape& 
 }
 
 Tensor Checkpoint::load_f32(const std::string& name, const Shape& expected) const {
-  const SafetensorsEntry& e = entry(name, expected);
+  return widened(name, entry(name, expected));
+}
+
+Tensor Checkpoint::widened(const std::string& name, const SafetensorsEntry& e) const {
   R3_CHECK(e.dtype == DType::F32 || e.dtype == DType::BF16 || e.dtype == DType::F16 ||
                e.dtype == DType::F64,
            "tensor '", name, "' has dtype ", dtype_name(e.dtype),
            ", expected a floating type (F32, BF16, F16)");
   Tensor stored = where_.at(name)->view(name);
   const bool aligned = reinterpret_cast<uintptr_t>(stored.raw_data()) % alignof(float) == 0;
-  if (e.dtype == DType::F32 && aligned) return stored;  // zero-copy
+  if (e.dtype == DType::F32 && aligned) {  // zero-copy
+    prefetch(stored.raw_data(), stored.nbytes());
+    return stored;
+  }
   Tensor out = Tensor::empty(DType::F32, e.shape);
   convert_to_f32(stored.raw_data(), e.dtype, static_cast<std::size_t>(out.numel()),
                  out.data<float>());
   return out;
+}
+
+Tensor Checkpoint::load_weight(const std::string& name, const Shape& expected) const {
+  const SafetensorsEntry& e = entry(name, expected);
+  if (e.dtype != DType::F32 && e.dtype != DType::BF16 && e.dtype != DType::F16) return widened(name, e);
+  Tensor stored = where_.at(name)->view(name);
+  const bool aligned = reinterpret_cast<uintptr_t>(stored.raw_data()) % dtype_size(e.dtype) == 0;
+  if (!aligned) {
+    Tensor copy = Tensor::empty(e.dtype, e.shape);
+    std::memcpy(copy.raw_data(), stored.raw_data(), copy.nbytes());
+    return copy;
+  }
+  prefetch(stored.raw_data(), stored.nbytes());
+  return stored;
 }
 
 Tensor Checkpoint::load_raw(const std::string& name, const Shape& expected) const {

@@ -1,6 +1,6 @@
 // A Hugging Face checkpoint folder: `model.safetensors`, or shards listed by
-// `model.safetensors.index.json`. Tensors are loaded by name as float32 for CPU compute;
-// F32 tensors are zero-copy views of the mapping, BF16/F16 are converted.
+// `model.safetensors.index.json`. Tensors are loaded by name: weight matrices in the dtype the
+// file stores (zero-copy views of the mapping), small tensors widened to float32.
 #pragma once
 
 #include <functional>
@@ -25,11 +25,18 @@ class Checkpoint {
   bool contains(const std::string& name) const { return where_.count(name) != 0; }
   std::size_t tensor_count() const { return where_.size(); }
   uint64_t total_bytes() const;  // stored bytes of all tensors
+  std::vector<std::string> tensor_names() const;  // sorted
+  uint64_t stored_bytes(const std::string& name) const;
   Shape shape(const std::string& name) const;
 
   // Loads `name` as contiguous float32 of exactly `expected` shape. A missing tensor, a shape
   // mismatch or a non-floating dtype is an error naming the tensor, expected and found.
   Tensor load_f32(const std::string& name, const Shape& expected) const;
+  // Loads a weight matrix for the matmul kernels (ops/matmul.h), which read F32, BF16 and F16:
+  // those stay as stored, a zero-copy view of the mapping when aligned (a copy otherwise), so
+  // resident memory stays at the file size; F64 is narrowed to F32. Its pages are read in now,
+  // so the first step does not pay for them.
+  Tensor load_weight(const std::string& name, const Shape& expected) const;
   // Loads `name` in its stored dtype (for integer tables), checking the shape.
   Tensor load_raw(const std::string& name, const Shape& expected) const;
 
@@ -40,6 +47,8 @@ class Checkpoint {
 
  private:
   const SafetensorsEntry& entry(const std::string& name, const Shape& expected) const;
+  // `e` as contiguous float32 (a zero-copy view for aligned F32).
+  Tensor widened(const std::string& name, const SafetensorsEntry& e) const;
 
   std::string dir_;
   std::vector<std::shared_ptr<const SafetensorsFile>> files_;

@@ -7,6 +7,10 @@
 
 namespace r3 {
 
+// Reads the pages of [data, data + bytes) of a mapping into memory now (so later accesses do not
+// fault on them), without copying: the pages count once, as the file's.
+void prefetch(const void* data, std::size_t bytes);
+
 class MappedFile {
  public:
   // Throws r3::Error naming the path when the file cannot be opened or mapped.

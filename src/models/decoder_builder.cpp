@@ -12,8 +12,14 @@ class LayerLoader {
   LayerLoader(const DecoderSpec& spec, const Checkpoint& ckpt, const LoadOptions& options, int64_t layer)
       : spec_(spec), ckpt_(ckpt), options_(options), layer_(layer), prefix_(expand_name(spec.names.layer, layer)) {}
 
+  // Small tensors (norms, biases, router gates) and weights the model reads element by element:
+  // float32.
   Tensor load(const std::string& name, const Shape& shape, int64_t expert = -1) const {
     return ckpt_.load_f32(expand_name(prefix_ + name, layer_, expert), shape);
+  }
+  // Projection weights, consumed only by the matmul kernels: kept in the checkpoint's dtype.
+  Tensor load_matrix(const std::string& name, const Shape& shape, int64_t expert = -1) const {
+    return ckpt_.load_weight(expand_name(prefix_ + name, layer_, expert), shape);
   }
 
   ops::RopeFrequencies rope_frequencies(int64_t rotary_dim) const {
@@ -33,17 +39,17 @@ class LayerLoader {
     const int64_t h = spec_.hidden_size, qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
     MlaWeights w;
     if (m.q_lora_rank == 0) {
-      w.q_proj = load(p + "q_proj.weight", {a.num_heads * qk, h});
+      w.q_proj = load_matrix(p + "q_proj.weight", {a.num_heads * qk, h});
     } else {
-      w.q_a_proj = load(p + "q_a_proj.weight", {m.q_lora_rank, h});
+      w.q_a_proj = load_matrix(p + "q_a_proj.weight", {m.q_lora_rank, h});
       w.q_a_norm = load(p + "q_a_layernorm.weight", {m.q_lora_rank});
-      w.q_b_proj = load(p + "q_b_proj.weight", {a.num_heads * qk, m.q_lora_rank});
+      w.q_b_proj = load_matrix(p + "q_b_proj.weight", {a.num_heads * qk, m.q_lora_rank});
       if (a.qkv_bias) w.q_a_bias = load(p + "q_a_proj.bias", {m.q_lora_rank});
     }
-    w.kv_a_proj = load(p + "kv_a_proj_with_mqa.weight", {m.kv_lora_rank + m.qk_rope_head_dim, h});
+    w.kv_a_proj = load_matrix(p + "kv_a_proj_with_mqa.weight", {m.kv_lora_rank + m.qk_rope_head_dim, h});
     w.kv_a_norm = load(p + "kv_a_layernorm.weight", {m.kv_lora_rank});
     w.kv_b_proj = load(p + "kv_b_proj.weight", {a.num_heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank});
-    w.o_proj = load(p + "o_proj.weight", {h, a.num_heads * m.v_head_dim});
+    w.o_proj = load_matrix(p + "o_proj.weight", {h, a.num_heads * m.v_head_dim});
     if (a.qkv_bias) w.kv_a_bias = load(p + "kv_a_proj_with_mqa.bias", {m.kv_lora_rank + m.qk_rope_head_dim});
     if (a.o_bias) w.o_bias = load(p + "o_proj.bias", {h});
     return std::make_unique<MlaAttention>(a, static_cast<float>(spec_.rms_norm_eps), std::move(w),
@@ -55,10 +61,10 @@ class LayerLoader {
     const std::string p = spec_.names.attention;
     const int64_t h = spec_.hidden_size, q = a.num_heads * a.head_dim, kv = a.num_kv_heads * a.head_dim;
     GqaAttentionWeights w;
-    w.q = load(p + "q_proj.weight", {q, h});
-    w.k = load(p + "k_proj.weight", {kv, h});
-    w.v = load(p + "v_proj.weight", {kv, h});
-    w.o = load(p + "o_proj.weight", {h, q});
+    w.q = load_matrix(p + "q_proj.weight", {q, h});
+    w.k = load_matrix(p + "k_proj.weight", {kv, h});
+    w.v = load_matrix(p + "v_proj.weight", {kv, h});
+    w.o = load_matrix(p + "o_proj.weight", {h, q});
     if (a.qkv_bias) {
       w.q_bias = load(p + "q_proj.bias", {q});
       w.k_bias = load(p + "k_proj.bias", {kv});
@@ -80,8 +86,8 @@ class LayerLoader {
 
   SwigluMlp mlp(const std::string& p, int64_t width) const {
     const int64_t h = spec_.hidden_size;
-    return SwigluMlp(load(p + "gate_proj.weight", {width, h}), load(p + "up_proj.weight", {width, h}),
-                     load(p + "down_proj.weight", {h, width}));
+    return SwigluMlp(load_matrix(p + "gate_proj.weight", {width, h}), load_matrix(p + "up_proj.weight", {width, h}),
+                     load_matrix(p + "down_proj.weight", {h, width}));
   }
 
   std::shared_ptr<const moe::RoutingRule> routing_rule() const {
@@ -148,8 +154,8 @@ class LayerLoader {
     } else {
       for (int64_t e = 0; e < m.num_experts; ++e) {
         const std::string p = n.moe + n.expert;
-        experts.push_back({load(p + n.expert_gate, {width, h}, e), load(p + n.expert_up, {width, h}, e),
-                           load(p + n.expert_down, {h, width}, e)});
+        experts.push_back({load_matrix(p + n.expert_gate, {width, h}, e), load_matrix(p + n.expert_up, {width, h}, e),
+                           load_matrix(p + n.expert_down, {h, width}, e)});
       }
     }
     auto physical = std::make_shared<moe::PhysicalExperts>(
@@ -182,7 +188,7 @@ std::unique_ptr<DecoderModel> build_decoder(const DecoderSpec& spec, const Check
   spec.validate();
   options.eplb.validate();
   const int64_t h = spec.hidden_size;
-  Tensor embed = ckpt.load_f32(spec.names.embed, {spec.vocab_size, h});
+  Tensor embed = ckpt.load_weight(spec.names.embed, {spec.vocab_size, h});
 
   std::vector<DecoderLayer> layers;
   int64_t moe_layer_id = 0;
@@ -202,7 +208,7 @@ std::unique_ptr<DecoderModel> build_decoder(const DecoderSpec& spec, const Check
   }
   Tensor final_norm = ckpt.load_f32(spec.names.final_norm, {h});
   Tensor lm_head = spec.tie_word_embeddings ? embed
-                                            : ckpt.load_f32(spec.names.lm_head, {spec.vocab_size, h});
+                                            : ckpt.load_weight(spec.names.lm_head, {spec.vocab_size, h});
 
   ModelInfo info;
   info.family = spec.family;

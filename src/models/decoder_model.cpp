@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "ops/embedding.h"
 #include "ops/linear.h"
 #include "ops/rms_norm.h"
 
@@ -37,10 +38,7 @@ Tensor DecoderModel::forward(ThreadPool& pool, const ForwardBatch& batch, ModelC
   KvCache& cache = *kv;
   const int64_t tokens = batch.size(), hidden = info_.hidden_size;
   Tensor residual = Tensor::empty(DType::F32, {tokens, hidden});
-  for (int64_t t = 0; t < tokens; ++t) {
-    std::memcpy(residual.data<float>() + t * hidden, embed_.data<float>() + batch.token_ids[t] * hidden,
-                sizeof(float) * static_cast<std::size_t>(hidden));
-  }
+  ops::embedding(embed_, batch.token_ids, residual);
   Tensor normed = Tensor::empty(DType::F32, {tokens, hidden});
   Tensor branch = Tensor::empty(DType::F32, {tokens, hidden});
   auto add_branch = [&] {

@@ -4,8 +4,8 @@
 #include <cstring>
 
 #include "ops/activation.h"
-#include "ops/dot.h"
 #include "ops/linear.h"
+#include "ops/matmul.h"
 
 namespace r3::moe {
 
@@ -74,31 +74,77 @@ void grouped_experts(ThreadPool& pool, const Tensor& hidden, const PhysicalRouti
 void fused_experts(ThreadPool& pool, const Tensor& hidden, const PhysicalRouting& routing,
                    const PhysicalExperts& experts, Tensor& out) {
   check_shapes(hidden, routing, experts, out);
-  const int64_t k = routing.top_k, h = experts.hidden_size(), width = experts.intermediate_size();
-  Tensor slot_out = Tensor::empty(DType::F32, {routing.tokens * k, h});
+  const int64_t pairs = routing.tokens * routing.top_k, h = experts.hidden_size();
+  const int64_t width = experts.intermediate_size();
+  // Dispatch: (token, slot) pairs sorted by physical expert (a counting sort keeps each expert's
+  // pairs in (token, slot) order), their hidden rows gathered, so every expert multiplies all its
+  // rows at once and reads its weights once per step, however many tokens chose it.
+  std::vector<int64_t> group_start(static_cast<std::size_t>(experts.num_physical()) + 1, 0);
+  for (int32_t e : routing.physical_ids) ++group_start[static_cast<std::size_t>(e) + 1];
+  for (std::size_t e = 1; e < group_start.size(); ++e) group_start[e] += group_start[e - 1];
+  std::vector<int64_t> row_of_pair(static_cast<std::size_t>(pairs));
+  {
+    std::vector<int64_t> next(group_start.begin(), group_start.end() - 1);
+    for (int64_t s = 0; s < pairs; ++s) {
+      row_of_pair[static_cast<std::size_t>(s)] = next[static_cast<std::size_t>(routing.physical_ids[static_cast<std::size_t>(s)])]++;
+    }
+  }
+  Tensor gathered = Tensor::empty(DType::F32, {pairs, h});
   const float* x = hidden.data<float>();
-  pool.parallel_for(routing.tokens * k, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> act(static_cast<std::size_t>(width));
-    for (int64_t s = begin; s < end; ++s) {
-      const SwigluExpertWeights& w = experts.weights(routing.physical_ids[static_cast<std::size_t>(s)]);
-      const float* xt = x + (s / k) * h;
-      const float* gb = w.gate_bias.defined() ? w.gate_bias.data<float>() : nullptr;
-      const float* ub = w.up_bias.defined() ? w.up_bias.data<float>() : nullptr;
-      const float* db = w.down_bias.defined() ? w.down_bias.data<float>() : nullptr;
-      for (int64_t j = 0; j < width; ++j) {
-        float g = ops::dot(xt, w.gate.data<float>() + j * h, h);
-        float u = ops::dot(xt, w.up.data<float>() + j * h, h);
-        if (gb) g += gb[j];
-        if (ub) u += ub[j];
-        act[static_cast<std::size_t>(j)] = experts.activation()(g, u);
-      }
-      float* y = slot_out.data<float>() + s * h;
-      for (int64_t d = 0; d < h; ++d) {
-        const float v = ops::dot(act.data(), w.down.data<float>() + d * width, width);
-        y[d] = db ? v + db[d] : v;
+  for (int64_t s = 0; s < pairs; ++s) {
+    std::memcpy(gathered.data<float>() + row_of_pair[static_cast<std::size_t>(s)] * h, x + (s / routing.top_k) * h,
+                sizeof(float) * static_cast<std::size_t>(h));
+  }
+  // Work items: (expert group, panel of output rows), for both GEMMs.
+  std::vector<std::pair<int32_t, int64_t>> gate_tasks, down_tasks;
+  for (int32_t e = 0; e < experts.num_physical(); ++e) {
+    if (group_start[static_cast<std::size_t>(e) + 1] == group_start[static_cast<std::size_t>(e)]) continue;
+    for (int64_t p = 0; p < width; p += ops::kMatmulPanelRows) gate_tasks.emplace_back(e, p);
+    for (int64_t p = 0; p < h; p += ops::kMatmulPanelRows) down_tasks.emplace_back(e, p);
+  }
+  auto bias_of = [](const Tensor& b) { return b.defined() ? b.data<float>() : nullptr; };
+  // Gate and up projections and the activation, panel by panel.
+  Tensor activated = Tensor::empty(DType::F32, {pairs, width});
+  pool.parallel_for(static_cast<int64_t>(gate_tasks.size()), 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> gate, up;
+    for (int64_t task = begin; task < end; ++task) {
+      const auto [e, p0] = gate_tasks[static_cast<std::size_t>(task)];
+      const SwigluExpertWeights& w = experts.weights(e);
+      const int64_t row0 = group_start[static_cast<std::size_t>(e)];
+      const int64_t rows = group_start[static_cast<std::size_t>(e) + 1] - row0;
+      const int64_t p1 = std::min(width, p0 + ops::kMatmulPanelRows), cols = p1 - p0;
+      gate.resize(static_cast<std::size_t>(rows * cols));
+      up.resize(gate.size());
+      const float* xe = gathered.data<float>() + row0 * h;
+      ops::matmul_rows(xe, rows, h, ops::WeightMatrix::of(w.gate), p0, p1, bias_of(w.gate_bias), gate.data(), cols);
+      ops::matmul_rows(xe, rows, h, ops::WeightMatrix::of(w.up), p0, p1, bias_of(w.up_bias), up.data(), cols);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* a = activated.data<float>() + (row0 + r) * width + p0;
+        for (int64_t c = 0; c < cols; ++c) {
+          a[c] = experts.activation()(gate[static_cast<std::size_t>(r * cols + c)], up[static_cast<std::size_t>(r * cols + c)]);
+        }
       }
     }
   });
+  // Down projection into one output row per pair.
+  Tensor pair_out = Tensor::empty(DType::F32, {pairs, h});
+  pool.parallel_for(static_cast<int64_t>(down_tasks.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const auto [e, p0] = down_tasks[static_cast<std::size_t>(task)];
+      const SwigluExpertWeights& w = experts.weights(e);
+      const int64_t row0 = group_start[static_cast<std::size_t>(e)];
+      const int64_t rows = group_start[static_cast<std::size_t>(e) + 1] - row0;
+      ops::matmul_rows(activated.data<float>() + row0 * width, rows, width, ops::WeightMatrix::of(w.down), p0,
+                       std::min(h, p0 + ops::kMatmulPanelRows), bias_of(w.down_bias),
+                       pair_out.data<float>() + row0 * h + p0, h);
+    }
+  });
+  // Combine: back in (token, slot) order.
+  Tensor slot_out = Tensor::empty(DType::F32, {pairs, h});
+  for (int64_t s = 0; s < pairs; ++s) {
+    std::memcpy(slot_out.data<float>() + s * h, pair_out.data<float>() + row_of_pair[static_cast<std::size_t>(s)] * h,
+                sizeof(float) * static_cast<std::size_t>(h));
+  }
   combine(routing, slot_out, h, out);
 }
 

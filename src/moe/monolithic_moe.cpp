@@ -1,7 +1,7 @@
 #include "moe/monolithic_moe.h"
 
 #include "moe/expert_kernels.h"
-#include "ops/dot.h"
+#include "ops/linear.h"
 
 namespace r3::moe {
 
@@ -28,17 +28,11 @@ void MonolithicMoe::set_capture(CaptureSink sink) {
 
 void MonolithicMoe::forward(ThreadPool& pool, const MoeInput& input, Tensor& out) const {
   const Tensor& hidden = input.hidden;
-  const int64_t tokens = hidden.dim(0), h = hidden.dim(1), experts_n = gate_weight_.dim(0);
+  const int64_t tokens = hidden.dim(0), experts_n = gate_weight_.dim(0);
   if (!input.forced.empty()) check_forced_routing(input.forced, tokens, rule_->top_k(), experts_n, layer_id());
   // Routing stage of the fused kernel: the gate's dot products, then the rule, per token.
   Tensor logits = Tensor::empty(DType::F32, {tokens, experts_n});
-  pool.parallel_for(tokens * experts_n, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t t = i / experts_n, e = i % experts_n;
-      const float v = ops::dot(hidden.data<float>() + t * h, gate_weight_.data<float>() + e * h, h);
-      logits.data<float>()[i] = gate_bias_.defined() ? v + gate_bias_.data<float>()[e] : v;
-    }
-  });
+  ops::linear(pool, hidden, gate_weight_, gate_bias_.if_defined(), logits);
   Routing routing;
   route_tokens(pool, *rule_, logits, input, routing);
   // The kernel writes its routing to the capture buffer (when it can), then maps and computes.

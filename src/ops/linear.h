@@ -1,5 +1,7 @@
 // y[M, N] = x[M, K] · w[N, K]ᵀ (+ bias[N]): the projection every layer is made of.
-// Weights use the Hugging Face [out_features, in_features] layout as stored in checkpoints.
+// Weights use the Hugging Face [out_features, in_features] layout as stored in checkpoints, in
+// their stored dtype (F32, BF16, F16); x, bias and y are float32. The arithmetic is matmul_rows'
+// (ops/matmul.h), so results do not depend on M, the thread count or the instruction set.
 #pragma once
 
 #include "core/tensor.h"
@@ -7,7 +9,7 @@
 
 namespace r3::ops {
 
-// x: F32 [M, K] contiguous; w: F32 [N, K]; bias: F32 [N] or nullptr; y: F32 [M, N], preallocated.
+// x: F32 [M, K] contiguous; w: F32/BF16/F16 [N, K]; bias: F32 [N] or nullptr; y: F32 [M, N].
 void linear(ThreadPool& pool, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
 
 }  // namespace r3::ops

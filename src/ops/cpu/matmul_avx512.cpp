@@ -1,0 +1,164 @@
+// AVX-512 variant of matmul_rows (see ops/matmul.h for the arithmetic it must reproduce).
+//
+// One zmm register is the 16 lanes of one output element. A micro-tile of MR x rows by NR weight
+// rows keeps MR * NR accumulators in registers: each 16-wide step loads NR weight vectors
+// (widened from bf16/f16 in registers) and MR x vectors and issues MR * NR FMAs, so a weight
+// element is read from memory once per MR rows. Weight rows are taken in panels that stay in L1
+// while all x rows stream past. The K tail uses masked loads, which read zeros: the zero padding
+// of the contract.
+// GCC 12's AVX-512 headers build some results from _mm512_undefined_*() placeholders, which its
+// flow analysis reports as uninitialised once inlined; the values are fully overwritten.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <utility>
+
+#include "ops/cpu/matmul_kernels.h"
+
+#define R3_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+
+namespace r3::ops {
+
+bool cpu_has_avx512() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl");
+  return has;
+}
+
+namespace {
+
+template <DType D> struct WeightLoad;
+
+template <> struct WeightLoad<DType::F32> {
+  using T = float;
+  R3_AVX512 static __m512 full(const T* p) { return _mm512_loadu_ps(p); }
+  R3_AVX512 static __m512 masked(const T* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+};
+
+template <> struct WeightLoad<DType::BF16> {
+  using T = uint16_t;
+  // bf16 is the top half of a float32: zero-extend to 32 bits and shift into place (exact).
+  R3_AVX512 static __m512 widen(__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  R3_AVX512 static __m512 full(const T* p) { return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  R3_AVX512 static __m512 masked(const T* p, __mmask16 m) { return widen(_mm256_maskz_loadu_epi16(m, p)); }
+};
+
+template <> struct WeightLoad<DType::F16> {
+  using T = uint16_t;
+  R3_AVX512 static __m512 full(const T* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  R3_AVX512 static __m512 masked(const T* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+};
+
+// Lanes added pairwise (l + 8, l + 4, l + 2, l + 1), as the portable definition does.
+R3_AVX512 inline float reduce_lanes(__m512 acc) {
+  const __m256 lo = _mm512_castps512_ps256(acc);
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
+  const __m256 s8 = _mm256_add_ps(lo, hi);
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+  return _mm_cvtss_f32(s1);
+}
+
+constexpr int kPrefetchBytes = 512;
+
+template <DType D, int MR, int NR>
+R3_AVX512 void micro_tile(const float* x, int64_t ldx, const typename WeightLoad<D>::T* w, int64_t k,
+                          const float* bias, float* y, int64_t ldy) {
+  using L = WeightLoad<D>;
+  __m512 acc[MR][NR];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  }
+  int64_t c = 0;
+  for (; c + kMatmulLanes <= k; c += kMatmulLanes) {
+    __m512 wv[NR];
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + j * k + c) + kPrefetchBytes, _MM_HINT_T0);
+      wv[j] = L::full(w + j * k + c);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_loadu_ps(x + i * ldx + c);
+#pragma GCC unroll 4
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  if (c < k) {
+    const auto mask = static_cast<__mmask16>((1u << (k - c)) - 1u);
+    __m512 wv[NR];
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) wv[j] = L::masked(w + j * k + c, mask);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * ldx + c);
+#pragma GCC unroll 4
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) {
+      const float v = reduce_lanes(acc[i][j]);
+      y[i * ldy + j] = bias ? v + bias[j] : v;
+    }
+  }
+}
+
+constexpr int kTileRows = 4;     // MR: x rows per micro-tile
+constexpr int kTileWeights = 4;  // NR: weight rows per micro-tile
+
+template <DType D>
+using TileFn = void (*)(const float*, int64_t, const typename WeightLoad<D>::T*, int64_t, const float*, float*, int64_t);
+
+template <DType D, int MR, int... NRs>
+constexpr auto tile_row(std::integer_sequence<int, NRs...>) {
+  return std::array<TileFn<D>, sizeof...(NRs)>{&micro_tile<D, MR, NRs + 1>...};
+}
+
+template <DType D, int... MRs>
+constexpr auto tile_table(std::integer_sequence<int, MRs...>) {
+  return std::array<std::array<TileFn<D>, kTileWeights>, sizeof...(MRs)>{
+      tile_row<D, MRs + 1>(std::make_integer_sequence<int, kTileWeights>())...};
+}
+
+template <DType D>
+R3_AVX512 void run(const float* x, int64_t m, int64_t ldx, const WeightMatrix& w, int64_t n0, int64_t n1,
+                   const float* bias, float* y, int64_t ldy) {
+  static constexpr auto table = tile_table<D>(std::make_integer_sequence<int, kTileRows>());
+  const auto* weights = static_cast<const typename WeightLoad<D>::T*>(w.data);
+  const int64_t k = w.cols;
+  for (int64_t p0 = n0; p0 < n1; p0 += kMatmulPanelRows) {
+    const int64_t p1 = std::min(n1, p0 + kMatmulPanelRows);
+    for (int64_t i0 = 0; i0 < m; i0 += kTileRows) {
+      const int64_t mr = std::min<int64_t>(kTileRows, m - i0);
+      for (int64_t j0 = p0; j0 < p1; j0 += kTileWeights) {
+        const int64_t nr = std::min<int64_t>(kTileWeights, p1 - j0);
+        table[static_cast<std::size_t>(mr - 1)][static_cast<std::size_t>(nr - 1)](
+            x + i0 * ldx, ldx, weights + j0 * k, k, bias ? bias + j0 : nullptr, y + i0 * ldy + (j0 - n0), ldy);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void matmul_rows_avx512(const float* x, int64_t m, int64_t ldx, const WeightMatrix& w, int64_t n0, int64_t n1,
+                        const float* bias, float* y, int64_t ldy) {
+  switch (w.dtype) {
+    case DType::BF16: return run<DType::BF16>(x, m, ldx, w, n0, n1, bias, y, ldy);
+    case DType::F16: return run<DType::F16>(x, m, ldx, w, n0, n1, bias, y, ldy);
+    default: return run<DType::F32>(x, m, ldx, w, n0, n1, bias, y, ldy);
+  }
+}
+
+}  // namespace r3::ops

@@ -1,0 +1,14 @@
+// Embedding lookup: rows of a token table, in its stored dtype, widened to float32.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "core/tensor.h"
+
+namespace r3::ops {
+
+// table: F32/BF16/F16 [vocab, hidden]; out: F32 [ids.size(), hidden]. Ids must be in the vocabulary.
+void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out);
+
+}  // namespace r3::ops

@@ -1,0 +1,31 @@
+#include "ops/matmul.h"
+
+#include "ops/cpu/matmul_kernels.h"
+
+namespace r3::ops {
+
+WeightMatrix WeightMatrix::of(const Tensor& w) {
+  R3_CHECK(w.rank() == 2 && w.is_contiguous(), "matmul: weights must be a contiguous matrix, got ",
+           shape_to_string(w.shape()));
+  R3_CHECK(w.dtype() == DType::F32 || w.dtype() == DType::BF16 || w.dtype() == DType::F16,
+           "matmul: weights of dtype ", dtype_name(w.dtype()), " (expected F32, BF16 or F16)");
+  return {w.raw_data(), w.dtype(), w.dim(0), w.dim(1)};
+}
+
+WeightMatrix WeightMatrix::row_block(int64_t begin, int64_t count) const {
+  R3_CHECK(begin >= 0 && count >= 0 && begin + count <= rows, "matmul: rows [", begin, ", ", begin + count,
+           ") of a ", rows, "-row matrix");
+  const auto offset = static_cast<std::size_t>(begin * cols) * dtype_size(dtype);
+  return {static_cast<const unsigned char*>(data) + offset, dtype, count, cols};
+}
+
+void matmul_rows(const float* x, int64_t m, int64_t ldx, const WeightMatrix& w, int64_t n0, int64_t n1,
+                 const float* bias, float* y, int64_t ldy) {
+  if (m <= 0 || n1 <= n0) return;
+  if (cpu_has_avx512()) return matmul_rows_avx512(x, m, ldx, w, n0, n1, bias, y, ldy);
+  matmul_rows_portable(x, m, ldx, w, n0, n1, bias, y, ldy);
+}
+
+const char* matmul_kernel_name() { return cpu_has_avx512() ? "avx512" : "portable"; }
+
+}  // namespace r3::ops

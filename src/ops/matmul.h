@@ -1,0 +1,48 @@
+// The projection kernel every weight matmul in r3 goes through: y = x · wᵀ (+ bias), with x in
+// float32 and the weights in the dtype the checkpoint stores (F32, BF16, F16), widened to float32
+// inside the kernel so a bf16 checkpoint never needs a widened copy in memory.
+//
+// Every output element is computed with one fixed sequence of float32 operations, whatever the
+// number of rows, the tiling, the thread count or the instruction set:
+//   16 lanes; lane l accumulates acc = fma(x[k], w[k], acc) for k = l, l + 16, ... in ascending
+//   order over the K range padded with zeros to a multiple of 16; the lanes are then added
+//   pairwise (l + 8, l + 4, l + 2, l + 1); a bias, when given, is added last.
+// That is what makes batched prefill, chunked steps and decode give the same bits (batch
+// invariance), and the AVX-512 kernel equal to the portable one.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace r3::ops {
+
+// A weight matrix [rows = out features, cols = in features], rows contiguous, as stored.
+struct WeightMatrix {
+  const void* data = nullptr;
+  DType dtype = DType::F32;  // F32, BF16 or F16
+  int64_t rows = 0, cols = 0;
+
+  // Checks `w` is a contiguous rank-2 F32/BF16/F16 tensor.
+  static WeightMatrix of(const Tensor& w);
+  // Rows [begin, begin + count) as a matrix of their own (one expert of a stacked tensor).
+  WeightMatrix row_block(int64_t begin, int64_t count) const;
+};
+
+// y[i * ldy + (j - n0)] = x[i] · w[j] (+ bias[j]) for rows i in [0, m), outputs j in [n0, n1).
+// x rows are ldx floats apart and hold w.cols values. Single-threaded: callers split the work.
+void matmul_rows(const float* x, int64_t m, int64_t ldx, const WeightMatrix& w, int64_t n0, int64_t n1,
+                 const float* bias, float* y, int64_t ldy);
+
+// The same contract in portable C++ (the definition of the arithmetic); tests compare the
+// vectorised kernel against it bit for bit.
+void matmul_rows_portable(const float* x, int64_t m, int64_t ldx, const WeightMatrix& w, int64_t n0,
+                          int64_t n1, const float* bias, float* y, int64_t ldy);
+
+// Which kernel matmul_rows uses on this machine: "avx512" or "portable".
+const char* matmul_kernel_name();
+
+// Weight rows a task should cover so that its block stays in the L1 cache while x streams past.
+constexpr int64_t kMatmulPanelRows = 16;
+
+}  // namespace r3::ops
