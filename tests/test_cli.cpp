@@ -104,20 +104,99 @@ TEST(Cli, SampledGenerationIsReproducibleBySeed) {
   EXPECT_EQ(a.at("routed_experts").size(), 12u);
 }
 
+// A copy of qwen3_moe whose eos_token_id is a token greedy decoding really emits (see
+// make_eos_model): generation must stop right after it.
 TEST(Cli, GenerationStopsAtEos) {
-  // Find what greedy decoding produces, then declare its third token the end of sequence.
-  const std::string dir = family_dir("mixtral");
-  const auto free_run = nlohmann::json::parse(
-      run_r3("generate -q --json --ignore-eos --model " + dir + " --ids 9,8,7 --max-new-tokens 6").out);
-  const auto tokens = free_run.at("output_ids").get<std::vector<int>>();
-  // Mixtral's config says eos_token_id 2; without --ignore-eos generation ends on it.
-  const auto stopped = nlohmann::json::parse(
-      run_r3("generate -q --json --model " + dir + " --ids 9,8,7 --max-new-tokens 6").out);
-  const auto out = stopped.at("output_ids").get<std::vector<int>>();
-  const auto eos = std::find(tokens.begin(), tokens.end(), 2);
-  const auto expected_len = eos == tokens.end() ? tokens.size() : static_cast<std::size_t>(eos - tokens.begin() + 1);
-  EXPECT_EQ(out.size(), expected_len);
-  EXPECT_EQ(stopped.at("routed_experts").size(), 3 + out.size() - 1);
+  TempDir tmp;
+  const EosModel m = make_eos_model(tmp, "qwen3_moe", "17,42,7,99", 8);
+  const CommandResult r = run_r3("generate -q --json --model " + m.dir + " --ids 17,42,7,99 --max-new-tokens 8");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<int32_t> expected(m.free_output.begin(), m.free_output.begin() + m.eos_index + 1);
+  EXPECT_EQ(nlohmann::json::parse(r.out).at("output_ids").get<std::vector<int32_t>>(), expected) << r.out;
+  EXPECT_LT(expected.size(), m.free_output.size());  // it did stop early
+  // --ignore-eos on the same copy runs to max-new-tokens, as the free run did.
+  const auto ignored = nlohmann::json::parse(
+      run_r3("generate -q --json --ignore-eos --model " + m.dir + " --ids 17,42,7,99 --max-new-tokens 8").out);
+  EXPECT_EQ(ignored.at("output_ids").get<std::vector<int32_t>>(), m.free_output);
+}
+
+TEST(Cli, EosStoppedRunHasPromptPlusGeneratedMinusOneRows) {
+  TempDir tmp;
+  const EosModel m = make_eos_model(tmp, "qwen3_moe", "17,42,7,99", 8);
+  const CommandResult r = run_r3("generate -q --json --model " + m.dir + " --ids 17,42,7,99 --max-new-tokens 8");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto stopped = nlohmann::json::parse(r.out);
+  const std::size_t generated = stopped.at("output_ids").size();
+  ASSERT_EQ(generated, m.eos_index + 1);
+  const auto& rows = stopped.at("routed_experts");
+  EXPECT_EQ(rows.size(), 4 + generated - 1);
+  // Those rows are the free run's first rows: stopping changes nothing before the stop.
+  const auto free_rows = nlohmann::json::parse(m.free_json).at("routed_experts");
+  for (std::size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(rows[i], free_rows[i]) << "row " << i;
+}
+
+// CLI11's own checks said "Value 0 not in range 0.000000 to 1797693...": each numeric option says
+// what it needs instead.
+TEST(Cli, NumericOptionsSayWhatTheyNeed) {
+  const std::string gen = "generate --model " + family_dir("qwen3_moe") + " --ids 1,2 ";
+  const std::string plan = "eplb-plan --load /nonexistent.json ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {gen + "--max-new-tokens 0", "--max-new-tokens: must be an integer >= 1, got 0"},
+      {gen + "--max-new-tokens abc", "--max-new-tokens: must be an integer >= 1, got 'abc'"},
+      {gen + "--max-new-tokens 1.5", "--max-new-tokens: must be an integer >= 1, got '1.5'"},
+      {gen + "--temperature -1", "--temperature: must be a number >= 0, got -1"},
+      {gen + "--top-p 2", "--top-p: must be a number in (0, 1], got 2"},
+      {gen + "--top-p 0", "--top-p: must be a number in (0, 1], got 0"},
+      {gen + "--top-k -1", "--top-k: must be an integer >= 0, got -1"},
+      {gen + "--threads -2", "--threads: must be an integer >= 0, got -2"},
+      {gen + "--eplb-redundant-experts -1", "--eplb-redundant-experts: must be an integer >= 0, got -1"},
+      {gen + "--eplb-window 0", "--eplb-window: must be an integer >= 1, got 0"},
+      {gen + "--eplb-rebalance-every -1", "--eplb-rebalance-every: must be an integer >= 0, got -1"},
+      {gen + "--eplb-groups 0", "--eplb-groups: must be an integer >= 1, got 0"},
+      {gen + "--eplb-nodes 0", "--eplb-nodes: must be an integer >= 1, got 0"},
+      {gen + "--eplb-gpus 0", "--eplb-gpus: must be an integer >= 1, got 0"},
+      {plan + "--gpus 0", "--gpus: must be an integer >= 1, got 0"},
+      {plan + "--nodes 0", "--nodes: must be an integer >= 1, got 0"},
+      {plan + "--groups 0", "--groups: must be an integer >= 1, got 0"},
+      {plan + "--redundant-experts -1", "--redundant-experts: must be an integer >= 0, got -1"},
+  };
+  for (const auto& [args, expected] : cases) {
+    const CommandResult r = run_r3(args);
+    EXPECT_EQ(r.exit_code, 2) << args;
+    EXPECT_EQ(count_lines(r.err), 1) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find(expected), std::string::npos) << args << "\n" << r.err;
+    EXPECT_EQ(r.err.find("not in range"), std::string::npos) << args << "\n" << r.err;
+  }
+  // A huge value is shortened in the message, not echoed whole.
+  const CommandResult r = run_r3(gen + "--max-new-tokens " + std::string(500, '9'));
+  EXPECT_NE(r.err.find("--max-new-tokens: must be an integer >= 1"), std::string::npos) << r.err;
+  EXPECT_LT(r.err.size(), 200u) << r.err;
+}
+
+// A topology the rebalancer cannot place is refused at start-up, before any token runs, even
+// when no rebalance would happen during the run.
+TEST(Cli, EplbTopologyIsCheckedAtStartUp) {
+  const std::string gen = "generate --model " + family_dir("qwen3_moe") + " --ids 1,2 --max-new-tokens 2 ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {gen + "--eplb-redundant-experts 1 --eplb-gpus 2", "9 physical experts do not split over 2 GPUs"},
+      {gen + "--eplb-redundant-experts 1 --eplb-gpus 2 --eplb-rebalance-every 100",
+       "9 physical experts do not split over 2 GPUs"},
+      {gen + "--eplb-rebalance-every 100 --eplb-groups 3", "8 experts do not split into 3 groups"},
+      {gen + "--eplb-rebalance-every 100 --eplb-gpus 4 --eplb-nodes 3", "4 GPUs do not split over 3 nodes"},
+      {"forward --model " + family_dir("qwen3_moe") + " --ids 1,2 --eplb-redundant-experts 2 --eplb-gpus 4 "
+       "--eplb-rebalance-every 5", "10 physical experts do not split over 4 GPUs"},
+  };
+  for (const auto& [args, expected] : cases) {
+    const CommandResult r = run_r3(args);
+    EXPECT_EQ(r.exit_code, 1) << args;
+    EXPECT_EQ(r.out, "") << args;
+    EXPECT_EQ(r.err.find("prefill"), std::string::npos) << args << "\n" << r.err;  // nothing computed
+    const std::string last = r.err.substr(std::min(r.err.size(), r.err.rfind("r3: error: ")));
+    EXPECT_EQ(count_lines(last), 1) << args << "\n" << r.err;
+    EXPECT_NE(last.find(expected), std::string::npos) << args << "\n" << r.err;
+  }
+  // A topology that fits runs.
+  EXPECT_EQ(run_r3(gen + "--eplb-redundant-experts 2 --eplb-gpus 2 --eplb-nodes 2 --eplb-groups 2").exit_code, 0);
 }
 
 }  // namespace

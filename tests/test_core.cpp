@@ -1,8 +1,10 @@
 // Core pieces: dtype conversions, tensors, the thread pool, the check macro.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include <spdlog/sinks/ostream_sink.h>
@@ -134,7 +136,7 @@ TEST(Progress, SilentForQuickWorkThenReportsPercentages) {
   LogCapture log;
   {
     Progress slow("loading slow", 4'000'000, "MB", 1e6, std::chrono::milliseconds(0),
-                  std::chrono::milliseconds(0));
+                  std::chrono::milliseconds(0), /*terminal=*/nullptr);
     slow.advance(1'000'000);
     slow.advance(3'000'000);
   }
@@ -142,6 +144,57 @@ TEST(Progress, SilentForQuickWorkThenReportsPercentages) {
   EXPECT_NE(text.find("loading slow: 25% (1.0/4.0 MB"), std::string::npos) << text;
   EXPECT_NE(text.find("loading slow: 100% (4.0/4.0 MB"), std::string::npos) << text;
   EXPECT_NE(text.find(" done"), std::string::npos) << text;
+}
+
+int count_lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
+
+// Not on a terminal (a log file, a pipe) progress is a handful of lines: one per quarter at most,
+// and the final one; it used to be one line per print interval (about 150 for a long load).
+TEST(Progress, NotATerminalPrintsAtMostOneLinePerQuarter) {
+  LogCapture log;
+  {
+    Progress p("loading many", 1000, "MB", 1.0, std::chrono::milliseconds(0), std::chrono::milliseconds(0),
+               /*terminal=*/nullptr);
+    for (int i = 0; i < 1000; ++i) p.advance(1);
+  }
+  const std::string text = log.text();
+  EXPECT_LE(count_lines(text), 4) << text;
+  EXPECT_GE(count_lines(text), 2) << text;
+  EXPECT_NE(text.find("loading many: 25% (250.0/1000.0 MB"), std::string::npos) << text;
+  EXPECT_NE(text.find("loading many: 100% (1000.0/1000.0 MB"), std::string::npos) << text;
+  EXPECT_EQ(text.find("loading many: 100%"), text.rfind("loading many: 100%")) << "one final line: " << text;
+}
+
+// On a terminal: one line redrawn in place (carriage returns), one newline at the very end,
+// nothing in the log; and nothing at all when the log level hides info (-q).
+TEST(Progress, OnATerminalOneLineIsRedrawnInPlace) {
+  auto drawn = [](spdlog::level::level_enum level) {
+    std::FILE* terminal = std::tmpfile();
+    EXPECT_NE(terminal, nullptr);
+    LogCapture log;
+    spdlog::set_level(level);
+    {
+      Progress p("loading many", 1000, "MB", 1.0, std::chrono::milliseconds(0), std::chrono::milliseconds(0),
+                 terminal);
+      for (int i = 0; i < 1000; ++i) p.advance(1);
+    }
+    spdlog::set_level(spdlog::level::info);
+    EXPECT_EQ(log.text(), "");
+    std::rewind(terminal);
+    std::string text;
+    for (int c; (c = std::fgetc(terminal)) != EOF;) text += static_cast<char>(c);
+    std::fclose(terminal);
+    return text;
+  };
+  const std::string text = drawn(spdlog::level::info);
+  EXPECT_EQ(count_lines(text), 1);
+  ASSERT_FALSE(text.empty());
+  EXPECT_EQ(text.back(), '\n');
+  EXPECT_GT(std::count(text.begin(), text.end(), '\r'), 100);  // redrawn on every advance here
+  const std::string last = text.substr(text.rfind('\r'));
+  EXPECT_NE(last.find("loading many: 100% (1000.0/1000.0 MB"), std::string::npos) << last;
+  EXPECT_NE(last.find(" done"), std::string::npos) << last;
+  EXPECT_EQ(drawn(spdlog::level::warn), "");
 }
 
 }  // namespace

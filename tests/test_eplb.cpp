@@ -103,6 +103,39 @@ TEST(Rebalance, ImpossibleShapesAreClearErrors) {
   EXPECT_THROW(plan_placement(negative, 2, {}), Error);
 }
 
+// The start-up check (validate_topology) refuses exactly the shapes the rebalancer cannot place.
+TEST(Rebalance, StartUpTopologyCheckIsTheRebalancersRule) {
+  int refused = 0, accepted = 0;
+  for (int64_t experts : {4, 6, 8}) {
+    const std::vector<double> load(static_cast<std::size_t>(experts), 1.0);
+    for (int64_t physical = experts - 1; physical <= experts + 6; ++physical) {
+      for (int64_t groups = 1; groups <= 4; ++groups) {
+        for (int64_t nodes = 1; nodes <= 3; ++nodes) {
+          for (int64_t gpus = 1; gpus <= 6; ++gpus) {
+            const EplbTopology t{groups, nodes, gpus};
+            bool plan_ok = true, check_ok = true;
+            try {
+              plan_placement(load, physical, t);
+            } catch (const Error&) {
+              plan_ok = false;
+            }
+            try {
+              validate_topology(t, experts, physical);
+            } catch (const Error&) {
+              check_ok = false;
+            }
+            EXPECT_EQ(check_ok, plan_ok) << experts << " experts, " << physical << " slots, " << groups
+                                         << " groups, " << nodes << " nodes, " << gpus << " GPUs";
+            (plan_ok ? accepted : refused) += 1;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(refused, 0);
+  EXPECT_GT(accepted, 0);
+}
+
 TEST(Rebalance, PropertyRandomLoadsAndTopologies) {
   std::mt19937 rng(1234);
   int improved = 0, cases = 0;

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/check.h"
+#include "core/tensor.h"
 #include "moe/routing_rule.h"
 
 namespace r3::moe {
@@ -76,6 +77,24 @@ TEST(SigmoidGroupTopK, ForcedRoutingBypassesTheGroupLimit) {
   EXPECT_EQ(ids[0], 2);
   EXPECT_EQ(ids[1], 3);
   EXPECT_NEAR(w[0], 0.1 / 0.3, 1e-5);
+}
+
+// DeepSeek-V4 hash layers route token t to the experts tid2eid[t]; a row naming one expert twice
+// would run it twice for the token, so it is refused when the table loads.
+TEST(SqrtSoftplusHash, RepeatedExpertInATokensRowIsRefused) {
+  for (const DType dtype : {DType::I64, DType::I32}) {
+    const std::vector<int64_t> values = {0, 1, 2, 3, 4, 2, 1, 5, 1};  // token 2 lists expert 1 twice
+    Tensor table = dtype == DType::I64 ? Tensor::from(values, {3, 3})
+                                       : Tensor::from(std::vector<int32_t>(values.begin(), values.end()), {3, 3});
+    try {
+      SqrtSoftplusHash(table, 8, 1.0f);
+      ADD_FAILURE() << "a repeated expert id was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("token 2 lists expert 1 twice"), std::string::npos) << e.what();
+    }
+  }
+  const Tensor distinct = Tensor::from<int64_t>({0, 1, 2, 3, 4, 2, 1, 5, 7}, {3, 3});
+  EXPECT_NO_THROW(SqrtSoftplusHash(distinct, 8, 1.0f));
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -113,6 +114,36 @@ std::string join(const std::vector<int64_t>& values, const std::string& separato
   std::string out;
   for (std::size_t i = 0; i < values.size(); ++i) out += (i ? separator : "") + std::to_string(values[i]);
   return out;
+}
+
+std::string copy_model_with_config(const std::string& family, const TempDir& dir, const std::string& name,
+                                   const std::string& key, const std::string& value_json) {
+  const fs::path to = dir.path(name);
+  fs::copy(family_dir(family), to, fs::copy_options::recursive);
+  nlohmann::json config = nlohmann::json::parse(slurp((to / "config.json").string()));
+  config[key] = nlohmann::json::parse(value_json);
+  std::ofstream((to / "config.json").string()) << config.dump(2);
+  return to.string();
+}
+
+EosModel make_eos_model(const TempDir& dir, const std::string& family, const std::string& prompt,
+                        int max_new_tokens) {
+  EosModel m;
+  const CommandResult free_run = run_r3("generate -q --json --ignore-eos --model " + family_dir(family) +
+                                        " --ids " + prompt + " --max-new-tokens " + std::to_string(max_new_tokens));
+  R3_CHECK(free_run.exit_code == 0, "free run failed: ", free_run.err);
+  m.free_json = free_run.out;
+  m.free_output = nlohmann::json::parse(free_run.out).at("output_ids").get<std::vector<int32_t>>();
+  for (std::size_t i = 2; i < m.free_output.size() && m.eos < 0; ++i) {
+    const auto first = std::find(m.free_output.begin(), m.free_output.end(), m.free_output[i]);
+    if (static_cast<std::size_t>(first - m.free_output.begin()) == i) {
+      m.eos = m.free_output[i];
+      m.eos_index = i;
+    }
+  }
+  R3_CHECK(m.eos >= 0, "no token of ", free_run.out, " can serve as EOS");
+  m.dir = copy_model_with_config(family, dir, "eos_model", "eos_token_id", std::to_string(m.eos));
+  return m;
 }
 
 }  // namespace r3::test

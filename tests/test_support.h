@@ -56,4 +56,22 @@ Reference load_reference(const std::string& family, int index);
 
 std::string join(const std::vector<int64_t>& values, const std::string& separator = ",");
 
+// A copy of fixture model `family` in dir.path(name) whose config.json has `key` set to
+// `value_json` (JSON text); returns the copy's folder.
+std::string copy_model_with_config(const std::string& family, const TempDir& dir, const std::string& name,
+                                   const std::string& key, const std::string& value_json);
+
+// A generation that really ends at EOS: greedy `r3 generate --ignore-eos` of `prompt` on fixture
+// `family` picks the token, the first one it emits for the first time at output index >= 2, and
+// a copy of the model declares that token its eos_token_id.
+struct EosModel {
+  std::string dir;                   // the copy with eos_token_id set
+  int32_t eos = -1;
+  std::vector<int32_t> free_output;  // output_ids of the run that ignored EOS
+  std::size_t eos_index = 0;         // where eos first appears in free_output
+  std::string free_json;             // that run's --json output
+};
+EosModel make_eos_model(const TempDir& dir, const std::string& family, const std::string& prompt,
+                        int max_new_tokens);
+
 }  // namespace r3::test

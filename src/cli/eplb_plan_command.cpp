@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/option_checks.h"
 #include "core/check.h"
 #include "io/json_file.h"
 #include "moe/eplb/expert_placement.h"
@@ -91,14 +92,14 @@ Command add_eplb_plan_command(CLI::App& app) {
       ->required();
   cmd->add_option("--redundant-experts", options->redundant, "Extra physical replicas")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least<int64_t>(0));
   cmd->add_option("--groups", options->topology.num_groups, "Expert groups kept on one node")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--nodes", options->topology.num_nodes, "Nodes")->capture_default_str()->check(CLI::PositiveNumber);
+      ->check(at_least<int64_t>(1));
+  cmd->add_option("--nodes", options->topology.num_nodes, "Nodes")->capture_default_str()->check(at_least<int64_t>(1));
   cmd->add_option("--gpus", options->topology.num_gpus, "GPUs in total")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(at_least<int64_t>(1));
   cmd->add_flag("--json", options->json, "Print the plans as JSON");
   return [options] { return run_eplb_plan(*options); };
 }

@@ -37,7 +37,9 @@ int run_forward(const ForwardOptions& options) {
   const auto layers = static_cast<int64_t>(info.moe_layers.size()), k = info.top_k;
   std::vector<int32_t> forced;
   if (!options.replay.empty()) {
-    forced = engine::load_routing_replay(options.replay, layers, k, info.num_experts).slice(0, tokens);
+    const engine::RoutingReplay replay = engine::load_routing_replay(options.replay, layers, k, info.num_experts);
+    replay.check_inputs(ids);
+    forced = replay.slice(0, tokens);
   }
   auto cache = model->make_cache(1, tokens);
   engine::StepRunner runner(*model, *pool, *cache, tokens, /*keep_weights=*/true);

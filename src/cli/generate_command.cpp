@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "cli/model_options.h"
+#include "cli/option_checks.h"
 #include "cli/routing_table.h"
 #include "cli/token_ids.h"
 #include "engine/generator.h"
@@ -48,6 +49,7 @@ int run_generate(GenerateCommandOptions& options) {
   if (!options.replay.empty()) {
     replay = engine::load_routing_replay(options.replay, static_cast<int64_t>(info.moe_layers.size()),
                                          info.top_k, info.num_experts);
+    replay.check_prompt(prompt);
     options.generate.replay = &replay;
   }
 
@@ -90,16 +92,16 @@ Command add_generate_command(CLI::App& app) {
   cmd->add_option("--ids", options->ids, "Comma-separated prompt token ids, e.g. 3,17,42")->required();
   cmd->add_option("--max-new-tokens", g.max_new_tokens, "Tokens to generate")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(at_least<int64_t>(1));
   cmd->add_option("--temperature", g.sampling.temperature, "Sampling temperature; 0 is greedy")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0.0));
   cmd->add_option("--top-p", g.sampling.top_p, "Nucleus sampling mass in (0, 1]")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(in_open_closed(0.0, 1.0));
   cmd->add_option("--top-k", g.sampling.top_k, "Sample among the k most likely tokens; 0 = all")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least<int64_t>(0));
   cmd->add_option("--seed", g.sampling.seed, "Random seed for sampling")->capture_default_str();
   cmd->add_option("--replay", options->replay,
                   "Force this routing, row i while token i is the input (the routed_experts layout "

@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "cli/option_checks.h"
 #include "models/registry.h"
 
 namespace r3::cli {
@@ -11,8 +12,7 @@ namespace r3::cli {
 void ModelOptions::add_to(CLI::App& command) {
   command.add_option("--model", model_dir, "Hugging Face model folder (config.json + *.safetensors)")
       ->required();
-  command.add_option("--threads", threads, "CPU threads (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
+  command.add_option("--threads", threads, "CPU threads (default: all cores)")->check(at_least(0));
   command.add_option("--moe-backend", moe_backend,
                      "MoE execution path: modular (router + grouped GEMMs), monolithic (one fused "
                      "routine), mega (fused experts module fed by the model's gate); "
@@ -23,23 +23,23 @@ void ModelOptions::add_to(CLI::App& command) {
   command.add_option("--eplb-redundant-experts", eplb.redundant_experts,
                      "Extra physical expert replicas per MoE layer (EPLB)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least<int64_t>(0));
   command.add_option("--eplb-window", eplb.window_steps, "Steps of expert load EPLB balances over")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(at_least<int64_t>(1));
   command.add_option("--eplb-rebalance-every", eplb.rebalance_every,
                      "Re-place experts every N steps from the measured load (0: never)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least<int64_t>(0));
   command.add_option("--eplb-groups", eplb.topology.num_groups, "Expert groups kept on one node")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(at_least<int64_t>(1));
   command.add_option("--eplb-nodes", eplb.topology.num_nodes, "Nodes the experts are spread over")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(at_least<int64_t>(1));
   command.add_option("--eplb-gpus", eplb.topology.num_gpus, "GPUs the experts are spread over")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(at_least<int64_t>(1));
 }
 
 std::unique_ptr<models::CausalLM> ModelOptions::load() const {

@@ -23,9 +23,15 @@ GenerateResult generate(models::CausalLM& model, ThreadPool& pool, const std::ve
   const auto prompt_len = static_cast<int64_t>(prompt.size());
   const RoutingReplay* replay = options.replay;
   if (replay != nullptr) {
-    R3_CHECK(replay->rows >= prompt_len + options.max_new_tokens - 1, "the replayed routing has ",
-             replay->rows, " rows; a prompt of ", prompt_len, " tokens and ", options.max_new_tokens,
-             " new tokens need ", prompt_len + options.max_new_tokens - 1);
+    // Only the prompt's rows are certainly needed: a replayed run that stopped at EOS has
+    // prompt + generated - 1 rows, fewer than max_new_tokens allows, and this run stops at the
+    // same EOS. More rows than the run can ever use means the file belongs to another run.
+    const int64_t usable = prompt_len + options.max_new_tokens - 1;
+    R3_CHECK(replay->rows >= prompt_len, replay->path, ": the replayed routing has ", replay->rows,
+             " rows, fewer than the ", prompt_len, " prompt tokens");
+    R3_CHECK(replay->rows <= usable, replay->path, ": the replayed routing has ", replay->rows,
+             " rows, more than the ", usable, " that ", prompt_len, " prompt tokens and ",
+             options.max_new_tokens, " new tokens can use (prompt + max-new-tokens - 1)");
   }
 
   auto cache = model.make_cache(1, prompt_len + options.max_new_tokens);
@@ -51,6 +57,9 @@ GenerateResult generate(models::CausalLM& model, ThreadPool& pool, const std::ve
     if (stop || static_cast<int64_t>(result.output_ids.size()) >= options.max_new_tokens) break;
     // Decode: the new token is the next input; its routing is the next row.
     const int64_t row = prompt_len + static_cast<int64_t>(result.output_ids.size()) - 1;
+    R3_CHECK(replay == nullptr || row < replay->rows, replay->path,
+             ": generation went past the replayed routing: token ", row, " needs row ", row,
+             ", the replay has ", replay->rows, " rows (the replayed run ended there, e.g. at EOS)");
     logits = runner.run({{0, {token}, &result.routed_experts, forced_rows(row, 1)}});
     ++result.timings.decode_steps;
   }

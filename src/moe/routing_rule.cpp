@@ -166,6 +166,15 @@ SqrtSoftplusHash::SqrtSoftplusHash(const Tensor& table, int64_t num_experts, flo
              ") is not an expert id in [0, ", num_experts, ")");
     table_.push_back(static_cast<int32_t>(id));
   }
+  // A token's experts must be distinct: a repeated one would run twice for that token, and
+  // capture would report a routing no top-k selection can produce.
+  for (int64_t token = 0; token < table.dim(0); ++token) {
+    const auto first = table_.begin() + token * k_, last = first + k_;
+    for (auto it = first; it != last; ++it) {
+      R3_CHECK(std::find(first, it, *it) == it, "hash routing table (tid2eid): token ", token, " lists expert ",
+               *it, " twice");
+    }
+  }
 }
 
 void SqrtSoftplusHash::route(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced,

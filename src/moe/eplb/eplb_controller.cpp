@@ -15,6 +15,11 @@ void EplbOptions::validate() const {
 EplbController::EplbController(EplbOptions options, std::vector<PhysicalExperts*> layers)
     : options_(options), layers_(std::move(layers)) {
   options_.validate();
+  // The topology only matters at the first rebalance, but a shape that cannot be placed is a
+  // bad option: refuse it now, before any token runs, not steps into the run.
+  for (const PhysicalExperts* layer : layers_) {
+    validate_topology(options_.topology, layer->num_logical(), layer->num_physical());
+  }
 }
 
 void EplbController::end_step() {

@@ -110,11 +110,8 @@ EplbPlan plan_hierarchical(std::span<const double> load, int64_t num_physical, i
 
 }  // namespace
 
-EplbPlan plan_placement(std::span<const double> logical_load, int64_t num_physical,
-                        const EplbTopology& t) {
-  const auto experts = static_cast<int64_t>(logical_load.size());
+void validate_topology(const EplbTopology& t, int64_t experts, int64_t num_physical) {
   R3_CHECK(experts > 0, "EPLB: no experts to place");
-  for (double l : logical_load) R3_CHECK(l >= 0, "EPLB: negative load ", l);
   R3_CHECK(num_physical >= experts, "EPLB: ", num_physical, " physical slots cannot hold ", experts,
            " experts");
   R3_CHECK(t.num_groups > 0 && t.num_nodes > 0 && t.num_gpus > 0, "EPLB: groups, nodes and GPUs must be positive");
@@ -124,6 +121,13 @@ EplbPlan plan_placement(std::span<const double> logical_load, int64_t num_physic
            " nodes");
   R3_CHECK(num_physical % t.num_gpus == 0, "EPLB: ", num_physical, " physical experts do not split over ",
            t.num_gpus, " GPUs (experts + redundant must be a multiple of the GPU count)");
+}
+
+EplbPlan plan_placement(std::span<const double> logical_load, int64_t num_physical,
+                        const EplbTopology& t) {
+  const auto experts = static_cast<int64_t>(logical_load.size());
+  validate_topology(t, experts, num_physical);
+  for (double l : logical_load) R3_CHECK(l >= 0, "EPLB: negative load ", l);
   if (t.num_groups % t.num_nodes == 0) {
     return plan_hierarchical(logical_load, num_physical, t.num_groups, t.num_nodes, t.num_gpus);
   }

@@ -25,7 +25,12 @@ struct EplbPlan {
   std::vector<int32_t> replica_count;        // [num_logical]
 };
 
-// logical_load[e] >= 0. Throws on shapes the algorithm cannot place (explained in the message).
+// Throws r3::Error explaining why, unless plan_placement can place num_experts experts on
+// num_physical slots over this topology. EplbController checks it at start-up so that a bad
+// topology fails before any token runs, with the rules the rebalancer applies later.
+void validate_topology(const EplbTopology& topology, int64_t num_experts, int64_t num_physical);
+
+// logical_load[e] >= 0. Throws on shapes the algorithm cannot place (validate_topology).
 EplbPlan plan_placement(std::span<const double> logical_load, int64_t num_physical,
                         const EplbTopology& topology);
 
