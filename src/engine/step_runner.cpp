@@ -1,5 +1,8 @@
 #include "engine/step_runner.h"
 
+#include <algorithm>
+#include <set>
+
 namespace r3::engine {
 
 StepRunner::StepRunner(models::CausalLM& model, ThreadPool& pool, models::ModelCache& cache,
@@ -11,35 +14,92 @@ StepRunner::StepRunner(models::CausalLM& model, ThreadPool& pool, models::ModelC
                 model.info().num_experts, keep_weights),
       binding_(model.moe_blocks(), capturer_.sink()) {}
 
-Tensor StepRunner::run(const std::vector<StepSequence>& sequences, int64_t padding_rows, bool all_logits) {
+std::string StepRunner::check(const StepSequence& s) const {
+  const models::ModelInfo& info = model_.info();
+  if (s.tokens.empty()) return "a sequence without tokens";
+  if (s.slot < 0 || s.slot >= cache_.max_slots()) {
+    return detail::concat("slot ", s.slot, " is outside [0, ", cache_.max_slots(), ")");
+  }
+  for (int32_t id : s.tokens) {
+    if (id < 0 || id >= info.vocab_size) {
+      return detail::concat("token id ", id, " is outside the vocabulary [0, ", info.vocab_size, ")");
+    }
+  }
+  const int64_t end = cache_.length(s.slot) + static_cast<int64_t>(s.tokens.size());
+  if (end > cache_.capacity()) {
+    return detail::concat("sequence of ", end, " tokens exceeds the cache capacity of ", cache_.capacity());
+  }
+  if (s.forced.empty()) return "";
+  const auto k = static_cast<std::size_t>(info.top_k);
+  const std::size_t per_row = info.moe_layers.size() * k;
+  if (s.forced.size() != s.tokens.size() * per_row) {
+    return detail::concat("replayed routing has ", s.forced.size(), " ids for ", s.tokens.size(), " tokens x ",
+                          info.moe_layers.size(), " MoE layers x top-", k);
+  }
+  for (std::size_t i = 0; i < s.forced.size(); i += k) {
+    for (std::size_t j = 0; j < k; ++j) {
+      const int32_t id = s.forced[i + j];
+      const auto row = static_cast<int64_t>(i / per_row);
+      const auto layer = static_cast<int64_t>(i % per_row / k);
+      if (id < 0 || id >= info.num_experts) {
+        return detail::concat("replayed routing: expert id ", id, " at token ", row, ", MoE layer ", layer,
+                              " is outside [0, ", info.num_experts, ")");
+      }
+      if (std::count(s.forced.begin() + static_cast<std::ptrdiff_t>(i),
+                     s.forced.begin() + static_cast<std::ptrdiff_t>(i + k), id) != 1) {
+        return detail::concat("replayed routing: expert ", id, " appears twice at token ", row, ", MoE layer ",
+                              layer);
+      }
+    }
+  }
+  return "";
+}
+
+Tensor StepRunner::run_each(std::vector<StepSequence>& sequences, int64_t padding_rows, bool all_logits) {
   R3_CHECK(!sequences.empty(), "step: no sequences");
-  const bool forced = !sequences.front().forced.empty();
   const auto per_row = static_cast<std::size_t>(capturer_.num_moe_layers() * capturer_.top_k());
+  std::set<int32_t> slots_seen;
+  std::vector<std::size_t> accepted;
+  bool any_forced = false;
+  for (std::size_t i = 0; i < sequences.size(); ++i) {
+    StepSequence& s = sequences[i];
+    s.error = check(s);
+    if (s.error.empty() && !slots_seen.insert(s.slot).second) {
+      s.error = detail::concat("slot ", s.slot, " appears twice in one step");
+    }
+    if (!s.error.empty()) continue;
+    accepted.push_back(i);
+    any_forced = any_forced || !s.forced.empty();
+  }
+  const int64_t vocab = model_.info().vocab_size;
+  if (accepted.empty()) return Tensor::empty(DType::F32, {static_cast<int64_t>(sequences.size()), vocab});
+
   models::ForwardBatch batch;
   std::vector<int64_t> first_row;
-  for (const StepSequence& s : sequences) {
-    R3_CHECK(!s.tokens.empty(), "step: a sequence without tokens");
-    R3_CHECK(s.forced.empty() != forced, "step: replayed routing must be given for every sequence or none");
-    R3_CHECK(!forced || s.forced.size() == s.tokens.size() * per_row, "step: replayed routing of slot ",
-             s.slot, " has ", s.forced.size(), " ids for ", s.tokens.size(), " tokens");
+  for (std::size_t i : accepted) {
+    const StepSequence& s = sequences[i];
     first_row.push_back(batch.size());
     const auto start = static_cast<int32_t>(cache_.length(s.slot));
-    for (std::size_t i = 0; i < s.tokens.size(); ++i) {
-      batch.token_ids.push_back(s.tokens[i]);
-      batch.positions.push_back(start + static_cast<int32_t>(i));
+    for (std::size_t t = 0; t < s.tokens.size(); ++t) {
+      batch.token_ids.push_back(s.tokens[t]);
+      batch.positions.push_back(start + static_cast<int32_t>(t));
       batch.slots.push_back(s.slot);
     }
     batch.logit_rows.push_back(batch.size() - 1);
-    batch.forced_routing.insert(batch.forced_routing.end(), s.forced.begin(), s.forced.end());
+    if (!any_forced) continue;
+    // Free sequences route by themselves: their placeholder ids are masked out.
+    const bool replays = !s.forced.empty();
+    if (replays) batch.forced_routing.insert(batch.forced_routing.end(), s.forced.begin(), s.forced.end());
+    else batch.forced_routing.resize(batch.forced_routing.size() + s.tokens.size() * per_row, 0);
+    batch.replayed.resize(batch.replayed.size() + s.tokens.size(), replays ? 1 : 0);
   }
   for (int64_t p = 0; p < padding_rows; ++p) {
     batch.token_ids.push_back(0);
     batch.positions.push_back(0);
     batch.slots.push_back(models::ForwardBatch::kPadding);
-    if (forced) {  // any valid routing: experts 0..k-1
-      for (int64_t l = 0; l < capturer_.num_moe_layers(); ++l) {
-        for (int32_t k = 0; k < capturer_.top_k(); ++k) batch.forced_routing.push_back(k);
-      }
+    if (any_forced) {
+      batch.forced_routing.resize(batch.forced_routing.size() + per_row, 0);
+      batch.replayed.push_back(0);
     }
   }
 
@@ -48,12 +108,28 @@ Tensor StepRunner::run(const std::vector<StepSequence>& sequences, int64_t paddi
   Tensor logits = model_.forward(pool_, batch, cache_);
   capturer_.end_step();
   model_.end_step();
-  for (std::size_t i = 0; i < sequences.size(); ++i) {
-    if (sequences[i].routed == nullptr) continue;
-    for (std::size_t t = 0; t < sequences[i].tokens.size(); ++t) {
-      sequences[i].routed->append(capturer_, first_row[i] + static_cast<int64_t>(t));
-    }
+  for (std::size_t a = 0; a < accepted.size(); ++a) {
+    const StepSequence& s = sequences[accepted[a]];
+    if (s.routed == nullptr) continue;
+    for (std::size_t t = 0; t < s.tokens.size(); ++t) s.routed->append(capturer_, first_row[a] + static_cast<int64_t>(t));
   }
+  if (all_logits || accepted.size() == sequences.size()) return logits;
+  // One row per sequence, in the caller's order; refused sequences keep a zero row.
+  Tensor per_sequence = Tensor::empty(DType::F32, {static_cast<int64_t>(sequences.size()), vocab});
+  for (std::size_t a = 0; a < accepted.size(); ++a) {
+    std::copy_n(logits.data<float>() + static_cast<int64_t>(a) * vocab, vocab,
+                per_sequence.data<float>() + static_cast<int64_t>(accepted[a]) * vocab);
+  }
+  return per_sequence;
+}
+
+Tensor StepRunner::run(std::vector<StepSequence> sequences, int64_t padding_rows, bool all_logits) {
+  for (const StepSequence& s : sequences) {
+    const std::string error = check(s);
+    R3_CHECK(error.empty(), error);
+  }
+  Tensor logits = run_each(sequences, padding_rows, all_logits);
+  for (const StepSequence& s : sequences) R3_CHECK(s.error.empty(), s.error);
   return logits;
 }
 

@@ -1,9 +1,11 @@
-// One forward step over several sequences with routed-experts capture: builds the batch (each
-// sequence's tokens in order, then any padding rows), binds capture for its lifetime, runs the
-// model, and hands every sequence exactly the captured rows of its own tokens. Padding rows are
-// computed like any row but never attributed to a sequence.
+// One forward step over several sequences with routed-experts capture: checks each sequence on
+// its own, builds the batch (each accepted sequence's tokens in order, then any padding rows),
+// runs the model, and hands every sequence exactly the captured rows of its own tokens. Padding
+// rows are computed like any row but never attributed to a sequence. Replayed and freely routed
+// sequences share a step: the batch carries a per-row replay mask.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -19,6 +21,9 @@ struct StepSequence {
   std::vector<int32_t> tokens;        // continue the slot's cached prefix
   RoutedExperts* routed = nullptr;    // receives one row per token
   std::vector<int32_t> forced;        // replayed routing [tokens, L_moe, K], or empty
+  // Set by run_each when the sequence was refused (it then did not run, and its cache and
+  // routed rows are unchanged); empty when it ran.
+  std::string error = {};
 };
 
 class StepRunner {
@@ -27,9 +32,17 @@ class StepRunner {
   StepRunner(models::CausalLM& model, ThreadPool& pool, models::ModelCache& cache, int64_t max_tokens,
              bool keep_weights = false);
 
-  // Returns logits F32 [sequences, vocab] of each sequence's last token, or of every row of the
-  // batch with all_logits. Either every sequence carries a forced routing or none does.
-  Tensor run(const std::vector<StepSequence>& sequences, int64_t padding_rows = 0, bool all_logits = false);
+  // Runs the sequences that pass their checks; a refused one gets its `error` set and does not
+  // stop the others. Returns logits F32 [sequences, vocab] of each sequence's last token (rows of
+  // refused sequences are zeros), or of every row of the batch with all_logits.
+  Tensor run_each(std::vector<StepSequence>& sequences, int64_t padding_rows = 0, bool all_logits = false);
+  // run_each, throwing the first refusal as r3::Error.
+  Tensor run(std::vector<StepSequence> sequences, int64_t padding_rows = 0, bool all_logits = false);
+
+  // Why `sequence` cannot run now (empty when it can): tokens outside the vocabulary, a slot
+  // out of range or used twice in the step, the cache capacity, a replayed routing of the
+  // wrong size or with ids outside [0, num_experts) or repeated in a row.
+  std::string check(const StepSequence& sequence) const;
 
   const moe::RoutingCapturer& capturer() const { return capturer_; }
 

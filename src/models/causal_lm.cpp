@@ -36,6 +36,9 @@ void validate_batch(const ForwardBatch& batch, const ModelCache& cache, const Mo
   R3_CHECK(batch.forced_routing.empty() || batch.forced_routing.size() == n * per_token,
            "replayed routing has ", batch.forced_routing.size(), " ids for ", n, " tokens x ",
            info.moe_layers.size(), " MoE layers x top-", info.top_k);
+  R3_CHECK(batch.replayed.empty() || (batch.replayed.size() == n && !batch.forced_routing.empty()),
+           "replay mask has ", batch.replayed.size(), " rows for ", n, " tokens",
+           batch.forced_routing.empty() ? " and no replayed routing" : "");
   for (int64_t row : batch.logit_rows) {
     R3_CHECK(row >= 0 && row < batch.size(), "forward: logit row ", row, " out of range");
   }

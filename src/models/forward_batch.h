@@ -18,10 +18,15 @@ struct ForwardBatch {
   std::vector<int64_t> logit_rows;
   // Routing to replay: [tokens, num MoE layers, top_k] logical ids, or empty to route freely.
   std::vector<int32_t> forced_routing;
+  // [tokens]: 1 where the row replays its forced_routing ids, 0 where it routes freely (its ids
+  // are then ignored), so replayed and free sequences share one step. Empty: every row replays
+  // (when forced_routing is given).
+  std::vector<uint8_t> replayed;
 
   int64_t size() const { return static_cast<int64_t>(token_ids.size()); }
 
-  // The replayed routing of MoE layer j as [tokens, k], or empty when nothing is replayed.
+  // The replayed routing of MoE layer j as [tokens, k] (rows of free tokens included, see
+  // `replayed`), or empty when nothing is replayed.
   std::vector<int32_t> forced_for_layer(int64_t j, int64_t moe_layers, int64_t k) const;
 
   // One sequence: `ids` at positions start, start+1, ... in `slot`.

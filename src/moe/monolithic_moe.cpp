@@ -29,7 +29,7 @@ void MonolithicMoe::set_capture(CaptureSink sink) {
 void MonolithicMoe::forward(ThreadPool& pool, const MoeInput& input, Tensor& out) const {
   const Tensor& hidden = input.hidden;
   const int64_t tokens = hidden.dim(0), experts_n = gate_weight_.dim(0);
-  if (!input.forced.empty()) check_forced_routing(input.forced, tokens, rule_->top_k(), experts_n, layer_id());
+  check_forced_routing(input, tokens, rule_->top_k(), experts_n, layer_id());
   // Routing stage of the fused kernel: the gate's dot products, then the rule, per token.
   Tensor logits = Tensor::empty(DType::F32, {tokens, experts_n});
   ops::linear(pool, hidden, gate_weight_, gate_bias_.if_defined(), logits);

@@ -6,12 +6,21 @@
 
 namespace r3::moe {
 
-void check_forced_routing(std::span<const int32_t> forced, int64_t tokens, int64_t top_k,
-                          int64_t num_experts, int64_t layer_id) {
-  R3_CHECK(static_cast<int64_t>(forced.size()) == tokens * top_k, "replayed routing for MoE layer ",
-           layer_id, " has ", forced.size(), " ids, expected ", tokens, " tokens x top-", top_k);
+std::span<const int32_t> MoeInput::forced_row(int64_t t, int64_t top_k) const {
+  if (forced.empty() || (!replayed.empty() && replayed[static_cast<std::size_t>(t)] == 0)) return {};
+  return forced.subspan(static_cast<std::size_t>(t * top_k), static_cast<std::size_t>(top_k));
+}
+
+void check_forced_routing(const MoeInput& input, int64_t tokens, int64_t top_k, int64_t num_experts,
+                          int64_t layer_id) {
+  if (input.forced.empty()) return;
+  R3_CHECK(static_cast<int64_t>(input.forced.size()) == tokens * top_k, "replayed routing for MoE layer ",
+           layer_id, " has ", input.forced.size(), " ids, expected ", tokens, " tokens x top-", top_k);
+  R3_CHECK(input.replayed.empty() || static_cast<int64_t>(input.replayed.size()) == tokens,
+           "replay mask has ", input.replayed.size(), " rows for ", tokens, " tokens");
   for (int64_t t = 0; t < tokens; ++t) {
-    auto row = forced.subspan(static_cast<std::size_t>(t * top_k), static_cast<std::size_t>(top_k));
+    const auto row = input.forced_row(t, top_k);
+    if (row.empty()) continue;
     for (int64_t k = 0; k < top_k; ++k) {
       const int32_t id = row[static_cast<std::size_t>(k)];
       R3_CHECK(id >= 0 && id < num_experts, "replayed routing: expert id ", id, " at token ", t,
@@ -38,9 +47,7 @@ void route_tokens(ThreadPool& pool, const RoutingRule& rule, Tensor& logits, con
   pool.parallel_for(tokens, 8, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       std::span<float> row(logits.data<float>() + t * experts, static_cast<std::size_t>(experts));
-      auto forced_row = input.forced.empty()
-                            ? input.forced
-                            : input.forced.subspan(static_cast<std::size_t>(t * k), static_cast<std::size_t>(k));
+      const auto forced_row = input.forced_row(t, k);
       const int32_t token = input.token_ids[static_cast<std::size_t>(t)];
       rule.route(row, token, forced_row, out.expert_ids.data() + t * k, out.weights.data() + t * k);
     }
@@ -49,7 +56,7 @@ void route_tokens(ThreadPool& pool, const RoutingRule& rule, Tensor& logits, con
 
 Routing Router::compute(ThreadPool& pool, const MoeInput& input) const {
   const int64_t tokens = input.hidden.dim(0);
-  if (!input.forced.empty()) check_forced_routing(input.forced, tokens, top_k(), num_experts(), layer_id_);
+  check_forced_routing(input, tokens, top_k(), num_experts(), layer_id_);
   Tensor logits = Tensor::empty(DType::F32, {tokens, num_experts()});
   ops::linear(pool, input.hidden, gate_weight_, gate_bias_.if_defined(), logits);
   Routing out;

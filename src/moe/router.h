@@ -16,11 +16,15 @@
 namespace r3::moe {
 
 // What a MoE layer routes on: the hidden states, the step's token ids (hash routing needs
-// them), and an optional forced routing [tokens, top_k] to replay.
+// them), and an optional forced routing [tokens, top_k] to replay, on the rows `replayed` marks.
 struct MoeInput {
   const Tensor& hidden;                // F32 [tokens, hidden]
   std::span<const int32_t> token_ids;  // [tokens]
   std::span<const int32_t> forced;     // [tokens, top_k] or empty
+  std::span<const uint8_t> replayed = {};  // [tokens]; empty: every row of `forced` replays
+
+  // Token t's forced ids, or empty when it routes freely.
+  std::span<const int32_t> forced_row(int64_t t, int64_t top_k) const;
 };
 
 class Router {
@@ -55,8 +59,9 @@ class Router {
 void route_tokens(ThreadPool& pool, const RoutingRule& rule, Tensor& logits, const MoeInput& input,
                   Routing& out);
 
-// Checks a forced routing [tokens, top_k]: ids within [0, num_experts), distinct in each row.
-void check_forced_routing(std::span<const int32_t> forced, int64_t tokens, int64_t top_k,
-                          int64_t num_experts, int64_t layer_id);
+// Checks the replayed rows of input.forced [tokens, top_k]: ids within [0, num_experts), distinct
+// in each row.
+void check_forced_routing(const MoeInput& input, int64_t tokens, int64_t top_k, int64_t num_experts,
+                          int64_t layer_id);
 
 }  // namespace r3::moe
