@@ -6,8 +6,11 @@ in float32, then runs ONE float64 forward (eager attention, eager experts) over 
 writes reference_i.safetensors + reference.json next to the checkpoint.
 
   python3 tools/make_reference.py --family qwen3_moe --out DIR [--seed 1234] \
-      [--config-override key=value ...] [--prompt-lens 12,5] [--gen 8]
+      [--config-override key=value ...] [--prompt-lens 12,5] [--gen 8] [--check-rope-scaling]
   python3 tools/make_reference.py --from-checkpoint DIR --out DIR2 [--input-ids-from REFDIR]
+
+--family also takes the names in RELEASED_STYLE (e.g. deepseek_v4_yarn): a tiny config written the way
+that family's released checkpoints write config.json; transformers loads the model from that file.
 
 Needs torch, transformers (5.17 was used for the shipped fixtures) and safetensors.
 """
@@ -103,6 +106,32 @@ TINY_CONFIGS = {
                     "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "rope_theta": 10000.0,
                     "routed_scaling_factor": 2.446, "topk_group": 1, "v_head_dim": 16},
 }
+# Tiny configs written the way the family's released checkpoints write config.json: legacy keys that
+# transformers folds in when it loads the file (here: `rope_scaling`, `compress_ratios`, `num_hash_layers`,
+# `qk_rope_head_dim`). The fixture's config.json is this dict itself (plus architectures/model_type), and the
+# reference model is loaded from it, so the reference covers transformers' reading of such a config too.
+# name -> (model_type, config)
+RELEASED_STYLE = {
+    # DeepSeek-V4 as released: YaRN (factor 16, beta 32/1) on the compress rope (CSA/HCA layers, their
+    # compressors and indexer; the sliding layers keep plain RoPE), max_position_embeddings =
+    # factor * original_max_position_embeddings (released: 16 * 65536). Scaled down so that YaRN matters
+    # at tiny lengths: original 256, max 4096; with 8 rotary channels and compress_rope_theta 160000 the
+    # four frequencies are kept / half-interpolated / interpolated / interpolated. Compress rates as
+    # released (CSA 4, HCA 128), so a sequence of > 256 tokens gives two HCA entries (positions 0, 128).
+    "deepseek_v4_yarn": ("deepseek_v4", {
+        "vocab_size": 320, "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 1, "head_dim": 32, "qk_rope_head_dim": 8, "q_lora_rank": 32, "o_groups": 2,
+        "o_lora_rank": 16, "moe_intermediate_size": 32, "n_routed_experts": 16, "n_shared_experts": 1,
+        "num_experts_per_tok": 4, "num_hash_layers": 2, "scoring_func": "sqrtsoftplus", "norm_topk_prob": True,
+        "routed_scaling_factor": 1.5, "swiglu_limit": 10.0, "hidden_act": "silu", "rms_norm_eps": 1e-06,
+        "hc_mult": 2, "hc_sinkhorn_iters": 20, "hc_eps": 1e-06, "sliding_window": 8,
+        "compress_ratios": [0, 4, 128, 4], "index_n_heads": 2, "index_head_dim": 16, "index_topk": 3,
+        "rope_theta": 10000.0, "compress_rope_theta": 160000.0, "max_position_embeddings": 4096,
+        "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 256,
+                         "beta_fast": 32, "beta_slow": 1},
+        "num_nextn_predict_layers": 1, "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1,
+        "attention_bias": False}),
+}
 NOTE = ("reference_i: forward over input_ids[:-1] (prompt + generated minus last) in float64; "
         "topk_ids[t, j, k] = expert chosen at token t by the j-th MoE layer (moe_layers[j]).")
 
@@ -114,7 +143,8 @@ def die(msg):
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--family", help="build a random tiny checkpoint of this family: " + ", ".join(TINY_CONFIGS))
+    src.add_argument("--family", help="build a random tiny checkpoint of this family: "
+                     + ", ".join(list(TINY_CONFIGS) + list(RELEASED_STYLE)))
     src.add_argument("--from-checkpoint", metavar="DIR", help="use an existing HF folder instead of a random model")
     p.add_argument("--out", required=True, help="output folder (checkpoint + reference files)")
     p.add_argument("--seed", type=int, default=1234, help="seed for weights and prompt ids (default 1234)")
@@ -126,9 +156,13 @@ def parse_args(argv):
                    help="reuse the prompts stored in REFDIR/reference.json + reference_i.safetensors "
                         "(replaces --prompt-lens; the seed recorded is REFDIR's)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu: deterministic, tiny models)")
+    p.add_argument("--check-rope-scaling", action="store_true",
+                   help="also run the float64 forwards with the config's RoPE scaling removed (same weights) and "
+                        "fail unless the logits change; the change is recorded in reference.json")
     a = p.parse_args(argv)
-    if a.family is not None and a.family not in TINY_CONFIGS:
-        die(f"unknown family '{a.family}'; known families: {', '.join(TINY_CONFIGS)}")
+    known = list(TINY_CONFIGS) + list(RELEASED_STYLE)
+    if a.family is not None and a.family not in known:
+        die(f"unknown family '{a.family}'; known families: {', '.join(known)}")
     if a.from_checkpoint and a.config_override:
         die("--config-override only applies to --family builds")
     try:
@@ -192,13 +226,25 @@ def _n_experts(model):
 
 
 def build_random(args, out, torch, transformers):
-    cfg = copy.deepcopy(dict(COMMON, **TINY_CONFIGS[args.family]))
+    released = args.family in RELEASED_STYLE
+    if released:
+        model_type, cfg = RELEASED_STYLE[args.family]
+        cfg = copy.deepcopy(cfg)
+    else:
+        model_type, cfg = args.family, copy.deepcopy(dict(COMMON, **TINY_CONFIGS[args.family]))
     apply_overrides(cfg, args.config_override)
-    config = transformers.AutoConfig.for_model(args.family, **cfg)
+    config = transformers.AutoConfig.for_model(model_type, **copy.deepcopy(cfg))
     torch.manual_seed(args.seed)
     model = transformers.AutoModelForCausalLM.from_config(config).float()
     reinit_weights(model, torch, args.seed)
     model.save_pretrained(out)  # writes model.safetensors (HF layout), config.json, generation_config.json
+    if released:  # replace transformers' normalized config.json by the released-style one
+        path = os.path.join(out, "config.json")
+        saved = json.load(open(path))
+        raw = {"architectures": saved["architectures"], "model_type": model_type, **cfg, "dtype": "float32",
+               "transformers_version": saved.get("transformers_version")}
+        with open(path, "w") as f:
+            json.dump(raw, f, indent=2)
 
 
 def load_eager(path, torch, transformers, device):
@@ -330,6 +376,62 @@ def random_prompts(lens, vocab, special, seed, torch):
     return [allowed[torch.randint(len(allowed), (n,), generator=g)] for n in lens]
 
 
+def without_rope_scaling(cfg):
+    """config.json dict with RoPE scaling removed: no `rope_scaling`, and every `rope_parameters` entry
+    (flat, or nested per layer/rope type) reduced to plain RoPE with its theta and partial factor."""
+    cfg = copy.deepcopy(cfg)
+    cfg.pop("rope_scaling", None)
+    rp = cfg.get("rope_parameters")
+    if isinstance(rp, dict):
+        nested = [k for k, v in rp.items() if isinstance(v, dict)]
+        for d in ([rp[k] for k in nested] if nested else [rp]):
+            for k in list(d):
+                if k not in ("rope_theta", "partial_rotary_factor"):
+                    del d[k]
+            d["rope_type"] = "default"
+    return cfg
+
+
+def check_rope_scaling(out, refs, torch, transformers, device):
+    """Float64 forwards over the same inputs with the RoPE scaling removed; returns per sequence the
+    relative logits change max|scaled - plain| / max|scaled| and the number of routing rows that change."""
+    import tempfile
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    plain = without_rope_scaling(cfg)
+    if plain == cfg:
+        die("--check-rope-scaling: the config has no RoPE scaling")
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(plain, f)
+        for name in ("model.safetensors", "generation_config.json"):
+            if os.path.exists(os.path.join(out, name)):
+                os.symlink(os.path.join(out, name), os.path.join(tmp, name))
+        model = load_eager(tmp, torch, transformers, device).double()
+        checks = []
+        for ids, res in refs:
+            other, _ = forward_f64(model, ids, torch)
+            rel = float((res["logits"] - other["logits"]).abs().max() / res["logits"].abs().max())
+            rows = int((res["topk_ids"].sort(-1).values != other["topk_ids"].sort(-1).values)
+                       .flatten(1).any(-1).sum())
+            argmax = int((res["logits"].argmax(-1) != other["logits"].argmax(-1)).sum())
+            checks.append({"logits_rel_change": rel, "routing_rows_changed": rows, "argmax_changed": argmax})
+    return checks
+
+
+def rope_summary(model):
+    """inv_freq buffers and attention scaling of the model's rotary embeddings, for the log."""
+    lines = []
+    for name, mod in model.named_modules():
+        for b, t in mod.named_buffers(recurse=False):
+            if b.endswith("inv_freq") and "original" not in b:
+                prefix = b[: -len("inv_freq")]
+                scale = getattr(mod, prefix + "attention_scaling", getattr(mod, "attention_scaling", None))
+                lines.append(f"{name}.{b}: {[float(x) for x in t.float().cpu()]} attention_scaling {scale}")
+        if lines:
+            break  # the first rotary module is enough (every copy is computed from the same config)
+    return lines
+
+
 def main(argv=None):
     args = parse_args(argv)
     try:
@@ -382,9 +484,12 @@ def main(argv=None):
     layer, gate, experts = find_moe_blocks(model, torch)[0]
     print(f"{type(model).__name__}: gate {type(gate).__name__}, experts {type(experts).__name__} "
           f"(experts implementation {getattr(model.config, '_experts_implementation', None)!r})")
-    sequences = []
+    for line in rope_summary(model):
+        print(line)
+    sequences, refs = [], []
     for i, (p, ids) in enumerate(zip(prompts, seqs)):
         res, moe_layers = forward_f64(model, ids[:-1], torch)
+        refs.append((ids[:-1], res))
         res["input_ids"] = ids.long()
         P = p.shape[0]
         generated = ids[P:].tolist()
@@ -399,6 +504,14 @@ def main(argv=None):
             "transformers": transformers.__version__, "torch": torch.__version__, "seed": seed,
             "num_experts": int(res["router_logits"].shape[-1]),
             "top_k": int(res["topk_ids"].shape[-1]), "sequences": sequences, "note": NOTE}
+    if args.check_rope_scaling:
+        checks = check_rope_scaling(out, refs, torch, transformers, args.device)
+        for i, c in enumerate(checks):
+            print(f"reference_{i} without RoPE scaling: {c}")
+        if max(c["logits_rel_change"] for c in checks) < 1e-3:
+            die("removing the RoPE scaling changes the logits by less than 1e-3 (relative): the fixture would "
+                "not show whether scaling is implemented")
+        meta["without_rope_scaling"] = checks
     with open(os.path.join(out, "reference.json"), "w") as f:
         json.dump(meta, f, indent=1)
     print(f"wrote {out}")

@@ -1,5 +1,8 @@
 #include "models/deepseek_v4/v4_spec.h"
 
+#include <optional>
+#include <utility>
+
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
@@ -8,18 +11,93 @@ namespace r3::models {
 
 namespace {
 
-// rope_parameters.{main,compress}: plain RoPE only so far (the released checkpoints use YaRN on
-// the compress layers, which must be refused rather than run as plain RoPE).
-double rope_theta(const HfConfig& config, const std::string& type, double fallback, double* partial) {
-  auto params = config.get_object("rope_parameters");
-  if (!params) return fallback;
-  auto typed = params->get_object(type);
-  if (!typed) return fallback;
-  const std::string kind = typed->get_string("rope_type", "default");
-  R3_CHECK(kind == "default", config.source(), ": rope_parameters.", type, ".rope_type '", kind,
-           "' is not supported for deepseek_v4 yet (only 'default')");
-  *partial = typed->get_double("partial_rotary_factor", *partial);
-  return typed->get_double("rope_theta", fallback);
+// How transformers 5.17 (DeepseekV4Config and its rope utilities) reads V4's two rotaries:
+//  - `rope_scaling` when it is a non-empty object, else `rope_parameters`, is the rope dict.
+//  - Nested ({"main": {...}, "compress": {...}}, what transformers itself writes): each entry as
+//    given; a missing rope_theta is the top-level `rope_theta` (for "compress" too), a missing
+//    partial_rotary_factor the model's.
+//  - Flat (the released checkpoints' `rope_scaling`): "main" is plain RoPE with `rope_theta`;
+//    "compress" is the dict's type and parameters with theta `compress_rope_theta` (any rope_theta
+//    in the dict is dropped) and the model's partial factor; a YaRN compress rope gets
+//    attention_factor 1.0 unless the dict has that key (cos/sin are then not scaled).
+//  - YaRN: `factor` is required (null: max_position_embeddings / original); original_max_position_
+//    embeddings defaults to max_position_embeddings; beta_fast / beta_slow of 0 or null mean 32 / 1;
+//    attention_factor null or absent (nested) is derived from factor and mscale / mscale_all_dim;
+//    `truncate` is never read (transformers looks it up on the top-level dict, which for V4 only
+//    holds "main" and "compress"), so the correction range is always truncated.
+//  - The attention's softmax scale stays head_dim^-0.5 (no YaRN mscale there).
+struct RopeRead {
+  double theta = 10000.0;
+  double partial = 0.0;
+  ops::RopeScaling scaling;
+};
+
+ops::RopeScaling read_scaling(const HfConfig& config, const HfConfig& p, const std::string& what, bool flat,
+                              int64_t max_position_embeddings) {
+  const std::string kind = p.get_string("rope_type", p.get_string("type", "default"));
+  ops::RopeScaling s;
+  if (kind == "default") return s;
+  R3_CHECK(kind == "yarn", config.source(), ": ", what, " rope_type '", kind,
+           "' is not supported for deepseek_v4 (default, yarn)");
+  s.kind = ops::RopeScaling::Kind::kYarn;
+  R3_CHECK(p.raw().contains("factor"), config.source(), ": ", what, " YaRN needs 'factor'");
+  s.original_max_position_embeddings = p.get_int("original_max_position_embeddings", max_position_embeddings);
+  R3_CHECK(s.original_max_position_embeddings > 0, config.source(), ": ", what,
+           " original_max_position_embeddings must be positive");
+  s.factor = p.has("factor") ? p.get_double("factor")
+                             : static_cast<double>(max_position_embeddings) /
+                                   static_cast<double>(s.original_max_position_embeddings);
+  R3_CHECK(s.factor > 0, config.source(), ": ", what, " YaRN factor must be positive, got ", s.factor);
+  const double beta_fast = p.get_double("beta_fast", 0.0), beta_slow = p.get_double("beta_slow", 0.0);
+  s.beta_fast = beta_fast != 0.0 ? beta_fast : 32.0;
+  s.beta_slow = beta_slow != 0.0 ? beta_slow : 1.0;
+  s.truncate = true;
+  if (p.has("attention_factor")) {
+    s.attention_factor = p.get_double("attention_factor");
+    R3_CHECK(s.attention_factor > 0, config.source(), ": ", what, " attention_factor must be positive");
+  } else {
+    s.attention_factor = flat && !p.raw().contains("attention_factor") ? 1.0 : 0.0;  // 0: derived
+  }
+  s.mscale = p.get_double("mscale", 0.0);
+  s.mscale_all_dim = p.get_double("mscale_all_dim", 0.0);
+  return s;
+}
+
+std::pair<RopeRead, RopeRead> read_ropes(const HfConfig& c, double partial, int64_t max_position_embeddings) {
+  const double rope_theta = c.get_double("rope_theta", 10000.0);
+  RopeRead main, compress;
+  main.theta = rope_theta;
+  main.partial = compress.partial = partial;
+  compress.theta = c.get_double("compress_rope_theta", 160000.0);
+  std::optional<HfConfig> params = c.get_object("rope_scaling");
+  if (!params || params->raw().empty()) params = c.get_object("rope_parameters");
+  if (!params) return {main, compress};
+  const auto& raw = params->raw();
+  const bool nested = raw.contains("main") && raw["main"].is_object() && raw.contains("compress") &&
+                      raw["compress"].is_object();
+  if (!nested) {
+    compress.scaling = read_scaling(c, *params, "rope_scaling (compress rope)", true, max_position_embeddings);
+    return {main, compress};
+  }
+  auto read_typed = [&](const std::string& name, RopeRead& out) {
+    const HfConfig typed = *params->get_object(name);
+    out.theta = typed.get_double("rope_theta", rope_theta);
+    out.partial = typed.get_double("partial_rotary_factor", partial);
+    out.scaling = read_scaling(c, typed, "rope_parameters." + name, false, max_position_embeddings);
+  };
+  read_typed("main", main);
+  read_typed("compress", compress);
+  return {main, compress};
+}
+
+// Legacy per-layer compress ratios (released config.json) -> layer types, as transformers maps them.
+std::string layer_type_of_ratio(const HfConfig& c, int64_t ratio) {
+  switch (ratio) {
+    case 0: return "sliding_attention";
+    case 4: return "compressed_sparse_attention";
+    case 128: return "heavily_compressed_attention";
+    default: R3_FAIL(c.source(), ": compress_ratios value ", ratio, " has no layer type (0, 4 or 128)");
+  }
 }
 
 }  // namespace
@@ -30,7 +108,7 @@ DeepseekV4Spec DeepseekV4Spec::parse(const HfConfig& c) {
   s.vocab_size = c.get_int("vocab_size");
   s.hidden_size = c.get_int("hidden_size");
   s.num_layers = c.get_int("num_hidden_layers");
-  s.max_position_embeddings = c.get_int("max_position_embeddings", 0);
+  s.max_position_embeddings = c.get_int("max_position_embeddings", 1048576);  // transformers' default
   s.rms_norm_eps = c.get_double("rms_norm_eps", 1e-6);
   s.tie_word_embeddings = c.get_bool("tie_word_embeddings", false);
   for (int64_t id : c.get_int_or_list("eos_token_id")) s.eos_token_ids.push_back(static_cast<int32_t>(id));
@@ -46,16 +124,31 @@ DeepseekV4Spec DeepseekV4Spec::parse(const HfConfig& c) {
                                 c.has("qk_rope_head_dim") ? static_cast<double>(c.get_int("qk_rope_head_dim")) /
                                                                 static_cast<double>(s.head_dim)
                                                           : 64.0 / 512.0);
-  double main_partial = partial, compress_partial = partial;
-  s.main_rope_theta = rope_theta(c, "main", c.get_double("rope_theta", 10000.0), &main_partial);
-  s.compress_rope_theta = rope_theta(c, "compress", c.get_double("compress_rope_theta", 160000.0), &compress_partial);
-  R3_CHECK(main_partial == compress_partial, c.source(), ": different partial rotary factors per rope type");
-  s.rope_dim = static_cast<int64_t>(static_cast<double>(s.head_dim) * main_partial);
+  const auto [main, compress] = read_ropes(c, partial, s.max_position_embeddings);
+  R3_CHECK(main.partial == compress.partial, c.source(), ": different partial rotary factors per rope type");
+  s.main_rope_theta = main.theta;
+  s.compress_rope_theta = compress.theta;
+  s.main_rope_scaling = main.scaling;
+  s.compress_rope_scaling = compress.scaling;
+  s.rope_dim = static_cast<int64_t>(static_cast<double>(s.head_dim) * main.partial);
 
+  // layer_types, else the legacy per-layer compress_ratios, else transformers' default schedule
+  // (two HCA layers, then HCA and CSA alternating).
   const std::vector<std::string> kinds = [&] {
     std::vector<std::string> out;
-    R3_CHECK(c.has("layer_types") && c.raw()["layer_types"].is_array(), c.source(), ": 'layer_types' is required");
-    for (const auto& v : c.raw()["layer_types"]) out.push_back(v.get<std::string>());
+    if (c.has("layer_types")) {
+      R3_CHECK(c.raw()["layer_types"].is_array(), c.source(), ": 'layer_types' must be a list");
+      for (const auto& v : c.raw()["layer_types"]) {
+        R3_CHECK(v.is_string(), c.source(), ": 'layer_types' must hold strings");
+        out.push_back(v.get<std::string>());
+      }
+    } else if (c.has("compress_ratios")) {
+      for (int64_t r : c.get_int_list("compress_ratios", {})) out.push_back(layer_type_of_ratio(c, r));
+    } else {
+      for (int64_t l = 0; l < s.num_layers; ++l) {
+        out.push_back(l >= 2 && (l - 2) % 2 == 1 ? "compressed_sparse_attention" : "heavily_compressed_attention");
+      }
+    }
     return out;
   }();
   R3_CHECK(static_cast<int64_t>(kinds.size()) >= s.num_layers, c.source(), ": layer_types lists ", kinds.size(),
@@ -76,6 +169,8 @@ DeepseekV4Spec DeepseekV4Spec::parse(const HfConfig& c) {
     s.csa_rate = rates->get_int("compressed_sparse_attention", 4);
     s.hca_rate = rates->get_int("heavily_compressed_attention", 128);
   }
+  s.csa_rate = c.get_int("compress_rate_csa", s.csa_rate);  // legacy top-level overrides
+  s.hca_rate = c.get_int("compress_rate_hca", s.hca_rate);
   s.index_heads = c.get_int("index_n_heads");
   s.index_head_dim = c.get_int("index_head_dim");
   s.index_topk = c.get_int("index_topk");
@@ -116,6 +211,14 @@ DeepseekV4Spec DeepseekV4Spec::parse(const HfConfig& c) {
   R3_CHECK(s.sliding_window >= 1 && s.csa_rate >= 1 && s.hca_rate >= 1, c.source(),
            ": sliding_window and compress rates must be >= 1");
   return s;
+}
+
+ops::RopeFrequencies DeepseekV4Spec::main_rope() const {
+  return ops::rope_frequencies(rope_dim, main_rope_theta, main_rope_scaling, max_position_embeddings);
+}
+
+ops::RopeFrequencies DeepseekV4Spec::compress_rope() const {
+  return ops::rope_frequencies(rope_dim, compress_rope_theta, compress_rope_scaling, max_position_embeddings);
 }
 
 }  // namespace r3::models

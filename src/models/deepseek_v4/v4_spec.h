@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "io/hf_config.h"
+#include "ops/rope_scaling.h"
 
 namespace r3::models {
 
@@ -25,7 +26,10 @@ struct DeepseekV4Spec {
   // Attention: shared-KV MQA (one KV head), q LoRA, grouped output projection, sinks.
   int64_t num_heads = 0, head_dim = 0, q_lora_rank = 0, o_groups = 0, o_lora_rank = 0;
   int64_t rope_dim = 0;  // trailing rotary channels per head
+  // Two rotaries: "main" for sliding-only layers, "compress" for CSA/HCA layers (their attention,
+  // compressors and indexer). Released checkpoints use YaRN on the compress one only.
   double main_rope_theta = 10000.0, compress_rope_theta = 160000.0;
+  ops::RopeScaling main_rope_scaling, compress_rope_scaling;
   int64_t sliding_window = 0;
   std::vector<V4AttentionKind> layer_kinds;
   int64_t csa_rate = 4, hca_rate = 128;
@@ -41,6 +45,10 @@ struct DeepseekV4Spec {
   std::vector<bool> hash_layer;
 
   static DeepseekV4Spec parse(const HfConfig& config);
+
+  // Frequencies and cos/sin scaling of each rotary, as transformers computes them.
+  ops::RopeFrequencies main_rope() const;
+  ops::RopeFrequencies compress_rope() const;
 };
 
 }  // namespace r3::models

@@ -15,8 +15,12 @@ std::unique_ptr<CausalLM> load_deepseek_v4(const HfConfig& config, const Checkpo
   options.eplb.validate();
   const int64_t h = s.hidden_size, d = s.head_dim, hc = s.hc_mult, mix = (2 + hc) * hc;
   const float eps = static_cast<float>(s.rms_norm_eps), hc_eps = static_cast<float>(s.hc_eps);
-  auto main_rotary = std::make_unique<ops::TrailingInterleavedRotary>(s.rope_dim, s.main_rope_theta);
-  auto compress_rotary = std::make_unique<ops::TrailingInterleavedRotary>(s.rope_dim, s.compress_rope_theta);
+  // Plain RoPE or YaRN (frequencies and cos/sin scaling) for each of the two rotaries.
+  auto make_rotary = [&](const ops::RopeFrequencies& f) {
+    return std::make_unique<ops::TrailingInterleavedRotary>(s.rope_dim, f.inv_freq, f.attention_scaling);
+  };
+  auto main_rotary = make_rotary(s.main_rope());
+  auto compress_rotary = make_rotary(s.compress_rope());
   const float limit = s.swiglu_limit > 0 ? static_cast<float>(s.swiglu_limit) : INFINITY;
 
   std::vector<V4Layer> layers;
