@@ -1,8 +1,32 @@
 #include "core/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace r3 {
+
+namespace {
+
+constexpr auto kSpin = std::chrono::microseconds(50);
+
+// Spins until done() or kSpin has passed; true when done() became true.
+template <typename Done>
+bool spin_until(Done done) {
+  const auto deadline = std::chrono::steady_clock::now() + kSpin;
+  for (int i = 0;; ++i) {
+    if (done()) return true;
+#if defined(__x86_64__)
+    _mm_pause();
+#endif
+    if ((i & 63) == 63 && std::chrono::steady_clock::now() > deadline) return false;
+  }
+}
+
+}  // namespace
 
 ThreadPool::ThreadPool(int threads) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -40,6 +64,7 @@ void ThreadPool::run_chunks() {
 void ThreadPool::worker_loop() {
   uint64_t seen = 0;
   for (;;) {
+    spin_until([&] { return stopping_ || generation_ != seen; });
     {
       std::unique_lock lock(mutex_);
       work_ready_.wait(lock, [&] { return stopping_ || generation_ != seen; });
@@ -78,6 +103,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const RangeFn& fn) {
   }
   work_ready_.notify_all();
   run_chunks();
+  spin_until([&] { return busy_workers_ == 0; });
   std::exception_ptr error;
   {
     std::unique_lock lock(mutex_);

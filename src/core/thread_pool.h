@@ -3,8 +3,13 @@
 // parallel_for hands out disjoint index ranges; kernels compute every output element on exactly
 // one thread with a fixed operation order, so results are bit-identical for any thread count.
 // That property is what batch invariance and the parity tests rely on.
+//
+// A decode step is ~100 short jobs; waking a sleeping thread through the condition variable costs
+// about as much as a small job. So workers and the caller first spin briefly (kSpin) on the job
+// counter and only then sleep: back-to-back jobs are picked up without a kernel round trip.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -37,8 +42,9 @@ class ThreadPool {
   std::mutex mutex_;
   std::condition_variable work_ready_;
   std::condition_variable work_done_;
-  uint64_t generation_ = 0;
-  bool stopping_ = false;
+  // Written under mutex_; also read without it while spinning.
+  std::atomic<uint64_t> generation_ = 0;
+  std::atomic<bool> stopping_ = false;
 
   // The job in flight (guarded by mutex_ for publication; chunks claimed atomically).
   const RangeFn* job_ = nullptr;
@@ -46,7 +52,7 @@ class ThreadPool {
   int64_t job_chunk_ = 0;
   int64_t next_chunk_ = 0;
   int64_t chunks_total_ = 0;
-  int busy_workers_ = 0;
+  std::atomic<int> busy_workers_ = 0;
   std::exception_ptr error_;
 };
 
