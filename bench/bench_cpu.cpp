@@ -14,6 +14,7 @@
 #include "core/thread_pool.h"
 #include "io/safetensors.h"
 #include "models/registry.h"
+#include "moe/routing_capturer.h"
 #include "ops/linear.h"
 
 namespace r3 {
@@ -52,6 +53,15 @@ void BM_Linear(benchmark::State& state) {
 }
 BENCHMARK(BM_Linear)->Args({1, 2048, 2048})->Args({16, 2048, 2048})->Args({128, 2048, 768})
     ->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// One step with its routed-experts capture buffer, as the engine runs it (capture included in the time).
+Tensor forward_captured(models::CausalLM& model, ThreadPool& pool, models::ForwardBatch batch, models::ModelCache& cache) {
+  const models::ModelInfo& info = model.info();
+  moe::RoutingCapturer capturer(batch.size(), static_cast<int64_t>(info.moe_layers.size()), info.top_k, info.num_experts);
+  capturer.begin_step(batch.size());
+  batch.capture = &capturer;
+  return model.forward(pool, batch, cache);
+}
 
 // A synthetic Qwen3-MoE-shaped checkpoint (random weights) written once to a temp folder.
 struct SyntheticModel {
@@ -139,10 +149,10 @@ void BM_DecodeStep(benchmark::State& state) {
   models::ModelCache& cache = *cache_owner;
   std::vector<int32_t> prompt(static_cast<std::size_t>(ctx));
   for (int64_t i = 0; i < ctx; ++i) prompt[static_cast<std::size_t>(i)] = static_cast<int32_t>((i * 37) % 8192);
-  model->forward(pool, models::ForwardBatch::sequence(prompt, 0), cache);
+  forward_captured(*model, pool, models::ForwardBatch::sequence(prompt, 0), cache);
   for (auto _ : state) {
     cache.set_length(0, ctx);  // decode the same position again each iteration
-    Tensor logits = model->forward(pool, models::ForwardBatch::sequence({11}, static_cast<int32_t>(ctx)), cache);
+    Tensor logits = forward_captured(*model, pool, models::ForwardBatch::sequence({11}, static_cast<int32_t>(ctx)), cache);
     benchmark::DoNotOptimize(logits.raw_data());
   }
   const double bytes = SyntheticModel::decode_bytes(ctx);
@@ -167,7 +177,7 @@ void BM_Prefill(benchmark::State& state) {
     models::ModelCache& cache = *cache_owner;
     models::ForwardBatch batch = models::ForwardBatch::sequence(ids, 0);
     batch.logit_rows = {tokens - 1};
-    Tensor logits = model->forward(pool, batch, cache);
+    Tensor logits = forward_captured(*model, pool, batch, cache);
     benchmark::DoNotOptimize(logits.raw_data());
   }
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(tokens) * static_cast<double>(state.iterations()),

@@ -51,7 +51,7 @@ std::vector<float> logits_of(const std::string& dir, const std::vector<int32_t>&
   ThreadPool pool(2);
   auto cache_owner = model->make_cache(1, static_cast<int64_t>(ids.size()));
   models::ModelCache& cache = *cache_owner;
-  Tensor logits = model->forward(pool, models::ForwardBatch::sequence(ids, 0), cache);
+  Tensor logits = test::forward_captured(*model, pool, models::ForwardBatch::sequence(ids, 0), cache);
   return {logits.data<float>(), logits.data<float>() + logits.numel()};
 }
 

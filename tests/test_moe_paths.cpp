@@ -34,6 +34,13 @@ std::unique_ptr<models::CausalLM> load(const std::string& family, MoeBackend bac
   return models::load_model(family_dir(family), options);
 }
 
+// Records which layers reported, in order.
+class LayerLog final : public moe::CaptureBuffer {
+ public:
+  void record(int64_t layer, std::span<const int32_t>, std::span<const float>) override { layers.push_back(layer); }
+  std::vector<int64_t> layers;
+};
+
 struct StepResult {
   std::vector<float> logits;
   std::vector<int32_t> routed;
@@ -84,10 +91,17 @@ TEST(MoePaths, NonCapturingMonolithicKernelComputesTheSameWithoutCapture) {
   auto logits = [&](models::CausalLM& m) {
     auto cache_owner = m.make_cache(1, static_cast<int64_t>(ids.size()));
     models::ModelCache& cache = *cache_owner;
-    Tensor t = m.forward(pool, models::ForwardBatch::sequence(ids, 0), cache);  // no capture bound
-    return std::vector<float>(t.data<float>(), t.data<float>() + t.numel());
+    LayerLog log;
+    models::ForwardBatch batch = models::ForwardBatch::sequence(ids, 0);
+    batch.capture = &log;
+    Tensor t = m.forward(pool, batch, cache);
+    return std::pair{std::vector<float>(t.data<float>(), t.data<float>() + t.numel()), log.layers};
   };
-  EXPECT_EQ(logits(*a), logits(*b));
+  const auto [modular, modular_layers] = logits(*a);
+  const auto [nocapture, nocapture_layers] = logits(*b);
+  EXPECT_EQ(modular, nocapture);
+  EXPECT_EQ(modular_layers.size(), a->info().moe_layers.size());
+  EXPECT_TRUE(nocapture_layers.empty());  // the kernel cannot report its routing
 }
 
 TEST(Eplb, ReplicasAndRebalancingChangeNeitherLogitsNorCapturedIds) {
@@ -222,28 +236,42 @@ TEST(CaptureBinder, LayerWithoutRouterOrCaptureSourceFails) {
   OpaqueMoe opaque(1);
   layers[1] = &opaque;
   try {
-    moe::bind_routing_capture(layers, [](int64_t, std::span<const int32_t>, std::span<const float>) {});
-    FAIL() << "bound a layer with no capture point";
+    moe::check_routing_capture(layers);
+    FAIL() << "accepted a layer with no capture point";
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "No supported MoE router found for routed-experts capture.");
   }
 }
 
-TEST(CaptureBinder, BindsEveryLayerOnceAndChecksLayerIds) {
+TEST(CaptureBinder, EveryLayerCapturesOnceIntoTheStepsBufferAndLayerIdsAreChecked) {
   for (MoeBackend backend : kCapturingBackends) {
     auto model = load("qwen2_moe", backend);
     std::vector<moe::MoeBlock*> layers = model->moe_blocks();
-    std::multiset<int64_t> seen;
-    EXPECT_EQ(moe::bind_routing_capture(
-                  layers, [&](int64_t id, std::span<const int32_t>, std::span<const float>) { seen.insert(id); }),
-              3);
+    EXPECT_EQ(moe::check_routing_capture(layers), 3);
     ThreadPool pool(1);
     auto cache_owner = model->make_cache(1, 3);
     models::ModelCache& cache = *cache_owner;
-    model->forward(pool, models::ForwardBatch::sequence({1, 2, 3}, 0), cache);
-    EXPECT_EQ(seen, (std::multiset<int64_t>{0, 1, 2})) << moe::moe_backend_name(backend);  // once each
+    LayerLog log;
+    models::ForwardBatch batch = models::ForwardBatch::sequence({1, 2, 3}, 0);
+    batch.capture = &log;
+    model->forward(pool, batch, cache);
+    EXPECT_EQ(log.layers, (std::vector<int64_t>{0, 1, 2})) << moe::moe_backend_name(backend);  // once each
     layers[2] = layers[1];  // a layer id twice
-    EXPECT_THROW(moe::bind_routing_capture(layers, nullptr), Error);
+    EXPECT_THROW(moe::check_routing_capture(layers), Error);
+  }
+}
+
+TEST(CaptureBinder, AStepWithoutACaptureBufferCannotRunACapturingPath) {
+  for (MoeBackend backend : kCapturingBackends) {
+    auto model = load("qwen2_moe", backend);
+    ThreadPool pool(1);
+    auto cache = model->make_cache(1, 3);
+    try {
+      model->forward(pool, models::ForwardBatch::sequence({1, 2, 3}, 0), *cache);
+      FAIL() << "ran MoE layers without a capture buffer on " << moe::moe_backend_name(backend);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("without a capture buffer"), std::string::npos) << e.what();
+    }
   }
 }
 
@@ -290,7 +318,7 @@ TEST(RoutingCapturer, NarrowestElementType) {
   EXPECT_EQ(moe::RoutingCapturer(4, 3, 2, 257).element_size(), 2u);
   moe::RoutingCapturer c(4, 2, 2, 300);
   c.begin_step(1);
-  auto sink = c.sink();
+  auto sink = [&](int64_t layer, std::vector<int32_t> ids, std::vector<float> weights) { c.record(layer, ids, weights); };
   sink(0, std::vector<int32_t>{299, 5}, std::vector<float>{0.5f, 0.5f});
   sink(1, std::vector<int32_t>{0, 256}, std::vector<float>{0.5f, 0.5f});
   c.end_step();

@@ -199,7 +199,7 @@ TEST_P(ReferenceParity, ThreadCountDoesNotChangeLogits) {
     ThreadPool pool(threads);
     auto cache_owner = model->make_cache(1, static_cast<int64_t>(ids.size()));
     models::ModelCache& cache = *cache_owner;
-    Tensor logits = model->forward(pool, models::ForwardBatch::sequence(ids, 0), cache);
+    Tensor logits = forward_captured(*model, pool, models::ForwardBatch::sequence(ids, 0), cache);
     return std::vector<float>(logits.data<float>(), logits.data<float>() + logits.numel());
   };
   EXPECT_EQ(run(1), run(3));

@@ -102,6 +102,32 @@ TEST_P(MixedStep, ABadSequenceIsRefusedAloneAndTheOthersRun) {
   }
 }
 
+// Capture travels with each step, not bound into the model: two engines over one model, stepping
+// in turn, each get exactly their own rows.
+TEST_P(MixedStep, TwoEnginesOverOneModelDoNotSeeEachOthersRouting) {
+  auto model = load(GetParam());
+  const std::vector<int32_t> a = prompt(0, 6), b = prompt(1, 4);
+  auto solo_rows = [&](const std::vector<int32_t>& ids) {
+    ThreadPool pool(1);
+    auto cache = model->make_cache(1, 16);
+    engine::StepRunner runner(*model, pool, *cache, 16);
+    engine::RoutedExperts routed(3, 2);
+    runner.run({{0, ids, &routed, {}}});
+    runner.run({{0, {9}, &routed, {}}});
+    return routed.flat();
+  };
+  ThreadPool pool(2);
+  auto cache_a = model->make_cache(1, 16), cache_b = model->make_cache(1, 16);
+  engine::StepRunner first(*model, pool, *cache_a, 16), second(*model, pool, *cache_b, 16);
+  engine::RoutedExperts ra(3, 2), rb(3, 2);
+  first.run({{0, a, &ra, {}}});
+  second.run({{0, b, &rb, {}}});
+  first.run({{0, {9}, &ra, {}}});
+  second.run({{0, {9}, &rb, {}}});
+  EXPECT_EQ(ra.flat(), solo_rows(a));
+  EXPECT_EQ(rb.flat(), solo_rows(b));
+}
+
 INSTANTIATE_TEST_SUITE_P(Paths, MixedStep,
                          ::testing::Values(MoeBackend::kModular, MoeBackend::kMonolithic, MoeBackend::kMega),
                          [](const auto& p) { return std::string(moe::moe_backend_name(p.param)); });

@@ -1,5 +1,7 @@
 #include "test_support.h"
 
+#include "moe/routing_capturer.h"
+
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -144,6 +146,18 @@ EosModel make_eos_model(const TempDir& dir, const std::string& family, const std
   R3_CHECK(m.eos >= 0, "no token of ", free_run.out, " can serve as EOS");
   m.dir = copy_model_with_config(family, dir, "eos_model", "eos_token_id", std::to_string(m.eos));
   return m;
+}
+
+Tensor forward_captured(models::CausalLM& model, ThreadPool& pool, models::ForwardBatch batch,
+                        models::ModelCache& cache) {
+  const models::ModelInfo& info = model.info();
+  moe::RoutingCapturer capturer(batch.size(), static_cast<int64_t>(info.moe_layers.size()), info.top_k,
+                                info.num_experts);
+  capturer.begin_step(batch.size());
+  batch.capture = &capturer;
+  Tensor logits = model.forward(pool, batch, cache);
+  capturer.end_step();
+  return logits;
 }
 
 }  // namespace r3::test

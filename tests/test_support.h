@@ -7,7 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "io/safetensors.h"
+#include "models/causal_lm.h"
 
 namespace r3::test {
 
@@ -53,6 +55,11 @@ struct Reference {
   std::vector<double> topk_weights;  // [T, L, K]
 };
 Reference load_reference(const std::string& family, int index);
+
+// model.forward(batch) with a capture buffer of its own for the step (MoE layers need one); the
+// captured routing is dropped.
+Tensor forward_captured(models::CausalLM& model, ThreadPool& pool, models::ForwardBatch batch,
+                        models::ModelCache& cache);
 
 std::string join(const std::vector<int64_t>& values, const std::string& separator = ",");
 

@@ -83,7 +83,7 @@ int64_t resident_bytes() {
 std::vector<float> logits_of(models::CausalLM& model) {
   ThreadPool pool(2);
   auto cache = model.make_cache(1, 16);
-  const Tensor logits = model.forward(pool, models::ForwardBatch::sequence({5, 17, 300, 2047, 9, 1000}, 0), *cache);
+  const Tensor logits = test::forward_captured(model, pool, models::ForwardBatch::sequence({5, 17, 300, 2047, 9, 1000}, 0), *cache);
   return {logits.data<float>(), logits.data<float>() + logits.numel()};
 }
 

@@ -11,8 +11,9 @@ StepRunner::StepRunner(models::CausalLM& model, ThreadPool& pool, models::ModelC
       pool_(pool),
       cache_(cache),
       capturer_(max_tokens, static_cast<int64_t>(model.info().moe_layers.size()), model.info().top_k,
-                model.info().num_experts, keep_weights),
-      binding_(model.moe_blocks(), capturer_.sink()) {}
+                model.info().num_experts, keep_weights) {
+  moe::check_routing_capture(model.moe_blocks());  // start-up errors before any token runs
+}
 
 std::string StepRunner::check(const StepSequence& s) const {
   const models::ModelInfo& info = model_.info();
@@ -104,6 +105,7 @@ Tensor StepRunner::run_each(std::vector<StepSequence>& sequences, int64_t paddin
   }
 
   if (all_logits) batch.logit_rows.clear();
+  batch.capture = &capturer_;
   capturer_.begin_step(batch.size());
   Tensor logits = model_.forward(pool_, batch, cache_);
   capturer_.end_step();

@@ -51,7 +51,6 @@ class StepRunner {
   ThreadPool& pool_;
   models::ModelCache& cache_;
   moe::RoutingCapturer capturer_;
-  moe::ScopedCaptureBinding binding_;
 };
 
 }  // namespace r3::engine

@@ -23,7 +23,7 @@ class CausalLM {
   // A cache for `max_slots` sequences of up to `capacity` tokens.
   virtual std::unique_ptr<ModelCache> make_cache(int64_t max_slots, int64_t capacity) const = 0;
   // Runs one step and returns logits F32 [rows, vocab] for batch.logit_rows (all rows if empty).
-  // Routing reaches whatever capture sink is bound to the MoE layers (moe/capture_binder.h).
+  // Every MoE layer records its routing in batch.capture (moe/capture.h).
   // Updates the cache lengths of the slots in the batch.
   virtual Tensor forward(ThreadPool& pool, const ForwardBatch& batch, ModelCache& cache) const = 0;
   // The MoE layers in order; index j has layer id j.

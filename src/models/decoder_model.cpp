@@ -58,7 +58,7 @@ Tensor DecoderModel::forward(ThreadPool& pool, const ForwardBatch& batch, ModelC
     if (layer.feed_forward->moe_block() != nullptr) {
       forced = batch.forced_for_layer(moe_index++, moe_count, info_.top_k);
     }
-    layer.feed_forward->forward(pool, {normed, batch.token_ids, forced, batch.replayed}, branch);
+    layer.feed_forward->forward(pool, {normed, batch.token_ids, forced, batch.replayed, batch.capture}, branch);
     add_branch();
   }
   for (int64_t t = 0; t < tokens; ++t) {

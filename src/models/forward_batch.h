@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "moe/capture.h"
+
 namespace r3::models {
 
 struct ForwardBatch {
@@ -22,6 +24,9 @@ struct ForwardBatch {
   // are then ignored), so replayed and free sequences share one step. Empty: every row replays
   // (when forced_routing is given).
   std::vector<uint8_t> replayed;
+  // The step's routed-experts capture buffer, sized for these rows; every MoE layer records its
+  // logical ids there. Required by every capturing MoE path.
+  moe::CaptureBuffer* capture = nullptr;
 
   int64_t size() const { return static_cast<int64_t>(token_ids.size()); }
 

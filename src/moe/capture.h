@@ -1,30 +1,35 @@
 // The capture point of routed-experts capture (R3).
 //
-// Every MoE execution path turns its Routing into a CapturedRouting by calling capture(), and
-// the EPLB map (PhysicalExperts::map) accepts nothing else. So no path can remap logical ids
-// to physical replicas, or run experts, before the logical ids have been offered to the capture
-// sink: the ordering DESIGN.md asks for holds by construction.
+// A step's routed experts go into a capture buffer that the step owns (the engine's
+// RoutingCapturer) and passes with its input: nothing is bound into the model, so two engines
+// over one model never see each other's routing. Every MoE path turns its Routing into a
+// CapturedRouting by calling capture(), which needs that buffer; the EPLB map
+// (PhysicalExperts::map) accepts nothing else, and a PhysicalRouting only comes out of the map.
+// So no path can remap logical ids to physical replicas, or run experts, before the logical ids
+// are in the step's buffer: the ordering DESIGN.md asks for holds by construction.
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <span>
 
 #include "moe/routing.h"
 
 namespace r3::moe {
 
-// Receives (MoE layer id, logical ids [tokens, top_k], weights [tokens, top_k]).
-using CaptureSink = std::function<void(int64_t moe_layer_id, std::span<const int32_t> logical_ids,
-                                       std::span<const float> weights)>;
+// Where one step's routing goes: (MoE layer id, logical ids [tokens, top_k], weights [tokens, top_k]).
+class CaptureBuffer {
+ public:
+  virtual ~CaptureBuffer() = default;
+  virtual void record(int64_t moe_layer_id, std::span<const int32_t> logical_ids, std::span<const float> weights) = 0;
+};
 
-// Anything with an explicit MoE layer id (assigned when the model is built) and a settable
-// capture callback: a fused experts module, or a fused kernel that can report its routing.
+// A fused module or kernel that sees the routing itself (the mega experts module, the capturing
+// fused kernel) and captures it: the binder counts it as its layer's capture point. Its layer id
+// is assigned when the model is built.
 class CaptureSource {
  public:
   virtual ~CaptureSource() = default;
   virtual int64_t layer_id() const = 0;
-  virtual void set_capture(CaptureSink sink) = 0;
 };
 
 // A Routing of logical ids that has passed the capture point.
@@ -34,11 +39,12 @@ class CapturedRouting {
 
  private:
   explicit CapturedRouting(Routing routing) : routing_(std::move(routing)) {}
-  friend CapturedRouting capture(Routing routing, int64_t layer_id, const CaptureSink& sink);
+  friend CapturedRouting capture(Routing routing, int64_t layer_id, CaptureBuffer* buffer);
   Routing routing_;
 };
 
-// Offers the logical ids to `sink` (when one is bound) and marks the routing as captured.
-CapturedRouting capture(Routing routing, int64_t layer_id, const CaptureSink& sink);
+// Records the logical ids in the step's `buffer` and marks the routing as captured. Throws when
+// the step brought no buffer.
+CapturedRouting capture(Routing routing, int64_t layer_id, CaptureBuffer* buffer);
 
 }  // namespace r3::moe

@@ -4,8 +4,9 @@
 
 namespace r3::moe {
 
-void MegaExperts::forward(ThreadPool& pool, const Tensor& hidden, Routing routing, Tensor& out) const {
-  const CapturedRouting captured = capture(std::move(routing), layer_id_, sink_);
+void MegaExperts::forward(ThreadPool& pool, const Tensor& hidden, Routing routing, CaptureBuffer* buffer,
+                          Tensor& out) const {
+  const CapturedRouting captured = capture(std::move(routing), layer_id_, buffer);
   const PhysicalRouting physical = experts_.map(captured);
   fused_experts(pool, hidden, physical, experts_, out);
 }
@@ -18,7 +19,7 @@ MegaMoe::MegaMoe(std::unique_ptr<Router> gate, std::shared_ptr<PhysicalExperts> 
 }
 
 void MegaMoe::forward(ThreadPool& pool, const MoeInput& input, Tensor& out) const {
-  mega_.forward(pool, input.hidden, gate_->compute(pool, input), out);
+  mega_.forward(pool, input.hidden, gate_->compute(pool, input), input.capture, out);
 }
 
 }  // namespace r3::moe

@@ -12,19 +12,17 @@ class MegaExperts final : public CaptureSource {
   MegaExperts(int64_t layer_id, const PhysicalExperts& experts) : layer_id_(layer_id), experts_(experts) {}
 
   int64_t layer_id() const override { return layer_id_; }
-  void set_capture(CaptureSink sink) override { sink_ = std::move(sink); }
-  // routing: the logical top-k ids and weights the model computed.
-  void forward(ThreadPool& pool, const Tensor& hidden, Routing routing, Tensor& out) const;
+  // routing: the logical top-k ids and weights the model computed; capture: the step's buffer.
+  void forward(ThreadPool& pool, const Tensor& hidden, Routing routing, CaptureBuffer* capture, Tensor& out) const;
 
  private:
   int64_t layer_id_;
   const PhysicalExperts& experts_;
-  CaptureSink sink_;
 };
 
 class MegaMoe final : public MoeBlock {
  public:
-  // gate: computes the routing on the model side; its own capture hook stays unbound.
+  // gate: computes the routing on the model side (compute() only: it is not the capture point).
   MegaMoe(std::unique_ptr<Router> gate, std::shared_ptr<PhysicalExperts> experts);
 
   std::string backend_name() const override { return "mega"; }

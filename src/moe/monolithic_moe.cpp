@@ -20,11 +20,14 @@ std::string MonolithicMoe::kernel_name() const {
   return "cpu-fused-" + rule_->name() + (can_capture_ ? "" : "-nocapture");
 }
 
-void MonolithicMoe::set_capture(CaptureSink sink) {
-  R3_CHECK(can_capture_ || !sink, "Routed-experts capture is not supported with monolithic MoE kernel ",
-           kernel_name(), ".");
-  sink_ = std::move(sink);
-}
+namespace {
+// Where the non-capturing kernel's routing goes: nowhere. It cannot report its routing, so the
+// binder refuses it whenever routed experts are asked for (every engine step).
+class Discard final : public CaptureBuffer {
+ public:
+  void record(int64_t, std::span<const int32_t>, std::span<const float>) override {}
+};
+}  // namespace
 
 void MonolithicMoe::forward(ThreadPool& pool, const MoeInput& input, Tensor& out) const {
   const Tensor& hidden = input.hidden;
@@ -36,7 +39,8 @@ void MonolithicMoe::forward(ThreadPool& pool, const MoeInput& input, Tensor& out
   Routing routing;
   route_tokens(pool, *rule_, logits, input, routing);
   // The kernel writes its routing to the capture buffer (when it can), then maps and computes.
-  const CapturedRouting captured = capture(std::move(routing), layer_id(), sink_);
+  Discard discard;
+  const CapturedRouting captured = capture(std::move(routing), layer_id(), can_capture_ ? input.capture : &discard);
   const PhysicalRouting physical = experts().map(captured);
   fused_experts(pool, hidden, physical, experts(), out);
 }

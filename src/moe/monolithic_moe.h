@@ -20,7 +20,6 @@ class MonolithicMoe final : public MoeBlock, public CaptureSource {
   std::string non_capturing_kernel() const override { return can_capture_ ? "" : kernel_name(); }
 
   int64_t layer_id() const override { return MoeBlock::layer_id(); }
-  void set_capture(CaptureSink sink) override;
 
   void forward(ThreadPool& pool, const MoeInput& input, Tensor& out) const override;
 
@@ -29,7 +28,6 @@ class MonolithicMoe final : public MoeBlock, public CaptureSource {
   std::shared_ptr<const RoutingRule> rule_;
   Tensor gate_bias_;
   bool can_capture_;
-  CaptureSink sink_;
 };
 
 }  // namespace r3::moe

@@ -54,7 +54,7 @@ PhysicalExperts::PhysicalExperts(std::vector<SwigluExpertWeights> logical, Exper
 
 PhysicalRouting PhysicalExperts::map(const CapturedRouting& captured) const {
   const Routing& r = captured.routing();
-  PhysicalRouting out{r.tokens, r.top_k, std::vector<int32_t>(r.expert_ids.size()), r.weights};
+  std::vector<int32_t> physical_ids(r.expert_ids.size());
   for (int64_t t = 0; t < r.tokens; ++t) {
     for (int64_t k = 0; k < r.top_k; ++k) {
       const auto i = static_cast<std::size_t>(t * r.top_k + k);
@@ -64,11 +64,11 @@ PhysicalRouting PhysicalExperts::map(const CapturedRouting& captured) const {
       const int32_t physical = map_fn_ ? map_fn_(logical, t, k) : placement_.choose(logical, t, k, r.top_k);
       R3_CHECK(physical >= 0 && physical < num_physical(), "EPLB map: physical slot ", physical,
                " outside [0, ", num_physical(), ")");
-      out.physical_ids[i] = physical;
+      physical_ids[i] = physical;
       load_.add(physical);
     }
   }
-  return out;
+  return PhysicalRouting(r.tokens, r.top_k, std::move(physical_ids), r.weights);
 }
 
 std::vector<double> PhysicalExperts::logical_load() const {

@@ -2,7 +2,7 @@
 // the placement (EPLB) that maps logical ids to slots, and the load each slot received.
 //
 // map() is the EPLB step of the pipeline. It only takes a CapturedRouting, so the logical ids
-// have always reached the capture sink before they are remapped.
+// have always reached the step's capture buffer before they are remapped.
 #pragma once
 
 #include <cmath>
@@ -43,12 +43,19 @@ struct ExpertActivation {
   }
 };
 
-// A routing after the EPLB map: physical slot ids, with the logical routing's weights.
-struct PhysicalRouting {
-  int64_t tokens = 0;
-  int64_t top_k = 0;
-  std::vector<int32_t> physical_ids;  // [tokens, top_k]
-  std::vector<float> weights;         // [tokens, top_k]
+// A routing after the EPLB map: physical slot ids, with the logical routing's weights. Only
+// PhysicalExperts::map() makes one, from a CapturedRouting.
+class PhysicalRouting {
+ public:
+  const int64_t tokens;
+  const int64_t top_k;
+  const std::vector<int32_t> physical_ids;  // [tokens, top_k]
+  const std::vector<float> weights;         // [tokens, top_k]
+
+ private:
+  friend class PhysicalExperts;
+  PhysicalRouting(int64_t t, int64_t k, std::vector<int32_t> ids, std::vector<float> w)
+      : tokens(t), top_k(k), physical_ids(std::move(ids)), weights(std::move(w)) {}
 };
 
 class PhysicalExperts {

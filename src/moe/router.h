@@ -1,7 +1,7 @@
 // A router turns hidden states into a Routing: a linear gate, then a RoutingRule per token
 // (scores, a selection or a forced routing when replaying, weights). In the modular path the
-// router is also the capture point: route() hands its logical ids to the capture sink before
-// anyone can map them.
+// router is also the capture point: route() records its logical ids in the step's capture buffer
+// before anyone can map them.
 #pragma once
 
 #include <memory>
@@ -22,6 +22,7 @@ struct MoeInput {
   std::span<const int32_t> token_ids;  // [tokens]
   std::span<const int32_t> forced;     // [tokens, top_k] or empty
   std::span<const uint8_t> replayed = {};  // [tokens]; empty: every row of `forced` replays
+  CaptureBuffer* capture = nullptr;        // the step's capture buffer (moe/capture.h)
 
   // Token t's forced ids, or empty when it routes freely.
   std::span<const int32_t> forced_row(int64_t t, int64_t top_k) const;
@@ -42,17 +43,14 @@ class Router {
   Routing compute(ThreadPool& pool, const MoeInput& input) const;
   // compute() followed by the capture point (the modular path).
   CapturedRouting route(ThreadPool& pool, const MoeInput& input) const {
-    return capture(compute(pool, input), layer_id_, sink_);
+    return capture(compute(pool, input), layer_id_, input.capture);
   }
-
-  void set_capture(CaptureSink sink) { sink_ = std::move(sink); }
 
  private:
   int64_t layer_id_;
   Tensor gate_weight_;
   std::shared_ptr<const RoutingRule> rule_;
   Tensor gate_bias_;
-  CaptureSink sink_;
 };
 
 // Runs `rule` over gate logits [tokens, num_experts] (overwritten), writing `out`.

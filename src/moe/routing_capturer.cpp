@@ -28,11 +28,6 @@ std::size_t RoutingCapturer::element_size() const {
   return std::holds_alternative<std::vector<uint8_t>>(ids_) ? 1 : 2;
 }
 
-CaptureSink RoutingCapturer::sink() {
-  return [this](int64_t layer, std::span<const int32_t> ids, std::span<const float> weights) {
-    record(layer, ids, weights);
-  };
-}
 
 void RoutingCapturer::begin_step(int64_t tokens) {
   R3_CHECK(tokens >= 0 && tokens <= max_tokens_, "capturer: step of ", tokens,

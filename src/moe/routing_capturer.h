@@ -13,13 +13,13 @@
 
 namespace r3::moe {
 
-class RoutingCapturer {
+class RoutingCapturer final : public CaptureBuffer {
  public:
   RoutingCapturer(int64_t max_tokens, int64_t num_moe_layers, int64_t top_k, int64_t num_experts,
                   bool keep_weights = false);
 
-  // The callback bound to every capture point of the model.
-  CaptureSink sink();
+  // Called by each MoE layer's capture point, once per step.
+  void record(int64_t layer, std::span<const int32_t> ids, std::span<const float> weights) override;
 
   // Starts a step of `tokens` rows (<= max_tokens); every MoE layer must then record once.
   void begin_step(int64_t tokens);
@@ -39,7 +39,6 @@ class RoutingCapturer {
   void append_row(int64_t token, std::vector<int32_t>& out) const;
 
  private:
-  void record(int64_t layer, std::span<const int32_t> ids, std::span<const float> weights);
   std::size_t index(int64_t token, int64_t layer, int64_t slot) const;
 
   int64_t max_tokens_, layers_, top_k_, num_experts_;

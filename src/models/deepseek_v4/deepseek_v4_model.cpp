@@ -105,7 +105,7 @@ Tensor DeepseekV4Model::forward(ThreadPool& pool, const ForwardBatch& batch, Mod
     collapse(mixes, streams, hc, collapsed);
     ops::rms_norm(pool, collapsed, &layer.ffn_norm, static_cast<float>(spec_.rms_norm_eps), x);
     const std::vector<int32_t> forced = batch.forced_for_layer(static_cast<int64_t>(l), moe_count, info_.top_k);
-    layer.moe->forward(pool, {x, batch.token_ids, forced, batch.replayed}, y);
+    layer.moe->forward(pool, {x, batch.token_ids, forced, batch.replayed, batch.capture}, y);
     layer.shared_expert->forward(pool, x, shared);
     for (int64_t i = 0; i < tokens * hidden; ++i) y.data<float>()[i] += shared.data<float>()[i];
     expand(mixes, y, hc, streams);
