@@ -161,13 +161,15 @@ TEST(Eplb, RebalancingFollowsTheMeasuredLoad) {
 }
 
 // Replace the EPLB map of one layer with one that throws: when it throws, the capturer already
-// holds that layer's logical ids. Every path on Qwen3-MoE; DeepSeek-V4's layer 0 routes by its
-// hash table and layer 1 by scores.
-void expect_capture_before_map(const std::string& family, MoeBackend backend, int64_t layer) {
-  SCOPED_TRACE(family + " " + std::string(moe::moe_backend_name(backend)) + " layer " + std::to_string(layer));
+// holds that layer's logical ids. Every path on Qwen3-MoE, with and without replicas; DeepSeek-V4's
+// layer 0 routes by its hash table and layer 1 by scores.
+void expect_capture_before_map(const std::string& family, MoeBackend backend, int64_t layer,
+                               moe::EplbOptions eplb = {}) {
+  SCOPED_TRACE(family + " " + std::string(moe::moe_backend_name(backend)) + " layer " + std::to_string(layer) +
+               " redundant experts " + std::to_string(eplb.redundant_experts));
   {
     {
-      auto model = load(family, backend);
+      auto model = load(family, backend, eplb);
       const int64_t layers = static_cast<int64_t>(model->info().moe_layers.size()), k = model->info().top_k;
       const auto ids = reference_forward_ids(family);
       const auto expected = run_steps(*model, ids, 0)[0].routed;  // [T, layers, k]
@@ -191,9 +193,14 @@ void expect_capture_before_map(const std::string& family, MoeBackend backend, in
 }
 
 TEST(CaptureOrder, CaptureHoldsLogicalIdsBeforeTheEplbMapRuns) {
+  moe::EplbOptions replicas;
+  replicas.redundant_experts = 3;
+  replicas.rebalance_every = 1;
   for (MoeBackend backend : kCapturingBackends) {
     expect_capture_before_map("qwen3_moe", backend, 0);
     expect_capture_before_map("qwen3_moe", backend, 1);
+    expect_capture_before_map("qwen3_moe", backend, 0, replicas);
+    expect_capture_before_map("qwen3_moe", backend, 1, replicas);
   }
 }
 
