@@ -47,8 +47,9 @@ struct StepResult {
 };
 
 // One prefill over `ids` (all logits), then `decode` single-token steps feeding back argmax.
+// `rebalances`, when given, receives how often the step runner's EPLB control re-placed experts.
 std::vector<StepResult> run_steps(models::CausalLM& model, const std::vector<int32_t>& ids, int decode,
-                                  const std::vector<int32_t>& forced = {}) {
+                                  const std::vector<int32_t>& forced = {}, int64_t* rebalances = nullptr) {
   ThreadPool pool(2);
   auto cache_owner = model.make_cache(1, static_cast<int64_t>(ids.size()) + decode);
   models::ModelCache& cache = *cache_owner;
@@ -64,6 +65,7 @@ std::vector<StepResult> run_steps(models::CausalLM& model, const std::vector<int
     input = {static_cast<int32_t>(std::max_element(last, last + logits.dim(1)) - last)};
     if (!forced.empty()) break;
   }
+  if (rebalances != nullptr) *rebalances = runner.eplb() ? runner.eplb()->rebalances() : -1;
   return steps;
 }
 
@@ -116,15 +118,15 @@ TEST(Eplb, ReplicasAndRebalancingChangeNeitherLogitsNorCapturedIds) {
         eplb.rebalance_every = 1;
         eplb.window_steps = 2;
         auto model = load(family, backend, eplb);
-        const auto got = run_steps(*model, ids, 6);
+        int64_t rebalances = 0;
+        const auto got = run_steps(*model, ids, 6, {}, &rebalances);
         for (std::size_t s = 0; s < got.size(); ++s) {
           EXPECT_EQ(got[s].logits, expected[s].logits) << family << " redundant " << redundant << " step " << s;
           EXPECT_EQ(got[s].routed, expected[s].routed) << family << " redundant " << redundant << " step " << s;
           for (int32_t id : got[s].routed) ASSERT_TRUE(id >= 0 && id < model->info().num_experts);
         }
         // Not vacuous: the layers really hold replicas and were re-placed every step.
-        ASSERT_NE(model->eplb(), nullptr);
-        EXPECT_EQ(model->eplb()->rebalances(), 7);
+        EXPECT_EQ(rebalances, 7);
         for (moe::MoeBlock* block : model->moe_blocks()) {
           EXPECT_EQ(block->experts().num_physical(), model->info().num_experts + redundant);
         }
@@ -336,6 +338,29 @@ TEST(RoutingCapturer, NarrowestElementType) {
   EXPECT_THROW(sink(0, std::vector<int32_t>{300, 1}, std::vector<float>{0.5f, 0.5f}), Error);  // not logical
   EXPECT_THROW(c.end_step(), Error);  // layer 1 missing
   EXPECT_THROW(c.begin_step(5), Error);  // beyond the preallocated rows
+}
+
+// The EPLB map counts a step's tokens per physical expert into the step's loads, padding rows
+// excluded; the model keeps no count of its own.
+TEST(Eplb, MapCountsTheStepsTokensPerPhysicalExpertWithoutPadding) {
+  std::vector<moe::SwigluExpertWeights> experts;
+  for (int e = 0; e < 3; ++e) {
+    experts.push_back({Tensor::empty(DType::F32, {2, 2}), Tensor::empty(DType::F32, {2, 2}), Tensor::empty(DType::F32, {2, 2})});
+  }
+  const moe::PhysicalExperts layer(std::move(experts), moe::ExpertPlacement::initial(3, 1));  // slot 3 replicates expert 0
+  moe::Routing routing;
+  routing.resize(3, 2);
+  routing.expert_ids = {0, 1, 0, 2, 1, 2};  // token 2 is padding
+  LayerLog log;
+  const moe::CapturedRouting captured = moe::capture(routing, 0, &log);
+  moe::ExpertLoads loads({layer.num_physical()});
+  const std::vector<uint8_t> padding = {0, 0, 1};
+  const moe::PhysicalRouting physical = layer.map(captured, {loads.layer(0), padding});
+  std::vector<int64_t> want(4, 0);
+  for (std::size_t i = 0; i < 4; ++i) ++want[static_cast<std::size_t>(physical.physical_ids[i])];  // tokens 0 and 1
+  EXPECT_EQ(std::vector<int64_t>(loads.layer(0).begin(), loads.layer(0).end()), want);
+  EXPECT_EQ(want[0] + want[3], 2);  // expert 0 twice, over its two replicas
+  EXPECT_EQ(log.layers, std::vector<int64_t>{0});
 }
 
 }  // namespace

@@ -11,8 +11,18 @@ StepRunner::StepRunner(models::CausalLM& model, ThreadPool& pool, models::ModelC
       pool_(pool),
       cache_(cache),
       capturer_(max_tokens, static_cast<int64_t>(model.info().moe_layers.size()), model.info().top_k,
-                model.info().num_experts, keep_weights) {
+                model.info().num_experts, keep_weights),
+      loads_([&] {
+        std::vector<int64_t> physical;
+        for (moe::MoeBlock* block : model.moe_blocks()) physical.push_back(block->experts().num_physical());
+        return physical;
+      }()) {
   moe::check_routing_capture(model.moe_blocks());  // start-up errors before any token runs
+  if (model.eplb_options().active()) {
+    std::vector<moe::PhysicalExperts*> experts;
+    for (moe::MoeBlock* block : model.moe_blocks()) experts.push_back(&block->experts());
+    eplb_.emplace(model.eplb_options(), std::move(experts));
+  }
 }
 
 std::string StepRunner::check(const StepSequence& s) const {
@@ -106,10 +116,12 @@ Tensor StepRunner::run_each(std::vector<StepSequence>& sequences, int64_t paddin
 
   if (all_logits) batch.logit_rows.clear();
   batch.capture = &capturer_;
+  batch.loads = &loads_;
+  loads_.clear();
   capturer_.begin_step(batch.size());
   Tensor logits = model_.forward(pool_, batch, cache_);
   capturer_.end_step();
-  model_.end_step();
+  if (eplb_) eplb_->end_step(loads_);
   for (std::size_t a = 0; a < accepted.size(); ++a) {
     const StepSequence& s = sequences[accepted[a]];
     if (s.routed == nullptr) continue;

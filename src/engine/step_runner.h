@@ -5,6 +5,7 @@
 // sequences share a step: the batch carries a per-row replay mask.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "engine/routed_experts.h"
 #include "models/causal_lm.h"
 #include "moe/capture_binder.h"
+#include "moe/eplb/eplb_controller.h"
 #include "moe/routing_capturer.h"
 
 namespace r3::engine {
@@ -45,12 +47,16 @@ class StepRunner {
   std::string check(const StepSequence& sequence) const;
 
   const moe::RoutingCapturer& capturer() const { return capturer_; }
+  // EPLB control over the model's MoE layers (when its EPLB options ask for it), or nullptr.
+  const moe::EplbController* eplb() const { return eplb_ ? &*eplb_ : nullptr; }
 
  private:
   models::CausalLM& model_;
   ThreadPool& pool_;
   models::ModelCache& cache_;
   moe::RoutingCapturer capturer_;
+  moe::ExpertLoads loads_;  // this step's tokens per physical expert
+  std::optional<moe::EplbController> eplb_;
 };
 
 }  // namespace r3::engine

@@ -4,12 +4,14 @@
 
 namespace r3::models {
 
-void CausalLM::enable_eplb(const moe::EplbOptions& options) {
+void CausalLM::set_eplb_options(const moe::EplbOptions& options) {
   options.validate();
-  if (options.redundant_experts == 0 && options.rebalance_every == 0) return;
-  std::vector<moe::PhysicalExperts*> experts;
-  for (moe::MoeBlock* block : moe_blocks()) experts.push_back(&block->experts());
-  eplb_ = std::make_unique<moe::EplbController>(options, std::move(experts));
+  if (options.active()) {
+    for (moe::MoeBlock* block : moe_blocks()) {
+      moe::validate_topology(options.topology, block->experts().num_logical(), block->experts().num_physical());
+    }
+  }
+  eplb_options_ = options;
 }
 
 void validate_batch(const ForwardBatch& batch, const ModelCache& cache, const ModelInfo& info) {

@@ -29,16 +29,14 @@ class CausalLM {
   // The MoE layers in order; index j has layer id j.
   virtual std::vector<moe::MoeBlock*> moe_blocks() = 0;
 
-  // Call after each step: EPLB load windows and rebalancing (no-op without EPLB).
-  void end_step() {
-    if (eplb_) eplb_->end_step();
-  }
-  const moe::EplbController* eplb() const { return eplb_.get(); }
-  // Starts EPLB over this model's MoE layers when the options ask for it.
-  void enable_eplb(const moe::EplbOptions& options);
+  // The EPLB options the model was loaded with: its replicas were placed at load; the engine
+  // runs load windows and rebalancing from them (moe::EplbController over the step's loads).
+  const moe::EplbOptions& eplb_options() const { return eplb_options_; }
+  // Checks `options` against this model's MoE layers (topology included) and keeps them.
+  void set_eplb_options(const moe::EplbOptions& options);
 
  private:
-  std::unique_ptr<moe::EplbController> eplb_;
+  moe::EplbOptions eplb_options_;
 };
 
 // Checks a batch against the model and cache: ids in the vocabulary, each slot's tokens

@@ -160,7 +160,7 @@ class LayerLoader {
     }
     auto physical = std::make_shared<moe::PhysicalExperts>(
         std::move(experts), moe::ExpertPlacement::initial(m.num_experts, options_.eplb.redundant_experts),
-        options_.eplb.window_steps, m.activation);
+        m.activation);
     auto block = moe::make_moe_block(options_.moe_backend, moe_layer_id, load(n.moe + n.router, {m.num_experts, h}),
                                      routing_rule(), std::move(physical),
                                      m.router_has_bias ? load(n.moe + n.router_gate_bias, {m.num_experts}) : Tensor());
@@ -229,7 +229,7 @@ std::unique_ptr<DecoderModel> build_decoder(const DecoderSpec& spec, const Check
   auto model = std::make_unique<DecoderModel>(std::move(info), static_cast<float>(spec.rms_norm_eps), key_width,
                                               value_width, std::move(embed), std::move(layers),
                                               std::move(final_norm), std::move(lm_head));
-  model->enable_eplb(options.eplb);
+  model->set_eplb_options(options.eplb);
   return model;
 }
 

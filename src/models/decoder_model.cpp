@@ -47,6 +47,7 @@ Tensor DecoderModel::forward(ThreadPool& pool, const ForwardBatch& batch, ModelC
     for (int64_t i = 0; i < tokens * hidden; ++i) r[i] += b[i];
   };
   const auto moe_count = static_cast<int64_t>(info_.moe_layers.size());
+  const std::vector<uint8_t> padding = batch.padding_mask();  // not counted in expert loads
   int64_t moe_index = 0;
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     const DecoderLayer& layer = layers_[l];
@@ -58,7 +59,7 @@ Tensor DecoderModel::forward(ThreadPool& pool, const ForwardBatch& batch, ModelC
     if (layer.feed_forward->moe_block() != nullptr) {
       forced = batch.forced_for_layer(moe_index++, moe_count, info_.top_k);
     }
-    layer.feed_forward->forward(pool, {normed, batch.token_ids, forced, batch.replayed, batch.capture}, branch);
+    layer.feed_forward->forward(pool, {normed, batch.token_ids, forced, batch.replayed, batch.capture, batch.loads, padding}, branch);
     add_branch();
   }
   for (int64_t t = 0; t < tokens; ++t) {

@@ -13,6 +13,12 @@ std::vector<int32_t> ForwardBatch::forced_for_layer(int64_t j, int64_t moe_layer
   return out;
 }
 
+std::vector<uint8_t> ForwardBatch::padding_mask() const {
+  std::vector<uint8_t> mask(slots.size());
+  for (std::size_t t = 0; t < slots.size(); ++t) mask[t] = slots[t] == kPadding ? 1 : 0;
+  return mask;
+}
+
 ForwardBatch ForwardBatch::sequence(const std::vector<int32_t>& ids, int32_t start, int32_t slot) {
   ForwardBatch b;
   b.token_ids = ids;

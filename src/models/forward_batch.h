@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "moe/capture.h"
+#include "moe/expert_loads.h"
 
 namespace r3::models {
 
@@ -27,8 +28,12 @@ struct ForwardBatch {
   // The step's routed-experts capture buffer, sized for these rows; every MoE layer records its
   // logical ids there. Required by every capturing MoE path.
   moe::CaptureBuffer* capture = nullptr;
+  // The step's per-expert token counts (EPLB), filled by the MoE layers; nullptr: not counted.
+  moe::ExpertLoads* loads = nullptr;
 
   int64_t size() const { return static_cast<int64_t>(token_ids.size()); }
+  // [tokens]: 1 for padding rows.
+  std::vector<uint8_t> padding_mask() const;
 
   // The replayed routing of MoE layer j as [tokens, k] (rows of free tokens included, see
   // `replayed`), or empty when nothing is replayed.

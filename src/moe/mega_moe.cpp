@@ -5,9 +5,9 @@
 namespace r3::moe {
 
 void MegaExperts::forward(ThreadPool& pool, const Tensor& hidden, Routing routing, CaptureBuffer* buffer,
-                          Tensor& out) const {
+                          LoadCount load, Tensor& out) const {
   const CapturedRouting captured = capture(std::move(routing), layer_id_, buffer);
-  const PhysicalRouting physical = experts_.map(captured);
+  const PhysicalRouting physical = experts_.map(captured, load);
   fused_experts(pool, hidden, physical, experts_, out);
 }
 
@@ -19,7 +19,7 @@ MegaMoe::MegaMoe(std::unique_ptr<Router> gate, std::shared_ptr<PhysicalExperts> 
 }
 
 void MegaMoe::forward(ThreadPool& pool, const MoeInput& input, Tensor& out) const {
-  mega_.forward(pool, input.hidden, gate_->compute(pool, input), input.capture, out);
+  mega_.forward(pool, input.hidden, gate_->compute(pool, input), input.capture, input.load_count(layer_id()), out);
 }
 
 }  // namespace r3::moe

@@ -13,7 +13,8 @@ class MegaExperts final : public CaptureSource {
 
   int64_t layer_id() const override { return layer_id_; }
   // routing: the logical top-k ids and weights the model computed; capture: the step's buffer.
-  void forward(ThreadPool& pool, const Tensor& hidden, Routing routing, CaptureBuffer* capture, Tensor& out) const;
+  void forward(ThreadPool& pool, const Tensor& hidden, Routing routing, CaptureBuffer* capture, LoadCount load,
+               Tensor& out) const;
 
  private:
   int64_t layer_id_;

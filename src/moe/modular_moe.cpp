@@ -13,7 +13,7 @@ ModularMoe::ModularMoe(std::unique_ptr<Router> router, std::shared_ptr<PhysicalE
 
 void ModularMoe::forward(ThreadPool& pool, const MoeInput& input, Tensor& out) const {
   const CapturedRouting routing = router_->route(pool, input);  // captures
-  const PhysicalRouting physical = experts().map(routing);
+  const PhysicalRouting physical = experts().map(routing, input.load_count(layer_id()));
   grouped_experts(pool, input.hidden, physical, experts(), out);
 }
 

@@ -41,7 +41,7 @@ void MonolithicMoe::forward(ThreadPool& pool, const MoeInput& input, Tensor& out
   // The kernel writes its routing to the capture buffer (when it can), then maps and computes.
   Discard discard;
   const CapturedRouting captured = capture(std::move(routing), layer_id(), can_capture_ ? input.capture : &discard);
-  const PhysicalRouting physical = experts().map(captured);
+  const PhysicalRouting physical = experts().map(captured, input.load_count(layer_id()));
   fused_experts(pool, hidden, physical, experts(), out);
 }
 

@@ -24,8 +24,8 @@ SwigluExpertWeights copy_of(const SwigluExpertWeights& w) {
 }  // namespace
 
 PhysicalExperts::PhysicalExperts(std::vector<SwigluExpertWeights> logical, ExpertPlacement placement,
-                                 int64_t load_window_steps, ExpertActivation activation)
-    : placement_(std::move(placement)), activation_(activation), load_(placement_.num_physical(), load_window_steps) {
+                                 ExpertActivation activation)
+    : placement_(std::move(placement)), activation_(activation) {
   R3_CHECK(!logical.empty(), "an MoE layer needs at least one expert");
   R3_CHECK(static_cast<int64_t>(logical.size()) == placement_.num_logical(), "placement covers ",
            placement_.num_logical(), " experts, the layer has ", logical.size());
@@ -52,8 +52,10 @@ PhysicalExperts::PhysicalExperts(std::vector<SwigluExpertWeights> logical, Exper
   }
 }
 
-PhysicalRouting PhysicalExperts::map(const CapturedRouting& captured) const {
+PhysicalRouting PhysicalExperts::map(const CapturedRouting& captured, LoadCount load) const {
   const Routing& r = captured.routing();
+  R3_CHECK(load.counts.empty() || static_cast<int64_t>(load.counts.size()) == num_physical(), "EPLB map: ",
+           load.counts.size(), " load counters for ", num_physical(), " physical experts");
   std::vector<int32_t> physical_ids(r.expert_ids.size());
   for (int64_t t = 0; t < r.tokens; ++t) {
     for (int64_t k = 0; k < r.top_k; ++k) {
@@ -65,14 +67,16 @@ PhysicalRouting PhysicalExperts::map(const CapturedRouting& captured) const {
       R3_CHECK(physical >= 0 && physical < num_physical(), "EPLB map: physical slot ", physical,
                " outside [0, ", num_physical(), ")");
       physical_ids[i] = physical;
-      load_.add(physical);
+      const bool padding = !load.padding.empty() && load.padding[static_cast<std::size_t>(t)] != 0;
+      if (!load.counts.empty() && !padding) ++load.counts[static_cast<std::size_t>(physical)];
     }
   }
   return PhysicalRouting(r.tokens, r.top_k, std::move(physical_ids), r.weights);
 }
 
-std::vector<double> PhysicalExperts::logical_load() const {
-  const std::vector<int64_t> physical = load_.totals();
+std::vector<double> PhysicalExperts::logical_load(std::span<const int64_t> physical) const {
+  R3_CHECK(static_cast<int64_t>(physical.size()) == num_physical(), "EPLB: ", physical.size(),
+           " load counts for ", num_physical(), " physical experts");
   std::vector<double> logical(static_cast<std::size_t>(num_logical()), 0.0);
   for (int32_t p = 0; p < num_physical(); ++p) {
     logical[static_cast<std::size_t>(placement_.logical_of(p))] += static_cast<double>(physical[static_cast<std::size_t>(p)]);
@@ -90,7 +94,6 @@ void PhysicalExperts::rearrange(ExpertPlacement placement) {
     moved.push_back(copy_of(slots_[static_cast<std::size_t>(source)]));
   }
   slots_ = std::move(moved);
-  load_ = LoadWindow(placement.num_physical(), load_.window_steps());
   placement_ = std::move(placement);
 }
 

@@ -12,7 +12,7 @@
 #include "core/tensor.h"
 #include "moe/capture.h"
 #include "moe/eplb/expert_placement.h"
-#include "moe/eplb/load_window.h"
+#include "moe/expert_loads.h"
 #include "ops/activation.h"
 
 namespace r3::moe {
@@ -62,7 +62,7 @@ class PhysicalExperts {
  public:
   // logical: the checkpoint's experts; placement: where they go (replicas are copied).
   PhysicalExperts(std::vector<SwigluExpertWeights> logical, ExpertPlacement placement,
-                  int64_t load_window_steps = 1, ExpertActivation activation = {});
+                  ExpertActivation activation = {});
 
   int64_t num_logical() const { return placement_.num_logical(); }
   int64_t num_physical() const { return placement_.num_physical(); }
@@ -73,18 +73,17 @@ class PhysicalExperts {
   const SwigluExpertWeights& weights(int32_t physical) const { return slots_.at(static_cast<std::size_t>(physical)); }
 
   // The EPLB map: each (token, slot) goes to replica (token * top_k + slot) % replicas of its
-  // logical expert. Records the load per physical slot.
-  PhysicalRouting map(const CapturedRouting& routing) const;
+  // logical expert. Counts the tokens of non-padding rows per physical expert into `load`.
+  PhysicalRouting map(const CapturedRouting& routing, LoadCount load = {}) const;
 
   // Replaces the mapping function (logical, token, slot) -> physical; tests use it to prove
   // capture happens before the map. An empty function restores the placement's own choice.
   using MapFunction = std::function<int32_t(int32_t logical, int64_t token, int64_t slot)>;
   void set_map_function(MapFunction fn) { map_fn_ = std::move(fn); }
 
-  // EPLB bookkeeping.
-  void end_step() { load_.end_step(); }
-  std::vector<double> logical_load() const;  // over the load window
-  // Moves expert weights into the slots of `placement` (copies), and restarts the load window.
+  // Logical experts' load from per-physical-expert counts under this placement.
+  std::vector<double> logical_load(std::span<const int64_t> physical_counts) const;
+  // Moves expert weights into the slots of `placement` (copies).
   void rearrange(ExpertPlacement placement);
 
  private:
@@ -93,7 +92,6 @@ class PhysicalExperts {
   int64_t hidden_ = 0, intermediate_ = 0;
   ExpertActivation activation_;
   MapFunction map_fn_;
-  mutable LoadWindow load_;  // a statistic of the runs, not part of the model's semantics
 };
 
 }  // namespace r3::moe

@@ -11,6 +11,7 @@
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "moe/capture.h"
+#include "moe/expert_loads.h"
 #include "moe/routing_rule.h"
 
 namespace r3::moe {
@@ -23,6 +24,13 @@ struct MoeInput {
   std::span<const int32_t> forced;     // [tokens, top_k] or empty
   std::span<const uint8_t> replayed = {};  // [tokens]; empty: every row of `forced` replays
   CaptureBuffer* capture = nullptr;        // the step's capture buffer (moe/capture.h)
+  ExpertLoads* loads = nullptr;            // the step's per-expert token counts, or nullptr
+  std::span<const uint8_t> padding = {};   // [tokens]; 1 = padding row (not counted); empty: none
+
+  // Where MoE layer `layer_id`'s EPLB map counts this step's tokens.
+  LoadCount load_count(int64_t layer_id) const {
+    return {loads ? loads->layer(layer_id) : std::span<int64_t>{}, padding};
+  }
 
   // Token t's forced ids, or empty when it routes freely.
   std::span<const int32_t> forced_row(int64_t t, int64_t top_k) const;

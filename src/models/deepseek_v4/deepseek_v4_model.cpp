@@ -93,6 +93,7 @@ Tensor DeepseekV4Model::forward(ThreadPool& pool, const ForwardBatch& batch, Mod
   Tensor y = Tensor::empty(DType::F32, {tokens, hidden});
   Tensor shared = Tensor::empty(DType::F32, {tokens, hidden});
   const auto moe_count = static_cast<int64_t>(layers_.size());
+  const std::vector<uint8_t> padding = batch.padding_mask();  // not counted in expert loads
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     const V4Layer& layer = layers_[l];
     auto mixes = mix_all(*layer.attn_hc, streams, tokens, hc * hidden);
@@ -105,7 +106,7 @@ Tensor DeepseekV4Model::forward(ThreadPool& pool, const ForwardBatch& batch, Mod
     collapse(mixes, streams, hc, collapsed);
     ops::rms_norm(pool, collapsed, &layer.ffn_norm, static_cast<float>(spec_.rms_norm_eps), x);
     const std::vector<int32_t> forced = batch.forced_for_layer(static_cast<int64_t>(l), moe_count, info_.top_k);
-    layer.moe->forward(pool, {x, batch.token_ids, forced, batch.replayed, batch.capture}, y);
+    layer.moe->forward(pool, {x, batch.token_ids, forced, batch.replayed, batch.capture, batch.loads, padding}, y);
     layer.shared_expert->forward(pool, x, shared);
     for (int64_t i = 0; i < tokens * hidden; ++i) y.data<float>()[i] += shared.data<float>()[i];
     expand(mixes, y, hc, streams);

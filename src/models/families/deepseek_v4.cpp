@@ -85,7 +85,7 @@ std::unique_ptr<CausalLM> load_deepseek_v4(const HfConfig& config, const Checkpo
     }
     auto physical = std::make_shared<moe::PhysicalExperts>(
         std::move(experts), moe::ExpertPlacement::initial(s.num_experts, options.eplb.redundant_experts),
-        options.eplb.window_steps, moe::ExpertActivation{moe::ExpertActivation::Kind::kSwiglu, limit, 0.0f});
+        moe::ExpertActivation{moe::ExpertActivation::Kind::kSwiglu, limit, 0.0f});
     layer.moe = moe::make_moe_block(options.moe_backend, l, load("ffn.gate.weight", {s.num_experts, h}), rule,
                                     std::move(physical));
     layer.shared_expert = std::make_unique<SwigluMlp>(load("ffn.shared_experts.w1.weight", {width, h}),
@@ -115,7 +115,7 @@ std::unique_ptr<CausalLM> load_deepseek_v4(const HfConfig& config, const Checkpo
   auto model = std::make_unique<DeepseekV4Model>(s, std::move(info), std::move(embed), std::move(layers),
                                                  std::move(head), std::move(final_norm), std::move(lm_head),
                                                  std::move(main_rotary), std::move(compress_rotary));
-  model->enable_eplb(options.eplb);
+  model->set_eplb_options(options.eplb);
   return model;
 }
 

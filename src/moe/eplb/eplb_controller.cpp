@@ -19,24 +19,33 @@ EplbController::EplbController(EplbOptions options, std::vector<PhysicalExperts*
   // bad option: refuse it now, before any token runs, not steps into the run.
   for (const PhysicalExperts* layer : layers_) {
     validate_topology(options_.topology, layer->num_logical(), layer->num_physical());
+    windows_.emplace_back(layer->num_physical(), options_.window_steps);
   }
 }
 
-void EplbController::end_step() {
+void EplbController::end_step(const ExpertLoads& step) {
+  R3_CHECK(step.num_layers() == static_cast<int64_t>(layers_.size()), "EPLB: loads of ", step.num_layers(),
+           " MoE layers for ", layers_.size());
+  for (std::size_t j = 0; j < layers_.size(); ++j) {
+    const auto counts = step.layer(static_cast<int64_t>(j));
+    for (std::size_t p = 0; p < counts.size(); ++p) windows_[j].add(static_cast<int32_t>(p), counts[p]);
+  }
   ++steps_;
   if (options_.rebalance_every > 0 && steps_ % options_.rebalance_every == 0) {
-    for (PhysicalExperts* layer : layers_) {
-      const std::vector<double> load = layer->logical_load();
+    for (std::size_t j = 0; j < layers_.size(); ++j) {
+      PhysicalExperts* layer = layers_[j];
+      const std::vector<double> load = layer->logical_load(windows_[j].totals());
       const EplbPlan plan = plan_placement(load, layer->num_physical(), options_.topology);
       const double before = placement_balance(layer->placement().physical_to_logical(), load,
                                               options_.topology.num_gpus).imbalance();
       const double after = placement_balance(plan.physical_to_logical, load, options_.topology.num_gpus).imbalance();
       layer->rearrange(ExpertPlacement(plan.physical_to_logical, layer->num_logical()));
+      windows_[j].reset();  // its counts refer to the old slots
       spdlog::debug("EPLB step {}: max/mean GPU load {:.3f} -> {:.3f}", steps_, before, after);
     }
     ++rebalances_;
   }
-  for (PhysicalExperts* layer : layers_) layer->end_step();
+  for (LoadWindow& window : windows_) window.end_step();
 }
 
 }  // namespace r3::moe

@@ -1,11 +1,14 @@
-// Runs EPLB for a model: advances every MoE layer's load window each step and, every
-// `rebalance_every` steps, plans a new placement from the measured loads and moves the expert
-// weights there. Outputs and captured (logical) ids do not change with placement.
+// Runs EPLB for a model, on the engine's side: adds each step's expert loads (counted by the EPLB
+// map, padding rows excluded) to every MoE layer's load window and, every `rebalance_every` steps,
+// plans a new placement from the window and moves the expert weights there. Outputs and captured
+// (logical) ids do not change with placement.
 #pragma once
 
 #include <vector>
 
+#include "moe/eplb/load_window.h"
 #include "moe/eplb/rebalance.h"
+#include "moe/expert_loads.h"
 #include "moe/physical_experts.h"
 
 namespace r3::moe {
@@ -17,20 +20,23 @@ struct EplbOptions {
   EplbTopology topology;
 
   void validate() const;
+  // Replicas or rebalancing asked for.
+  bool active() const { return redundant_experts > 0 || rebalance_every > 0; }
 };
 
 class EplbController {
  public:
   EplbController(EplbOptions options, std::vector<PhysicalExperts*> layers);
 
-  // Call after every forward step.
-  void end_step();
+  // Call after every forward step with its loads.
+  void end_step(const ExpertLoads& step);
   int64_t rebalances() const { return rebalances_; }
   const EplbOptions& options() const { return options_; }
 
  private:
   EplbOptions options_;
   std::vector<PhysicalExperts*> layers_;
+  std::vector<LoadWindow> windows_;  // per MoE layer, per physical expert
   int64_t steps_ = 0;
   int64_t rebalances_ = 0;
 };
