@@ -4,10 +4,10 @@
 
 namespace r3::engine {
 
-int32_t RoutedExperts::at(int64_t row, int64_t layer, int64_t slot) const {
-  R3_CHECK(row >= 0 && row < rows() && layer >= 0 && layer < layers_ && slot >= 0 && slot < top_k_,
-           "routed experts: index (", row, ", ", layer, ", ", slot, ") out of range");
-  return ids_[static_cast<std::size_t>((row * layers_ + layer) * top_k_ + slot)];
+int32_t RoutedExperts::at(int64_t row, int64_t layer, int64_t choice) const {
+  R3_CHECK(row >= 0 && row < rows() && layer >= 0 && layer < layers_ && choice >= 0 && choice < top_k_,
+           "routed experts: index (", row, ", ", layer, ", ", choice, ") out of range");
+  return ids_[static_cast<std::size_t>((row * layers_ + layer) * top_k_ + choice)];
 }
 
 void RoutedExperts::append(const moe::RoutingCapturer& capturer, int64_t row) {

@@ -1,6 +1,6 @@
 // The routed experts of one sequence, per the data contract in DESIGN.md: rows are sequence
 // positions (row i = routing computed while token i was the model input), then the model's MoE
-// layers in order, then the router's top-k slots. Logical expert ids.
+// layers in order, then the router's top-k choices in selection order. Logical expert ids.
 #pragma once
 
 #include <cstdint>
@@ -20,8 +20,8 @@ class RoutedExperts {
   }
   int64_t num_moe_layers() const { return layers_; }
   int64_t top_k() const { return top_k_; }
-  // ids of (row, MoE layer j, slot k).
-  int32_t at(int64_t row, int64_t layer, int64_t slot) const;
+  // ids of (row, MoE layer j, k-th choice).
+  int32_t at(int64_t row, int64_t layer, int64_t choice) const;
   const std::vector<int32_t>& flat() const { return ids_; }
 
   // Appends the captured row of the last step's token `row`.

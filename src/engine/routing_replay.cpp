@@ -69,13 +69,13 @@ RoutingReplay from_json(const std::string& path, int64_t num_experts) {
     R3_CHECK(static_cast<int64_t>(j[t].size()) == r.layers, path, ": row ", t, " has ", j[t].size(),
              " MoE layers, row 0 has ", r.layers);
     for (std::size_t l = 0; l < j[t].size(); ++l) {
-      const auto& slots = j[t][l];
-      R3_CHECK(slots.is_array(), path, ": row ", t, " MoE layer ", l, " is not a list of expert ids");
-      if (t == 0 && l == 0) r.top_k = static_cast<int64_t>(slots.size());
-      R3_CHECK(static_cast<int64_t>(slots.size()) == r.top_k, path, ": row ", t, " MoE layer ", l, " has ",
-               slots.size(), " ids, expected ", r.top_k);
+      const auto& choices = j[t][l];
+      R3_CHECK(choices.is_array(), path, ": row ", t, " MoE layer ", l, " is not a list of expert ids");
+      if (t == 0 && l == 0) r.top_k = static_cast<int64_t>(choices.size());
+      R3_CHECK(static_cast<int64_t>(choices.size()) == r.top_k, path, ": row ", t, " MoE layer ", l, " has ",
+               choices.size(), " ids, expected ", r.top_k);
       const auto row = static_cast<int64_t>(t), layer = static_cast<int64_t>(l);
-      for (const auto& id : slots) {
+      for (const auto& id : choices) {
         // nlohmann keeps an integer as uint64 when positive, int64 when negative, and one
         // beyond both as a float.
         if (id.is_number_unsigned()) {

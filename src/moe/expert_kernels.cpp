@@ -19,10 +19,10 @@ void check_shapes(const Tensor& hidden, const PhysicalRouting& routing, const Ph
            "experts: shape mismatch");
 }
 
-// out[t] = sum over slots k, in order, of weight[t, k] * slot_out[t * K + k].
-void combine(const PhysicalRouting& routing, const Tensor& slot_out, int64_t hidden, Tensor& out) {
+// out[t] = sum over choices k, in order, of weight[t, k] * choice_out[t * K + k].
+void combine(const PhysicalRouting& routing, const Tensor& choice_out, int64_t hidden, Tensor& out) {
   float* o = out.data<float>();
-  const float* so = slot_out.data<float>();
+  const float* so = choice_out.data<float>();
   std::fill(o, o + routing.tokens * hidden, 0.0f);
   for (int64_t t = 0; t < routing.tokens; ++t) {
     for (int64_t j = 0; j < routing.top_k; ++j) {
@@ -40,20 +40,20 @@ void grouped_experts(ThreadPool& pool, const Tensor& hidden, const PhysicalRouti
   check_shapes(hidden, routing, experts, out);
   const int64_t tokens = routing.tokens, k = routing.top_k, h = experts.hidden_size();
   const int64_t width = experts.intermediate_size();
-  std::vector<std::vector<int64_t>> slots_of(static_cast<std::size_t>(experts.num_physical()));
+  std::vector<std::vector<int64_t>> pairs_of(static_cast<std::size_t>(experts.num_physical()));
   for (int64_t s = 0; s < tokens * k; ++s) {
-    slots_of[static_cast<std::size_t>(routing.physical_ids[static_cast<std::size_t>(s)])].push_back(s);
+    pairs_of[static_cast<std::size_t>(routing.physical_ids[static_cast<std::size_t>(s)])].push_back(s);
   }
-  Tensor slot_out = Tensor::empty(DType::F32, {tokens * k, h});
+  Tensor choice_out = Tensor::empty(DType::F32, {tokens * k, h});
   const float* x = hidden.data<float>();
   for (int32_t e = 0; e < experts.num_physical(); ++e) {
-    const auto& slots = slots_of[static_cast<std::size_t>(e)];
-    const auto n = static_cast<int64_t>(slots.size());
+    const auto& pairs = pairs_of[static_cast<std::size_t>(e)];
+    const auto n = static_cast<int64_t>(pairs.size());
     if (n == 0) continue;
     const SwigluExpertWeights& w = experts.weights(e);
     Tensor gathered = Tensor::empty(DType::F32, {n, h});
     for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(gathered.data<float>() + i * h, x + (slots[i] / k) * h, sizeof(float) * static_cast<std::size_t>(h));
+      std::memcpy(gathered.data<float>() + i * h, x + (pairs[i] / k) * h, sizeof(float) * static_cast<std::size_t>(h));
     }
     Tensor gate = Tensor::empty(DType::F32, {n, width});
     Tensor up = Tensor::empty(DType::F32, {n, width});
@@ -64,11 +64,11 @@ void grouped_experts(ThreadPool& pool, const Tensor& hidden, const PhysicalRouti
     for (int64_t i = 0; i < n * width; ++i) gate.data<float>()[i] = act(gate.data<float>()[i], up.data<float>()[i]);
     ops::linear(pool, gate, w.down, w.down_bias.if_defined(), down);
     for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(slot_out.data<float>() + slots[i] * h, down.data<float>() + i * h,
+      std::memcpy(choice_out.data<float>() + pairs[i] * h, down.data<float>() + i * h,
                   sizeof(float) * static_cast<std::size_t>(h));
     }
   }
-  combine(routing, slot_out, h, out);
+  combine(routing, choice_out, h, out);
 }
 
 void fused_experts(ThreadPool& pool, const Tensor& hidden, const PhysicalRouting& routing,
@@ -76,8 +76,8 @@ void fused_experts(ThreadPool& pool, const Tensor& hidden, const PhysicalRouting
   check_shapes(hidden, routing, experts, out);
   const int64_t pairs = routing.tokens * routing.top_k, h = experts.hidden_size();
   const int64_t width = experts.intermediate_size();
-  // Dispatch: (token, slot) pairs sorted by physical expert (a counting sort keeps each expert's
-  // pairs in (token, slot) order), their hidden rows gathered, so every expert multiplies all its
+  // Dispatch: (token, choice) pairs sorted by physical expert (a counting sort keeps each expert's
+  // pairs in (token, choice) order), their hidden rows gathered, so every expert multiplies all its
   // rows at once and reads its weights once per step, however many tokens chose it.
   std::vector<int64_t> group_start(static_cast<std::size_t>(experts.num_physical()) + 1, 0);
   for (int32_t e : routing.physical_ids) ++group_start[static_cast<std::size_t>(e) + 1];
@@ -139,13 +139,13 @@ void fused_experts(ThreadPool& pool, const Tensor& hidden, const PhysicalRouting
                        pair_out.data<float>() + row0 * h + p0, h);
     }
   });
-  // Combine: back in (token, slot) order.
-  Tensor slot_out = Tensor::empty(DType::F32, {pairs, h});
+  // Combine: back in (token, choice) order.
+  Tensor choice_out = Tensor::empty(DType::F32, {pairs, h});
   for (int64_t s = 0; s < pairs; ++s) {
-    std::memcpy(slot_out.data<float>() + s * h, pair_out.data<float>() + row_of_pair[static_cast<std::size_t>(s)] * h,
+    std::memcpy(choice_out.data<float>() + s * h, pair_out.data<float>() + row_of_pair[static_cast<std::size_t>(s)] * h,
                 sizeof(float) * static_cast<std::size_t>(h));
   }
-  combine(routing, slot_out, h, out);
+  combine(routing, choice_out, h, out);
 }
 
 }  // namespace r3::moe

@@ -44,10 +44,10 @@ PhysicalExperts::PhysicalExperts(std::vector<SwigluExpertWeights> logical, Exper
                           return true;
                         }();
   if (identity) {
-    slots_ = std::move(logical);  // no EPLB: the checkpoint's tensors, zero-copy
+    physical_ = std::move(logical);  // no EPLB: the checkpoint's tensors, zero-copy
   } else {
     for (int32_t p = 0; p < placement_.num_physical(); ++p) {
-      slots_.push_back(copy_of(logical[static_cast<std::size_t>(placement_.logical_of(p))]));
+      physical_.push_back(copy_of(logical[static_cast<std::size_t>(placement_.logical_of(p))]));
     }
   }
 }
@@ -64,7 +64,7 @@ PhysicalRouting PhysicalExperts::map(const CapturedRouting& captured, LoadCount 
       R3_CHECK(logical >= 0 && logical < num_logical(), "EPLB map: expert id ", logical,
                " outside [0, ", num_logical(), ")");
       const int32_t physical = map_fn_ ? map_fn_(logical, t, k) : placement_.choose(logical, t, k, r.top_k);
-      R3_CHECK(physical >= 0 && physical < num_physical(), "EPLB map: physical slot ", physical,
+      R3_CHECK(physical >= 0 && physical < num_physical(), "EPLB map: physical expert ", physical,
                " outside [0, ", num_physical(), ")");
       physical_ids[i] = physical;
       const bool padding = !load.padding.empty() && load.padding[static_cast<std::size_t>(t)] != 0;
@@ -89,11 +89,11 @@ void PhysicalExperts::rearrange(ExpertPlacement placement) {
            placement.num_logical(), " experts, layer has ", num_logical());
   std::vector<SwigluExpertWeights> moved;
   for (int32_t p = 0; p < placement.num_physical(); ++p) {
-    // Any current replica of the slot's logical expert holds its weights.
+    // Any current replica of the logical expert holds its weights.
     const int32_t source = placement_.replicas(placement.logical_of(p)).front();
-    moved.push_back(copy_of(slots_[static_cast<std::size_t>(source)]));
+    moved.push_back(copy_of(physical_[static_cast<std::size_t>(source)]));
   }
-  slots_ = std::move(moved);
+  physical_ = std::move(moved);
   placement_ = std::move(placement);
 }
 

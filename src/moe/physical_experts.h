@@ -1,5 +1,5 @@
-// The experts of one MoE layer as they are placed: one SwiGLU weight set per physical slot,
-// the placement (EPLB) that maps logical ids to slots, and the load each slot received.
+// The experts of one MoE layer as they are placed: one SwiGLU weight set per physical expert,
+// and the placement (EPLB) that maps logical ids to physical experts.
 //
 // map() is the EPLB step of the pipeline. It only takes a CapturedRouting, so the logical ids
 // have always reached the step's capture buffer before they are remapped.
@@ -43,7 +43,7 @@ struct ExpertActivation {
   }
 };
 
-// A routing after the EPLB map: physical slot ids, with the logical routing's weights. Only
+// A routing after the EPLB map: physical expert ids, with the logical routing's weights. Only
 // PhysicalExperts::map() makes one, from a CapturedRouting.
 class PhysicalRouting {
  public:
@@ -70,25 +70,25 @@ class PhysicalExperts {
   int64_t intermediate_size() const { return intermediate_; }
   const ExpertActivation& activation() const { return activation_; }
   const ExpertPlacement& placement() const { return placement_; }
-  const SwigluExpertWeights& weights(int32_t physical) const { return slots_.at(static_cast<std::size_t>(physical)); }
+  const SwigluExpertWeights& weights(int32_t physical) const { return physical_.at(static_cast<std::size_t>(physical)); }
 
-  // The EPLB map: each (token, slot) goes to replica (token * top_k + slot) % replicas of its
+  // The EPLB map: each (token, choice) goes to replica (token * top_k + choice) % replicas of its
   // logical expert. Counts the tokens of non-padding rows per physical expert into `load`.
   PhysicalRouting map(const CapturedRouting& routing, LoadCount load = {}) const;
 
-  // Replaces the mapping function (logical, token, slot) -> physical; tests use it to prove
+  // Replaces the mapping function (logical, token, choice) -> physical; tests use it to prove
   // capture happens before the map. An empty function restores the placement's own choice.
-  using MapFunction = std::function<int32_t(int32_t logical, int64_t token, int64_t slot)>;
+  using MapFunction = std::function<int32_t(int32_t logical, int64_t token, int64_t choice)>;
   void set_map_function(MapFunction fn) { map_fn_ = std::move(fn); }
 
   // Logical experts' load from per-physical-expert counts under this placement.
   std::vector<double> logical_load(std::span<const int64_t> physical_counts) const;
-  // Moves expert weights into the slots of `placement` (copies).
+  // Moves expert weights to the physical experts of `placement` (copies).
   void rearrange(ExpertPlacement placement);
 
  private:
   ExpertPlacement placement_;
-  std::vector<SwigluExpertWeights> slots_;
+  std::vector<SwigluExpertWeights> physical_;  // weights of each physical expert
   int64_t hidden_ = 0, intermediate_ = 0;
   ExpertActivation activation_;
   MapFunction map_fn_;

@@ -43,8 +43,8 @@ void RoutingCapturer::end_step() const {
   }
 }
 
-std::size_t RoutingCapturer::index(int64_t token, int64_t layer, int64_t slot) const {
-  return static_cast<std::size_t>((token * layers_ + layer) * top_k_ + slot);
+std::size_t RoutingCapturer::index(int64_t token, int64_t layer, int64_t choice) const {
+  return static_cast<std::size_t>((token * layers_ + layer) * top_k_ + choice);
 }
 
 void RoutingCapturer::record(int64_t layer, std::span<const int32_t> ids,
@@ -79,18 +79,18 @@ void RoutingCapturer::record(int64_t layer, std::span<const int32_t> ids,
   recorded_[static_cast<std::size_t>(layer)] = true;
 }
 
-int32_t RoutingCapturer::id(int64_t token, int64_t layer, int64_t slot) const {
-  R3_CHECK(token >= 0 && token < tokens_ && layer >= 0 && layer < layers_ && slot >= 0 &&
-               slot < top_k_,
+int32_t RoutingCapturer::id(int64_t token, int64_t layer, int64_t choice) const {
+  R3_CHECK(token >= 0 && token < tokens_ && layer >= 0 && layer < layers_ && choice >= 0 &&
+               choice < top_k_,
            "capturer: index out of range");
-  return std::visit([&](const auto& buffer) { return static_cast<int32_t>(buffer[index(token, layer, slot)]); },
+  return std::visit([&](const auto& buffer) { return static_cast<int32_t>(buffer[index(token, layer, choice)]); },
                     ids_);
 }
 
-float RoutingCapturer::weight(int64_t token, int64_t layer, int64_t slot) const {
+float RoutingCapturer::weight(int64_t token, int64_t layer, int64_t choice) const {
   R3_CHECK(keep_weights_, "capturer: weights were not kept");
   R3_CHECK(token >= 0 && token < tokens_, "capturer: row out of range");
-  return weights_[index(token, layer, slot)];
+  return weights_[index(token, layer, choice)];
 }
 
 void RoutingCapturer::append_row(int64_t token, std::vector<int32_t>& out) const {

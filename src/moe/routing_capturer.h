@@ -33,13 +33,13 @@ class RoutingCapturer final : public CaptureBuffer {
   int64_t top_k() const { return top_k_; }
   std::size_t element_size() const;  // 1 or 2 bytes
 
-  int32_t id(int64_t token, int64_t layer, int64_t slot) const;
-  float weight(int64_t token, int64_t layer, int64_t slot) const;
+  int32_t id(int64_t token, int64_t layer, int64_t choice) const;
+  float weight(int64_t token, int64_t layer, int64_t choice) const;
   // Appends the [layers * top_k] ids of `token` to `out`.
   void append_row(int64_t token, std::vector<int32_t>& out) const;
 
  private:
-  std::size_t index(int64_t token, int64_t layer, int64_t slot) const;
+  std::size_t index(int64_t token, int64_t layer, int64_t choice) const;
 
   int64_t max_tokens_, layers_, top_k_, num_experts_;
   bool keep_weights_;

@@ -40,7 +40,7 @@ void EplbController::end_step(const ExpertLoads& step) {
                                               options_.topology.num_gpus).imbalance();
       const double after = placement_balance(plan.physical_to_logical, load, options_.topology.num_gpus).imbalance();
       layer->rearrange(ExpertPlacement(plan.physical_to_logical, layer->num_logical()));
-      windows_[j].reset();  // its counts refer to the old slots
+      windows_[j].reset();  // its counts refer to the old placement
       spdlog::debug("EPLB step {}: max/mean GPU load {:.3f} -> {:.3f}", steps_, before, after);
     }
     ++rebalances_;

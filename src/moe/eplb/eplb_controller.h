@@ -14,7 +14,7 @@
 namespace r3::moe {
 
 struct EplbOptions {
-  int64_t redundant_experts = 0;  // extra physical slots per MoE layer
+  int64_t redundant_experts = 0;  // extra physical experts (replicas) per MoE layer
   int64_t window_steps = 10;      // load window
   int64_t rebalance_every = 0;    // steps; 0 = never
   EplbTopology topology;

@@ -41,7 +41,7 @@ struct Replication {
   std::vector<int32_t> physical_to_logical, rank, count;
 };
 
-// Gives the num_physical - n extra slots, one at a time, to the expert whose load per replica
+// Gives the num_physical - n extra physical experts, one at a time, to the expert whose load per replica
 // is currently the largest.
 Replication replicate_experts(std::span<const double> load, int64_t num_physical) {
   const auto n = static_cast<int64_t>(load.size());
@@ -96,10 +96,10 @@ EplbPlan plan_hierarchical(std::span<const double> load, int64_t num_physical, i
     }
     auto [gpu_pack, gpu_rank] = balanced_packing(phys_load, gpus_per_node);
     for (int64_t i = 0; i < per_node_physical; ++i) {
-      const int64_t slot = node * per_node_physical + gpu_pack[i] * per_gpu + gpu_rank[i];
+      const int64_t physical = node * per_node_physical + gpu_pack[i] * per_gpu + gpu_rank[i];
       const int32_t mlog = static_cast<int32_t>(node * per_node_logical + rep.physical_to_logical[i]);
-      plan.physical_to_logical[slot] = mlog2log[mlog];
-      plan.replica_rank[slot] = rep.rank[i];
+      plan.physical_to_logical[physical] = mlog2log[mlog];
+      plan.replica_rank[physical] = rep.rank[i];
     }
     for (int64_t i = 0; i < per_node_logical; ++i) {
       plan.replica_count[mlog2log[node * per_node_logical + i]] = rep.count[i];
@@ -112,7 +112,7 @@ EplbPlan plan_hierarchical(std::span<const double> load, int64_t num_physical, i
 
 void validate_topology(const EplbTopology& t, int64_t experts, int64_t num_physical) {
   R3_CHECK(experts > 0, "EPLB: no experts to place");
-  R3_CHECK(num_physical >= experts, "EPLB: ", num_physical, " physical slots cannot hold ", experts,
+  R3_CHECK(num_physical >= experts, "EPLB: ", num_physical, " physical experts cannot hold ", experts,
            " experts");
   R3_CHECK(t.num_groups > 0 && t.num_nodes > 0 && t.num_gpus > 0, "EPLB: groups, nodes and GPUs must be positive");
   R3_CHECK(experts % t.num_groups == 0, "EPLB: ", experts, " experts do not split into ", t.num_groups,
@@ -137,7 +137,7 @@ EplbPlan plan_placement(std::span<const double> logical_load, int64_t num_physic
 PlacementBalance placement_balance(std::span<const int32_t> physical_to_logical,
                                    std::span<const double> logical_load, int64_t num_gpus) {
   const auto physical = static_cast<int64_t>(physical_to_logical.size());
-  R3_CHECK(num_gpus > 0 && physical % num_gpus == 0, "balance: ", physical, " slots over ", num_gpus, " GPUs");
+  R3_CHECK(num_gpus > 0 && physical % num_gpus == 0, "balance: ", physical, " physical experts over ", num_gpus, " GPUs");
   std::vector<int64_t> count(logical_load.size(), 0);
   for (int32_t l : physical_to_logical) ++count.at(static_cast<std::size_t>(l));
   PlacementBalance b;

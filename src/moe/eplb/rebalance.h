@@ -20,13 +20,13 @@ struct EplbTopology {
 };
 
 struct EplbPlan {
-  std::vector<int32_t> physical_to_logical;  // [num_physical]; slot p sits on GPU p / (P / gpus)
+  std::vector<int32_t> physical_to_logical;  // [num_physical]; physical expert p sits on GPU p / (P / gpus)
   std::vector<int32_t> replica_rank;         // [num_physical]: which replica of its expert
   std::vector<int32_t> replica_count;        // [num_logical]
 };
 
 // Throws r3::Error explaining why, unless plan_placement can place num_experts experts on
-// num_physical slots over this topology. EplbController checks it at start-up so that a bad
+// num_physical physical experts over this topology. EplbController checks it at start-up so that a bad
 // topology fails before any token runs, with the rules the rebalancer applies later.
 void validate_topology(const EplbTopology& topology, int64_t num_experts, int64_t num_physical);
 
