@@ -33,6 +33,15 @@ void combine(const PhysicalRouting& routing, const Tensor& choice_out, int64_t h
   }
 }
 
+// Scratch for the fused kernel's per-step buffers, reused across calls (it grows, never shrinks):
+// fresh multi-megabyte buffers each layer went back to the kernel and were faulted in and zeroed
+// again every time (about 5% of a prefill). The backend layer's planned workspaces will replace it.
+float* fused_scratch(std::size_t floats) {
+  thread_local std::vector<float> scratch;
+  if (scratch.size() < floats) scratch.resize(floats);
+  return scratch.data();
+}
+
 }  // namespace
 
 void grouped_experts(ThreadPool& pool, const Tensor& hidden, const PhysicalRouting& routing,
@@ -89,7 +98,10 @@ void fused_experts(ThreadPool& pool, const Tensor& hidden, const PhysicalRouting
       row_of_pair[static_cast<std::size_t>(s)] = next[static_cast<std::size_t>(routing.physical_ids[static_cast<std::size_t>(s)])]++;
     }
   }
-  Tensor gathered = Tensor::empty(DType::F32, {pairs, h});
+  float* scratch = fused_scratch(static_cast<std::size_t>(pairs * (2 * h + width)));
+  Tensor gathered = Tensor::view(DType::F32, {pairs, h}, scratch, nullptr);
+  Tensor activated = Tensor::view(DType::F32, {pairs, width}, scratch + pairs * h, nullptr);
+  Tensor pair_out = Tensor::view(DType::F32, {pairs, h}, scratch + pairs * (h + width), nullptr);
   const float* x = hidden.data<float>();
   for (int64_t s = 0; s < pairs; ++s) {
     std::memcpy(gathered.data<float>() + row_of_pair[static_cast<std::size_t>(s)] * h, x + (s / routing.top_k) * h,
@@ -104,7 +116,6 @@ void fused_experts(ThreadPool& pool, const Tensor& hidden, const PhysicalRouting
   }
   auto bias_of = [](const Tensor& b) { return b.defined() ? b.data<float>() : nullptr; };
   // Gate and up projections and the activation, panel by panel.
-  Tensor activated = Tensor::empty(DType::F32, {pairs, width});
   pool.parallel_for(static_cast<int64_t>(gate_tasks.size()), 1, [&](int64_t begin, int64_t end) {
     std::vector<float> gate, up;
     for (int64_t task = begin; task < end; ++task) {
@@ -127,7 +138,6 @@ void fused_experts(ThreadPool& pool, const Tensor& hidden, const PhysicalRouting
     }
   });
   // Down projection into one output row per pair.
-  Tensor pair_out = Tensor::empty(DType::F32, {pairs, h});
   pool.parallel_for(static_cast<int64_t>(down_tasks.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
       const auto [e, p0] = down_tasks[static_cast<std::size_t>(task)];
@@ -139,13 +149,15 @@ void fused_experts(ThreadPool& pool, const Tensor& hidden, const PhysicalRouting
                        pair_out.data<float>() + row0 * h + p0, h);
     }
   });
-  // Combine: back in (token, choice) order.
-  Tensor choice_out = Tensor::empty(DType::F32, {pairs, h});
+  // Combine in (token, choice) order, reading each pair's row where the dispatch put it.
+  float* o = out.data<float>();
+  std::fill(o, o + routing.tokens * h, 0.0f);
   for (int64_t s = 0; s < pairs; ++s) {
-    std::memcpy(choice_out.data<float>() + s * h, pair_out.data<float>() + row_of_pair[static_cast<std::size_t>(s)] * h,
-                sizeof(float) * static_cast<std::size_t>(h));
+    const float w = routing.weights[static_cast<std::size_t>(s)];
+    const float* row = pair_out.data<float>() + row_of_pair[static_cast<std::size_t>(s)] * h;
+    float* ot = o + (s / routing.top_k) * h;
+    for (int64_t d = 0; d < h; ++d) ot[d] += w * row[d];
   }
-  combine(routing, choice_out, h, out);
 }
 
 }  // namespace r3::moe
