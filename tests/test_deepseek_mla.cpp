@@ -25,8 +25,7 @@ TEST(LatentAttention, CacheStoresLatentsNotExpandedKeysAndValues) {
     ASSERT_NE(kv, nullptr);
     // kv_lora_rank 16 + qk_rope_head_dim 8 floats per layer (3 layers), not 4 heads x (24 + 16).
     EXPECT_EQ(kv->bytes_per_token(), 3 * (16 + 8) * 4) << family;
-    EXPECT_EQ(kv->key_width(), 16);
-    EXPECT_EQ(kv->value_width(), 8);
+    for (int64_t l = 0; l < 3; ++l) EXPECT_EQ(kv->spec(l), models::CacheSpec::latent(16, 8));
   }
 }
 

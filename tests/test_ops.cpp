@@ -118,9 +118,10 @@ TEST(Ops, AttentionMatchesNaiveGroupedQueryAttention) {
   Tensor q = random_tensor({2, heads, dim}, 9);
   Tensor keys = random_tensor({len, kv_heads * dim}, 10), vals = random_tensor({len, kv_heads * dim}, 11);
   // Token 0 sees 3 rows, token 1 sees rows 2..5 (a sliding window of 4).
-  std::vector<KvRows> rows = {{keys.data<float>(), vals.data<float>(), 3, kv_heads * dim},
-                              {keys.data<float>() + 2 * kv_heads * dim, vals.data<float>() + 2 * kv_heads * dim, 4,
-                               kv_heads * dim}};
+  // The rows as one block of the paged view.
+  const std::vector<int32_t> table = {0};
+  const PagedKv kv{keys.data<float>(), vals.data<float>(), kv_heads * dim, kv_heads * dim, len, table};
+  std::vector<KvWindow> rows = {{kv, 0, 3}, {kv, 2, 6}};
   const float scale = 0.3f;
   std::vector<float> first;
   for (int threads : {1, 3}) {

@@ -3,6 +3,7 @@
 
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "models/cache_spec.h"
 #include "models/forward_batch.h"
 #include "models/kv_cache.h"
 
@@ -11,8 +12,11 @@ namespace r3::models {
 class AttentionLayer {
  public:
   virtual ~AttentionLayer() = default;
+  // What this layer caches per position; the decoder builds its cache from these.
+  virtual CacheSpec cache_spec() const = 0;
   // x: normalised hidden states F32 [tokens, hidden]; out: F32 [tokens, hidden]. Writes this
-  // step's rows of `layer` into the cache, then attends causally over each token's slot.
+  // step's rows of `layer` into the cache, then attends causally over each token's slot, both
+  // through the cache's paged view of (layer, slot).
   virtual void forward(ThreadPool& pool, const Tensor& x, const ForwardBatch& batch, KvCache& cache, int64_t layer,
                        Tensor& out) const = 0;
 };

@@ -221,14 +221,10 @@ std::unique_ptr<DecoderModel> build_decoder(const DecoderSpec& spec, const Check
   info.num_experts = spec.moe.num_experts;
   info.top_k = spec.moe.top_k;
   info.eos_token_ids = spec.eos_token_ids;
-  // What each layer caches per position: K and V rows, or (MLA) the latent and the rotary key.
-  const bool latent = spec.attention.kind == AttentionKind::kLatent;
-  const int64_t key_width = latent ? spec.attention.latent.kv_lora_rank
-                                   : spec.attention.num_kv_heads * spec.attention.head_dim;
-  const int64_t value_width = latent ? spec.attention.latent.qk_rope_head_dim : key_width;
-  auto model = std::make_unique<DecoderModel>(std::move(info), static_cast<float>(spec.rms_norm_eps), key_width,
-                                              value_width, std::move(embed), std::move(layers),
-                                              std::move(final_norm), std::move(lm_head));
+  // The cache is built from what each layer's attention declares (DecoderModel::cache_specs).
+  auto model = std::make_unique<DecoderModel>(std::move(info), static_cast<float>(spec.rms_norm_eps),
+                                              std::move(embed), std::move(layers), std::move(final_norm),
+                                              std::move(lm_head));
   model->set_eplb_options(options.eplb);
   return model;
 }

@@ -8,19 +8,24 @@
 
 namespace r3::models {
 
-DecoderModel::DecoderModel(ModelInfo info, float rms_eps, int64_t key_width, int64_t value_width, Tensor embed,
-                           std::vector<DecoderLayer> layers, Tensor final_norm, Tensor lm_head)
+DecoderModel::DecoderModel(ModelInfo info, float rms_eps, Tensor embed, std::vector<DecoderLayer> layers,
+                           Tensor final_norm, Tensor lm_head)
     : info_(std::move(info)),
       rms_eps_(rms_eps),
-      key_width_(key_width),
-      value_width_(value_width),
       embed_(std::move(embed)),
       layers_(std::move(layers)),
       final_norm_(std::move(final_norm)),
-      lm_head_(std::move(lm_head)) {}
+      lm_head_(std::move(lm_head)) {
+  for (const DecoderLayer& layer : layers_) cache_specs_.push_back(layer.attention->cache_spec());
+}
 
 std::unique_ptr<ModelCache> DecoderModel::make_cache(int64_t max_slots, int64_t capacity) const {
-  return std::make_unique<KvCache>(info_.num_layers, key_width_, value_width_, max_slots, capacity);
+  return make_kv_cache(max_slots, capacity, {});
+}
+
+std::unique_ptr<KvCache> DecoderModel::make_kv_cache(int64_t max_slots, int64_t capacity,
+                                                     KvCacheOptions options) const {
+  return std::make_unique<KvCache>(cache_specs_, max_slots, capacity, options);
 }
 
 std::vector<moe::MoeBlock*> DecoderModel::moe_blocks() {
@@ -34,7 +39,12 @@ std::vector<moe::MoeBlock*> DecoderModel::moe_blocks() {
 Tensor DecoderModel::forward(ThreadPool& pool, const ForwardBatch& batch, ModelCache& model_cache) const {
   validate_batch(batch, model_cache, info_);
   auto* kv = dynamic_cast<KvCache*>(&model_cache);
-  R3_CHECK(kv != nullptr, "forward: the cache was not made by this model");
+  R3_CHECK(kv != nullptr && kv->num_layers() == static_cast<int64_t>(layers_.size()),
+           "forward: the cache was not made by this model");
+  for (std::size_t l = 0; l < layers_.size(); ++l) {
+    R3_CHECK(kv->spec(static_cast<int64_t>(l)) == cache_specs_[l], "forward: the cache of layer ", l,
+             " does not hold what the layer caches");
+  }
   KvCache& cache = *kv;
   const int64_t tokens = batch.size(), hidden = info_.hidden_size;
   Tensor residual = Tensor::empty(DType::F32, {tokens, hidden});

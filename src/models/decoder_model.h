@@ -21,13 +21,15 @@ struct DecoderLayer {
 
 class DecoderModel final : public CausalLM {
  public:
-  // key_width / value_width: floats each layer caches per position (K and V rows for GQA; the
-  // latent and the rotary key for MLA).
-  DecoderModel(ModelInfo info, float rms_eps, int64_t key_width, int64_t value_width, Tensor embed,
-               std::vector<DecoderLayer> layers, Tensor final_norm, Tensor lm_head);
+  DecoderModel(ModelInfo info, float rms_eps, Tensor embed, std::vector<DecoderLayer> layers, Tensor final_norm,
+               Tensor lm_head);
 
   const ModelInfo& info() const override { return info_; }
+  // A KvCache built from the layers' cache specs, with default options (blocks of 16 positions).
   std::unique_ptr<ModelCache> make_cache(int64_t max_slots, int64_t capacity) const override;
+  std::unique_ptr<KvCache> make_kv_cache(int64_t max_slots, int64_t capacity, KvCacheOptions options) const;
+  // What each layer caches per position, in layer order.
+  const std::vector<CacheSpec>& cache_specs() const { return cache_specs_; }
   Tensor forward(ThreadPool& pool, const ForwardBatch& batch, ModelCache& cache) const override;
   std::vector<moe::MoeBlock*> moe_blocks() override;
 
@@ -35,7 +37,7 @@ class DecoderModel final : public CausalLM {
 
   ModelInfo info_;
   float rms_eps_;
-  int64_t key_width_, value_width_;
+  std::vector<CacheSpec> cache_specs_;
   Tensor embed_;
   std::vector<DecoderLayer> layers_;
   Tensor final_norm_;

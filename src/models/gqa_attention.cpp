@@ -18,6 +18,11 @@ GqaAttention::GqaAttention(const AttentionSpec& spec, float rms_eps, GqaAttentio
       rotary_(static_cast<int64_t>(rope.inv_freq.size()) * 2, rope.inv_freq, rope.attention_scaling),
       sliding_window_(sliding_window) {}
 
+CacheSpec GqaAttention::cache_spec() const {
+  const int64_t row = spec_.num_kv_heads * spec_.head_dim;
+  return sliding_window_ > 0 ? CacheSpec::sliding_window_kv(row, sliding_window_) : CacheSpec::full_kv(row);
+}
+
 void GqaAttention::normalise_qk(ThreadPool& pool, Tensor& q, Tensor& k) const {
   const int64_t tokens = q.dim(0), d = spec_.head_dim;
   switch (spec_.qk_norm) {
@@ -60,28 +65,44 @@ void GqaAttention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch
   rotary_.apply(qh, batch.positions);
   rotary_.apply(kh, batch.positions);
 
-  // Append this step's keys/values, then let each token attend to its slot's rows up to itself.
-  for (int64_t t = 0; t < tokens; ++t) {
-    const int64_t slot = batch.slots[t], pos = batch.positions[t];
-    if (slot == ForwardBatch::kPadding) continue;
-    R3_CHECK(pos < cache.capacity(), "sequence position ", pos, " exceeds the KV cache capacity of ",
-             cache.capacity(), " tokens");
-    std::memcpy(cache.keys(layer, slot) + pos * kv_width, k.data<float>() + t * kv_width,
-                sizeof(float) * static_cast<std::size_t>(kv_width));
-    std::memcpy(cache.values(layer, slot) + pos * kv_width, v.data<float>() + t * kv_width,
-                sizeof(float) * static_cast<std::size_t>(kv_width));
-  }
-  std::vector<ops::KvRows> rows(static_cast<std::size_t>(tokens));
-  for (int64_t t = 0; t < tokens; ++t) {
-    const int64_t slot = batch.slots[t], pos = batch.positions[t];
-    if (slot == ForwardBatch::kPadding) continue;  // attends to nothing: output zeros
-    const int64_t first = sliding_window_ > 0 ? std::max<int64_t>(0, pos - sliding_window_ + 1) : 0;
-    rows[t] = {cache.keys(layer, slot) + first * kv_width, cache.values(layer, slot) + first * kv_width,
-               pos + 1 - first, kv_width};
-  }
+  // Append this step's keys/values, then let each token attend to its slot's positions up to
+  // itself (the last sliding_window_ of them), both through the cache's block tables. A layer
+  // whose blocks form a ring may only write so many positions of a slot ahead of the tokens
+  // still reading them, so a step that brings more tokens of one slot goes in passes (the
+  // arithmetic of each token is the same; decode steps, one token per slot, take one pass).
+  const int64_t pass = std::max<int64_t>(1, cache.positions_per_pass(layer));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const float* sinks = w_.sinks.defined() ? w_.sinks.data<float>() : nullptr;
   Tensor attended = Tensor::empty(DType::F32, {tokens, spec_.num_heads, d});
-  ops::attention(pool, qh, rows, spec_.num_kv_heads, 1.0f / std::sqrt(static_cast<float>(d)), attended,
-                 w_.sinks.defined() ? w_.sinks.data<float>() : nullptr);
+  std::vector<int64_t> in_pass(static_cast<std::size_t>(cache.max_slots()), 0);
+  for (int64_t first_token = 0, end_token = 0; first_token < tokens; first_token = end_token) {
+    std::fill(in_pass.begin(), in_pass.end(), 0);
+    for (end_token = first_token; end_token < tokens; ++end_token) {
+      const int64_t slot = batch.slots[end_token];
+      if (slot == ForwardBatch::kPadding) continue;
+      R3_CHECK(slot >= 0 && slot < cache.max_slots(), "attention: slot ", slot, " out of range");
+      if (in_pass[static_cast<std::size_t>(slot)] == pass) break;
+      ++in_pass[static_cast<std::size_t>(slot)];
+    }
+    const int64_t n = end_token - first_token;
+    std::vector<ops::KvWindow> windows(static_cast<std::size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t t = first_token + i, slot = batch.slots[t], pos = batch.positions[t];
+      if (slot == ForwardBatch::kPadding) continue;  // attends to nothing: output zeros
+      R3_CHECK(pos < cache.capacity(), "sequence position ", pos, " exceeds the KV cache capacity of ",
+               cache.capacity(), " tokens");
+      const ops::PagedKv kv = cache.view(layer, slot);
+      std::memcpy(kv.key_row(pos), k.data<float>() + t * kv_width, sizeof(float) * static_cast<std::size_t>(kv_width));
+      std::memcpy(kv.value_row(pos), v.data<float>() + t * kv_width, sizeof(float) * static_cast<std::size_t>(kv_width));
+      const int64_t begin = sliding_window_ > 0 ? std::max<int64_t>(0, pos - sliding_window_ + 1) : 0;
+      windows[static_cast<std::size_t>(i)] = {kv, begin, pos + 1};
+    }
+    const int64_t row = spec_.num_heads * d;
+    Tensor q_pass = Tensor::view(DType::F32, {n, spec_.num_heads, d}, qh.data<float>() + first_token * row, nullptr);
+    Tensor out_pass =
+        Tensor::view(DType::F32, {n, spec_.num_heads, d}, attended.data<float>() + first_token * row, nullptr);
+    ops::attention(pool, q_pass, windows, spec_.num_kv_heads, scale, out_pass, sinks);
+  }
   ops::linear(pool, attended.reshaped({tokens, q_width}), w_.o, w_.o_bias.if_defined(), out);
 }
 

@@ -22,6 +22,9 @@ class GqaAttention final : public AttentionLayer {
   GqaAttention(const AttentionSpec& spec, float rms_eps, GqaAttentionWeights weights,
                const ops::RopeFrequencies& rope, int64_t sliding_window);
 
+  // Full K/V rows, or for a sliding-window layer K/V rows of which only the window is read.
+  CacheSpec cache_spec() const override;
+
   // x: normalised hidden states F32 [tokens, hidden]; out: F32 [tokens, hidden].
   void forward(ThreadPool& pool, const Tensor& x, const ForwardBatch& batch, KvCache& cache,
                int64_t layer, Tensor& out) const override;

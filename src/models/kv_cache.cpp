@@ -1,47 +1,124 @@
 #include "models/kv_cache.h"
 
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <utility>
+
 #include "core/check.h"
 
 namespace r3::models {
 
-KvCache::KvCache(int64_t num_layers, int64_t key_width, int64_t value_width, int64_t max_slots,
-                 int64_t capacity)
-    : num_layers_(num_layers),
-      key_width_(key_width),
-      value_width_(value_width),
-      max_slots_(max_slots),
-      capacity_(capacity) {
-  R3_CHECK(num_layers > 0 && key_width > 0 && value_width > 0 && max_slots > 0 && capacity > 0,
-           "KV cache dimensions must be positive");
-  const auto rows = static_cast<std::size_t>(num_layers * max_slots * capacity);
-  keys_.assign(rows * static_cast<std::size_t>(key_width), 0.0f);
-  values_.assign(rows * static_cast<std::size_t>(value_width), 0.0f);
-  lengths_.assign(static_cast<std::size_t>(max_slots), 0);
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+KvCache::KvCache(std::vector<CacheSpec> layers, int64_t max_slots, int64_t capacity, KvCacheOptions options)
+    : max_slots_(max_slots), capacity_(capacity), block_size_(options.block_size) {
+  R3_CHECK(!layers.empty() && max_slots > 0 && capacity > 0 && block_size_ > 0,
+           "KV cache: layers, slots, capacity and block size must be positive");
+  table_blocks_ = ceil_div(capacity_, block_size_);
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    const CacheSpec& spec = layers[l];
+    R3_CHECK(spec.key_width > 0 && spec.value_width > 0, "KV cache: layer ", l, " caches rows of width ",
+             spec.key_width, "/", spec.value_width);
+    Layer layer;
+    layer.spec = spec;
+    layer.slot_blocks = table_blocks_;
+    layer.positions_per_pass = capacity_;
+    if (spec.kind == CacheSpec::Kind::kSlidingWindowKv) {
+      R3_CHECK(spec.window > 0, "KV cache: layer ", l, " has a sliding window of ", spec.window);
+      // A pass writes at most block_size new positions of a slot before reading; the token at p
+      // then needs [p - W + 1, p] while positions up to p + block_size - 1 may be written: a
+      // span of W + block_size - 1 positions, which touches at most
+      // ceil((W + block_size - 2) / block_size) + 1 consecutive blocks.
+      const int64_t ring = ceil_div(spec.window + block_size_ - 2, block_size_) + 1;
+      if (ring < table_blocks_) {
+        layer.slot_blocks = ring;
+        layer.positions_per_pass = block_size_;
+      }
+    }
+    const int64_t pool_blocks = max_slots_ * layer.slot_blocks;
+    R3_CHECK(pool_blocks <= INT32_MAX, "KV cache: ", pool_blocks, " blocks exceed int32 block ids");
+    layer.keys.assign(static_cast<std::size_t>(pool_blocks * block_size_ * spec.key_width), 0.0f);
+    layer.values.assign(static_cast<std::size_t>(pool_blocks * block_size_ * spec.value_width), 0.0f);
+    // Today's allocator: every slot takes its blocks from the free list up front.
+    std::vector<int32_t> free_list(static_cast<std::size_t>(pool_blocks));
+    std::iota(free_list.begin(), free_list.end(), 0);
+    if (options.shuffle_seed != 0) {
+      std::mt19937_64 rng(options.shuffle_seed + l);
+      for (std::size_t i = free_list.size(); i > 1; --i) {  // Fisher-Yates, the same on every platform
+        std::swap(free_list[i - 1], free_list[static_cast<std::size_t>(rng() % i)]);
+      }
+    }
+    layer.tables.resize(static_cast<std::size_t>(max_slots_ * table_blocks_));
+    for (int64_t s = 0; s < max_slots_; ++s) {
+      for (int64_t i = 0; i < table_blocks_; ++i) {
+        // A ring reuses its blocks: logical block i is the slot's block i mod ring.
+        layer.tables[static_cast<std::size_t>(s * table_blocks_ + i)] =
+            free_list[static_cast<std::size_t>(s * layer.slot_blocks + i % layer.slot_blocks)];
+      }
+    }
+    layers_.push_back(std::move(layer));
+  }
+  lengths_.assign(static_cast<std::size_t>(max_slots_), 0);
+  high_water_.assign(static_cast<std::size_t>(max_slots_), 0);
+}
+
+const KvCache::Layer& KvCache::at(int64_t layer) const {
+  R3_CHECK(layer >= 0 && layer < num_layers(), "KV cache: layer ", layer, " out of range");
+  return layers_[static_cast<std::size_t>(layer)];
 }
 
 int64_t KvCache::bytes_per_token() const {
-  return num_layers_ * (key_width_ + value_width_) * static_cast<int64_t>(sizeof(float));
+  int64_t bytes = 0;
+  for (const Layer& layer : layers_) bytes += layer.spec.bytes_per_token();
+  return bytes;
 }
 
-std::size_t KvCache::offset(int64_t layer, int64_t slot, int64_t width) const {
-  R3_CHECK(layer >= 0 && layer < num_layers_ && slot >= 0 && slot < max_slots_,
-           "KV cache: layer ", layer, " slot ", slot, " out of range");
-  return static_cast<std::size_t>(((layer * max_slots_ + slot) * capacity_) * width);
+int64_t KvCache::pool_bytes() const {
+  int64_t bytes = 0;
+  for (const Layer& layer : layers_) {
+    bytes += static_cast<int64_t>((layer.keys.size() + layer.values.size()) * sizeof(float));
+  }
+  return bytes;
 }
 
-float* KvCache::keys(int64_t layer, int64_t slot) {
-  return keys_.data() + offset(layer, slot, key_width_);
+std::span<const int32_t> KvCache::block_table(int64_t layer, int64_t slot) const {
+  const Layer& l = at(layer);
+  R3_CHECK(slot >= 0 && slot < max_slots_, "KV cache: slot ", slot, " out of range");
+  return std::span<const int32_t>(l.tables).subspan(static_cast<std::size_t>(slot * table_blocks_),
+                                                    static_cast<std::size_t>(table_blocks_));
 }
 
-float* KvCache::values(int64_t layer, int64_t slot) {
-  return values_.data() + offset(layer, slot, value_width_);
+ops::PagedKv KvCache::view(int64_t layer, int64_t slot) {
+  const std::span<const int32_t> table = block_table(layer, slot);
+  Layer& l = layers_[static_cast<std::size_t>(layer)];
+  return {l.keys.data(), l.values.data(), l.spec.key_width, l.spec.value_width, block_size_, table};
 }
 
 void KvCache::set_length(int64_t slot, int64_t length) {
   R3_CHECK(slot >= 0 && slot < max_slots_, "KV cache: slot ", slot, " out of range");
   R3_CHECK(length >= 0 && length <= capacity_, "KV cache: length ", length,
            " exceeds capacity ", capacity_, " tokens");
-  lengths_[static_cast<std::size_t>(slot)] = length;
+  const auto s = static_cast<std::size_t>(slot);
+  if (length == 0) {
+    high_water_[s] = 0;
+  } else if (length < high_water_[s]) {
+    for (const Layer& layer : layers_) {
+      if (!is_ring(layer)) continue;
+      // The next token (at `length`) reads back to length - W + 1; positions up to
+      // high_water - 1 were written since, and must not have wrapped onto those blocks.
+      const int64_t oldest = std::max<int64_t>(0, length - layer.spec.window + 1);
+      R3_CHECK((high_water_[s] - 1) / block_size_ - oldest / block_size_ < layer.slot_blocks,
+               "KV cache: cannot shorten slot ", slot, " from ", high_water_[s], " to ", length,
+               " positions: its sliding-window blocks have been reused since");
+    }
+  }
+  high_water_[s] = std::max(high_water_[s], length);
+  lengths_[s] = length;
 }
 
 }  // namespace r3::models

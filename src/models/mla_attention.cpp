@@ -20,6 +20,10 @@ MlaAttention::MlaAttention(const AttentionSpec& spec, float rms_eps, MlaWeights 
                                                                            spec.latent.qk_rope_head_dim)) *
                                         ops::yarn_softmax_scale_factor(spec.rope_scaling))) {}
 
+CacheSpec MlaAttention::cache_spec() const {
+  return CacheSpec::latent(spec_.latent.kv_lora_rank, spec_.latent.qk_rope_head_dim);
+}
+
 void MlaAttention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch& batch, KvCache& cache, int64_t layer,
                            Tensor& out) const {
   const LatentAttentionSpec& m = spec_.latent;
@@ -39,7 +43,8 @@ void MlaAttention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch
   Tensor compressed = Tensor::empty(DType::F32, {tokens, lora + rope});
   ops::linear(pool, x, w_.kv_a_proj, w_.kv_a_bias.if_defined(), compressed);
 
-  // Cache rows: keys() holds the normalised latent, values() the rotated shared key.
+  // Cache rows, through the paged view: keys hold the normalised latent, values the rotated
+  // shared key.
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t p = batch.positions[t];
     float* row = compressed.data<float>() + t * (lora + rope);
@@ -49,10 +54,15 @@ void MlaAttention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch
     rotary_.apply(q.data<float>() + t * heads * qk, heads, qk, p);
     if (batch.slots[t] == ForwardBatch::kPadding) continue;
     R3_CHECK(p < cache.capacity(), "sequence position ", p, " exceeds the KV cache capacity of ", cache.capacity());
-    std::memcpy(cache.keys(layer, batch.slots[t]) + p * lora, row, sizeof(float) * static_cast<std::size_t>(lora));
-    std::memcpy(cache.values(layer, batch.slots[t]) + p * rope, row + lora, sizeof(float) * static_cast<std::size_t>(rope));
+    const ops::PagedKv kv = cache.view(layer, batch.slots[t]);
+    std::memcpy(kv.key_row(p), row, sizeof(float) * static_cast<std::size_t>(lora));
+    std::memcpy(kv.value_row(p), row + lora, sizeof(float) * static_cast<std::size_t>(rope));
   }
 
+  std::vector<ops::PagedKv> views(static_cast<std::size_t>(tokens));
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (batch.slots[t] != ForwardBatch::kPadding) views[static_cast<std::size_t>(t)] = cache.view(layer, batch.slots[t]);
+  }
   const float scale = softmax_scale_;
   const float* kv_b = w_.kv_b_proj.data<float>();
   Tensor attended = Tensor::empty(DType::F32, {tokens, heads * vd});
@@ -75,22 +85,27 @@ void MlaAttention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch
         for (int64_t c = 0; c < lora; ++c) q_latent[c] += qh[i] * w_k[i * lora + c];
       }
       const int64_t p = batch.positions[t], len = p + 1;
-      const float* latents = cache.keys(layer, batch.slots[t]);
-      const float* rope_keys = cache.values(layer, batch.slots[t]);
+      const ops::PagedKv& kv = views[static_cast<std::size_t>(t)];
       scores.resize(static_cast<std::size_t>(len));
       float max_score = -INFINITY;
-      for (int64_t j = 0; j < len; ++j) {
-        scores[j] = (ops::dot(q_latent.data(), latents + j * lora, lora) + ops::dot(qh + nope, rope_keys + j * rope, rope)) *
-                    scale;
-        max_score = std::max(max_score, scores[j]);
-      }
+      kv.for_each_run(0, len, [&](int64_t first, int64_t n, const float* latents, const float* rope_keys) {
+        float* sc = scores.data() + first;
+        for (int64_t j = 0; j < n; ++j) {
+          sc[j] = (ops::dot(q_latent.data(), latents + j * lora, lora) + ops::dot(qh + nope, rope_keys + j * rope, rope)) *
+                  scale;
+          max_score = std::max(max_score, sc[j]);
+        }
+      });
       float denom = 0;
       for (float& s : scores) denom += (s = std::exp(s - max_score));
       std::fill(out_latent.begin(), out_latent.end(), 0.0f);
-      for (int64_t j = 0; j < len; ++j) {
-        const float pj = scores[j] / denom;
-        for (int64_t c = 0; c < lora; ++c) out_latent[c] += pj * latents[j * lora + c];
-      }
+      kv.for_each_run(0, len, [&](int64_t first, int64_t n, const float* latents, const float*) {
+        const float* sc = scores.data() + first;
+        for (int64_t j = 0; j < n; ++j) {
+          const float pj = sc[j] / denom;
+          for (int64_t c = 0; c < lora; ++c) out_latent[c] += pj * latents[j * lora + c];
+        }
+      });
       for (int64_t i = 0; i < vd; ++i) o[i] = ops::dot(w_v + i * lora, out_latent.data(), lora);
     }
   });

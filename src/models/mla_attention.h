@@ -24,6 +24,9 @@ class MlaAttention final : public AttentionLayer {
  public:
   MlaAttention(const AttentionSpec& spec, float rms_eps, MlaWeights weights, const ops::RopeFrequencies& rope);
 
+  // The normalised latent (keys) and the rotated shared key (values) of every position.
+  CacheSpec cache_spec() const override;
+
   void forward(ThreadPool& pool, const Tensor& x, const ForwardBatch& batch, KvCache& cache, int64_t layer,
                Tensor& out) const override;
 

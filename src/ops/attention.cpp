@@ -7,14 +7,23 @@
 
 namespace r3::ops {
 
-void attention(ThreadPool& pool, const Tensor& q, const std::vector<KvRows>& kv,
+void attention(ThreadPool& pool, const Tensor& q, const std::vector<KvWindow>& kv,
                int64_t num_kv_heads, float scale, Tensor& out, const float* sinks) {
   R3_CHECK(q.rank() == 3 && q.is_contiguous() && out.shape() == q.shape(),
            "attention: q ", shape_to_string(q.shape()), " out ", shape_to_string(out.shape()));
   const int64_t tokens = q.dim(0), heads = q.dim(1), head_dim = q.dim(2);
   R3_CHECK(num_kv_heads > 0 && heads % num_kv_heads == 0, "attention: ", heads,
            " heads not divisible by ", num_kv_heads, " kv heads");
-  R3_CHECK(static_cast<int64_t>(kv.size()) == tokens, "attention: one KvRows per token");
+  R3_CHECK(static_cast<int64_t>(kv.size()) == tokens, "attention: one KvWindow per token");
+  for (const KvWindow& w : kv) {
+    if (w.length() <= 0) continue;
+    R3_CHECK(w.begin >= 0 && w.kv.block_size > 0 && w.kv.key_width == num_kv_heads * head_dim &&
+                 w.kv.value_width == w.kv.key_width &&
+                 (w.end - 1) / w.kv.block_size < static_cast<int64_t>(w.kv.block_table.size()),
+             "attention: cache view of width ", w.kv.key_width, "/", w.kv.value_width, ", ",
+             w.kv.block_table.size(), " blocks of ", w.kv.block_size, " does not fit positions [", w.begin, ", ",
+             w.end, ") of ", num_kv_heads, " x ", head_dim);
+  }
   const int64_t group = heads / num_kv_heads;
   const float* qp = q.data<float>();
   float* op = out.data<float>();
@@ -23,31 +32,37 @@ void attention(ThreadPool& pool, const Tensor& q, const std::vector<KvRows>& kv,
     std::vector<float> scores;
     for (int64_t th = begin; th < end; ++th) {
       const int64_t t = th / heads, h = th % heads;
-      const KvRows& rows = kv[static_cast<std::size_t>(t)];
+      const KvWindow& w = kv[static_cast<std::size_t>(t)];
       float* ov = op + th * head_dim;
-      if (rows.length == 0) {  // a padding row: nothing to attend to
+      if (w.length() <= 0) {  // a padding row: nothing to attend to
         std::fill(ov, ov + head_dim, 0.0f);
         continue;
       }
-      const int64_t kv_offset = (h / group) * head_dim;
+      const int64_t kv_offset = (h / group) * head_dim, stride = w.kv.key_width;
       const float* qv = qp + th * head_dim;
-      scores.resize(static_cast<std::size_t>(rows.length));
+      scores.resize(static_cast<std::size_t>(w.length()));
       float max_score = sinks ? sinks[h] : -INFINITY;
-      for (int64_t j = 0; j < rows.length; ++j) {
-        scores[j] = dot(qv, rows.keys + j * rows.row_stride + kv_offset, head_dim) * scale;
-        max_score = std::max(max_score, scores[j]);
-      }
+      w.kv.for_each_run(w.begin, w.end, [&](int64_t p, int64_t n, const float* keys, const float*) {
+        float* s = scores.data() + (p - w.begin);
+        for (int64_t i = 0; i < n; ++i) {
+          s[i] = dot(qv, keys + i * stride + kv_offset, head_dim) * scale;
+          max_score = std::max(max_score, s[i]);
+        }
+      });
       float denom = sinks ? std::exp(sinks[h] - max_score) : 0.0f;
-      for (int64_t j = 0; j < rows.length; ++j) {
-        scores[j] = std::exp(scores[j] - max_score);
-        denom += scores[j];
+      for (float& s : scores) {
+        s = std::exp(s - max_score);
+        denom += s;
       }
       std::fill(ov, ov + head_dim, 0.0f);
-      for (int64_t j = 0; j < rows.length; ++j) {
-        const float p = scores[j] / denom;
-        const float* vv = rows.values + j * rows.row_stride + kv_offset;
-        for (int64_t d = 0; d < head_dim; ++d) ov[d] += p * vv[d];
-      }
+      w.kv.for_each_run(w.begin, w.end, [&](int64_t p, int64_t n, const float*, const float* values) {
+        const float* s = scores.data() + (p - w.begin);
+        for (int64_t i = 0; i < n; ++i) {
+          const float pr = s[i] / denom;
+          const float* vv = values + i * stride + kv_offset;
+          for (int64_t d = 0; d < head_dim; ++d) ov[d] += pr * vv[d];
+        }
+      });
     }
   });
 }

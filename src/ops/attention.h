@@ -1,9 +1,13 @@
 // Scaled dot-product attention of query tokens over their own sequence's cached keys/values,
-// with grouped-query heads (num_heads a multiple of num_kv_heads). Causality comes from the
-// caller: each query sees exactly the `length` cached rows it is given (0 rows: output zeros,
-// for padding rows).
+// with grouped-query heads (num_heads a multiple of num_kv_heads). The cache is read through a
+// paged view (a block table over fixed-size blocks of positions), never copied into contiguous
+// rows. Causality comes from the caller: each query sees exactly the positions [begin, end) it
+// is given (an empty range: output zeros, for padding rows).
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/tensor.h"
@@ -11,18 +15,49 @@
 
 namespace r3::ops {
 
-// Where one query token's keys and values live: `length` rows starting at `keys`/`values`,
-// consecutive rows `row_stride` floats apart, each row holding num_kv_heads * head_dim floats.
-struct KvRows {
-  const float* keys = nullptr;
-  const float* values = nullptr;
-  int64_t length = 0;
-  int64_t row_stride = 0;
+// One layer's cache for one sequence, as blocks of `block_size` positions. Position p lives in
+// block block_table[p / block_size], row p % block_size; block b's key rows start at
+// keys + b * block_size * key_width (values likewise). Which blocks a table names, and whether
+// two tables share blocks, is the allocator's business; kernels only follow the table.
+struct PagedKv {
+  float* keys = nullptr;    // the layer's block pool
+  float* values = nullptr;
+  int64_t key_width = 0;    // floats per key row
+  int64_t value_width = 0;  // floats per value row
+  int64_t block_size = 0;   // positions per block
+  std::span<const int32_t> block_table;
+
+  int64_t row_index(int64_t position) const {
+    return static_cast<int64_t>(block_table[static_cast<std::size_t>(position / block_size)]) * block_size +
+           position % block_size;
+  }
+  float* key_row(int64_t position) const { return keys + row_index(position) * key_width; }
+  float* value_row(int64_t position) const { return values + row_index(position) * value_width; }
+
+  // Calls fn(first_position, count, key_rows, value_rows) for each run of consecutive positions
+  // within one block, in position order, covering [begin, end).
+  template <typename Fn>
+  void for_each_run(int64_t begin, int64_t end, Fn&& fn) const {
+    for (int64_t p = begin; p < end;) {
+      const int64_t n = std::min(block_size - p % block_size, end - p);
+      fn(p, n, static_cast<const float*>(key_row(p)), static_cast<const float*>(value_row(p)));
+      p += n;
+    }
+  }
 };
 
-// q: F32 [tokens, num_heads, head_dim]; out: F32 [tokens, num_heads, head_dim].
+// What one query token attends to: positions [begin, end) of its sequence's paged cache.
+struct KvWindow {
+  PagedKv kv;
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t length() const { return end - begin; }
+};
+
+// q: F32 [tokens, num_heads, head_dim]; out: F32 [tokens, num_heads, head_dim]; one KvWindow
+// per token, its rows holding num_kv_heads * head_dim floats (key and value widths equal).
 // sinks: per-head logits that join the softmax but carry no value (GPT-OSS), or nullptr.
-void attention(ThreadPool& pool, const Tensor& q, const std::vector<KvRows>& kv,
+void attention(ThreadPool& pool, const Tensor& q, const std::vector<KvWindow>& kv,
                int64_t num_kv_heads, float scale, Tensor& out, const float* sinks = nullptr);
 
 }  // namespace r3::ops
