@@ -125,8 +125,8 @@ struct SyntheticModel {
   }
 };
 
-const moe::MoeBackend kBackends[] = {moe::MoeBackend::kModular, moe::MoeBackend::kMonolithic,
-                                     moe::MoeBackend::kMega};
+const moe::MoePath kBackends[] = {moe::MoePath::kModular, moe::MoePath::kMonolithic,
+                                     moe::MoePath::kMega};
 
 SyntheticModel& synthetic_model() {
   static SyntheticModel synthetic;
@@ -135,7 +135,7 @@ SyntheticModel& synthetic_model() {
 
 std::unique_ptr<models::CausalLM> load_synthetic(int64_t backend) {
   models::LoadOptions options;
-  options.moe_backend = kBackends[backend];
+  options.moe_path = kBackends[backend];
   return models::load_model(synthetic_model().dir.string(), options);
 }
 
@@ -143,7 +143,7 @@ std::unique_ptr<models::CausalLM> load_synthetic(int64_t backend) {
 void BM_DecodeStep(benchmark::State& state) {
   const int64_t ctx = state.range(0);
   auto model = load_synthetic(state.range(1));
-  state.SetLabel(std::string(moe::moe_backend_name(kBackends[state.range(1)])));
+  state.SetLabel(std::string(moe::moe_path_name(kBackends[state.range(1)])));
   ThreadPool pool;
   auto cache_owner = model->make_cache(1, ctx + 1);
   models::ModelCache& cache = *cache_owner;
@@ -168,7 +168,7 @@ BENCHMARK(BM_DecodeStep)
 void BM_Prefill(benchmark::State& state) {
   const int64_t tokens = state.range(0);
   auto model = load_synthetic(state.range(1));
-  state.SetLabel(std::string(moe::moe_backend_name(kBackends[state.range(1)])));
+  state.SetLabel(std::string(moe::moe_path_name(kBackends[state.range(1)])));
   ThreadPool pool;
   std::vector<int32_t> ids(static_cast<std::size_t>(tokens));
   for (int64_t i = 0; i < tokens; ++i) ids[static_cast<std::size_t>(i)] = static_cast<int32_t>((i * 37) % 8192);

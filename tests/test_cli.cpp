@@ -44,8 +44,9 @@ TEST(Cli, BadArgumentsGiveOneLineErrorAndNonZeroExit) {
       {"forward --model /nonexistent --ids 1", "/nonexistent"},
       {"forward --model " + data_dir() + " --ids 1", "config.json"},
       {"forward" + model + " --ids 1 --dump /nonexistent/dir/out.safetensors", "cannot write"},
-      {"generate" + model + " --ids 1,2 --moe-backend turbo", "--moe-backend"},
-      {"generate" + model + " --ids 1,2 --moe-backend monolithic-nocapture",
+      {"generate" + model + " --ids 1,2 --moe-path turbo", "--moe-path"},
+      {"generate" + model + " --ids 1,2 --moe-backend turbo", "--moe-path"},  // the old name, same option
+      {"generate" + model + " --ids 1,2 --moe-path monolithic-nocapture",
        "Routed-experts capture is not supported with monolithic MoE kernel cpu-fused-softmax-topk-nocapture."},
       {"generate" + model + " --ids 1,2 --eplb-redundant-experts -1", "--eplb-redundant-experts"},
       {"generate" + model + " --ids 1,2 --eplb-redundant-experts 1 --eplb-gpus 2 --eplb-rebalance-every 1",
@@ -200,4 +201,16 @@ TEST(Cli, EplbTopologyIsCheckedAtStartUp) {
 }
 
 }  // namespace
+// --moe-backend, the option's first name, still selects the MoE path.
+TEST(Cli, MoeBackendIsAnAliasOfMoePath) {
+  const std::string model = " --model " + family_dir("qwen3_moe") + " --ids 17,42,7 --max-new-tokens 3 --json -q";
+  const CommandResult path = run_r3("generate" + model + " --moe-path mega");
+  const CommandResult alias = run_r3("generate" + model + " --moe-backend mega");
+  ASSERT_EQ(path.exit_code, 0) << path.err;
+  ASSERT_EQ(alias.exit_code, 0) << alias.err;
+  EXPECT_EQ(alias.out, path.out);
+  const CommandResult loaded = run_r3("generate --model " + family_dir("qwen3_moe") + " --ids 17 --max-new-tokens 1 --moe-backend mega");
+  EXPECT_NE(loaded.err.find("MoE path mega"), std::string::npos) << loaded.err;
+}
+
 }  // namespace r3::test

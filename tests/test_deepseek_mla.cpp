@@ -91,7 +91,7 @@ TEST(KimiK2Config, LoadsAndRunsWithCaptureOnEveryPath) {
   std::vector<int32_t> first;
   for (const std::string backend : {"modular", "monolithic", "mega"}) {
     models::LoadOptions options;
-    options.moe_backend = moe::parse_moe_backend(backend);
+    options.moe_path = moe::parse_moe_path(backend);
     options.eplb.redundant_experts = 4;
     options.eplb.rebalance_every = 2;
     auto model = models::load_model(path, options);

@@ -15,21 +15,21 @@
 namespace r3::test {
 namespace {
 
-using moe::MoeBackend;
+using moe::MoePath;
 
 const std::vector<std::string> kFamilies = {"qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v4"};
-const std::vector<MoeBackend> kCapturingBackends = {MoeBackend::kModular, MoeBackend::kMonolithic,
-                                                    MoeBackend::kMega};
+const std::vector<MoePath> kCapturingPaths = {MoePath::kModular, MoePath::kMonolithic,
+                                                    MoePath::kMega};
 
 std::vector<int32_t> reference_forward_ids(const std::string& family) {
   const Reference ref = load_reference(family, 0);
   return {ref.input_ids.begin(), ref.input_ids.end() - 1};
 }
 
-std::unique_ptr<models::CausalLM> load(const std::string& family, MoeBackend backend,
+std::unique_ptr<models::CausalLM> load(const std::string& family, MoePath backend,
                                            moe::EplbOptions eplb = {}) {
   models::LoadOptions options;
-  options.moe_backend = backend;
+  options.moe_path = backend;
   options.eplb = eplb;
   return models::load_model(family_dir(family), options);
 }
@@ -72,15 +72,15 @@ std::vector<StepResult> run_steps(models::CausalLM& model, const std::vector<int
 TEST(MoePaths, AllCapturingPathsAgreeBitForBit) {
   for (const auto& family : kFamilies) {
     const auto ids = reference_forward_ids(family);
-    auto reference = load(family, MoeBackend::kModular);
+    auto reference = load(family, MoePath::kModular);
     const auto expected = run_steps(*reference, ids, 4);
-    for (MoeBackend backend : {MoeBackend::kMonolithic, MoeBackend::kMega}) {
+    for (MoePath backend : {MoePath::kMonolithic, MoePath::kMega}) {
       auto model = load(family, backend);
       const auto got = run_steps(*model, ids, 4);
       ASSERT_EQ(got.size(), expected.size());
       for (std::size_t s = 0; s < got.size(); ++s) {
-        EXPECT_EQ(got[s].logits, expected[s].logits) << family << " " << moe::moe_backend_name(backend) << " step " << s;
-        EXPECT_EQ(got[s].routed, expected[s].routed) << family << " " << moe::moe_backend_name(backend) << " step " << s;
+        EXPECT_EQ(got[s].logits, expected[s].logits) << family << " " << moe::moe_path_name(backend) << " step " << s;
+        EXPECT_EQ(got[s].routed, expected[s].routed) << family << " " << moe::moe_path_name(backend) << " step " << s;
       }
     }
   }
@@ -88,7 +88,7 @@ TEST(MoePaths, AllCapturingPathsAgreeBitForBit) {
 
 TEST(MoePaths, NonCapturingMonolithicKernelComputesTheSameWithoutCapture) {
   const auto ids = reference_forward_ids("olmoe");
-  auto a = load("olmoe", MoeBackend::kModular), b = load("olmoe", MoeBackend::kMonolithicNoCapture);
+  auto a = load("olmoe", MoePath::kModular), b = load("olmoe", MoePath::kMonolithicNoCapture);
   ThreadPool pool(2);
   auto logits = [&](models::CausalLM& m) {
     auto cache_owner = m.make_cache(1, static_cast<int64_t>(ids.size()));
@@ -109,7 +109,7 @@ TEST(MoePaths, NonCapturingMonolithicKernelComputesTheSameWithoutCapture) {
 TEST(Eplb, ReplicasAndRebalancingChangeNeitherLogitsNorCapturedIds) {
   for (const auto& family : {"qwen3_moe", "mixtral", "deepseek_v4"}) {
     const auto ids = reference_forward_ids(family);
-    for (MoeBackend backend : kCapturingBackends) {
+    for (MoePath backend : kCapturingPaths) {
       auto plain = load(family, backend);
       const auto expected = run_steps(*plain, ids, 6);
       for (int64_t redundant : {1, 3, 8}) {
@@ -139,7 +139,7 @@ TEST(Eplb, RebalancingFollowsTheMeasuredLoad) {
   moe::EplbOptions eplb;
   eplb.redundant_experts = 4;
   eplb.rebalance_every = 1;
-  auto model = load("qwen3_moe", MoeBackend::kModular, eplb);
+  auto model = load("qwen3_moe", MoePath::kModular, eplb);
   ThreadPool pool(2);
   const auto ids = reference_forward_ids("qwen3_moe");
   auto cache_owner = model->make_cache(1, static_cast<int64_t>(ids.size()));
@@ -165,9 +165,9 @@ TEST(Eplb, RebalancingFollowsTheMeasuredLoad) {
 // Replace the EPLB map of one layer with one that throws: when it throws, the capturer already
 // holds that layer's logical ids. Every path on Qwen3-MoE, with and without replicas; DeepSeek-V4's
 // layer 0 routes by its hash table and layer 1 by scores.
-void expect_capture_before_map(const std::string& family, MoeBackend backend, int64_t layer,
+void expect_capture_before_map(const std::string& family, MoePath backend, int64_t layer,
                                moe::EplbOptions eplb = {}) {
-  SCOPED_TRACE(family + " " + std::string(moe::moe_backend_name(backend)) + " layer " + std::to_string(layer) +
+  SCOPED_TRACE(family + " " + std::string(moe::moe_path_name(backend)) + " layer " + std::to_string(layer) +
                " redundant experts " + std::to_string(eplb.redundant_experts));
   {
     {
@@ -198,7 +198,7 @@ TEST(CaptureOrder, CaptureHoldsLogicalIdsBeforeTheEplbMapRuns) {
   moe::EplbOptions replicas;
   replicas.redundant_experts = 3;
   replicas.rebalance_every = 1;
-  for (MoeBackend backend : kCapturingBackends) {
+  for (MoePath backend : kCapturingPaths) {
     expect_capture_before_map("qwen3_moe", backend, 0);
     expect_capture_before_map("qwen3_moe", backend, 1);
     expect_capture_before_map("qwen3_moe", backend, 0, replicas);
@@ -207,12 +207,12 @@ TEST(CaptureOrder, CaptureHoldsLogicalIdsBeforeTheEplbMapRuns) {
 }
 
 TEST(CaptureOrder, DeepseekV4MegaPathHashAndScoredLayers) {
-  expect_capture_before_map("deepseek_v4", MoeBackend::kMega, 0);  // hash_moe: tid2eid[token]
-  expect_capture_before_map("deepseek_v4", MoeBackend::kMega, 1);  // moe: sqrt-softplus biased top-k
+  expect_capture_before_map("deepseek_v4", MoePath::kMega, 0);  // hash_moe: tid2eid[token]
+  expect_capture_before_map("deepseek_v4", MoePath::kMega, 1);  // moe: sqrt-softplus biased top-k
 }
 
 TEST(CaptureBinder, NonCapturingMonolithicKernelFailsAtStartUp) {
-  auto model = load("mixtral", MoeBackend::kMonolithicNoCapture);
+  auto model = load("mixtral", MoePath::kMonolithicNoCapture);
   ThreadPool pool(1);
   auto cache_owner = model->make_cache(1, 4);
   models::ModelCache& cache = *cache_owner;
@@ -235,12 +235,12 @@ class OpaqueMoe final : public moe::MoeBlock {
                                                                 Tensor::empty(DType::F32, {1, 1}),
                                                                 Tensor::empty(DType::F32, {1, 1})}},
                          moe::ExpertPlacement::initial(1, 0))) {}
-  std::string backend_name() const override { return "opaque"; }
+  std::string path_name() const override { return "opaque"; }
   void forward(ThreadPool&, const moe::MoeInput&, Tensor&) const override {}
 };
 
 TEST(CaptureBinder, LayerWithoutRouterOrCaptureSourceFails) {
-  auto model = load("qwen3_moe", MoeBackend::kModular);
+  auto model = load("qwen3_moe", MoePath::kModular);
   std::vector<moe::MoeBlock*> layers = model->moe_blocks();
   OpaqueMoe opaque(1);
   layers[1] = &opaque;
@@ -253,7 +253,7 @@ TEST(CaptureBinder, LayerWithoutRouterOrCaptureSourceFails) {
 }
 
 TEST(CaptureBinder, EveryLayerCapturesOnceIntoTheStepsBufferAndLayerIdsAreChecked) {
-  for (MoeBackend backend : kCapturingBackends) {
+  for (MoePath backend : kCapturingPaths) {
     auto model = load("qwen2_moe", backend);
     std::vector<moe::MoeBlock*> layers = model->moe_blocks();
     EXPECT_EQ(moe::check_routing_capture(layers), 3);
@@ -264,20 +264,20 @@ TEST(CaptureBinder, EveryLayerCapturesOnceIntoTheStepsBufferAndLayerIdsAreChecke
     models::ForwardBatch batch = models::ForwardBatch::sequence({1, 2, 3}, 0);
     batch.capture = &log;
     model->forward(pool, batch, cache);
-    EXPECT_EQ(log.layers, (std::vector<int64_t>{0, 1, 2})) << moe::moe_backend_name(backend);  // once each
+    EXPECT_EQ(log.layers, (std::vector<int64_t>{0, 1, 2})) << moe::moe_path_name(backend);  // once each
     layers[2] = layers[1];  // a layer id twice
     EXPECT_THROW(moe::check_routing_capture(layers), Error);
   }
 }
 
 TEST(CaptureBinder, AStepWithoutACaptureBufferCannotRunACapturingPath) {
-  for (MoeBackend backend : kCapturingBackends) {
+  for (MoePath backend : kCapturingPaths) {
     auto model = load("qwen2_moe", backend);
     ThreadPool pool(1);
     auto cache = model->make_cache(1, 3);
     try {
       model->forward(pool, models::ForwardBatch::sequence({1, 2, 3}, 0), *cache);
-      FAIL() << "ran MoE layers without a capture buffer on " << moe::moe_backend_name(backend);
+      FAIL() << "ran MoE layers without a capture buffer on " << moe::moe_path_name(backend);
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("without a capture buffer"), std::string::npos) << e.what();
     }
@@ -287,7 +287,7 @@ TEST(CaptureBinder, AStepWithoutACaptureBufferCannotRunACapturingPath) {
 // Two sequences and padding rows in one step: each sequence gets exactly the rows (and
 // logits) it gets when it runs alone; padding is never attributed.
 TEST(StepRunner, BatchedSequencesWithPaddingGetTheirOwnRows) {
-  auto model = load("qwen3_moe", MoeBackend::kModular);
+  auto model = load("qwen3_moe", MoePath::kModular);
   const Reference r0 = load_reference("qwen3_moe", 0), r1 = load_reference("qwen3_moe", 1);
   const std::vector<int32_t> a(r0.input_ids.begin(), r0.input_ids.begin() + 6);
   const std::vector<int32_t> b(r1.input_ids.begin(), r1.input_ids.begin() + 4);

@@ -19,7 +19,7 @@
 namespace r3::test {
 namespace {
 
-// A family's reference sequence, run with one MoE backend, with or without EPLB replicas that
+// A family's reference sequence, run with one MoE path, with or without EPLB replicas that
 // are re-placed after every step.
 struct Case {
   std::string family;
@@ -28,7 +28,7 @@ struct Case {
   bool eplb;
 
   std::string flags() const {
-    return " --moe-backend " + backend + (eplb ? " --eplb-redundant-experts 3 --eplb-rebalance-every 1" : "");
+    return " --moe-path " + backend + (eplb ? " --eplb-redundant-experts 3 --eplb-rebalance-every 1" : "");
   }
 };
 
@@ -57,7 +57,7 @@ std::vector<Case> all_cases() {
 
 models::LoadOptions load_options(const Case& c) {
   models::LoadOptions options;
-  options.moe_backend = moe::parse_moe_backend(c.backend);
+  options.moe_path = moe::parse_moe_path(c.backend);
   if (c.eplb) {
     options.eplb.redundant_experts = 3;
     options.eplb.rebalance_every = 1;

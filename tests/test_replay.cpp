@@ -34,7 +34,7 @@ TEST(Replay, CapturedRoutingReproducesLogitsBitForBit) {
   for (const std::string family : {"qwen3_moe", "qwen2_moe", "mixtral", "olmoe"}) {
     for (const std::string backend : {"modular", "monolithic", "mega"}) {
       models::LoadOptions options;
-      options.moe_backend = moe::parse_moe_backend(backend);
+      options.moe_path = moe::parse_moe_path(backend);
       auto model = models::load_model(family_dir(family), options);
       const Reference ref = load_reference(family, 0);
       const std::vector<int32_t> ids(ref.input_ids.begin(), ref.input_ids.end() - 1);
@@ -61,7 +61,7 @@ TEST(Replay, GenerateReplaysItsOwnRoutingThroughTheCli) {
   ASSERT_EQ(first.exit_code, 0) << first.err;
   std::ofstream(tmp.path("routing.json")) << first.out;
   for (const std::string backend : {"modular", "monolithic", "mega"}) {
-    const CommandResult again = run_r3("generate -q --json --ignore-eos --model " + dir + " --moe-backend " + backend +
+    const CommandResult again = run_r3("generate -q --json --ignore-eos --model " + dir + " --moe-path " + backend +
                                        " --ids 3,14,15,92,65 --max-new-tokens 6 --replay " + tmp.path("routing.json"));
     ASSERT_EQ(again.exit_code, 0) << again.err;
     EXPECT_EQ(nlohmann::json::parse(again.out), nlohmann::json::parse(first.out)) << backend;
@@ -187,7 +187,7 @@ TEST(Replay, EosStoppedRunReplaysExactly) {
   ASSERT_EQ(nlohmann::json::parse(run.out).at("output_ids").size(), m.eos_index + 1);
   std::ofstream(tmp.path("run.json")) << run.out;
   for (const std::string backend : {"modular", "monolithic", "mega"}) {
-    const CommandResult again = run_r3("generate -q --json --model " + m.dir + " --moe-backend " + backend +
+    const CommandResult again = run_r3("generate -q --json --model " + m.dir + " --moe-path " + backend +
                                        " --ids 17,42,7,99 --max-new-tokens 8 --replay " + tmp.path("run.json"));
     ASSERT_EQ(again.exit_code, 0) << backend << ": " << again.err;
     EXPECT_EQ(nlohmann::json::parse(again.out), nlohmann::json::parse(run.out)) << backend;

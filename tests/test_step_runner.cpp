@@ -9,16 +9,16 @@
 namespace r3::test {
 namespace {
 
-using moe::MoeBackend;
+using moe::MoePath;
 
 struct Outcome {
   std::vector<float> logits;  // of the sequence's last token
   std::vector<int32_t> routed;
 };
 
-std::unique_ptr<models::CausalLM> load(MoeBackend backend) {
+std::unique_ptr<models::CausalLM> load(MoePath backend) {
   models::LoadOptions options;
-  options.moe_backend = backend;
+  options.moe_path = backend;
   return models::load_model(family_dir("qwen3_moe"), options);
 }
 
@@ -44,7 +44,7 @@ std::vector<int32_t> shifted(std::vector<int32_t> ids, int32_t experts) {
   return ids;
 }
 
-class MixedStep : public ::testing::TestWithParam<MoeBackend> {};
+class MixedStep : public ::testing::TestWithParam<MoePath> {};
 
 TEST_P(MixedStep, ReplayedAndFreeSequencesEachGetTheirSoloResult) {
   auto model = load(GetParam());
@@ -129,8 +129,8 @@ TEST_P(MixedStep, TwoEnginesOverOneModelDoNotSeeEachOthersRouting) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, MixedStep,
-                         ::testing::Values(MoeBackend::kModular, MoeBackend::kMonolithic, MoeBackend::kMega),
-                         [](const auto& p) { return std::string(moe::moe_backend_name(p.param)); });
+                         ::testing::Values(MoePath::kModular, MoePath::kMonolithic, MoePath::kMega),
+                         [](const auto& p) { return std::string(moe::moe_path_name(p.param)); });
 
 }  // namespace
 }  // namespace r3::test

@@ -13,12 +13,14 @@ void ModelOptions::add_to(CLI::App& command) {
   command.add_option("--model", model_dir, "Hugging Face model folder (config.json + *.safetensors)")
       ->required();
   command.add_option("--threads", threads, "CPU threads (default: all cores)")->check(at_least(0));
-  command.add_option("--moe-backend", moe_backend,
+  // --moe-backend is the flag's first name, kept so existing scripts run; "backend" now means the
+  // device backend.
+  command.add_option("--moe-path,--moe-backend", moe_path,
                      "MoE execution path: modular (router + grouped GEMMs), monolithic (one fused "
                      "routine), mega (fused experts module fed by the model's gate); "
                      "monolithic-nocapture is a fused kernel that cannot report its routing")
       ->capture_default_str()
-      ->check(CLI::IsMember(moe::moe_backend_names()));
+      ->check(CLI::IsMember(moe::moe_path_names()));
   auto& eplb = load_options.eplb;
   command.add_option("--eplb-redundant-experts", eplb.redundant_experts,
                      "Extra physical expert replicas per MoE layer (EPLB)")
@@ -45,14 +47,14 @@ void ModelOptions::add_to(CLI::App& command) {
 std::unique_ptr<models::CausalLM> ModelOptions::load() const {
   const auto start = std::chrono::steady_clock::now();
   models::LoadOptions options = load_options;
-  options.moe_backend = moe::parse_moe_backend(moe_backend);
+  options.moe_path = moe::parse_moe_path(moe_path);
   auto model = models::load_model(model_dir, options);
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   const auto& info = model->info();
-  spdlog::info("loaded {} ({}, {} layers, {} MoE layers, {} experts, top-{}, MoE backend {}) in {:.1f} ms",
+  spdlog::info("loaded {} ({}, {} layers, {} MoE layers, {} experts, top-{}, MoE path {}) in {:.1f} ms",
                model_dir, info.family, info.num_layers, info.moe_layers.size(), info.num_experts,
-               info.top_k, moe_backend, ms);
+               info.top_k, moe_path, ms);
   return model;
 }
 

@@ -16,7 +16,7 @@ namespace r3::cli {
 struct ModelOptions {
   std::string model_dir;
   int threads = 0;
-  std::string moe_backend = "monolithic";  // fastest on CPU: see README, Performance
+  std::string moe_path = "monolithic";  // fastest on CPU: see README, Performance
   models::LoadOptions load_options;
 
   void add_to(CLI::App& command);

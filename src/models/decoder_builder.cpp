@@ -1,7 +1,7 @@
 #include "models/decoder_builder.h"
 
 #include "models/mla_attention.h"
-#include "moe/moe_backend.h"
+#include "moe/moe_path.h"
 
 namespace r3::models {
 
@@ -161,7 +161,7 @@ class LayerLoader {
     auto physical = std::make_shared<moe::PhysicalExperts>(
         std::move(experts), moe::ExpertPlacement::initial(m.num_experts, options_.eplb.redundant_experts),
         m.activation);
-    auto block = moe::make_moe_block(options_.moe_backend, moe_layer_id, load(n.moe + n.router, {m.num_experts, h}),
+    auto block = moe::make_moe_block(options_.moe_path, moe_layer_id, load(n.moe + n.router, {m.num_experts, h}),
                                      routing_rule(), std::move(physical),
                                      m.router_has_bias ? load(n.moe + n.router_gate_bias, {m.num_experts}) : Tensor());
     std::optional<SwigluMlp> shared;

@@ -2,12 +2,12 @@
 #pragma once
 
 #include "moe/eplb/eplb_controller.h"
-#include "moe/moe_backend.h"
+#include "moe/moe_path.h"
 
 namespace r3::models {
 
 struct LoadOptions {
-  moe::MoeBackend moe_backend = moe::MoeBackend::kMonolithic;  // fastest on CPU (README)
+  moe::MoePath moe_path = moe::MoePath::kMonolithic;  // fastest on CPU (README)
   moe::EplbOptions eplb;
 };
 

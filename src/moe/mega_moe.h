@@ -26,7 +26,7 @@ class MegaMoe final : public MoeBlock {
   // gate: computes the routing on the model side (compute() only: it is not the capture point).
   MegaMoe(std::unique_ptr<Router> gate, std::shared_ptr<PhysicalExperts> experts);
 
-  std::string backend_name() const override { return "mega"; }
+  std::string path_name() const override { return "mega"; }
   CaptureSource* capture_source() override { return &mega_; }
   void forward(ThreadPool& pool, const MoeInput& input, Tensor& out) const override;
 

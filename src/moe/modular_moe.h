@@ -10,7 +10,7 @@ class ModularMoe final : public MoeBlock {
  public:
   ModularMoe(std::unique_ptr<Router> router, std::shared_ptr<PhysicalExperts> experts);
 
-  std::string backend_name() const override { return "modular"; }
+  std::string path_name() const override { return "modular"; }
   Router* capture_router() override { return router_.get(); }
   void forward(ThreadPool& pool, const MoeInput& input, Tensor& out) const override;
 

@@ -32,7 +32,7 @@ class MoeBlock {
   int64_t layer_id() const { return layer_id_; }
   PhysicalExperts& experts() { return *experts_; }
   const PhysicalExperts& experts() const { return *experts_; }
-  virtual std::string backend_name() const = 0;
+  virtual std::string path_name() const = 0;
 
   virtual CaptureSource* capture_source() { return nullptr; }
   virtual Router* capture_router() { return nullptr; }

@@ -15,7 +15,7 @@ class MonolithicMoe final : public MoeBlock, public CaptureSource {
                 std::shared_ptr<PhysicalExperts> experts, bool can_capture, Tensor gate_bias = Tensor());
 
   std::string kernel_name() const;
-  std::string backend_name() const override { return can_capture_ ? "monolithic" : "monolithic-nocapture"; }
+  std::string path_name() const override { return can_capture_ ? "monolithic" : "monolithic-nocapture"; }
   CaptureSource* capture_source() override { return can_capture_ ? this : nullptr; }
   std::string non_capturing_kernel() const override { return can_capture_ ? "" : kernel_name(); }
 

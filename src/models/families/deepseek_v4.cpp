@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "models/deepseek_v4/deepseek_v4_model.h"
-#include "moe/moe_backend.h"
+#include "moe/moe_path.h"
 #include "moe/routing_rule.h"
 
 namespace r3::models {
@@ -86,7 +86,7 @@ std::unique_ptr<CausalLM> load_deepseek_v4(const HfConfig& config, const Checkpo
     auto physical = std::make_shared<moe::PhysicalExperts>(
         std::move(experts), moe::ExpertPlacement::initial(s.num_experts, options.eplb.redundant_experts),
         moe::ExpertActivation{moe::ExpertActivation::Kind::kSwiglu, limit, 0.0f});
-    layer.moe = moe::make_moe_block(options.moe_backend, l, load("ffn.gate.weight", {s.num_experts, h}), rule,
+    layer.moe = moe::make_moe_block(options.moe_path, l, load("ffn.gate.weight", {s.num_experts, h}), rule,
                                     std::move(physical));
     layer.shared_expert = std::make_unique<SwigluMlp>(load("ffn.shared_experts.w1.weight", {width, h}),
                                                       load("ffn.shared_experts.w3.weight", {width, h}),

@@ -1,4 +1,4 @@
-// Choosing the execution path of MoE layers (--moe-backend) and building a layer for it.
+// Choosing the execution path of MoE layers (--moe-path) and building a layer for it.
 #pragma once
 
 #include <memory>
@@ -10,19 +10,19 @@
 
 namespace r3::moe {
 
-enum class MoeBackend {
+enum class MoePath {
   kModular,              // router object + grouped GEMMs
   kMonolithic,           // one fused routine that reports its routing (default: fastest on CPU)
   kMonolithicNoCapture,  // a fused routine that cannot report its routing (start-up error with capture)
   kMega,                 // model-side gate + fused experts module as capture source
 };
 
-MoeBackend parse_moe_backend(std::string_view name);  // throws listing the valid names
-std::string_view moe_backend_name(MoeBackend backend);
-std::vector<std::string> moe_backend_names();
+MoePath parse_moe_path(std::string_view name);  // throws listing the valid names
+std::string_view moe_path_name(MoePath path);
+std::vector<std::string> moe_path_names();
 
 // An MoE layer with a linear gate and `rule`, on the chosen path.
-std::unique_ptr<MoeBlock> make_moe_block(MoeBackend backend, int64_t layer_id, Tensor gate_weight,
+std::unique_ptr<MoeBlock> make_moe_block(MoePath path, int64_t layer_id, Tensor gate_weight,
                                          std::shared_ptr<const RoutingRule> rule,
                                          std::shared_ptr<PhysicalExperts> experts, Tensor gate_bias = Tensor());
 
