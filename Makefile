@@ -7,6 +7,11 @@ BUILD_TYPE     ?= Release
 JOBS           ?= $(shell nproc)
 DEMO_MODEL     ?= tests/data/qwen3_moe
 DEMO_IDS       ?= 17,42,7,99,3,250,61,8
+# The benchmark checkpoint: a deterministic random Qwen3-MoE (1.31 B params, bf16), written by the
+# peer-comparison script of the shared folder (the same weights llama.cpp is timed on).
+BENCH_MODEL    ?= $(BUILD_DIR)/qwen3moe-mid
+PEER_DIR       ?= ../shared/peer-llamacpp
+BENCH_THREADS  ?= 2
 
 CMAKE_FLAGS = -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)
 
@@ -35,6 +40,8 @@ test-sanitize: deps
 
 bench: build
 	$(BUILD_DIR)/r3_bench
+	@test -f $(BENCH_MODEL)/hf/model.safetensors || python3 $(PEER_DIR)/make_model.py --size mid --out $(BENCH_MODEL) --gguf ''
+	$(BUILD_DIR)/r3_model_bench --model $(BENCH_MODEL)/hf --threads $(BENCH_THREADS) --prompt 32 --gen 64 --reps 3
 
 clean:
 	rm -rf $(BUILD_DIR) $(SANITIZE_DIR)
