@@ -7,6 +7,7 @@
 #include "core/thread_pool.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
+#include "ops/latent_attention.h"
 #include "ops/linear.h"
 #include "ops/rms_norm.h"
 #include "ops/rope_scaling.h"
@@ -66,6 +67,55 @@ TEST(Ops, LinearRowsDoNotDependOnOtherRows) {
     std::copy_n(x.data<float>() + r * 96, 96, row.data<float>());
     linear(pool, row, w, nullptr, one);
     EXPECT_EQ(values(one), std::vector<float>(all.data<float>() + r * 50, all.data<float>() + r * 50 + 50));
+  }
+}
+
+// MLA with W_k / W_v absorbed, through a scattered block table, against expanding every cached
+// latent into per-head keys and values in double precision.
+TEST(Ops, LatentAttentionMatchesExpandedKeysAndValues) {
+  const LatentAttentionShape sh{3, 4, 2, 5, 6};  // heads, nope, rope, value, lora
+  const int64_t len = 7, block = 2, qk = sh.nope + sh.rope;
+  Tensor q = random_tensor({2, sh.heads * qk}, 21);
+  Tensor kv_b = random_tensor({sh.heads * (sh.nope + sh.value), sh.lora}, 22);
+  const std::vector<int32_t> table = {3, 0, 2, 1};  // position p lives in block table[p / 2]
+  Tensor latents = random_tensor({4 * block, sh.lora}, 23), rope_keys = random_tensor({4 * block, sh.rope}, 24);
+  const PagedKv kv{latents.data<float>(), rope_keys.data<float>(), sh.lora, sh.rope, block, table};
+  const std::vector<KvWindow> windows = {{kv, 0, len}, {}};  // the second token is padding
+  Tensor out = Tensor::empty(DType::F32, {2, sh.heads * sh.value});
+  ThreadPool pool(2);
+  const float scale = 0.37f;
+  latent_attention(pool, q, kv_b, windows, sh, scale, out);
+  const float* w = kv_b.data<float>();
+  for (int64_t h = 0; h < sh.heads; ++h) {
+    const float* wk = w + h * (sh.nope + sh.value) * sh.lora;
+    const float* wv = wk + sh.nope * sh.lora;
+    const float* qh = q.data<float>() + h * qk;
+    std::vector<double> scores(static_cast<std::size_t>(len));
+    double max_score = -INFINITY;
+    for (int64_t p = 0; p < len; ++p) {
+      const float* lat = kv.key_row(p);
+      double sc = 0;
+      for (int64_t i = 0; i < sh.nope; ++i) {
+        double k = 0;  // key channel i of head h: W_k row i . latent
+        for (int64_t c = 0; c < sh.lora; ++c) k += double(wk[i * sh.lora + c]) * lat[c];
+        sc += double(qh[i]) * k;
+      }
+      for (int64_t r = 0; r < sh.rope; ++r) sc += double(qh[sh.nope + r]) * kv.value_row(p)[r];
+      scores[static_cast<std::size_t>(p)] = sc * scale;
+      max_score = std::max(max_score, sc * scale);
+    }
+    double denom = 0;
+    for (double& x : scores) denom += (x = std::exp(x - max_score));
+    for (int64_t i = 0; i < sh.value; ++i) {
+      double want = 0;
+      for (int64_t p = 0; p < len; ++p) {
+        double v = 0;  // value channel i of head h at position p
+        for (int64_t c = 0; c < sh.lora; ++c) v += double(wv[i * sh.lora + c]) * kv.key_row(p)[c];
+        want += scores[static_cast<std::size_t>(p)] / denom * v;
+      }
+      EXPECT_NEAR(out.data<float>()[h * sh.value + i], want, 1e-5 * (1 + std::fabs(want))) << "head " << h << " channel " << i;
+      EXPECT_EQ(out.data<float>()[sh.heads * sh.value + h * sh.value + i], 0.0f);  // padding row
+    }
   }
 }
 

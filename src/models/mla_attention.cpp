@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "ops/dot.h"
+#include "ops/latent_attention.h"
 #include "ops/linear.h"
 #include "ops/rms_norm.h"
 
@@ -59,56 +59,14 @@ void MlaAttention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch
     std::memcpy(kv.value_row(p), row + lora, sizeof(float) * static_cast<std::size_t>(rope));
   }
 
-  std::vector<ops::PagedKv> views(static_cast<std::size_t>(tokens));
+  // Each token attends to its own sequence's positions [0, p] (padding rows: nothing).
+  std::vector<ops::KvWindow> windows(static_cast<std::size_t>(tokens));
   for (int64_t t = 0; t < tokens; ++t) {
-    if (batch.slots[t] != ForwardBatch::kPadding) views[static_cast<std::size_t>(t)] = cache.view(layer, batch.slots[t]);
+    if (batch.slots[t] == ForwardBatch::kPadding) continue;
+    windows[static_cast<std::size_t>(t)] = {cache.view(layer, batch.slots[t]), 0, batch.positions[t] + 1};
   }
-  const float scale = softmax_scale_;
-  const float* kv_b = w_.kv_b_proj.data<float>();
   Tensor attended = Tensor::empty(DType::F32, {tokens, heads * vd});
-  pool.parallel_for(tokens * heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> q_latent(static_cast<std::size_t>(lora)), out_latent(static_cast<std::size_t>(lora));
-    std::vector<float> scores;
-    for (int64_t th = begin; th < end; ++th) {
-      const int64_t t = th / heads, h = th % heads;
-      float* o = attended.data<float>() + t * heads * vd + h * vd;
-      if (batch.slots[t] == ForwardBatch::kPadding) {
-        std::fill(o, o + vd, 0.0f);
-        continue;
-      }
-      const float* qh = q.data<float>() + (t * heads + h) * qk;
-      const float* w_k = kv_b + h * (nope + vd) * lora;  // rows: this head's key part
-      const float* w_v = w_k + nope * lora;              // rows: this head's value part
-      // q_nope through W_k into the latent space.
-      std::fill(q_latent.begin(), q_latent.end(), 0.0f);
-      for (int64_t i = 0; i < nope; ++i) {
-        for (int64_t c = 0; c < lora; ++c) q_latent[c] += qh[i] * w_k[i * lora + c];
-      }
-      const int64_t p = batch.positions[t], len = p + 1;
-      const ops::PagedKv& kv = views[static_cast<std::size_t>(t)];
-      scores.resize(static_cast<std::size_t>(len));
-      float max_score = -INFINITY;
-      kv.for_each_run(0, len, [&](int64_t first, int64_t n, const float* latents, const float* rope_keys) {
-        float* sc = scores.data() + first;
-        for (int64_t j = 0; j < n; ++j) {
-          sc[j] = (ops::dot(q_latent.data(), latents + j * lora, lora) + ops::dot(qh + nope, rope_keys + j * rope, rope)) *
-                  scale;
-          max_score = std::max(max_score, sc[j]);
-        }
-      });
-      float denom = 0;
-      for (float& s : scores) denom += (s = std::exp(s - max_score));
-      std::fill(out_latent.begin(), out_latent.end(), 0.0f);
-      kv.for_each_run(0, len, [&](int64_t first, int64_t n, const float* latents, const float*) {
-        const float* sc = scores.data() + first;
-        for (int64_t j = 0; j < n; ++j) {
-          const float pj = sc[j] / denom;
-          for (int64_t c = 0; c < lora; ++c) out_latent[c] += pj * latents[j * lora + c];
-        }
-      });
-      for (int64_t i = 0; i < vd; ++i) o[i] = ops::dot(w_v + i * lora, out_latent.data(), lora);
-    }
-  });
+  ops::latent_attention(pool, q, w_.kv_b_proj, windows, {heads, nope, rope, vd, lora}, softmax_scale_, attended);
   ops::linear(pool, attended, w_.o_proj, w_.o_bias.if_defined(), out);
 }
 

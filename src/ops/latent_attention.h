@@ -1,0 +1,31 @@
+// Multi-head latent attention (DeepSeek-V2/V3 MLA) over a paged cache of compressed latents and
+// shared rotary keys. Per head, the no-position part of the query goes through W_k into the
+// latent space, scores are taken against the cached latents (plus the rotary part against the
+// rotary keys), and the weighted sum of latents comes back out through W_v: keys and values are
+// never expanded per head.
+#pragma once
+
+#include <vector>
+
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "ops/attention.h"
+
+namespace r3::ops {
+
+struct LatentAttentionShape {
+  int64_t heads = 0;
+  int64_t nope = 0;  // qk_nope_head_dim
+  int64_t rope = 0;  // qk_rope_head_dim
+  int64_t value = 0; // v_head_dim
+  int64_t lora = 0;  // kv_lora_rank
+};
+
+// q: F32 [tokens, heads * (nope + rope)], rotary part already rotated; kv_b: F32
+// [heads * (nope + value), lora] (each head's W_k rows, then its W_v rows); one KvWindow per token
+// over the paged cache, whose key rows are latents (lora floats) and value rows rotary keys
+// (rope floats); an empty window (padding) gives zeros. out: F32 [tokens, heads * value].
+void latent_attention(ThreadPool& pool, const Tensor& q, const Tensor& kv_b, const std::vector<KvWindow>& kv,
+                      const LatentAttentionShape& shape, float scale, Tensor& out);
+
+}  // namespace r3::ops
