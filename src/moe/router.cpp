@@ -7,8 +7,7 @@
 namespace r3::moe {
 
 std::span<const int32_t> MoeInput::forced_row(int64_t t, int64_t top_k) const {
-  if (forced.empty() || (!replayed.empty() && replayed[static_cast<std::size_t>(t)] == 0)) return {};
-  return forced.subspan(static_cast<std::size_t>(t * top_k), static_cast<std::size_t>(top_k));
+  return moe::forced_row(forced, replayed, t, top_k);
 }
 
 void check_forced_routing(const MoeInput& input, int64_t tokens, int64_t top_k, int64_t num_experts,
@@ -44,14 +43,14 @@ void route_tokens(ThreadPool& pool, const RoutingRule& rule, Tensor& logits, con
   R3_CHECK(static_cast<int64_t>(input.token_ids.size()) == tokens,
            "routing: ", input.token_ids.size(), " token ids for ", tokens, " tokens");
   out.resize(tokens, k);
-  pool.parallel_for(tokens, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      std::span<float> row(logits.data<float>() + t * experts, static_cast<std::size_t>(experts));
-      const auto forced_row = input.forced_row(t, k);
-      const int32_t token = input.token_ids[static_cast<std::size_t>(t)];
-      rule.route(row, token, forced_row, out.expert_ids.data() + t * k, out.weights.data() + t * k);
-    }
-  });
+  const RoutingRows rows{{logits.data<float>(), static_cast<std::size_t>(tokens * experts)},
+                         experts,
+                         input.token_ids,
+                         input.forced,
+                         input.replayed,
+                         out.expert_ids.data(),
+                         out.weights.data()};
+  pool.parallel_for(tokens, 8, [&](int64_t begin, int64_t end) { rule.route_rows(rows, begin, end); });
 }
 
 Routing Router::compute(ThreadPool& pool, const MoeInput& input) const {

@@ -34,13 +34,19 @@ void renormalised(std::span<const float> scores, int64_t k, const int32_t* ids, 
 
 }  // namespace
 
+void RoutingRule::route(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
+                        float* weights) const {
+  const RoutingRows one{logits, static_cast<int64_t>(logits.size()), {&token_id, 1}, forced, {}, ids, weights};
+  route_rows(one, 0, 1);
+}
+
 float sqrt_softplus(float x) {
   // torch softplus (beta 1, threshold 20): x itself above the threshold.
   const double sp = x > 20.0f ? static_cast<double>(x) : std::log1p(std::exp(static_cast<double>(x)));
   return static_cast<float>(std::sqrt(sp));
 }
 
-void SoftmaxTopK::route(std::span<float> logits, int32_t, std::span<const int32_t> forced, int32_t* ids,
+void SoftmaxTopK::route_row(std::span<float> logits, int32_t, std::span<const int32_t> forced, int32_t* ids,
                         float* weights) const {
   ops::softmax(logits);
   choose(logits, k_, forced, ids);
@@ -51,7 +57,7 @@ void SoftmaxTopK::route(std::span<float> logits, int32_t, std::span<const int32_
   }
 }
 
-void SqrtSoftplusTopK::route(std::span<float> logits, int32_t, std::span<const int32_t> forced, int32_t* ids,
+void SqrtSoftplusTopK::route_row(std::span<float> logits, int32_t, std::span<const int32_t> forced, int32_t* ids,
                              float* weights) const {
   R3_CHECK(bias_.size() == logits.size(), "routing: correction bias has ", bias_.size(), " entries for ",
            logits.size(), " experts");
@@ -77,7 +83,7 @@ SigmoidGroupTopK::SigmoidGroupTopK(int64_t k, std::vector<float> correction_bias
            " groups of ", experts / groups_, " experts");
 }
 
-void SigmoidGroupTopK::route(std::span<float> logits, int32_t, std::span<const int32_t> forced, int32_t* ids,
+void SigmoidGroupTopK::route_row(std::span<float> logits, int32_t, std::span<const int32_t> forced, int32_t* ids,
                              float* weights) const {
   const auto experts = static_cast<int64_t>(logits.size());
   R3_CHECK(static_cast<int64_t>(bias_.size()) == experts, "routing: correction bias has ", bias_.size(),
@@ -117,7 +123,7 @@ SoftmaxGroupGreedy::SoftmaxGroupGreedy(int64_t k, int64_t num_groups, int64_t to
            " must be in [1, n_group = ", groups_, "]");
 }
 
-void SoftmaxGroupGreedy::route(std::span<float> logits, int32_t, std::span<const int32_t> forced, int32_t* ids,
+void SoftmaxGroupGreedy::route_row(std::span<float> logits, int32_t, std::span<const int32_t> forced, int32_t* ids,
                                float* weights) const {
   ops::softmax(logits);
   const auto experts = static_cast<int64_t>(logits.size());
@@ -139,7 +145,7 @@ void SoftmaxGroupGreedy::route(std::span<float> logits, int32_t, std::span<const
   for (int64_t j = 0; j < k_; ++j) weights[j] = logits[static_cast<std::size_t>(ids[j])] * scaling_;
 }
 
-void TopKSoftmax::route(std::span<float> logits, int32_t, std::span<const int32_t> forced, int32_t* ids,
+void TopKSoftmax::route_row(std::span<float> logits, int32_t, std::span<const int32_t> forced, int32_t* ids,
                         float* weights) const {
   choose(logits, k_, forced, ids);
   std::vector<float> chosen(static_cast<std::size_t>(k_));
@@ -177,7 +183,7 @@ SqrtSoftplusHash::SqrtSoftplusHash(const Tensor& table, int64_t num_experts, flo
   }
 }
 
-void SqrtSoftplusHash::route(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced,
+void SqrtSoftplusHash::route_row(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced,
                              int32_t* ids, float* weights) const {
   for (float& v : logits) v = sqrt_softplus(v);
   if (forced.empty()) {

@@ -13,26 +13,63 @@
 
 namespace r3::moe {
 
+// Token t's forced ids in a step's replayed routing [tokens, k] with its replay mask [tokens]
+// (empty mask: every row replays), or empty when t routes freely.
+inline std::span<const int32_t> forced_row(std::span<const int32_t> forced, std::span<const uint8_t> replayed,
+                                           int64_t t, int64_t k) {
+  if (forced.empty() || (!replayed.empty() && replayed[static_cast<std::size_t>(t)] == 0)) return {};
+  return forced.subspan(static_cast<std::size_t>(t * k), static_cast<std::size_t>(k));
+}
+
+// A step's routing, row by row: the gate logits of every token (overwritten with scores), the
+// token ids, the replayed routing, and where the ids and weights go.
+struct RoutingRows {
+  std::span<float> logits;                 // [tokens, num_experts]
+  int64_t num_experts = 0;
+  std::span<const int32_t> token_ids;      // [tokens]
+  std::span<const int32_t> forced;         // [tokens, top_k] or empty
+  std::span<const uint8_t> replayed;       // [tokens] or empty (see forced_row)
+  int32_t* ids = nullptr;                  // [tokens, top_k]
+  float* weights = nullptr;                // [tokens, top_k]
+};
+
 class RoutingRule {
  public:
   virtual ~RoutingRule() = default;
   virtual std::string name() const = 0;
   virtual int64_t top_k() const = 0;
-  // logits: the token's gate output (may be overwritten). token_id: the input token (hash
-  // rules). forced: top_k ids to use instead of the rule's selection, or empty. Writes top_k
+  // Routes tokens [begin, end) of the step: one call per chunk of tokens, not per token.
+  virtual void route_rows(const RoutingRows& rows, int64_t begin, int64_t end) const = 0;
+  // One token: logits (overwritten), its id (hash rules), top_k forced ids or empty; writes top_k
   // ids and weights.
-  virtual void route(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced,
-                     int32_t* ids, float* weights) const = 0;
+  void route(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
+             float* weights) const;
+};
+
+// The row loop of a rule whose tokens route independently: Derived::route_row(logits, token_id,
+// forced, ids, weights) is called inline for each token.
+template <typename Derived>
+class PerTokenRule : public RoutingRule {
+ public:
+  void route_rows(const RoutingRows& r, int64_t begin, int64_t end) const final {
+    const auto& rule = static_cast<const Derived&>(*this);
+    const int64_t k = rule.top_k(), e = r.num_experts;
+    for (int64_t t = begin; t < end; ++t) {
+      rule.route_row(r.logits.subspan(static_cast<std::size_t>(t * e), static_cast<std::size_t>(e)),
+                     r.token_ids[static_cast<std::size_t>(t)], forced_row(r.forced, r.replayed, t, k), r.ids + t * k,
+                     r.weights + t * k);
+    }
+  }
 };
 
 // Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE: softmax, top-k, optional renormalisation.
-class SoftmaxTopK final : public RoutingRule {
+class SoftmaxTopK final : public PerTokenRule<SoftmaxTopK> {
  public:
   SoftmaxTopK(int64_t k, bool normalize) : k_(k), normalize_(normalize) {}
   std::string name() const override { return "softmax-topk"; }
   int64_t top_k() const override { return k_; }
-  void route(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
-             float* weights) const override;
+  void route_row(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
+                 float* weights) const;
 
  private:
   int64_t k_;
@@ -42,14 +79,14 @@ class SoftmaxTopK final : public RoutingRule {
 // DeepSeek-V4: scores sqrt(softplus(logit)); selection by top-k of score + correction bias
 // (the bias steers selection only); weights = scores at the selection, renormalised, times
 // routed_scaling_factor.
-class SqrtSoftplusTopK final : public RoutingRule {
+class SqrtSoftplusTopK final : public PerTokenRule<SqrtSoftplusTopK> {
  public:
   SqrtSoftplusTopK(int64_t k, std::vector<float> correction_bias, float scaling)
       : k_(k), bias_(std::move(correction_bias)), scaling_(scaling) {}
   std::string name() const override { return "sqrtsoftplus-topk"; }
   int64_t top_k() const override { return k_; }
-  void route(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
-             float* weights) const override;
+  void route_row(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
+                 float* weights) const;
 
  private:
   int64_t k_;
@@ -59,14 +96,14 @@ class SqrtSoftplusTopK final : public RoutingRule {
 
 // DeepSeek-V4 hash layers: the experts come from a fixed table tid2eid[token_id]; weights as
 // SqrtSoftplusTopK.
-class SqrtSoftplusHash final : public RoutingRule {
+class SqrtSoftplusHash final : public PerTokenRule<SqrtSoftplusHash> {
  public:
   // table: [vocab, k] expert ids (I64 or I32).
   SqrtSoftplusHash(const Tensor& table, int64_t num_experts, float scaling);
   std::string name() const override { return "sqrtsoftplus-hash"; }
   int64_t top_k() const override { return k_; }
-  void route(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
-             float* weights) const override;
+  void route_row(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
+                 float* weights) const;
 
  private:
   int64_t k_;
@@ -78,14 +115,14 @@ class SqrtSoftplusHash final : public RoutingRule {
 // only the topk_group groups with the largest sum of their two best choices are eligible;
 // top-k of the eligible choices; weights = scores at the selection, optionally renormalised,
 // times routed_scaling_factor.
-class SigmoidGroupTopK final : public RoutingRule {
+class SigmoidGroupTopK final : public PerTokenRule<SigmoidGroupTopK> {
  public:
   SigmoidGroupTopK(int64_t k, std::vector<float> correction_bias, int64_t num_groups, int64_t topk_groups,
                    bool normalize, float scaling);
   std::string name() const override { return "sigmoid-group-topk"; }
   int64_t top_k() const override { return k_; }
-  void route(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
-             float* weights) const override;
+  void route_row(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
+                 float* weights) const;
 
  private:
   int64_t k_;
@@ -98,13 +135,13 @@ class SigmoidGroupTopK final : public RoutingRule {
 // DeepSeek-V2: softmax; "greedy" top-k, or "group_limited_greedy": only the topk_group groups
 // with the largest single probability are eligible; weights = probabilities at the selection
 // times routed_scaling_factor (no renormalisation).
-class SoftmaxGroupGreedy final : public RoutingRule {
+class SoftmaxGroupGreedy final : public PerTokenRule<SoftmaxGroupGreedy> {
  public:
   SoftmaxGroupGreedy(int64_t k, int64_t num_groups, int64_t topk_groups, float scaling);
   std::string name() const override { return "softmax-group-greedy"; }
   int64_t top_k() const override { return k_; }
-  void route(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
-             float* weights) const override;
+  void route_row(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
+                 float* weights) const;
 
  private:
   int64_t k_, groups_, topk_groups_;
@@ -112,13 +149,13 @@ class SoftmaxGroupGreedy final : public RoutingRule {
 };
 
 // GPT-OSS: top-k of the raw logits, weights = softmax over those k logits.
-class TopKSoftmax final : public RoutingRule {
+class TopKSoftmax final : public PerTokenRule<TopKSoftmax> {
  public:
   explicit TopKSoftmax(int64_t k) : k_(k) {}
   std::string name() const override { return "topk-softmax"; }
   int64_t top_k() const override { return k_; }
-  void route(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
-             float* weights) const override;
+  void route_row(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
+                 float* weights) const;
 
  private:
   int64_t k_;
