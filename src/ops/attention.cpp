@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "ops/dot.h"
+#include "ops/softmax_attention.h"
 
 namespace r3::ops {
 
@@ -39,30 +39,15 @@ void attention(ThreadPool& pool, const Tensor& q, const std::vector<KvWindow>& k
         continue;
       }
       const int64_t kv_offset = (h / group) * head_dim, stride = w.kv.key_width;
-      const float* qv = qp + th * head_dim;
-      scores.resize(static_cast<std::size_t>(w.length()));
-      float max_score = sinks ? sinks[h] : -INFINITY;
-      w.kv.for_each_run(w.begin, w.end, [&](int64_t p, int64_t n, const float* keys, const float*) {
-        float* s = scores.data() + (p - w.begin);
-        for (int64_t i = 0; i < n; ++i) {
-          s[i] = dot(qv, keys + i * stride + kv_offset, head_dim) * scale;
-          max_score = std::max(max_score, s[i]);
-        }
-      });
-      float denom = sinks ? std::exp(sinks[h] - max_score) : 0.0f;
-      for (float& s : scores) {
-        s = std::exp(s - max_score);
-        denom += s;
-      }
-      std::fill(ov, ov + head_dim, 0.0f);
-      w.kv.for_each_run(w.begin, w.end, [&](int64_t p, int64_t n, const float*, const float* values) {
-        const float* s = scores.data() + (p - w.begin);
-        for (int64_t i = 0; i < n; ++i) {
-          const float pr = s[i] / denom;
-          const float* vv = values + i * stride + kv_offset;
-          for (int64_t d = 0; d < head_dim; ++d) ov[d] += pr * vv[d];
-        }
-      });
+      auto rows = [&](auto&& fn) {
+        w.kv.for_each_run(w.begin, w.end, [&](int64_t p, int64_t n, const float* keys, const float* values) {
+          for (int64_t i = 0; i < n; ++i) {
+            fn(p - w.begin + i, keys + i * stride + kv_offset, values + i * stride + kv_offset);
+          }
+        });
+      };
+      softmax_attention_head(qp + th * head_dim, head_dim, scale, sinks ? sinks + h : nullptr, w.length(), rows,
+                             scores, ov);
     }
   });
 }

@@ -7,6 +7,7 @@
 
 #include "models/deepseek_v4/hyper_connection.h"
 #include "ops/dot.h"
+#include "ops/softmax_attention.h"
 #include "ops/linear.h"
 #include "ops/rms_norm.h"
 #include "ops/topk.h"
@@ -142,22 +143,13 @@ void V4Attention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch&
           keys.push_back(comp.entries.data() + s * d);
         }
       }
+      auto rows = [&](auto&& fn) {
+        for (std::size_t j = 0; j < keys.size(); ++j) fn(static_cast<int64_t>(j), keys[j], keys[j]);  // K = V
+      };
       for (int64_t h = 0; h < heads_; ++h) {
-        const float* qh = q.data<float>() + (t * heads_ + h) * d;
-        logits.resize(keys.size());
-        float max_logit = w_.sinks.data<float>()[h];
-        for (std::size_t j = 0; j < keys.size(); ++j) {
-          logits[j] = ops::dot(qh, keys[j], d) * scale;
-          max_logit = std::max(max_logit, logits[j]);
-        }
-        float denom = std::exp(w_.sinks.data<float>()[h] - max_logit);
-        for (float& l : logits) denom += (l = std::exp(l - max_logit));
-        float* o = attended.data<float>() + (t * heads_ + h) * d;
-        std::fill(o, o + d, 0.0f);
-        for (std::size_t j = 0; j < keys.size(); ++j) {
-          const float pj = logits[j] / denom;
-          for (int64_t c = 0; c < d; ++c) o[c] += pj * keys[j][c];
-        }
+        ops::softmax_attention_head(q.data<float>() + (t * heads_ + h) * d, d, scale, w_.sinks.data<float>() + h,
+                                    static_cast<int64_t>(keys.size()), rows, logits,
+                                    attended.data<float>() + (t * heads_ + h) * d);
       }
       // K = V carried rotary into the output: rotate back at the query's position.
       rotary_.apply(attended.data<float>() + t * heads_ * d, heads_, d, p, /*conjugate=*/true);
