@@ -7,12 +7,14 @@
 #include "core/thread_pool.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
+#include "ops/hyper_connection_mix.h"
 #include "ops/latent_attention.h"
 #include "ops/linear.h"
 #include "ops/rms_norm.h"
 #include "ops/rope_scaling.h"
 #include "ops/rotary.h"
 #include "ops/topk.h"
+#include "ops/window_pool.h"
 
 namespace r3::ops {
 namespace {
@@ -115,6 +117,58 @@ TEST(Ops, LatentAttentionMatchesExpandedKeysAndValues) {
       }
       EXPECT_NEAR(out.data<float>()[h * sh.value + i], want, 1e-5 * (1 + std::fabs(want))) << "head " << h << " channel " << i;
       EXPECT_EQ(out.data<float>()[sh.heads * sh.value + h * sh.value + i], 0.0f);  // padding row
+    }
+  }
+}
+
+TEST(Ops, HyperConnectionCollapseAndExpandMatchDoubleLoops) {
+  const int64_t tokens = 2, hc = 3, hidden = 5;
+  Tensor streams = random_tensor({tokens, hc, hidden}, 31), y = random_tensor({tokens, hidden}, 32);
+  const Tensor pre = random_tensor({tokens, hc}, 33), post = random_tensor({tokens, hc}, 34);
+  const Tensor comb = random_tensor({tokens, hc, hc}, 35);
+  Tensor x = Tensor::empty(DType::F32, {tokens, hidden});
+  hc_collapse(streams, pre.data<float>(), x);
+  const std::vector<float> before = values(streams);
+  hc_expand(post.data<float>(), comb.data<float>(), y, streams);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t d = 0; d < hidden; ++d) {
+      double want = 0;
+      for (int64_t i = 0; i < hc; ++i) want += double(pre.data<float>()[t * hc + i]) * before[(t * hc + i) * hidden + d];
+      EXPECT_NEAR(x.data<float>()[t * hidden + d], want, 1e-5 * (1 + std::fabs(want)));
+      for (int64_t k = 0; k < hc; ++k) {
+        double mixed = double(post.data<float>()[t * hc + k]) * y.data<float>()[t * hidden + d];
+        for (int64_t j = 0; j < hc; ++j) {
+          mixed += double(comb.data<float>()[(t * hc + j) * hc + k]) * before[(t * hc + j) * hidden + d];
+        }
+        EXPECT_NEAR(streams.data<float>()[(t * hc + k) * hidden + d], mixed, 1e-5 * (1 + std::fabs(mixed)));
+      }
+    }
+  }
+}
+
+TEST(Ops, GatedWindowPoolMatchesDoubleSoftmax) {
+  for (bool overlap : {false, true}) {
+    const WindowPoolShape shape{4, 3, overlap ? 6 : 3, overlap};
+    const Tensor kv = random_tensor({12, shape.width}, 41), gate = random_tensor({12, shape.width}, 42);
+    const Tensor bias = random_tensor({shape.rate, shape.width}, 43);
+    for (int64_t w : {0, 2}) {
+      std::vector<float> pooled(3);
+      gated_window_pool(kv.data<float>(), gate.data<float>(), bias.data<float>(), shape, w, pooled.data());
+      for (int64_t c = 0; c < shape.dim; ++c) {
+        std::vector<std::pair<double, double>> cand;  // (logit, value)
+        auto add = [&](int64_t row, int64_t j, int64_t col) {
+          cand.emplace_back(double(gate.data<float>()[row * shape.width + col]) + bias.data<float>()[j * shape.width + col],
+                            kv.data<float>()[row * shape.width + col]);
+        };
+        if (overlap && w > 0) for (int64_t j = 0; j < shape.rate; ++j) add((w - 1) * shape.rate + j, j, c);
+        for (int64_t j = 0; j < shape.rate; ++j) add(w * shape.rate + j, j, (overlap ? shape.dim : 0) + c);
+        double mx = -INFINITY, denom = 0, want = 0;
+        for (auto& [l, v] : cand) mx = std::max(mx, l);
+        for (auto& [l, v] : cand) denom += std::exp(l - mx);
+        for (auto& [l, v] : cand) want += std::exp(l - mx) / denom * v;
+        EXPECT_NEAR(pooled[static_cast<std::size_t>(c)], want, 1e-5 * (1 + std::fabs(want)))
+            << "overlap " << overlap << " window " << w << " channel " << c;
+      }
     }
   }
 }

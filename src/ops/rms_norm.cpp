@@ -15,17 +15,17 @@ void rms_norm(ThreadPool& pool, const Tensor& x, const Tensor* weight, float eps
   const float* wp = weight ? weight->data<float>() : nullptr;
   float* yp = y.data<float>();
   pool.parallel_for(rows, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* xr = xp + r * d;
-      float* yr = yp + r * d;
-      // The mean of squares in double: cheap, and keeps the normaliser as exact as the
-      // float64 reference.
-      double sum = 0;
-      for (int64_t i = 0; i < d; ++i) sum += static_cast<double>(xr[i]) * xr[i];
-      const auto inv = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(d) + eps));
-      for (int64_t i = 0; i < d; ++i) yr[i] = wp ? wp[i] * (xr[i] * inv) : xr[i] * inv;
-    }
+    for (int64_t r = begin; r < end; ++r) rms_norm_row(xp + r * d, wp, d, eps, yp + r * d);
   });
+}
+
+void rms_norm_row(const float* x, const float* weight, int64_t d, float eps, float* y) {
+  // The mean of squares in double: cheap, and keeps the normaliser as exact as the float64
+  // reference.
+  double sum = 0;
+  for (int64_t i = 0; i < d; ++i) sum += static_cast<double>(x[i]) * x[i];
+  const auto inv = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(d) + eps));
+  for (int64_t i = 0; i < d; ++i) y[i] = weight ? weight[i] * (x[i] * inv) : x[i] * inv;
 }
 
 }  // namespace r3::ops

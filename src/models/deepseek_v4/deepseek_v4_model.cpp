@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "ops/hyper_connection_mix.h"
 #include "ops/linear.h"
 #include "ops/rms_norm.h"
 
@@ -33,44 +34,21 @@ std::vector<moe::MoeBlock*> DeepseekV4Model::moe_blocks() {
 
 namespace {
 
-// Collapses each token's streams with `pre` into x [tokens, hidden].
-void collapse(const std::vector<HyperConnection::Mix>& mixes, const Tensor& streams, int64_t hc, Tensor& x) {
-  const int64_t tokens = x.dim(0), hidden = x.dim(1);
-  for (int64_t t = 0; t < tokens; ++t) {
-    float* out = x.data<float>() + t * hidden;
-    std::fill(out, out + hidden, 0.0f);
-    for (int64_t i = 0; i < hc; ++i) {
-      const float pre = mixes[static_cast<std::size_t>(t)].pre[static_cast<std::size_t>(i)];
-      const float* s = streams.data<float>() + (t * hc + i) * hidden;
-      for (int64_t d = 0; d < hidden; ++d) out[d] += pre * s[d];
-    }
-  }
-}
+// The mixing weights of every token, flattened for the ops: pre [tokens, hc], post [tokens, hc],
+// comb [tokens, hc, hc].
+struct Mixes {
+  std::vector<float> pre, post, comb;
+};
 
-// stream[k] <- post[k] * sublayer_out + sum_j comb[j][k] * stream[j].
-void expand(const std::vector<HyperConnection::Mix>& mixes, const Tensor& sublayer_out, int64_t hc, Tensor& streams) {
-  const int64_t tokens = sublayer_out.dim(0), hidden = sublayer_out.dim(1);
-  std::vector<float> mixed(static_cast<std::size_t>(hc * hidden));
+Mixes mix_all(const HyperConnection& hc_module, const Tensor& streams, int64_t tokens, int64_t width) {
+  Mixes all;
   for (int64_t t = 0; t < tokens; ++t) {
-    const auto& m = mixes[static_cast<std::size_t>(t)];
-    float* s = streams.data<float>() + t * hc * hidden;
-    const float* y = sublayer_out.data<float>() + t * hidden;
-    for (int64_t k = 0; k < hc; ++k) {
-      for (int64_t d = 0; d < hidden; ++d) {
-        float v = m.post[static_cast<std::size_t>(k)] * y[d];
-        for (int64_t j = 0; j < hc; ++j) v += m.comb[static_cast<std::size_t>(j * hc + k)] * s[j * hidden + d];
-        mixed[static_cast<std::size_t>(k * hidden + d)] = v;
-      }
-    }
-    std::copy(mixed.begin(), mixed.end(), s);
+    const HyperConnection::Mix m = hc_module.mix(streams.data<float>() + t * width);
+    all.pre.insert(all.pre.end(), m.pre.begin(), m.pre.end());
+    all.post.insert(all.post.end(), m.post.begin(), m.post.end());
+    all.comb.insert(all.comb.end(), m.comb.begin(), m.comb.end());
   }
-}
-
-std::vector<HyperConnection::Mix> mix_all(const HyperConnection& hc_module, const Tensor& streams, int64_t tokens,
-                                          int64_t width) {
-  std::vector<HyperConnection::Mix> mixes;
-  for (int64_t t = 0; t < tokens; ++t) mixes.push_back(hc_module.mix(streams.data<float>() + t * width));
-  return mixes;
+  return all;
 }
 
 }  // namespace
@@ -97,19 +75,19 @@ Tensor DeepseekV4Model::forward(ThreadPool& pool, const ForwardBatch& batch, Mod
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     const V4Layer& layer = layers_[l];
     auto mixes = mix_all(*layer.attn_hc, streams, tokens, hc * hidden);
-    collapse(mixes, streams, hc, collapsed);
+    ops::hc_collapse(streams, mixes.pre.data(), collapsed);
     ops::rms_norm(pool, collapsed, &layer.attn_norm, static_cast<float>(spec_.rms_norm_eps), x);
     layer.attention->forward(pool, x, batch, *cache, y);
-    expand(mixes, y, hc, streams);
+    ops::hc_expand(mixes.post.data(), mixes.comb.data(), y, streams);
 
     mixes = mix_all(*layer.ffn_hc, streams, tokens, hc * hidden);
-    collapse(mixes, streams, hc, collapsed);
+    ops::hc_collapse(streams, mixes.pre.data(), collapsed);
     ops::rms_norm(pool, collapsed, &layer.ffn_norm, static_cast<float>(spec_.rms_norm_eps), x);
     const std::vector<int32_t> forced = batch.forced_for_layer(static_cast<int64_t>(l), moe_count, info_.top_k);
     layer.moe->forward(pool, {x, batch.token_ids, forced, batch.replayed, batch.capture, batch.loads, padding}, y);
     layer.shared_expert->forward(pool, x, shared);
     for (int64_t i = 0; i < tokens * hidden; ++i) y.data<float>()[i] += shared.data<float>()[i];
-    expand(mixes, y, hc, streams);
+    ops::hc_expand(mixes.post.data(), mixes.comb.data(), y, streams);
   }
   for (int64_t t = 0; t < tokens; ++t) {
     if (batch.slots[t] != ForwardBatch::kPadding) cache->set_length(batch.slots[t], batch.positions[t] + 1);

@@ -1,9 +1,11 @@
 #include "models/deepseek_v4/window_compressor.h"
 
-#include <cmath>
+#include <algorithm>
 #include <cstring>
 
 #include "ops/linear.h"
+#include "ops/rms_norm.h"
+#include "ops/window_pool.h"
 
 namespace r3::models {
 
@@ -41,40 +43,12 @@ void WindowCompressor::store(ThreadPool& pool, const Tensor& x, const std::vecto
 }
 
 void WindowCompressor::emit(CompressorState& state, int64_t length) const {
-  const float* bias = position_bias_.data<float>();
-  const int64_t slots = (overlap_ ? 2 : 1) * rate_;
-  std::vector<float> logits(static_cast<std::size_t>(slots)), values(static_cast<std::size_t>(slots));
+  const ops::WindowPoolShape shape{rate_, dim_, width_, overlap_};
   std::vector<float> pooled(static_cast<std::size_t>(dim_));
   for (int64_t w = state.num_entries; w < length / rate_; ++w) {
-    for (int64_t c = 0; c < dim_; ++c) {
-      // Gather the candidate (kv, gate) of channel c from every slot of the window.
-      int64_t n = 0;
-      if (overlap_ && w > 0) {  // window w-1's first series
-        for (int64_t j = 0; j < rate_; ++j) {
-          const int64_t row = (w - 1) * rate_ + j;
-          values[n] = state.kv[row * width_ + c];
-          logits[n++] = state.gate[row * width_ + c] + bias[j * width_ + c];
-        }
-      }
-      const int64_t offset = overlap_ ? dim_ : 0;  // window w's second series (or only series)
-      for (int64_t j = 0; j < rate_; ++j) {
-        const int64_t row = w * rate_ + j;
-        values[n] = state.kv[row * width_ + offset + c];
-        logits[n++] = state.gate[row * width_ + offset + c] + bias[j * width_ + offset + c];
-      }
-      float max_logit = -INFINITY;
-      for (int64_t i = 0; i < n; ++i) max_logit = std::max(max_logit, logits[i]);
-      float denom = 0;
-      for (int64_t i = 0; i < n; ++i) denom += (logits[i] = std::exp(logits[i] - max_logit));
-      float sum = 0;
-      for (int64_t i = 0; i < n; ++i) sum += logits[i] / denom * values[i];
-      pooled[c] = sum;
-    }
-    double ss = 0;
-    for (float v : pooled) ss += static_cast<double>(v) * v;
-    const auto inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(dim_) + rms_eps_));
+    ops::gated_window_pool(state.kv.data(), state.gate.data(), position_bias_.data<float>(), shape, w, pooled.data());
     float* entry = state.entries.data() + w * dim_;
-    for (int64_t c = 0; c < dim_; ++c) entry[c] = norm_.data<float>()[c] * (pooled[c] * inv);
+    ops::rms_norm_row(pooled.data(), norm_.data<float>(), dim_, rms_eps_, entry);
     rotary_.apply(entry, 1, dim_, w * rate_);
   }
   state.num_entries = std::max(state.num_entries, length / rate_);
