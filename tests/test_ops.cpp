@@ -7,7 +7,9 @@
 #include "core/thread_pool.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
+#include "ops/grouped_projection.h"
 #include "ops/hyper_connection_mix.h"
+#include "ops/lightning_indexer.h"
 #include "ops/latent_attention.h"
 #include "ops/linear.h"
 #include "ops/rms_norm.h"
@@ -168,6 +170,35 @@ TEST(Ops, GatedWindowPoolMatchesDoubleSoftmax) {
         for (auto& [l, v] : cand) want += std::exp(l - mx) / denom * v;
         EXPECT_NEAR(pooled[static_cast<std::size_t>(c)], want, 1e-5 * (1 + std::fabs(want)))
             << "overlap " << overlap << " window " << w << " channel " << c;
+      }
+    }
+  }
+}
+
+TEST(Ops, LightningIndexScoresAndGroupedProjectionMatchDoubleLoops) {
+  const int64_t heads = 3, dim = 8, n = 5;
+  const Tensor q = random_tensor({heads, dim}, 51), w = random_tensor({heads}, 52), keys = random_tensor({n, dim}, 53);
+  std::vector<float> scores(n);
+  lightning_index_scores(q.data<float>(), w.data<float>(), keys.data<float>(), n, heads, dim, scores.data());
+  for (int64_t s = 0; s < n; ++s) {
+    double want = 0;
+    for (int64_t h = 0; h < heads; ++h) {
+      double qk = 0;
+      for (int64_t c = 0; c < dim; ++c) qk += double(q.data<float>()[h * dim + c]) * keys.data<float>()[s * dim + c];
+      want += std::max(qk, 0.0) / std::sqrt(double(dim)) * w.data<float>()[h];
+    }
+    EXPECT_NEAR(scores[static_cast<std::size_t>(s)], want, 1e-5 * (1 + std::fabs(want))) << "entry " << s;
+  }
+  const int64_t groups = 2, in = 4, out = 3, tokens = 2;
+  const Tensor x = random_tensor({tokens, groups * in}, 54), wg = random_tensor({groups * out, in}, 55);
+  Tensor y = Tensor::empty(DType::F32, {tokens, groups * out});
+  grouped_projection(x, wg, groups, y);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int64_t r = 0; r < out; ++r) {
+        double want = 0;
+        for (int64_t c = 0; c < in; ++c) want += double(x.data<float>()[t * groups * in + g * in + c]) * wg.data<float>()[(g * out + r) * in + c];
+        EXPECT_NEAR(y.data<float>()[t * groups * out + g * out + r], want, 1e-5 * (1 + std::fabs(want)));
       }
     }
   }

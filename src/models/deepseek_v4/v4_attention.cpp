@@ -6,10 +6,11 @@
 #include <numeric>
 
 #include "models/deepseek_v4/hyper_connection.h"
-#include "ops/dot.h"
-#include "ops/softmax_attention.h"
+#include "ops/grouped_projection.h"
+#include "ops/lightning_indexer.h"
 #include "ops/linear.h"
 #include "ops/rms_norm.h"
+#include "ops/softmax_attention.h"
 #include "ops/topk.h"
 
 namespace r3::models {
@@ -48,17 +49,9 @@ std::vector<int64_t> V4Attention::visible_entries(const float* index_q, const fl
   // cache holds, -inf for those not yet complete at this query; keep the top index_topk that
   // are complete. The selection follows PyTorch's CPU top-k, ties included (see topk.h), over
   // the same row the reference sees: all entries present when the step runs.
-  const float scale = 1.0f / std::sqrt(static_cast<float>(index_dim_));
   std::vector<float> score(static_cast<std::size_t>(num_entries), -INFINITY);
-  for (int64_t s = 0; s < ready; ++s) {
-    const float* key = index_state->entries.data() + s * index_dim_;
-    float total = 0.0f;
-    for (int64_t h = 0; h < index_heads_; ++h) {
-      const float qk = ops::dot(index_q + h * index_dim_, key, index_dim_);
-      total += std::max(qk, 0.0f) * scale * index_w[h];
-    }
-    score[static_cast<std::size_t>(s)] = total;
-  }
+  ops::lightning_index_scores(index_q, index_w, index_state->entries.data(), ready, index_heads_, index_dim_,
+                              score.data());
   for (int32_t s : ops::torch_cpu_topk_set(score, std::min(index_topk_, num_entries))) {
     if (s < ready) entries.push_back(s);
   }
@@ -157,17 +150,8 @@ void V4Attention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch&
   });
 
   // Grouped low-rank output: each group of heads to o_lora, then all groups to hidden.
-  const int64_t group_in = heads_ * d / groups_;
   Tensor grouped = Tensor::empty(DType::F32, {tokens, groups_ * o_lora_});
-  for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t g = 0; g < groups_; ++g) {
-      for (int64_t r = 0; r < o_lora_; ++r) {
-        grouped.data<float>()[t * groups_ * o_lora_ + g * o_lora_ + r] =
-            ops::dot(attended.data<float>() + t * heads_ * d + g * group_in,
-                     w_.wo_a.data<float>() + (g * o_lora_ + r) * group_in, group_in);
-      }
-    }
-  }
+  ops::grouped_projection(attended, w_.wo_a, groups_, grouped);
   ops::linear(pool, grouped, w_.wo_b, nullptr, out);
 }
 
