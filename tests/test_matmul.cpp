@@ -8,20 +8,13 @@
 #include <tuple>
 
 #include "core/thread_pool.h"
+#include "test_support.h"
 #include "ops/embedding.h"
 #include "ops/linear.h"
 #include "ops/matmul.h"
 
 namespace r3::ops {
 namespace {
-
-Tensor random_f32(Shape shape, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  Tensor t = Tensor::empty(DType::F32, std::move(shape));
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = dist(rng);
-  return t;
-}
 
 // `source` rounded to `dtype` (F32, BF16 or F16), stored in that dtype.
 Tensor narrowed(const Tensor& source, DType dtype) {
@@ -52,7 +45,7 @@ TEST_P(MatmulDtype, DispatchedKernelEqualsPortableDefinitionBitForBit) {
   // K values around the 16-lane width (tails of every length), M and N around the 4x4 tiles.
   for (auto [m, k, n] : {std::tuple{1, 1, 1}, {1, 15, 3}, {2, 16, 5}, {3, 17, 4}, {4, 31, 9}, {5, 33, 16},
                          {7, 100, 17}, {9, 1024, 33}, {1, 512, 70}}) {
-    Tensor x = random_f32({m, k}, 11), w = narrowed(random_f32({n, k}, 12), dtype), b = random_f32({n}, 13);
+    Tensor x = test::random_normal({m, k}, 11), w = narrowed(test::random_normal({n, k}, 12), dtype), b = test::random_normal({n}, 13);
     const WeightMatrix wm = WeightMatrix::of(w);
     for (const float* bias : {static_cast<const float*>(nullptr), static_cast<const float*>(b.data<float>())}) {
       std::vector<float> fast(static_cast<std::size_t>(m * n)), portable(fast.size());
@@ -70,7 +63,7 @@ TEST_P(MatmulDtype, LinearMatchesDoubleLoopOverTheStoredWeights) {
   const DType dtype = GetParam();
   ThreadPool pool(2);
   for (auto [m, k, n] : {std::tuple{1, 64, 320}, {19, 64, 8}, {33, 100, 37}, {5, 7, 3}}) {
-    Tensor x = random_f32({m, k}, 1), w = narrowed(random_f32({n, k}, 2), dtype), b = random_f32({n}, 3);
+    Tensor x = test::random_normal({m, k}, 1), w = narrowed(test::random_normal({n, k}, 2), dtype), b = test::random_normal({n}, 3);
     const std::vector<float> wv = widened(w);  // the exact values the kernel multiplies by
     Tensor y = Tensor::empty(DType::F32, {m, n});
     linear(pool, x, w, &b, y);
@@ -86,7 +79,7 @@ TEST_P(MatmulDtype, LinearMatchesDoubleLoopOverTheStoredWeights) {
 
 TEST_P(MatmulDtype, RowsDoNotDependOnOtherRowsOrThreads) {
   const DType dtype = GetParam();
-  Tensor x = random_f32({40, 96}, 4), w = narrowed(random_f32({50, 96}, 5), dtype);
+  Tensor x = test::random_normal({40, 96}, 4), w = narrowed(test::random_normal({50, 96}, 5), dtype);
   ThreadPool two(2), three(3);
   Tensor all = Tensor::empty(DType::F32, {40, 50}), all3 = Tensor::empty(DType::F32, {40, 50});
   linear(two, x, w, nullptr, all);
@@ -109,7 +102,7 @@ TEST(Matmul, RefusesOtherWeightDtypes) {
 }
 
 TEST(Embedding, WidensStoredRowsExactly) {
-  Tensor table = narrowed(random_f32({10, 24}, 7), DType::BF16);
+  Tensor table = narrowed(test::random_normal({10, 24}, 7), DType::BF16);
   const std::vector<float> all = widened(table);
   const std::vector<int32_t> ids = {3, 0, 9, 3};
   Tensor out = Tensor::empty(DType::F32, {4, 24});

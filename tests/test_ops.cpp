@@ -5,6 +5,7 @@
 #include <random>
 
 #include "core/thread_pool.h"
+#include "test_support.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/grouped_projection.h"
@@ -21,14 +22,6 @@
 namespace r3::ops {
 namespace {
 
-Tensor random_tensor(Shape shape, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  Tensor t = Tensor::empty(DType::F32, std::move(shape));
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = dist(rng);
-  return t;
-}
-
 std::vector<float> values(const Tensor& t) { return {t.data<float>(), t.data<float>() + t.numel()}; }
 
 void expect_close(const Tensor& got, const std::vector<double>& want, double tol) {
@@ -40,7 +33,7 @@ void expect_close(const Tensor& got, const std::vector<double>& want, double tol
 
 TEST(Ops, LinearMatchesNaiveLoopAndIgnoresThreadCount) {
   for (auto [m, k, n] : {std::tuple{1, 64, 320}, {19, 64, 8}, {33, 100, 37}, {5, 7, 3}}) {
-    Tensor x = random_tensor({m, k}, 1), w = random_tensor({n, k}, 2), b = random_tensor({n}, 3);
+    Tensor x = test::random_normal({m, k}, 1), w = test::random_normal({n, k}, 2), b = test::random_normal({n}, 3);
     std::vector<double> want(static_cast<std::size_t>(m * n));
     for (int i = 0; i < m; ++i) {
       for (int j = 0; j < n; ++j) {
@@ -63,7 +56,7 @@ TEST(Ops, LinearMatchesNaiveLoopAndIgnoresThreadCount) {
 
 TEST(Ops, LinearRowsDoNotDependOnOtherRows) {
   ThreadPool pool(2);
-  Tensor x = random_tensor({40, 96}, 4), w = random_tensor({50, 96}, 5);
+  Tensor x = test::random_normal({40, 96}, 4), w = test::random_normal({50, 96}, 5);
   Tensor all = Tensor::empty(DType::F32, {40, 50}), one = Tensor::empty(DType::F32, {1, 50});
   linear(pool, x, w, nullptr, all);
   for (int64_t r : {0, 17, 39}) {
@@ -79,10 +72,10 @@ TEST(Ops, LinearRowsDoNotDependOnOtherRows) {
 TEST(Ops, LatentAttentionMatchesExpandedKeysAndValues) {
   const LatentAttentionShape sh{3, 4, 2, 5, 6};  // heads, nope, rope, value, lora
   const int64_t len = 7, block = 2, qk = sh.nope + sh.rope;
-  Tensor q = random_tensor({2, sh.heads * qk}, 21);
-  Tensor kv_b = random_tensor({sh.heads * (sh.nope + sh.value), sh.lora}, 22);
+  Tensor q = test::random_normal({2, sh.heads * qk}, 21);
+  Tensor kv_b = test::random_normal({sh.heads * (sh.nope + sh.value), sh.lora}, 22);
   const std::vector<int32_t> table = {3, 0, 2, 1};  // position p lives in block table[p / 2]
-  Tensor latents = random_tensor({4 * block, sh.lora}, 23), rope_keys = random_tensor({4 * block, sh.rope}, 24);
+  Tensor latents = test::random_normal({4 * block, sh.lora}, 23), rope_keys = test::random_normal({4 * block, sh.rope}, 24);
   const PagedKv kv{latents.data<float>(), rope_keys.data<float>(), sh.lora, sh.rope, block, table};
   const std::vector<KvWindow> windows = {{kv, 0, len}, {}};  // the second token is padding
   Tensor out = Tensor::empty(DType::F32, {2, sh.heads * sh.value});
@@ -125,9 +118,9 @@ TEST(Ops, LatentAttentionMatchesExpandedKeysAndValues) {
 
 TEST(Ops, HyperConnectionCollapseAndExpandMatchDoubleLoops) {
   const int64_t tokens = 2, hc = 3, hidden = 5;
-  Tensor streams = random_tensor({tokens, hc, hidden}, 31), y = random_tensor({tokens, hidden}, 32);
-  const Tensor pre = random_tensor({tokens, hc}, 33), post = random_tensor({tokens, hc}, 34);
-  const Tensor comb = random_tensor({tokens, hc, hc}, 35);
+  Tensor streams = test::random_normal({tokens, hc, hidden}, 31), y = test::random_normal({tokens, hidden}, 32);
+  const Tensor pre = test::random_normal({tokens, hc}, 33), post = test::random_normal({tokens, hc}, 34);
+  const Tensor comb = test::random_normal({tokens, hc, hc}, 35);
   Tensor x = Tensor::empty(DType::F32, {tokens, hidden});
   hc_collapse(streams, pre.data<float>(), x);
   const std::vector<float> before = values(streams);
@@ -151,8 +144,8 @@ TEST(Ops, HyperConnectionCollapseAndExpandMatchDoubleLoops) {
 TEST(Ops, GatedWindowPoolMatchesDoubleSoftmax) {
   for (bool overlap : {false, true}) {
     const WindowPoolShape shape{4, 3, overlap ? 6 : 3, overlap};
-    const Tensor kv = random_tensor({12, shape.width}, 41), gate = random_tensor({12, shape.width}, 42);
-    const Tensor bias = random_tensor({shape.rate, shape.width}, 43);
+    const Tensor kv = test::random_normal({12, shape.width}, 41), gate = test::random_normal({12, shape.width}, 42);
+    const Tensor bias = test::random_normal({shape.rate, shape.width}, 43);
     for (int64_t w : {0, 2}) {
       std::vector<float> pooled(3);
       gated_window_pool(kv.data<float>(), gate.data<float>(), bias.data<float>(), shape, w, pooled.data());
@@ -177,7 +170,7 @@ TEST(Ops, GatedWindowPoolMatchesDoubleSoftmax) {
 
 TEST(Ops, LightningIndexScoresAndGroupedProjectionMatchDoubleLoops) {
   const int64_t heads = 3, dim = 8, n = 5;
-  const Tensor q = random_tensor({heads, dim}, 51), w = random_tensor({heads}, 52), keys = random_tensor({n, dim}, 53);
+  const Tensor q = test::random_normal({heads, dim}, 51), w = test::random_normal({heads}, 52), keys = test::random_normal({n, dim}, 53);
   std::vector<float> scores(n);
   lightning_index_scores(q.data<float>(), w.data<float>(), keys.data<float>(), n, heads, dim, scores.data());
   for (int64_t s = 0; s < n; ++s) {
@@ -190,7 +183,7 @@ TEST(Ops, LightningIndexScoresAndGroupedProjectionMatchDoubleLoops) {
     EXPECT_NEAR(scores[static_cast<std::size_t>(s)], want, 1e-5 * (1 + std::fabs(want))) << "entry " << s;
   }
   const int64_t groups = 2, in = 4, out = 3, tokens = 2;
-  const Tensor x = random_tensor({tokens, groups * in}, 54), wg = random_tensor({groups * out, in}, 55);
+  const Tensor x = test::random_normal({tokens, groups * in}, 54), wg = test::random_normal({groups * out, in}, 55);
   Tensor y = Tensor::empty(DType::F32, {tokens, groups * out});
   grouped_projection(x, wg, groups, y);
   for (int64_t t = 0; t < tokens; ++t) {
@@ -206,7 +199,7 @@ TEST(Ops, LightningIndexScoresAndGroupedProjectionMatchDoubleLoops) {
 
 TEST(Ops, RmsNormMatchesNaiveLoop) {
   ThreadPool pool(2);
-  Tensor x = random_tensor({7, 48}, 6), w = random_tensor({48}, 7);
+  Tensor x = test::random_normal({7, 48}, 6), w = test::random_normal({48}, 7);
   Tensor y = Tensor::empty(DType::F32, {7, 48}), y_plain = Tensor::empty(DType::F32, {7, 48});
   rms_norm(pool, x, &w, 1e-6f, y);
   rms_norm(pool, x, nullptr, 1e-6f, y_plain);
@@ -228,7 +221,7 @@ TEST(Ops, RmsNormMatchesNaiveLoop) {
 
 TEST(Ops, RotaryMatchesNaiveRotateHalf) {
   const int64_t tokens = 3, heads = 2, dim = 8;
-  Tensor x = random_tensor({tokens, heads, dim}, 8);
+  Tensor x = test::random_normal({tokens, heads, dim}, 8);
   const std::vector<float> before = values(x);
   const std::vector<int32_t> positions = {0, 5, 31};
   Rotary(dim, 10000.0).apply(x, positions);
@@ -250,8 +243,8 @@ TEST(Ops, RotaryMatchesNaiveRotateHalf) {
 
 TEST(Ops, AttentionMatchesNaiveGroupedQueryAttention) {
   const int64_t heads = 4, kv_heads = 2, dim = 8, len = 6;
-  Tensor q = random_tensor({2, heads, dim}, 9);
-  Tensor keys = random_tensor({len, kv_heads * dim}, 10), vals = random_tensor({len, kv_heads * dim}, 11);
+  Tensor q = test::random_normal({2, heads, dim}, 9);
+  Tensor keys = test::random_normal({len, kv_heads * dim}, 10), vals = test::random_normal({len, kv_heads * dim}, 11);
   // Token 0 sees 3 rows, token 1 sees rows 2..5 (a sliding window of 4).
   // The rows as one block of the paged view.
   const std::vector<int32_t> table = {0};

@@ -137,18 +137,10 @@ TEST(PagedKv, SlidingWindowLayersHoldARingOfBlocksCoveringTheWindow) {
   EXPECT_EQ(wide.positions_per_pass(0), 20);
 }
 
-Tensor random_tensor(Shape shape, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  Tensor t = Tensor::empty(DType::F32, std::move(shape));
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = dist(rng);
-  return t;
-}
-
 TEST(PagedKv, AttentionThroughAScatteredBlockTableEqualsContiguousRows) {
   const int64_t heads = 4, kv_heads = 2, dim = 8, len = 11, width = kv_heads * dim, block = 3;
-  Tensor q = random_tensor({3, heads, dim}, 1);
-  Tensor keys = random_tensor({len, width}, 2), vals = random_tensor({len, width}, 3);
+  Tensor q = random_normal({3, heads, dim}, 1);
+  Tensor keys = random_normal({len, width}, 2), vals = random_normal({len, width}, 3);
   // Contiguous: one block holding all rows. Paged: 4 blocks of 3 placed in a pool of 6 blocks
   // in the order 4, 0, 5, 2 (the other blocks hold garbage that must never be read).
   const std::vector<int32_t> one = {0};
@@ -206,7 +198,7 @@ TEST(PagedKv, AttentionThroughAScatteredBlockTableEqualsContiguousRows) {
   // A view whose table does not reach the last position, or of the wrong width, is refused.
   ThreadPool pool(1);
   Tensor out = Tensor::empty(DType::F32, {1, heads, dim});
-  Tensor q1 = random_tensor({1, heads, dim}, 4);
+  Tensor q1 = random_normal({1, heads, dim}, 4);
   EXPECT_THROW(ops::attention(pool, q1, {{paged, 0, 13}}, kv_heads, 1.0f, out), Error);
   const ops::PagedKv narrow{pool_k.data(), pool_v.data(), dim, dim, block, table};
   EXPECT_THROW(ops::attention(pool, q1, {{narrow, 0, 2}}, kv_heads, 1.0f, out), Error);

@@ -160,4 +160,12 @@ Tensor forward_captured(models::CausalLM& model, ThreadPool& pool, models::Forwa
   return logits;
 }
 
+Tensor random_normal(Shape shape, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  Tensor t = Tensor::empty(DType::F32, std::move(shape));
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = dist(rng);
+  return t;
+}
+
 }  // namespace r3::test

@@ -61,6 +61,9 @@ Reference load_reference(const std::string& family, int index);
 Tensor forward_captured(models::CausalLM& model, ThreadPool& pool, models::ForwardBatch batch,
                         models::ModelCache& cache);
 
+// F32 tensor of N(0, 1) values from mt19937(seed).
+Tensor random_normal(Shape shape, uint32_t seed);
+
 std::string join(const std::vector<int64_t>& values, const std::string& separator = ",");
 
 // A copy of fixture model `family` in dir.path(name) whose config.json has `key` set to
