@@ -10,6 +10,7 @@
 #include "core/check.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
+#include "moe/routing_rule.h"
 
 namespace r3::engine {
 
@@ -158,11 +159,10 @@ RoutingReplay load_routing_replay(const std::string& path, int64_t num_moe_layer
   R3_CHECK(r.top_k == top_k, path, ": the routing has top-", r.top_k, ", the model routes top-", top_k);
   for (int64_t row = 0; row < r.rows; ++row) {
     for (int64_t l = 0; l < r.layers; ++l) {
-      const auto first = r.ids.begin() + (row * r.layers + l) * r.top_k;
-      for (int64_t k = 0; k < r.top_k; ++k) {
-        R3_CHECK(std::count(first, first + r.top_k, first[k]) == 1, path, ": row ", row, " MoE layer ", l,
-                 ": expert ", first[k], " appears twice");
-      }
+      const std::span<const int32_t> ids(r.ids.data() + (row * r.layers + l) * r.top_k,
+                                         static_cast<std::size_t>(r.top_k));
+      const std::string problem = moe::forced_row_problem(ids, num_experts);
+      R3_CHECK(problem.empty(), path, ": row ", row, " MoE layer ", l, ": ", problem);
     }
   }
   return r;

@@ -48,42 +48,47 @@ std::string StepRunner::check(const StepSequence& s) const {
                           info.moe_layers.size(), " MoE layers x top-", k);
   }
   for (std::size_t i = 0; i < s.forced.size(); i += k) {
-    for (std::size_t j = 0; j < k; ++j) {
-      const int32_t id = s.forced[i + j];
-      const auto row = static_cast<int64_t>(i / per_row);
-      const auto layer = static_cast<int64_t>(i % per_row / k);
-      if (id < 0 || id >= info.num_experts) {
-        return detail::concat("replayed routing: expert id ", id, " at token ", row, ", MoE layer ", layer,
-                              " is outside [0, ", info.num_experts, ")");
-      }
-      if (std::count(s.forced.begin() + static_cast<std::ptrdiff_t>(i),
-                     s.forced.begin() + static_cast<std::ptrdiff_t>(i + k), id) != 1) {
-        return detail::concat("replayed routing: expert ", id, " appears twice at token ", row, ", MoE layer ",
-                              layer);
-      }
+    const std::string problem = moe::forced_row_problem({s.forced.data() + i, k}, info.num_experts);
+    if (!problem.empty()) {
+      return detail::concat("replayed routing at token ", i / per_row, ", MoE layer ", i % per_row / k, ": ", problem);
     }
   }
   return "";
 }
 
-Tensor StepRunner::run_each(std::vector<StepSequence>& sequences, int64_t padding_rows, bool all_logits) {
+std::vector<std::size_t> StepRunner::accept(std::vector<StepSequence>& sequences) const {
   R3_CHECK(!sequences.empty(), "step: no sequences");
-  const auto per_row = static_cast<std::size_t>(capturer_.num_moe_layers() * capturer_.top_k());
   std::set<int32_t> slots_seen;
   std::vector<std::size_t> accepted;
-  bool any_forced = false;
   for (std::size_t i = 0; i < sequences.size(); ++i) {
     StepSequence& s = sequences[i];
     s.error = check(s);
     if (s.error.empty() && !slots_seen.insert(s.slot).second) {
       s.error = detail::concat("slot ", s.slot, " appears twice in one step");
     }
-    if (!s.error.empty()) continue;
-    accepted.push_back(i);
-    any_forced = any_forced || !s.forced.empty();
+    if (s.error.empty()) accepted.push_back(i);
   }
+  return accepted;
+}
+
+Tensor StepRunner::run_each(std::vector<StepSequence>& sequences, int64_t padding_rows, bool all_logits) {
+  const std::vector<std::size_t> accepted = accept(sequences);
+  return execute(sequences, accepted, padding_rows, all_logits);
+}
+
+Tensor StepRunner::run(std::vector<StepSequence> sequences, int64_t padding_rows, bool all_logits) {
+  const std::vector<std::size_t> accepted = accept(sequences);
+  for (const StepSequence& s : sequences) R3_CHECK(s.error.empty(), s.error);  // nothing runs
+  return execute(sequences, accepted, padding_rows, all_logits);
+}
+
+Tensor StepRunner::execute(const std::vector<StepSequence>& sequences, const std::vector<std::size_t>& accepted,
+                           int64_t padding_rows, bool all_logits) {
+  const auto per_row = static_cast<std::size_t>(capturer_.num_moe_layers() * capturer_.top_k());
   const int64_t vocab = model_.info().vocab_size;
   if (accepted.empty()) return Tensor::empty(DType::F32, {static_cast<int64_t>(sequences.size()), vocab});
+  const bool any_forced =
+      std::any_of(accepted.begin(), accepted.end(), [&](std::size_t i) { return !sequences[i].forced.empty(); });
 
   models::ForwardBatch batch;
   std::vector<int64_t> first_row;
@@ -135,16 +140,6 @@ Tensor StepRunner::run_each(std::vector<StepSequence>& sequences, int64_t paddin
                 per_sequence.data<float>() + static_cast<int64_t>(accepted[a]) * vocab);
   }
   return per_sequence;
-}
-
-Tensor StepRunner::run(std::vector<StepSequence> sequences, int64_t padding_rows, bool all_logits) {
-  for (const StepSequence& s : sequences) {
-    const std::string error = check(s);
-    R3_CHECK(error.empty(), error);
-  }
-  Tensor logits = run_each(sequences, padding_rows, all_logits);
-  for (const StepSequence& s : sequences) R3_CHECK(s.error.empty(), s.error);
-  return logits;
 }
 
 }  // namespace r3::engine

@@ -51,6 +51,12 @@ class StepRunner {
   const moe::EplbController* eplb() const { return eplb_ ? &*eplb_ : nullptr; }
 
  private:
+  // Checks every sequence (setting its `error`), slots used twice included; the accepted indices.
+  std::vector<std::size_t> accept(std::vector<StepSequence>& sequences) const;
+  // Runs the accepted sequences as one step.
+  Tensor execute(const std::vector<StepSequence>& sequences, const std::vector<std::size_t>& accepted,
+                 int64_t padding_rows, bool all_logits);
+
   models::CausalLM& model_;
   ThreadPool& pool_;
   models::ModelCache& cache_;

@@ -18,15 +18,8 @@ void check_forced_routing(const MoeInput& input, int64_t tokens, int64_t top_k, 
   R3_CHECK(input.replayed.empty() || static_cast<int64_t>(input.replayed.size()) == tokens,
            "replay mask has ", input.replayed.size(), " rows for ", tokens, " tokens");
   for (int64_t t = 0; t < tokens; ++t) {
-    const auto row = input.forced_row(t, top_k);
-    if (row.empty()) continue;
-    for (int64_t k = 0; k < top_k; ++k) {
-      const int32_t id = row[static_cast<std::size_t>(k)];
-      R3_CHECK(id >= 0 && id < num_experts, "replayed routing: expert id ", id, " at token ", t,
-               ", MoE layer ", layer_id, " is outside [0, ", num_experts, ")");
-      R3_CHECK(std::count(row.begin(), row.end(), id) == 1, "replayed routing: expert ", id,
-               " appears twice at token ", t, ", MoE layer ", layer_id);
-    }
+    const std::string problem = forced_row_problem(input.forced_row(t, top_k), num_experts);
+    R3_CHECK(problem.empty(), "replayed routing at token ", t, ", MoE layer ", layer_id, ": ", problem);
   }
 }
 

@@ -34,6 +34,14 @@ void renormalised(std::span<const float> scores, int64_t k, const int32_t* ids, 
 
 }  // namespace
 
+std::string forced_row_problem(std::span<const int32_t> row, int64_t num_experts) {
+  for (const int32_t id : row) {
+    if (id < 0 || id >= num_experts) return detail::concat("expert id ", id, " outside [0, ", num_experts, ")");
+    if (std::count(row.begin(), row.end(), id) != 1) return detail::concat("expert ", id, " appears twice");
+  }
+  return "";
+}
+
 void RoutingRule::route(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
                         float* weights) const {
   const RoutingRows one{logits, static_cast<int64_t>(logits.size()), {&token_id, 1}, forced, {}, ids, weights};

@@ -21,6 +21,10 @@ inline std::span<const int32_t> forced_row(std::span<const int32_t> forced, std:
   return forced.subspan(static_cast<std::size_t>(t * k), static_cast<std::size_t>(k));
 }
 
+// Why one replayed row of expert ids cannot be routed ("expert id 9 outside [0, 8)", "expert 3
+// appears twice"), or empty when it can. Replay files, the step runner and the routers share it.
+std::string forced_row_problem(std::span<const int32_t> row, int64_t num_experts);
+
 // A step's routing, row by row: the gate logits of every token (overwritten with scores), the
 // token ids, the replayed routing, and where the ids and weights go.
 struct RoutingRows {

@@ -12,13 +12,6 @@ WeightMatrix WeightMatrix::of(const Tensor& w) {
   return {w.raw_data(), w.dtype(), w.dim(0), w.dim(1)};
 }
 
-WeightMatrix WeightMatrix::row_block(int64_t begin, int64_t count) const {
-  R3_CHECK(begin >= 0 && count >= 0 && begin + count <= rows, "matmul: rows [", begin, ", ", begin + count,
-           ") of a ", rows, "-row matrix");
-  const auto offset = static_cast<std::size_t>(begin * cols) * dtype_size(dtype);
-  return {static_cast<const unsigned char*>(data) + offset, dtype, count, cols};
-}
-
 void matmul_rows(const float* x, int64_t m, int64_t ldx, const WeightMatrix& w, int64_t n0, int64_t n1,
                  const float* bias, float* y, int64_t ldy) {
   if (m <= 0 || n1 <= n0) return;

@@ -25,8 +25,6 @@ struct WeightMatrix {
 
   // Checks `w` is a contiguous rank-2 F32/BF16/F16 tensor.
   static WeightMatrix of(const Tensor& w);
-  // Rows [begin, begin + count) as a matrix of their own (one expert of a stacked tensor).
-  WeightMatrix row_block(int64_t begin, int64_t count) const;
 };
 
 // y[i * ldy + (j - n0)] = x[i] · w[j] (+ bias[j]) for rows i in [0, m), outputs j in [n0, n1).
