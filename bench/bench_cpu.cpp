@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/thread_pool.h"
+#include "backend/context.h"
 #include "io/safetensors.h"
 #include "models/registry.h"
 #include "moe/routing_capturer.h"
@@ -45,8 +45,8 @@ void BM_Linear(benchmark::State& state) {
   std::mt19937 rng(1);
   Tensor x = random_tensor({m, k}, rng, 1), w = random_tensor({n, k}, rng, 1);
   Tensor y = Tensor::empty(DType::F32, {m, n});
-  ThreadPool pool;
-  for (auto _ : state) ops::linear(pool, x, w, nullptr, y);
+  backend::Context ctx(0);
+  for (auto _ : state) ops::linear(ctx, x, w, nullptr, y);
   state.counters["FLOP/s"] = benchmark::Counter(static_cast<double>(2 * m * n * k) * static_cast<double>(state.iterations()),
                                                 benchmark::Counter::kIsRate);
   state.SetBytesProcessed(4 * (n * k + m * k + m * n) * state.iterations());
@@ -55,12 +55,12 @@ BENCHMARK(BM_Linear)->Args({1, 2048, 2048})->Args({16, 2048, 2048})->Args({128, 
     ->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // One step with its routed-experts capture buffer, as the engine runs it (capture included in the time).
-Tensor forward_captured(models::CausalLM& model, ThreadPool& pool, models::ForwardBatch batch, models::ModelCache& cache) {
+Tensor forward_captured(models::CausalLM& model, backend::Context& ctx, models::ForwardBatch batch, models::ModelCache& cache) {
   const models::ModelInfo& info = model.info();
   moe::RoutingCapturer capturer(batch.size(), static_cast<int64_t>(info.moe_layers.size()), info.top_k, info.num_experts);
   capturer.begin_step(batch.size());
   batch.capture = &capturer;
-  return model.forward(pool, batch, cache);
+  return model.forward(ctx, batch, cache);
 }
 
 // A synthetic Qwen3-MoE-shaped checkpoint (random weights) written once to a temp folder.
@@ -141,21 +141,21 @@ std::unique_ptr<models::CausalLM> load_synthetic(int64_t backend) {
 
 // Args: context length, MoE backend (0 modular, 1 monolithic, 2 mega).
 void BM_DecodeStep(benchmark::State& state) {
-  const int64_t ctx = state.range(0);
+  const int64_t context = state.range(0);
   auto model = load_synthetic(state.range(1));
   state.SetLabel(std::string(moe::moe_path_name(kBackends[state.range(1)])));
-  ThreadPool pool;
-  auto cache_owner = model->make_cache(1, ctx + 1);
+  backend::Context ctx(0);
+  auto cache_owner = model->make_cache(1, context + 1);
   models::ModelCache& cache = *cache_owner;
-  std::vector<int32_t> prompt(static_cast<std::size_t>(ctx));
-  for (int64_t i = 0; i < ctx; ++i) prompt[static_cast<std::size_t>(i)] = static_cast<int32_t>((i * 37) % 8192);
-  forward_captured(*model, pool, models::ForwardBatch::sequence(prompt, 0), cache);
+  std::vector<int32_t> prompt(static_cast<std::size_t>(context));
+  for (int64_t i = 0; i < context; ++i) prompt[static_cast<std::size_t>(i)] = static_cast<int32_t>((i * 37) % 8192);
+  forward_captured(*model, ctx, models::ForwardBatch::sequence(prompt, 0), cache);
   for (auto _ : state) {
-    cache.set_length(0, ctx);  // decode the same position again each iteration
-    Tensor logits = forward_captured(*model, pool, models::ForwardBatch::sequence({11}, static_cast<int32_t>(ctx)), cache);
+    cache.set_length(0, context);  // decode the same position again each iteration
+    Tensor logits = forward_captured(*model, ctx, models::ForwardBatch::sequence({11}, static_cast<int32_t>(context)), cache);
     benchmark::DoNotOptimize(logits.raw_data());
   }
-  const double bytes = SyntheticModel::decode_bytes(ctx);
+  const double bytes = SyntheticModel::decode_bytes(context);
   state.counters["bytes/step"] = bytes;
   state.SetBytesProcessed(static_cast<int64_t>(bytes) * state.iterations());
 }
@@ -169,7 +169,7 @@ void BM_Prefill(benchmark::State& state) {
   const int64_t tokens = state.range(0);
   auto model = load_synthetic(state.range(1));
   state.SetLabel(std::string(moe::moe_path_name(kBackends[state.range(1)])));
-  ThreadPool pool;
+  backend::Context ctx(0);
   std::vector<int32_t> ids(static_cast<std::size_t>(tokens));
   for (int64_t i = 0; i < tokens; ++i) ids[static_cast<std::size_t>(i)] = static_cast<int32_t>((i * 37) % 8192);
   for (auto _ : state) {
@@ -177,7 +177,7 @@ void BM_Prefill(benchmark::State& state) {
     models::ModelCache& cache = *cache_owner;
     models::ForwardBatch batch = models::ForwardBatch::sequence(ids, 0);
     batch.logit_rows = {tokens - 1};
-    Tensor logits = forward_captured(*model, pool, batch, cache);
+    Tensor logits = forward_captured(*model, ctx, batch, cache);
     benchmark::DoNotOptimize(logits.raw_data());
   }
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(tokens) * static_cast<double>(state.iterations()),

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "core/thread_pool.h"
+#include "backend/context.h"
 #include "engine/generator.h"
 #include "io/checkpoint.h"
 #include "io/hf_config.h"
@@ -35,17 +35,17 @@ namespace {
 
 // Sums a 1 GiB buffer (16 float lanes per thread, as STREAM's read kernel): bytes read per second,
 // best of `rounds`.
-double read_bandwidth(ThreadPool& pool, int rounds = 3) {
+double read_bandwidth(backend::Context& ctx, int rounds = 3) {
   const std::size_t count = (std::size_t{1} << 30) / sizeof(float);
   static std::vector<float> buffer(count, 1.0f);
   double best = 0;
   for (int r = 0; r < rounds; ++r) {
-    std::vector<float> partial(static_cast<std::size_t>(pool.size()) * 64, 0.0f);
+    std::vector<float> partial(static_cast<std::size_t>(ctx.threads().size()) * 64, 0.0f);
     const auto start = std::chrono::steady_clock::now();
-    pool.parallel_for(pool.size(), 1, [&](int64_t begin, int64_t end) {
+    ctx.parallel_for(ctx.threads().size(), 1, [&](int64_t begin, int64_t end) {
       for (int64_t part = begin; part < end; ++part) {
-        const std::size_t first = count / static_cast<std::size_t>(pool.size()) * static_cast<std::size_t>(part);
-        const std::size_t last = first + count / static_cast<std::size_t>(pool.size());
+        const std::size_t first = count / static_cast<std::size_t>(ctx.threads().size()) * static_cast<std::size_t>(part);
+        const std::size_t last = first + count / static_cast<std::size_t>(ctx.threads().size());
         float acc[16] = {};
         for (std::size_t i = first; i < last; i += 16) {
           for (int l = 0; l < 16; ++l) acc[l] += buffer[i + static_cast<std::size_t>(l)];
@@ -92,7 +92,7 @@ int run(const std::string& dir, int threads, int prompt_len, int gen, int reps) 
   models::LoadOptions options;
   auto model = models::load_model(dir, options);
   const models::ModelInfo& info = model->info();
-  ThreadPool pool(threads);
+  backend::Context ctx(threads);
   const ByteModel bytes = byte_model(dir, info);
 
   std::vector<int32_t> prompt;
@@ -107,8 +107,8 @@ int run(const std::string& dir, int threads, int prompt_len, int gen, int reps) 
   const double decode_bytes = bytes.dense + bytes.embed_row + moe_layers * static_cast<double>(info.top_k) * bytes.expert +
                               bytes.kv_per_position * (prompt_len + gen / 2.0);
   for (int rep = -1; rep < reps; ++rep) {
-    const double probe = read_bandwidth(pool);
-    const engine::GenerateResult result = engine::generate(*model, pool, prompt, generate);
+    const double probe = read_bandwidth(ctx);
+    const engine::GenerateResult result = engine::generate(*model, ctx, prompt, generate);
     if (rep < 0) continue;  // warm-up: every weight page touched once
     std::set<std::pair<int64_t, int32_t>> touched;
     for (int64_t row = 0; row < prompt_len; ++row) {
@@ -126,7 +126,7 @@ int run(const std::string& dir, int threads, int prompt_len, int gen, int reps) 
         "\"tg_ms_per_tok\":{:.3f},\"decode_MB_per_step\":{:.1f},\"decode_GBps\":{:.2f},\"prefill_MB\":{:.1f},"
         "\"prefill_GBps\":{:.2f},\"probe_read_GBps\":{:.2f},\"decode_pct_of_probe\":{:.1f},"
         "\"prefill_pct_of_probe\":{:.1f},\"matmul_kernel\":\"{}\"}}\n",
-        rep, pool.size(), prompt_len, t.decode_steps, pp, tg, 1e3 / tg, decode_bytes / 1e6, decode_bytes * tg / 1e9,
+        rep, ctx.threads().size(), prompt_len, t.decode_steps, pp, tg, 1e3 / tg, decode_bytes / 1e6, decode_bytes * tg / 1e9,
         prefill_bytes / 1e6, prefill_bytes / t.prefill_seconds / 1e9, probe / 1e9, 100 * decode_bytes * tg / probe,
         100 * prefill_bytes / t.prefill_seconds / probe, ops::matmul_kernel_name());
     std::fflush(stdout);

@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/thread_pool.h"
+#include "backend/context.h"
 #include "io/checkpoint.h"
 #include "models/registry.h"
 #include "test_support.h"
@@ -48,10 +48,10 @@ std::vector<NamedTensor> fixture_tensors(const std::string& family, DType dtype)
 
 std::vector<float> logits_of(const std::string& dir, const std::vector<int32_t>& ids) {
   auto model = models::load_model(dir);
-  ThreadPool pool(2);
+  backend::Context ctx(2);
   auto cache_owner = model->make_cache(1, static_cast<int64_t>(ids.size()));
   models::ModelCache& cache = *cache_owner;
-  Tensor logits = test::forward_captured(*model, pool, models::ForwardBatch::sequence(ids, 0), cache);
+  Tensor logits = test::forward_captured(*model, ctx, models::ForwardBatch::sequence(ids, 0), cache);
   return {logits.data<float>(), logits.data<float>() + logits.numel()};
 }
 

@@ -97,10 +97,10 @@ TEST(KimiK2Config, LoadsAndRunsWithCaptureOnEveryPath) {
     auto model = models::load_model(path, options);
     EXPECT_EQ(model->info().moe_layers, (std::vector<int64_t>{1}));
     EXPECT_EQ(model->info().num_experts, 64);
-    ThreadPool pool(2);
+    backend::Context ctx(2);
     engine::GenerateOptions gen;
     gen.max_new_tokens = 6;
-    const auto result = engine::generate(*model, pool, {3, 9, 27, 17}, gen);
+    const auto result = engine::generate(*model, ctx, {3, 9, 27, 17}, gen);
     EXPECT_EQ(result.routed_experts.rows(), 4 + 6 - 1);
     for (int32_t id : result.routed_experts.flat()) EXPECT_TRUE(id >= 0 && id < 64);
     if (first.empty()) {

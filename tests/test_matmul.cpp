@@ -7,7 +7,7 @@
 #include <random>
 #include <tuple>
 
-#include "core/thread_pool.h"
+#include "backend/context.h"
 #include "test_support.h"
 #include "ops/embedding.h"
 #include "ops/linear.h"
@@ -61,12 +61,12 @@ TEST_P(MatmulDtype, DispatchedKernelEqualsPortableDefinitionBitForBit) {
 
 TEST_P(MatmulDtype, LinearMatchesDoubleLoopOverTheStoredWeights) {
   const DType dtype = GetParam();
-  ThreadPool pool(2);
+  backend::Context ctx(2);
   for (auto [m, k, n] : {std::tuple{1, 64, 320}, {19, 64, 8}, {33, 100, 37}, {5, 7, 3}}) {
     Tensor x = test::random_normal({m, k}, 1), w = narrowed(test::random_normal({n, k}, 2), dtype), b = test::random_normal({n}, 3);
     const std::vector<float> wv = widened(w);  // the exact values the kernel multiplies by
     Tensor y = Tensor::empty(DType::F32, {m, n});
-    linear(pool, x, w, &b, y);
+    linear(ctx, x, w, &b, y);
     for (int i = 0; i < m; ++i) {
       for (int j = 0; j < n; ++j) {
         double want = b.data<float>()[j];
@@ -80,7 +80,7 @@ TEST_P(MatmulDtype, LinearMatchesDoubleLoopOverTheStoredWeights) {
 TEST_P(MatmulDtype, RowsDoNotDependOnOtherRowsOrThreads) {
   const DType dtype = GetParam();
   Tensor x = test::random_normal({40, 96}, 4), w = narrowed(test::random_normal({50, 96}, 5), dtype);
-  ThreadPool two(2), three(3);
+  backend::Context two(2), three(3);
   Tensor all = Tensor::empty(DType::F32, {40, 50}), all3 = Tensor::empty(DType::F32, {40, 50});
   linear(two, x, w, nullptr, all);
   linear(three, x, w, nullptr, all3);

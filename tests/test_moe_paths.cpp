@@ -50,10 +50,10 @@ struct StepResult {
 // `rebalances`, when given, receives how often the step runner's EPLB control re-placed experts.
 std::vector<StepResult> run_steps(models::CausalLM& model, const std::vector<int32_t>& ids, int decode,
                                   const std::vector<int32_t>& forced = {}, int64_t* rebalances = nullptr) {
-  ThreadPool pool(2);
+  backend::Context ctx(2);
   auto cache_owner = model.make_cache(1, static_cast<int64_t>(ids.size()) + decode);
   models::ModelCache& cache = *cache_owner;
-  engine::StepRunner runner(model, pool, cache, static_cast<int64_t>(ids.size()));
+  engine::StepRunner runner(model, ctx, cache, static_cast<int64_t>(ids.size()));
   std::vector<StepResult> steps;
   const auto& info = model.info();
   std::vector<int32_t> input = ids;
@@ -89,14 +89,14 @@ TEST(MoePaths, AllCapturingPathsAgreeBitForBit) {
 TEST(MoePaths, NonCapturingMonolithicKernelComputesTheSameWithoutCapture) {
   const auto ids = reference_forward_ids("olmoe");
   auto a = load("olmoe", MoePath::kModular), b = load("olmoe", MoePath::kMonolithicNoCapture);
-  ThreadPool pool(2);
+  backend::Context ctx(2);
   auto logits = [&](models::CausalLM& m) {
     auto cache_owner = m.make_cache(1, static_cast<int64_t>(ids.size()));
     models::ModelCache& cache = *cache_owner;
     LayerLog log;
     models::ForwardBatch batch = models::ForwardBatch::sequence(ids, 0);
     batch.capture = &log;
-    Tensor t = m.forward(pool, batch, cache);
+    Tensor t = m.forward(ctx, batch, cache);
     return std::pair{std::vector<float>(t.data<float>(), t.data<float>() + t.numel()), log.layers};
   };
   const auto [modular, modular_layers] = logits(*a);
@@ -140,13 +140,13 @@ TEST(Eplb, RebalancingFollowsTheMeasuredLoad) {
   eplb.redundant_experts = 4;
   eplb.rebalance_every = 1;
   auto model = load("qwen3_moe", MoePath::kModular, eplb);
-  ThreadPool pool(2);
+  backend::Context ctx(2);
   const auto ids = reference_forward_ids("qwen3_moe");
   auto cache_owner = model->make_cache(1, static_cast<int64_t>(ids.size()));
   models::ModelCache& cache = *cache_owner;
   engine::RoutedExperts routed(3, 2);
   {
-    engine::StepRunner runner(*model, pool, cache, static_cast<int64_t>(ids.size()));
+    engine::StepRunner runner(*model, ctx, cache, static_cast<int64_t>(ids.size()));
     runner.run({{0, ids, &routed, {}}});
   }
   // The most used expert of layer 0 in that step now has the most replicas.
@@ -177,10 +177,10 @@ void expect_capture_before_map(const std::string& family, MoePath backend, int64
       const auto expected = run_steps(*model, ids, 0)[0].routed;  // [T, layers, k]
       model->moe_blocks()[static_cast<std::size_t>(layer)]->experts().set_map_function(
           [](int32_t, int64_t, int64_t) -> int32_t { throw Error("EPLB map called"); });
-      ThreadPool pool(2);
+      backend::Context ctx(2);
       auto cache_owner = model->make_cache(1, static_cast<int64_t>(ids.size()));
       models::ModelCache& cache = *cache_owner;
-      engine::StepRunner runner(*model, pool, cache, static_cast<int64_t>(ids.size()));
+      engine::StepRunner runner(*model, ctx, cache, static_cast<int64_t>(ids.size()));
       EXPECT_THROW(runner.run({{0, ids, nullptr, {}}}), Error);
       const auto& capturer = runner.capturer();
       ASSERT_TRUE(capturer.recorded(layer));
@@ -213,11 +213,11 @@ TEST(CaptureOrder, DeepseekV4MegaPathHashAndScoredLayers) {
 
 TEST(CaptureBinder, NonCapturingMonolithicKernelFailsAtStartUp) {
   auto model = load("mixtral", MoePath::kMonolithicNoCapture);
-  ThreadPool pool(1);
+  backend::Context ctx(1);
   auto cache_owner = model->make_cache(1, 4);
   models::ModelCache& cache = *cache_owner;
   try {
-    engine::StepRunner runner(*model, pool, cache, 4);
+    engine::StepRunner runner(*model, ctx, cache, 4);
     FAIL() << "capture was bound to a kernel that cannot capture";
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(),
@@ -236,7 +236,7 @@ class OpaqueMoe final : public moe::MoeBlock {
                                                                 Tensor::empty(DType::F32, {1, 1})}},
                          moe::ExpertPlacement::initial(1, 0))) {}
   std::string path_name() const override { return "opaque"; }
-  void forward(ThreadPool&, const moe::MoeInput&, Tensor&) const override {}
+  void forward(backend::Context&, const moe::MoeInput&, Tensor&) const override {}
 };
 
 TEST(CaptureBinder, LayerWithoutRouterOrCaptureSourceFails) {
@@ -257,13 +257,13 @@ TEST(CaptureBinder, EveryLayerCapturesOnceIntoTheStepsBufferAndLayerIdsAreChecke
     auto model = load("qwen2_moe", backend);
     std::vector<moe::MoeBlock*> layers = model->moe_blocks();
     EXPECT_EQ(moe::check_routing_capture(layers), 3);
-    ThreadPool pool(1);
+    backend::Context ctx(1);
     auto cache_owner = model->make_cache(1, 3);
     models::ModelCache& cache = *cache_owner;
     LayerLog log;
     models::ForwardBatch batch = models::ForwardBatch::sequence({1, 2, 3}, 0);
     batch.capture = &log;
-    model->forward(pool, batch, cache);
+    model->forward(ctx, batch, cache);
     EXPECT_EQ(log.layers, (std::vector<int64_t>{0, 1, 2})) << moe::moe_path_name(backend);  // once each
     layers[2] = layers[1];  // a layer id twice
     EXPECT_THROW(moe::check_routing_capture(layers), Error);
@@ -273,10 +273,10 @@ TEST(CaptureBinder, EveryLayerCapturesOnceIntoTheStepsBufferAndLayerIdsAreChecke
 TEST(CaptureBinder, AStepWithoutACaptureBufferCannotRunACapturingPath) {
   for (MoePath backend : kCapturingPaths) {
     auto model = load("qwen2_moe", backend);
-    ThreadPool pool(1);
+    backend::Context ctx(1);
     auto cache = model->make_cache(1, 3);
     try {
-      model->forward(pool, models::ForwardBatch::sequence({1, 2, 3}, 0), *cache);
+      model->forward(ctx, models::ForwardBatch::sequence({1, 2, 3}, 0), *cache);
       FAIL() << "ran MoE layers without a capture buffer on " << moe::moe_path_name(backend);
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("without a capture buffer"), std::string::npos) << e.what();
@@ -291,11 +291,11 @@ TEST(StepRunner, BatchedSequencesWithPaddingGetTheirOwnRows) {
   const Reference r0 = load_reference("qwen3_moe", 0), r1 = load_reference("qwen3_moe", 1);
   const std::vector<int32_t> a(r0.input_ids.begin(), r0.input_ids.begin() + 6);
   const std::vector<int32_t> b(r1.input_ids.begin(), r1.input_ids.begin() + 4);
-  ThreadPool pool(2);
+  backend::Context ctx(2);
   auto solo = [&](const std::vector<int32_t>& ids) {
     auto cache_owner = model->make_cache(1, 16);
     models::ModelCache& cache = *cache_owner;
-    engine::StepRunner runner(*model, pool, cache, 16);
+    engine::StepRunner runner(*model, ctx, cache, 16);
     engine::RoutedExperts routed(3, 2);
     Tensor logits = runner.run({{0, ids, &routed, {}}});
     runner.run({{0, {7}, &routed, {}}});
@@ -307,7 +307,7 @@ TEST(StepRunner, BatchedSequencesWithPaddingGetTheirOwnRows) {
   auto cache_owner = model->make_cache(2, 16);
 
   models::ModelCache& cache = *cache_owner;
-  engine::StepRunner runner(*model, pool, cache, 16);
+  engine::StepRunner runner(*model, ctx, cache, 16);
   engine::RoutedExperts ra(3, 2), rb(3, 2);
   Tensor logits = runner.run({{0, a, &ra, {}}, {1, b, &rb, {}}}, /*padding_rows=*/3);
   EXPECT_EQ(runner.capturer().tokens(), 6 + 4 + 3);

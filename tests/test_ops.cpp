@@ -4,7 +4,7 @@
 #include <cmath>
 #include <random>
 
-#include "core/thread_pool.h"
+#include "backend/context.h"
 #include "test_support.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
@@ -44,9 +44,9 @@ TEST(Ops, LinearMatchesNaiveLoopAndIgnoresThreadCount) {
     }
     std::vector<float> first;
     for (int threads : {1, 2, 5}) {
-      ThreadPool pool(threads);
+      backend::Context ctx(threads);
       Tensor y = Tensor::empty(DType::F32, {m, n});
-      linear(pool, x, w, &b, y);
+      linear(ctx, x, w, &b, y);
       expect_close(y, want, 1e-5);
       if (first.empty()) first = values(y);
       EXPECT_EQ(values(y), first) << threads << " threads";
@@ -55,14 +55,14 @@ TEST(Ops, LinearMatchesNaiveLoopAndIgnoresThreadCount) {
 }
 
 TEST(Ops, LinearRowsDoNotDependOnOtherRows) {
-  ThreadPool pool(2);
+  backend::Context ctx(2);
   Tensor x = test::random_normal({40, 96}, 4), w = test::random_normal({50, 96}, 5);
   Tensor all = Tensor::empty(DType::F32, {40, 50}), one = Tensor::empty(DType::F32, {1, 50});
-  linear(pool, x, w, nullptr, all);
+  linear(ctx, x, w, nullptr, all);
   for (int64_t r : {0, 17, 39}) {
     Tensor row = Tensor::empty(DType::F32, {1, 96});
     std::copy_n(x.data<float>() + r * 96, 96, row.data<float>());
-    linear(pool, row, w, nullptr, one);
+    linear(ctx, row, w, nullptr, one);
     EXPECT_EQ(values(one), std::vector<float>(all.data<float>() + r * 50, all.data<float>() + r * 50 + 50));
   }
 }
@@ -79,9 +79,9 @@ TEST(Ops, LatentAttentionMatchesExpandedKeysAndValues) {
   const PagedKv kv{latents.data<float>(), rope_keys.data<float>(), sh.lora, sh.rope, block, table};
   const std::vector<KvWindow> windows = {{kv, 0, len}, {}};  // the second token is padding
   Tensor out = Tensor::empty(DType::F32, {2, sh.heads * sh.value});
-  ThreadPool pool(2);
+  backend::Context ctx(2);
   const float scale = 0.37f;
-  latent_attention(pool, q, kv_b, windows, sh, scale, out);
+  latent_attention(ctx, q, kv_b, windows, sh, scale, out);
   const float* w = kv_b.data<float>();
   for (int64_t h = 0; h < sh.heads; ++h) {
     const float* wk = w + h * (sh.nope + sh.value) * sh.lora;
@@ -198,11 +198,11 @@ TEST(Ops, LightningIndexScoresAndGroupedProjectionMatchDoubleLoops) {
 }
 
 TEST(Ops, RmsNormMatchesNaiveLoop) {
-  ThreadPool pool(2);
+  backend::Context ctx(2);
   Tensor x = test::random_normal({7, 48}, 6), w = test::random_normal({48}, 7);
   Tensor y = Tensor::empty(DType::F32, {7, 48}), y_plain = Tensor::empty(DType::F32, {7, 48});
-  rms_norm(pool, x, &w, 1e-6f, y);
-  rms_norm(pool, x, nullptr, 1e-6f, y_plain);
+  rms_norm(ctx, x, &w, 1e-6f, y);
+  rms_norm(ctx, x, nullptr, 1e-6f, y_plain);
   std::vector<double> want, want_plain;
   for (int r = 0; r < 7; ++r) {
     double ss = 0;
@@ -215,7 +215,7 @@ TEST(Ops, RmsNormMatchesNaiveLoop) {
   }
   expect_close(y, want, 1e-6);
   expect_close(y_plain, want_plain, 1e-6);
-  rms_norm(pool, x, &w, 1e-6f, x);  // in place
+  rms_norm(ctx, x, &w, 1e-6f, x);  // in place
   expect_close(x, want, 1e-6);
 }
 
@@ -253,9 +253,9 @@ TEST(Ops, AttentionMatchesNaiveGroupedQueryAttention) {
   const float scale = 0.3f;
   std::vector<float> first;
   for (int threads : {1, 3}) {
-    ThreadPool pool(threads);
+    backend::Context ctx(threads);
     Tensor out = Tensor::empty(DType::F32, {2, heads, dim});
-    attention(pool, q, rows, kv_heads, scale, out);
+    attention(ctx, q, rows, kv_heads, scale, out);
     std::vector<double> want;
     for (int64_t t = 0; t < 2; ++t) {
       const int64_t start = t == 0 ? 0 : 2, n = t == 0 ? 3 : 4;

@@ -162,10 +162,10 @@ TEST(PagedKv, AttentionThroughAScatteredBlockTableEqualsContiguousRows) {
       want_rows.push_back({plain, b, e});
       got_rows.push_back({paged, b, e});
     }
-    ThreadPool pool(3);
+    backend::Context ctx(3);
     Tensor want = Tensor::empty(DType::F32, {3, heads, dim}), got = Tensor::empty(DType::F32, {3, heads, dim});
-    ops::attention(pool, q, want_rows, kv_heads, 0.35f, want, s);
-    ops::attention(pool, q, got_rows, kv_heads, 0.35f, got, s);
+    ops::attention(ctx, q, want_rows, kv_heads, 0.35f, want, s);
+    ops::attention(ctx, q, got_rows, kv_heads, 0.35f, got, s);
     const std::vector<float> w(want.data<float>(), want.data<float>() + want.numel());
     const std::vector<float> g(got.data<float>(), got.data<float>() + got.numel());
     EXPECT_EQ(g, w);
@@ -196,12 +196,12 @@ TEST(PagedKv, AttentionThroughAScatteredBlockTableEqualsContiguousRows) {
     }
   }
   // A view whose table does not reach the last position, or of the wrong width, is refused.
-  ThreadPool pool(1);
+  backend::Context ctx(1);
   Tensor out = Tensor::empty(DType::F32, {1, heads, dim});
   Tensor q1 = random_normal({1, heads, dim}, 4);
-  EXPECT_THROW(ops::attention(pool, q1, {{paged, 0, 13}}, kv_heads, 1.0f, out), Error);
+  EXPECT_THROW(ops::attention(ctx, q1, {{paged, 0, 13}}, kv_heads, 1.0f, out), Error);
   const ops::PagedKv narrow{pool_k.data(), pool_v.data(), dim, dim, block, table};
-  EXPECT_THROW(ops::attention(pool, q1, {{narrow, 0, 2}}, kv_heads, 1.0f, out), Error);
+  EXPECT_THROW(ops::attention(ctx, q1, {{narrow, 0, 2}}, kv_heads, 1.0f, out), Error);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -218,10 +218,10 @@ struct Run {
 // has run over ids0[0, 19).
 Run run_schedule(models::DecoderModel& model, KvCacheOptions options, const std::vector<int32_t>& ids0,
                  const std::vector<int32_t>& ids1) {
-  ThreadPool pool(2);
+  backend::Context ctx(2);
   const int64_t capacity = 24;
   auto cache = model.make_kv_cache(3, capacity, options);
-  engine::StepRunner runner(model, pool, *cache, 32);
+  engine::StepRunner runner(model, ctx, *cache, 32);
   const auto& info = model.info();
   const auto layers = static_cast<int64_t>(info.moe_layers.size());
   std::vector<engine::RoutedExperts> routed(3, engine::RoutedExperts(layers, info.top_k));
@@ -382,8 +382,8 @@ TEST(PagedKv, LatentAttentionModelIsBitIdenticalWithScatteredBlocks) {
 TEST(PagedKv, ACacheOfOtherSpecsIsRefused) {
   auto owner = models::load_model(family_dir("qwen3_moe"));
   KvCache wrong({CacheSpec::latent(16, 8), CacheSpec::latent(16, 8), CacheSpec::latent(16, 8)}, 1, 8);
-  ThreadPool pool(1);
-  EXPECT_THROW(owner->forward(pool, models::ForwardBatch::sequence({1, 2}, 0), wrong), Error);
+  backend::Context ctx(1);
+  EXPECT_THROW(owner->forward(ctx, models::ForwardBatch::sequence({1, 2}, 0), wrong), Error);
 }
 
 }  // namespace

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/thread_pool.h"
+#include "backend/context.h"
 #include "engine/generator.h"
 #include "engine/step_runner.h"
 #include "models/registry.h"
@@ -155,18 +155,18 @@ TEST_P(ReferenceParity, GenerateMatchesReference) {
 // logits) of one full forward over the same tokens: the kernels are batch invariant.
 TEST_P(ReferenceParity, IncrementalDecodeEqualsFullForward) {
   auto model = models::load_model(family_dir(GetParam().family), load_options(GetParam()));
-  ThreadPool pool(2);
+  backend::Context ctx(2);
   std::vector<int32_t> prompt(ref_.input_ids.begin(), ref_.input_ids.begin() + ref_.prompt_len);
   engine::GenerateOptions options;
   options.max_new_tokens = static_cast<int64_t>(ref_.generated.size());
-  const engine::GenerateResult gen = engine::generate(*model, pool, prompt, options);
+  const engine::GenerateResult gen = engine::generate(*model, ctx, prompt, options);
 
   std::vector<int32_t> all = prompt;
   all.insert(all.end(), gen.output_ids.begin(), gen.output_ids.end() - 1);
   const auto tokens = static_cast<int64_t>(all.size());
   auto cache_owner = model->make_cache(1, tokens);
   models::ModelCache& cache = *cache_owner;
-  engine::StepRunner runner(*model, pool, cache, tokens);
+  engine::StepRunner runner(*model, ctx, cache, tokens);
   engine::RoutedExperts full(ref_.layers, ref_.top_k);
   runner.run({{0, all, &full, {}}});
   if (GetParam().family != "deepseek_v4_alt" && GetParam().family != "deepseek_v4_yarn") {
@@ -196,10 +196,10 @@ TEST_P(ReferenceParity, ThreadCountDoesNotChangeLogits) {
   auto model = models::load_model(family_dir(GetParam().family), load_options(GetParam()));
   std::vector<int32_t> ids(ref_.input_ids.begin(), ref_.input_ids.end() - 1);
   auto run = [&](int threads) {
-    ThreadPool pool(threads);
+    backend::Context ctx(threads);
     auto cache_owner = model->make_cache(1, static_cast<int64_t>(ids.size()));
     models::ModelCache& cache = *cache_owner;
-    Tensor logits = forward_captured(*model, pool, models::ForwardBatch::sequence(ids, 0), cache);
+    Tensor logits = forward_captured(*model, ctx, models::ForwardBatch::sequence(ids, 0), cache);
     return std::vector<float>(logits.data<float>(), logits.data<float>() + logits.numel());
   };
   EXPECT_EQ(run(1), run(3));

@@ -21,10 +21,10 @@ struct ForwardRun {
 };
 
 ForwardRun forward(models::CausalLM& model, const std::vector<int32_t>& ids, const std::vector<int32_t>& forced) {
-  ThreadPool pool(2);
+  backend::Context ctx(2);
   auto cache_owner = model.make_cache(1, static_cast<int64_t>(ids.size()));
   models::ModelCache& cache = *cache_owner;
-  engine::StepRunner runner(model, pool, cache, static_cast<int64_t>(ids.size()));
+  engine::StepRunner runner(model, ctx, cache, static_cast<int64_t>(ids.size()));
   engine::RoutedExperts routed(static_cast<int64_t>(model.info().moe_layers.size()), model.info().top_k);
   Tensor logits = runner.run({{0, ids, &routed, forced}}, 0, true);
   return {{logits.data<float>(), logits.data<float>() + logits.numel()}, routed.flat()};

@@ -29,9 +29,9 @@ std::vector<int32_t> prompt(int index, std::size_t length) {
 
 // `ids` alone in a fresh cache.
 Outcome solo(models::CausalLM& model, const std::vector<int32_t>& ids, const std::vector<int32_t>& forced) {
-  ThreadPool pool(2);
+  backend::Context ctx(2);
   auto cache = model.make_cache(1, 16);
-  engine::StepRunner runner(model, pool, *cache, 16);
+  engine::StepRunner runner(model, ctx, *cache, 16);
   engine::RoutedExperts routed(3, 2);
   const Tensor logits = runner.run({{0, ids, &routed, forced}});
   return {{logits.data<float>(), logits.data<float>() + logits.numel()}, routed.flat()};
@@ -55,9 +55,9 @@ TEST_P(MixedStep, ReplayedAndFreeSequencesEachGetTheirSoloResult) {
   ASSERT_EQ(solo_a.routed, forced_a) << "replay must route as forced";
   ASSERT_NE(solo_a.logits, solo(*model, a, {}).logits) << "the forced routing must change the result";
 
-  ThreadPool pool(2);
+  backend::Context ctx(2);
   auto cache = model->make_cache(2, 16);
-  engine::StepRunner runner(*model, pool, *cache, 16);
+  engine::StepRunner runner(*model, ctx, *cache, 16);
   engine::RoutedExperts ra(3, 2), rb(3, 2);
   // Free sequence first, replayed second, then padding rows: every row kind in one step.
   const Tensor logits = runner.run({{1, b, &rb, {}}, {0, a, &ra, forced_a}}, /*padding_rows=*/2);
@@ -74,9 +74,9 @@ TEST_P(MixedStep, ABadSequenceIsRefusedAloneAndTheOthersRun) {
   const Outcome solo_a = solo(*model, a, {});
   std::vector<int32_t> duplicate(3 * 3 * 2, 0);  // 3 tokens x 3 MoE layers x top-2, expert 0 twice
 
-  ThreadPool pool(2);
+  backend::Context ctx(2);
   auto cache = model->make_cache(4, 16);
-  engine::StepRunner runner(*model, pool, *cache, 32);
+  engine::StepRunner runner(*model, ctx, *cache, 32);
   engine::RoutedExperts ra(3, 2), rb(3, 2), rc(3, 2), rd(3, 2);
   std::vector<engine::StepSequence> step = {{1, {5, 320, 7}, &rb, {}},  // 320: outside the vocabulary
                                             {0, a, &ra, {}},
@@ -108,17 +108,17 @@ TEST_P(MixedStep, TwoEnginesOverOneModelDoNotSeeEachOthersRouting) {
   auto model = load(GetParam());
   const std::vector<int32_t> a = prompt(0, 6), b = prompt(1, 4);
   auto solo_rows = [&](const std::vector<int32_t>& ids) {
-    ThreadPool pool(1);
+    backend::Context ctx(1);
     auto cache = model->make_cache(1, 16);
-    engine::StepRunner runner(*model, pool, *cache, 16);
+    engine::StepRunner runner(*model, ctx, *cache, 16);
     engine::RoutedExperts routed(3, 2);
     runner.run({{0, ids, &routed, {}}});
     runner.run({{0, {9}, &routed, {}}});
     return routed.flat();
   };
-  ThreadPool pool(2);
+  backend::Context ctx(2);
   auto cache_a = model->make_cache(1, 16), cache_b = model->make_cache(1, 16);
-  engine::StepRunner first(*model, pool, *cache_a, 16), second(*model, pool, *cache_b, 16);
+  engine::StepRunner first(*model, ctx, *cache_a, 16), second(*model, ctx, *cache_b, 16);
   engine::RoutedExperts ra(3, 2), rb(3, 2);
   first.run({{0, a, &ra, {}}});
   second.run({{0, b, &rb, {}}});

@@ -148,14 +148,14 @@ EosModel make_eos_model(const TempDir& dir, const std::string& family, const std
   return m;
 }
 
-Tensor forward_captured(models::CausalLM& model, ThreadPool& pool, models::ForwardBatch batch,
+Tensor forward_captured(models::CausalLM& model, backend::Context& ctx, models::ForwardBatch batch,
                         models::ModelCache& cache) {
   const models::ModelInfo& info = model.info();
   moe::RoutingCapturer capturer(batch.size(), static_cast<int64_t>(info.moe_layers.size()), info.top_k,
                                 info.num_experts);
   capturer.begin_step(batch.size());
   batch.capture = &capturer;
-  Tensor logits = model.forward(pool, batch, cache);
+  Tensor logits = model.forward(ctx, batch, cache);
   capturer.end_step();
   return logits;
 }

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "core/thread_pool.h"
+#include "backend/context.h"
 #include "io/safetensors.h"
 #include "models/causal_lm.h"
 
@@ -58,7 +58,7 @@ Reference load_reference(const std::string& family, int index);
 
 // model.forward(batch) with a capture buffer of its own for the step (MoE layers need one); the
 // captured routing is dropped.
-Tensor forward_captured(models::CausalLM& model, ThreadPool& pool, models::ForwardBatch batch,
+Tensor forward_captured(models::CausalLM& model, backend::Context& ctx, models::ForwardBatch batch,
                         models::ModelCache& cache);
 
 // F32 tensor of N(0, 1) values from mt19937(seed).

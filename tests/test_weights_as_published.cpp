@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/thread_pool.h"
+#include "backend/context.h"
 #include "io/safetensors.h"
 #include "models/registry.h"
 #include "test_support.h"
@@ -81,9 +81,9 @@ int64_t resident_bytes() {
 }
 
 std::vector<float> logits_of(models::CausalLM& model) {
-  ThreadPool pool(2);
+  backend::Context ctx(2);
   auto cache = model.make_cache(1, 16);
-  const Tensor logits = test::forward_captured(model, pool, models::ForwardBatch::sequence({5, 17, 300, 2047, 9, 1000}, 0), *cache);
+  const Tensor logits = test::forward_captured(model, ctx, models::ForwardBatch::sequence({5, 17, 300, 2047, 9, 1000}, 0), *cache);
   return {logits.data<float>(), logits.data<float>() + logits.numel()};
 }
 

@@ -30,7 +30,7 @@ std::string join_layers(const std::vector<int64_t>& layers) {
 int run_forward(const ForwardOptions& options) {
   const std::vector<int32_t> ids = parse_token_ids(options.ids);
   auto model = options.model.load();
-  auto pool = options.model.make_pool();
+  auto ctx = options.model.make_context();
   const auto& info = model->info();
   const auto tokens = static_cast<int64_t>(ids.size());
 
@@ -42,14 +42,14 @@ int run_forward(const ForwardOptions& options) {
     forced = replay.slice(0, tokens);
   }
   auto cache = model->make_cache(1, tokens);
-  engine::StepRunner runner(*model, *pool, *cache, tokens, /*keep_weights=*/true);
+  engine::StepRunner runner(*model, *ctx, *cache, tokens, /*keep_weights=*/true);
   engine::RoutedExperts routed(layers, k);
   const auto start = std::chrono::steady_clock::now();
   Tensor logits = runner.run({{0, ids, &routed, forced}}, 0, /*all_logits=*/true);
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   spdlog::info("prefill {} tokens in {:.2f} ms ({:.0f} tokens/s, {} threads)", tokens, ms,
-               1e3 * static_cast<double>(tokens) / ms, pool->size());
+               1e3 * static_cast<double>(tokens) / ms, ctx->threads().size());
 
   if (!options.dump.empty()) {
     Tensor weights = Tensor::empty(DType::F32, {tokens, layers, k});

@@ -42,7 +42,7 @@ int run_generate(GenerateCommandOptions& options) {
   const std::vector<int32_t> prompt = parse_token_ids(options.ids);
   options.generate.sampling.validate();
   auto model = options.model.load();
-  auto pool = options.model.make_pool();
+  auto ctx = options.model.make_context();
   const auto& info = model->info();
   if (!options.ignore_eos) options.generate.stop_token_ids = info.eos_token_ids;
   engine::RoutingReplay replay;
@@ -53,7 +53,7 @@ int run_generate(GenerateCommandOptions& options) {
     options.generate.replay = &replay;
   }
 
-  const engine::GenerateResult result = engine::generate(*model, *pool, prompt, options.generate);
+  const engine::GenerateResult result = engine::generate(*model, *ctx, prompt, options.generate);
   const auto& t = result.timings;
   spdlog::info("prefill {} tokens in {:.2f} ms ({:.0f} tokens/s); decode {} steps in {:.2f} ms "
                "({:.0f} tokens/s); {} threads",
@@ -61,7 +61,7 @@ int run_generate(GenerateCommandOptions& options) {
                static_cast<double>(t.prefill_tokens) / t.prefill_seconds, t.decode_steps,
                1e3 * t.decode_seconds,
                t.decode_steps ? static_cast<double>(t.decode_steps) / t.decode_seconds : 0.0,
-               pool->size());
+               ctx->threads().size());
 
   if (options.json) {
     nlohmann::json out = {{"prompt_ids", result.prompt_ids},

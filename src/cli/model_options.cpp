@@ -58,8 +58,8 @@ std::unique_ptr<models::CausalLM> ModelOptions::load() const {
   return model;
 }
 
-std::unique_ptr<ThreadPool> ModelOptions::make_pool() const {
-  return std::make_unique<ThreadPool>(threads);
+std::unique_ptr<backend::Context> ModelOptions::make_context() const {
+  return std::make_unique<backend::Context>(threads);
 }
 
 }  // namespace r3::cli

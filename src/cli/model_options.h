@@ -7,7 +7,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "core/thread_pool.h"
+#include "backend/context.h"
 #include "models/causal_lm.h"
 #include "models/load_options.h"
 
@@ -21,7 +21,8 @@ struct ModelOptions {
 
   void add_to(CLI::App& command);
   std::unique_ptr<models::CausalLM> load() const;  // logs load time and model summary
-  std::unique_ptr<ThreadPool> make_pool() const;
+  // The CPU execution context the commands run on (its thread pool has `threads` threads).
+  std::unique_ptr<backend::Context> make_context() const;
 };
 
 }  // namespace r3::cli

@@ -43,9 +43,12 @@ Tensor Tensor::empty(DType dtype, Shape shape) {
   return t;
 }
 
-Tensor Tensor::view(DType dtype, Shape shape, void* data, std::shared_ptr<const void> owner) {
+Tensor Tensor::view(DType dtype, Shape shape, void* data, std::shared_ptr<const void> owner, Storage storage,
+                    Device device) {
   Tensor t;
   t.dtype_ = dtype;
+  t.device_ = device;
+  t.storage_ = storage;
   t.strides_ = contiguous_strides(shape);
   t.shape_ = std::move(shape);
   t.data_ = data;
@@ -63,6 +66,7 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
   R3_CHECK(rank() >= 1 && 0 <= begin && begin <= end && end <= shape_[0], "rows [", begin, ", ",
            end, ") out of range for shape ", shape_to_string(shape_));
   Tensor t = *this;
+  if (t.storage_ == Storage::kOwned) t.storage_ = Storage::kView;
   t.shape_[0] = end - begin;
   t.data_ = static_cast<unsigned char*>(data_) +
             static_cast<std::size_t>(begin * strides_[0]) * dtype_size(dtype_);

@@ -1,7 +1,11 @@
-// Tensor: a typed, shaped view of memory plus a shared owner that keeps the memory alive.
+// Tensor: a typed, shaped view of memory on a device, plus a shared owner that keeps the memory
+// alive when someone must.
 //
-// The memory may be owned (Tensor::empty), borrowed from an mmap'ed checkpoint, or a view of
-// another tensor. Strides are in elements; ops in src/ops expect contiguous tensors and say so.
+// Storage says where the memory came from: owned (Tensor::empty, freed with the last copy),
+// mapped (a zero-copy view of an mmap'ed checkpoint, kept alive by the mapping), or a view (of
+// another tensor, or of a step workspace, which outlives the step's tensors by construction and
+// so needs no owner: making such a tensor allocates nothing). Strides are in elements; ops in
+// src/ops expect contiguous tensors and say so.
 #pragma once
 
 #include <cstdint>
@@ -10,11 +14,13 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/device.h"
 #include "core/dtype.h"
+#include "core/shape.h"
 
 namespace r3 {
 
-using Shape = std::vector<int64_t>;
+enum class Storage { kOwned, kMapped, kView };
 
 std::string shape_to_string(const Shape& shape);  // "[2, 3]"
 int64_t shape_numel(const Shape& shape);
@@ -32,10 +38,11 @@ class Tensor {
  public:
   Tensor() = default;
 
-  // Owned, zero-filled, contiguous.
+  // Owned, zero-filled, contiguous host memory.
   static Tensor empty(DType dtype, Shape shape);
-  // Contiguous view of memory kept alive by `owner`.
-  static Tensor view(DType dtype, Shape shape, void* data, std::shared_ptr<const void> owner);
+  // Contiguous view of memory kept alive by `owner` (or by whoever made it, when null).
+  static Tensor view(DType dtype, Shape shape, void* data, std::shared_ptr<const void> owner,
+                     Storage storage = Storage::kView, Device device = Device::kCpu);
   // Owned contiguous copy of `values` with the given shape.
   template <typename T>
   static Tensor from(const std::vector<T>& values, Shape shape) {
@@ -51,6 +58,8 @@ class Tensor {
   // This tensor, or nullptr when undefined: for optional operands such as biases.
   const Tensor* if_defined() const { return defined() ? this : nullptr; }
   DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+  Storage storage() const { return storage_; }
   const Shape& shape() const { return shape_; }
   const Shape& strides() const { return strides_; }
   int rank() const { return static_cast<int>(shape_.size()); }
@@ -80,6 +89,8 @@ class Tensor {
 
  private:
   DType dtype_ = DType::F32;
+  Device device_ = Device::kCpu;
+  Storage storage_ = Storage::kOwned;
   Shape shape_;
   Shape strides_;
   void* data_ = nullptr;

@@ -10,12 +10,14 @@
 #pragma once
 
 #include <atomic>
+#include <exception>
 #include <condition_variable>
 #include <cstdint>
-#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include "core/function_ref.h"
 
 namespace r3 {
 
@@ -31,8 +33,9 @@ class ThreadPool {
 
   // Calls fn(begin, end) over disjoint ranges covering [0, n), each at least `grain` long
   // (except the last). Runs inline when one range is enough. Exceptions propagate to the caller.
-  using RangeFn = std::function<void(int64_t begin, int64_t end)>;
-  void parallel_for(int64_t n, int64_t grain, const RangeFn& fn);
+  // `fn` is referenced, not copied: nothing is allocated per job.
+  using RangeFn = FunctionRef<void(int64_t begin, int64_t end)>;
+  void parallel_for(int64_t n, int64_t grain, RangeFn fn);
 
  private:
   void worker_loop();

@@ -14,7 +14,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }
 }  // namespace
 
-GenerateResult generate(models::CausalLM& model, ThreadPool& pool, const std::vector<int32_t>& prompt,
+GenerateResult generate(models::CausalLM& model, backend::Context& ctx, const std::vector<int32_t>& prompt,
                         const GenerateOptions& options) {
   const models::ModelInfo& info = model.info();
   R3_CHECK(!prompt.empty(), "the prompt is empty: give at least one token id");
@@ -35,7 +35,7 @@ GenerateResult generate(models::CausalLM& model, ThreadPool& pool, const std::ve
   }
 
   auto cache = model.make_cache(1, prompt_len + options.max_new_tokens);
-  StepRunner runner(model, pool, *cache, prompt_len);
+  StepRunner runner(model, ctx, *cache, prompt_len);
   Sampler sampler(options.sampling);
   GenerateResult result{prompt, {}, RoutedExperts(static_cast<int64_t>(info.moe_layers.size()), info.top_k), {}};
   auto forced_rows = [&](int64_t first, int64_t count) {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/thread_pool.h"
+#include "backend/context.h"
 #include "engine/routed_experts.h"
 #include "engine/routing_replay.h"
 #include "engine/sampler.h"
@@ -35,7 +35,7 @@ struct GenerateResult {
   GenerateTimings timings;
 };
 
-GenerateResult generate(models::CausalLM& model, ThreadPool& pool, const std::vector<int32_t>& prompt,
+GenerateResult generate(models::CausalLM& model, backend::Context& ctx, const std::vector<int32_t>& prompt,
                         const GenerateOptions& options);
 
 }  // namespace r3::engine

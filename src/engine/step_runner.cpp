@@ -5,10 +5,10 @@
 
 namespace r3::engine {
 
-StepRunner::StepRunner(models::CausalLM& model, ThreadPool& pool, models::ModelCache& cache,
+StepRunner::StepRunner(models::CausalLM& model, backend::Context& ctx, models::ModelCache& cache,
                        int64_t max_tokens, bool keep_weights)
     : model_(model),
-      pool_(pool),
+      ctx_(ctx),
       cache_(cache),
       capturer_(max_tokens, static_cast<int64_t>(model.info().moe_layers.size()), model.info().top_k,
                 model.info().num_experts, keep_weights),
@@ -124,7 +124,7 @@ Tensor StepRunner::execute(const std::vector<StepSequence>& sequences, const std
   batch.loads = &loads_;
   loads_.clear();
   capturer_.begin_step(batch.size());
-  Tensor logits = model_.forward(pool_, batch, cache_);
+  Tensor logits = model_.forward(ctx_, batch, cache_);
   capturer_.end_step();
   if (eplb_) eplb_->end_step(loads_);
   for (std::size_t a = 0; a < accepted.size(); ++a) {

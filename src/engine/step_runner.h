@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/thread_pool.h"
+#include "backend/context.h"
 #include "engine/routed_experts.h"
 #include "models/causal_lm.h"
 #include "moe/capture_binder.h"
@@ -31,7 +31,7 @@ struct StepSequence {
 class StepRunner {
  public:
   // max_tokens: the largest step (rows, padding included) the capture buffer is sized for.
-  StepRunner(models::CausalLM& model, ThreadPool& pool, models::ModelCache& cache, int64_t max_tokens,
+  StepRunner(models::CausalLM& model, backend::Context& ctx, models::ModelCache& cache, int64_t max_tokens,
              bool keep_weights = false);
 
   // Runs the sequences that pass their checks; a refused one gets its `error` set and does not
@@ -58,7 +58,7 @@ class StepRunner {
                  int64_t padding_rows, bool all_logits);
 
   models::CausalLM& model_;
-  ThreadPool& pool_;
+  backend::Context& ctx_;
   models::ModelCache& cache_;
   moe::RoutingCapturer capturer_;
   moe::ExpertLoads loads_;  // this step's tokens per physical expert

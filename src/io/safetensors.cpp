@@ -122,7 +122,7 @@ Tensor SafetensorsFile::view(const std::string& name) const {
   const SafetensorsEntry* e = find(name);
   R3_CHECK(e != nullptr, path(), ": no tensor named '", name, "'");
   auto* bytes = const_cast<uint8_t*>(data_section_ + e->begin);
-  return Tensor::view(e->dtype, e->shape, bytes, file_);
+  return Tensor::view(e->dtype, e->shape, bytes, file_, Storage::kMapped);
 }
 
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,

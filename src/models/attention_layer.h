@@ -2,7 +2,7 @@
 #pragma once
 
 #include "core/tensor.h"
-#include "core/thread_pool.h"
+#include "backend/context.h"
 #include "models/cache_spec.h"
 #include "models/forward_batch.h"
 #include "models/kv_cache.h"
@@ -17,7 +17,7 @@ class AttentionLayer {
   // x: normalised hidden states F32 [tokens, hidden]; out: F32 [tokens, hidden]. Writes this
   // step's rows of `layer` into the cache, then attends causally over each token's slot, both
   // through the cache's paged view of (layer, slot).
-  virtual void forward(ThreadPool& pool, const Tensor& x, const ForwardBatch& batch, KvCache& cache, int64_t layer,
+  virtual void forward(backend::Context& ctx, const Tensor& x, const ForwardBatch& batch, KvCache& cache, int64_t layer,
                        Tensor& out) const = 0;
 };
 

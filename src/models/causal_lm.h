@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "core/thread_pool.h"
+#include "backend/context.h"
 #include "models/forward_batch.h"
 #include "models/model_cache.h"
 #include "models/model_info.h"
@@ -25,7 +25,7 @@ class CausalLM {
   // Runs one step and returns logits F32 [rows, vocab] for batch.logit_rows (all rows if empty).
   // Every MoE layer records its routing in batch.capture (moe/capture.h).
   // Updates the cache lengths of the slots in the batch.
-  virtual Tensor forward(ThreadPool& pool, const ForwardBatch& batch, ModelCache& cache) const = 0;
+  virtual Tensor forward(backend::Context& ctx, const ForwardBatch& batch, ModelCache& cache) const = 0;
   // The MoE layers in order; index j has layer id j.
   virtual std::vector<moe::MoeBlock*> moe_blocks() = 0;
 

@@ -36,7 +36,7 @@ std::vector<moe::MoeBlock*> DecoderModel::moe_blocks() {
   return blocks;
 }
 
-Tensor DecoderModel::forward(ThreadPool& pool, const ForwardBatch& batch, ModelCache& model_cache) const {
+Tensor DecoderModel::forward(backend::Context& ctx, const ForwardBatch& batch, ModelCache& model_cache) const {
   validate_batch(batch, model_cache, info_);
   auto* kv = dynamic_cast<KvCache*>(&model_cache);
   R3_CHECK(kv != nullptr && kv->num_layers() == static_cast<int64_t>(layers_.size()),
@@ -61,15 +61,15 @@ Tensor DecoderModel::forward(ThreadPool& pool, const ForwardBatch& batch, ModelC
   int64_t moe_index = 0;
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     const DecoderLayer& layer = layers_[l];
-    ops::rms_norm(pool, residual, &layer.input_norm, rms_eps_, normed);
-    layer.attention->forward(pool, normed, batch, cache, static_cast<int64_t>(l), branch);
+    ops::rms_norm(ctx, residual, &layer.input_norm, rms_eps_, normed);
+    layer.attention->forward(ctx, normed, batch, cache, static_cast<int64_t>(l), branch);
     add_branch();
-    ops::rms_norm(pool, residual, &layer.post_attention_norm, rms_eps_, normed);
+    ops::rms_norm(ctx, residual, &layer.post_attention_norm, rms_eps_, normed);
     std::vector<int32_t> forced;
     if (layer.feed_forward->moe_block() != nullptr) {
       forced = batch.forced_for_layer(moe_index++, moe_count, info_.top_k);
     }
-    layer.feed_forward->forward(pool, {normed, batch.token_ids, forced, batch.replayed, batch.capture, batch.loads, padding}, branch);
+    layer.feed_forward->forward(ctx, {normed, batch.token_ids, forced, batch.replayed, batch.capture, batch.loads, padding}, branch);
     add_branch();
   }
   for (int64_t t = 0; t < tokens; ++t) {
@@ -85,9 +85,9 @@ Tensor DecoderModel::forward(ThreadPool& pool, const ForwardBatch& batch, ModelC
                   sizeof(float) * static_cast<std::size_t>(hidden));
     }
   }
-  ops::rms_norm(pool, selected, &final_norm_, rms_eps_, selected);
+  ops::rms_norm(ctx, selected, &final_norm_, rms_eps_, selected);
   Tensor logits = Tensor::empty(DType::F32, {selected.dim(0), info_.vocab_size});
-  ops::linear(pool, selected, lm_head_, nullptr, logits);
+  ops::linear(ctx, selected, lm_head_, nullptr, logits);
   return logits;
 }
 

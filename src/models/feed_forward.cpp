@@ -5,8 +5,8 @@
 
 namespace r3::models {
 
-void DenseFeedForward::forward(ThreadPool& pool, const moe::MoeInput& input, Tensor& out) const {
-  mlp_.forward(pool, input.hidden, out);
+void DenseFeedForward::forward(backend::Context& ctx, const moe::MoeInput& input, Tensor& out) const {
+  mlp_.forward(ctx, input.hidden, out);
 }
 
 MoeFeedForward::MoeFeedForward(std::unique_ptr<moe::MoeBlock> moe, std::optional<SwigluMlp> shared_expert,
@@ -15,17 +15,17 @@ MoeFeedForward::MoeFeedForward(std::unique_ptr<moe::MoeBlock> moe, std::optional
       shared_expert_(std::move(shared_expert)),
       shared_gate_(std::move(shared_gate)) {}
 
-void MoeFeedForward::forward(ThreadPool& pool, const moe::MoeInput& input, Tensor& out) const {
+void MoeFeedForward::forward(backend::Context& ctx, const moe::MoeInput& input, Tensor& out) const {
   const Tensor& x = input.hidden;
-  moe_->forward(pool, input, out);
+  moe_->forward(ctx, input, out);
   if (!shared_expert_) return;
   const int64_t tokens = x.dim(0), hidden = x.dim(1);
   Tensor shared = Tensor::empty(DType::F32, {tokens, hidden});
-  shared_expert_->forward(pool, x, shared);
+  shared_expert_->forward(ctx, x, shared);
   Tensor gate;
   if (shared_gate_.defined()) {
     gate = Tensor::empty(DType::F32, {tokens, 1});
-    ops::linear(pool, x, shared_gate_, nullptr, gate);
+    ops::linear(ctx, x, shared_gate_, nullptr, gate);
   }
   float* o = out.data<float>();
   const float* s = shared.data<float>();

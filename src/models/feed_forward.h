@@ -14,7 +14,7 @@ class FeedForward {
  public:
   virtual ~FeedForward() = default;
   // input.hidden, out: F32 [tokens, hidden]; input.forced: this layer's replayed routing.
-  virtual void forward(ThreadPool& pool, const moe::MoeInput& input, Tensor& out) const = 0;
+  virtual void forward(backend::Context& ctx, const moe::MoeInput& input, Tensor& out) const = 0;
   // The MoE layer inside, if any (for capture binding and EPLB).
   virtual moe::MoeBlock* moe_block() { return nullptr; }
 };
@@ -22,7 +22,7 @@ class FeedForward {
 class DenseFeedForward final : public FeedForward {
  public:
   explicit DenseFeedForward(SwigluMlp mlp) : mlp_(std::move(mlp)) {}
-  void forward(ThreadPool& pool, const moe::MoeInput& input, Tensor& out) const override;
+  void forward(backend::Context& ctx, const moe::MoeInput& input, Tensor& out) const override;
 
  private:
   SwigluMlp mlp_;
@@ -33,7 +33,7 @@ class MoeFeedForward final : public FeedForward {
   // shared_gate: F32 [1, hidden] or empty (ungated shared expert).
   MoeFeedForward(std::unique_ptr<moe::MoeBlock> moe, std::optional<SwigluMlp> shared_expert,
                  Tensor shared_gate);
-  void forward(ThreadPool& pool, const moe::MoeInput& input, Tensor& out) const override;
+  void forward(backend::Context& ctx, const moe::MoeInput& input, Tensor& out) const override;
   moe::MoeBlock* moe_block() override { return moe_.get(); }
 
  private:

@@ -23,36 +23,36 @@ CacheSpec GqaAttention::cache_spec() const {
   return sliding_window_ > 0 ? CacheSpec::sliding_window_kv(row, sliding_window_) : CacheSpec::full_kv(row);
 }
 
-void GqaAttention::normalise_qk(ThreadPool& pool, Tensor& q, Tensor& k) const {
+void GqaAttention::normalise_qk(backend::Context& ctx, Tensor& q, Tensor& k) const {
   const int64_t tokens = q.dim(0), d = spec_.head_dim;
   switch (spec_.qk_norm) {
     case QkNorm::kNone:
       return;
     case QkNorm::kFull:  // over the whole projection, before splitting into heads
-      ops::rms_norm(pool, q, &w_.q_norm, rms_eps_, q);
-      ops::rms_norm(pool, k, &w_.k_norm, rms_eps_, k);
+      ops::rms_norm(ctx, q, &w_.q_norm, rms_eps_, q);
+      ops::rms_norm(ctx, k, &w_.k_norm, rms_eps_, k);
       return;
     case QkNorm::kPerHead: {  // over head_dim of every head
       Tensor qh = q.reshaped({tokens * spec_.num_heads, d});
       Tensor kh = k.reshaped({tokens * spec_.num_kv_heads, d});
-      ops::rms_norm(pool, qh, &w_.q_norm, rms_eps_, qh);
-      ops::rms_norm(pool, kh, &w_.k_norm, rms_eps_, kh);
+      ops::rms_norm(ctx, qh, &w_.q_norm, rms_eps_, qh);
+      ops::rms_norm(ctx, kh, &w_.k_norm, rms_eps_, kh);
       return;
     }
   }
 }
 
-void GqaAttention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch& batch,
+void GqaAttention::forward(backend::Context& ctx, const Tensor& x, const ForwardBatch& batch,
                            KvCache& cache, int64_t layer, Tensor& out) const {
   const int64_t tokens = x.dim(0), d = spec_.head_dim;
   const int64_t q_width = spec_.num_heads * d, kv_width = spec_.num_kv_heads * d;
   Tensor q = Tensor::empty(DType::F32, {tokens, q_width});
   Tensor k = Tensor::empty(DType::F32, {tokens, kv_width});
   Tensor v = Tensor::empty(DType::F32, {tokens, kv_width});
-  ops::linear(pool, x, w_.q, w_.q_bias.if_defined(), q);
-  ops::linear(pool, x, w_.k, w_.k_bias.if_defined(), k);
-  ops::linear(pool, x, w_.v, w_.v_bias.if_defined(), v);
-  normalise_qk(pool, q, k);
+  ops::linear(ctx, x, w_.q, w_.q_bias.if_defined(), q);
+  ops::linear(ctx, x, w_.k, w_.k_bias.if_defined(), k);
+  ops::linear(ctx, x, w_.v, w_.v_bias.if_defined(), v);
+  normalise_qk(ctx, q, k);
   if (spec_.clip_qkv > 0) {
     const auto c = static_cast<float>(spec_.clip_qkv);
     for (Tensor* t : {&q, &k, &v}) {
@@ -101,9 +101,9 @@ void GqaAttention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch
     Tensor q_pass = Tensor::view(DType::F32, {n, spec_.num_heads, d}, qh.data<float>() + first_token * row, nullptr);
     Tensor out_pass =
         Tensor::view(DType::F32, {n, spec_.num_heads, d}, attended.data<float>() + first_token * row, nullptr);
-    ops::attention(pool, q_pass, windows, spec_.num_kv_heads, scale, out_pass, sinks);
+    ops::attention(ctx, q_pass, windows, spec_.num_kv_heads, scale, out_pass, sinks);
   }
-  ops::linear(pool, attended.reshaped({tokens, q_width}), w_.o, w_.o_bias.if_defined(), out);
+  ops::linear(ctx, attended.reshaped({tokens, q_width}), w_.o, w_.o_bias.if_defined(), out);
 }
 
 }  // namespace r3::models

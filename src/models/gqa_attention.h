@@ -26,11 +26,11 @@ class GqaAttention final : public AttentionLayer {
   CacheSpec cache_spec() const override;
 
   // x: normalised hidden states F32 [tokens, hidden]; out: F32 [tokens, hidden].
-  void forward(ThreadPool& pool, const Tensor& x, const ForwardBatch& batch, KvCache& cache,
+  void forward(backend::Context& ctx, const Tensor& x, const ForwardBatch& batch, KvCache& cache,
                int64_t layer, Tensor& out) const override;
 
  private:
-  void normalise_qk(ThreadPool& pool, Tensor& q, Tensor& k) const;
+  void normalise_qk(backend::Context& ctx, Tensor& q, Tensor& k) const;
 
   AttentionSpec spec_;
   float rms_eps_;

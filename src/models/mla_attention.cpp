@@ -24,7 +24,7 @@ CacheSpec MlaAttention::cache_spec() const {
   return CacheSpec::latent(spec_.latent.kv_lora_rank, spec_.latent.qk_rope_head_dim);
 }
 
-void MlaAttention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch& batch, KvCache& cache, int64_t layer,
+void MlaAttention::forward(backend::Context& ctx, const Tensor& x, const ForwardBatch& batch, KvCache& cache, int64_t layer,
                            Tensor& out) const {
   const LatentAttentionSpec& m = spec_.latent;
   const int64_t tokens = x.dim(0), heads = spec_.num_heads;
@@ -33,15 +33,15 @@ void MlaAttention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch
 
   Tensor q = Tensor::empty(DType::F32, {tokens, heads * qk});
   if (m.q_lora_rank == 0) {
-    ops::linear(pool, x, w_.q_proj, nullptr, q);
+    ops::linear(ctx, x, w_.q_proj, nullptr, q);
   } else {
     Tensor q_latent = Tensor::empty(DType::F32, {tokens, m.q_lora_rank});
-    ops::linear(pool, x, w_.q_a_proj, w_.q_a_bias.if_defined(), q_latent);
-    ops::rms_norm(pool, q_latent, &w_.q_a_norm, rms_eps_, q_latent);
-    ops::linear(pool, q_latent, w_.q_b_proj, nullptr, q);
+    ops::linear(ctx, x, w_.q_a_proj, w_.q_a_bias.if_defined(), q_latent);
+    ops::rms_norm(ctx, q_latent, &w_.q_a_norm, rms_eps_, q_latent);
+    ops::linear(ctx, q_latent, w_.q_b_proj, nullptr, q);
   }
   Tensor compressed = Tensor::empty(DType::F32, {tokens, lora + rope});
-  ops::linear(pool, x, w_.kv_a_proj, w_.kv_a_bias.if_defined(), compressed);
+  ops::linear(ctx, x, w_.kv_a_proj, w_.kv_a_bias.if_defined(), compressed);
 
   // Cache rows, through the paged view: keys hold the normalised latent, values the rotated
   // shared key.
@@ -49,7 +49,7 @@ void MlaAttention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch
     const int64_t p = batch.positions[t];
     float* row = compressed.data<float>() + t * (lora + rope);
     Tensor latent = Tensor::view(DType::F32, {1, lora}, row, nullptr);
-    ops::rms_norm(pool, latent, &w_.kv_a_norm, rms_eps_, latent);
+    ops::rms_norm(ctx, latent, &w_.kv_a_norm, rms_eps_, latent);
     rotary_.apply(row + lora, 1, rope, p);
     rotary_.apply(q.data<float>() + t * heads * qk, heads, qk, p);
     if (batch.slots[t] == ForwardBatch::kPadding) continue;
@@ -66,8 +66,8 @@ void MlaAttention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch
     windows[static_cast<std::size_t>(t)] = {cache.view(layer, batch.slots[t]), 0, batch.positions[t] + 1};
   }
   Tensor attended = Tensor::empty(DType::F32, {tokens, heads * vd});
-  ops::latent_attention(pool, q, w_.kv_b_proj, windows, {heads, nope, rope, vd, lora}, softmax_scale_, attended);
-  ops::linear(pool, attended, w_.o_proj, w_.o_bias.if_defined(), out);
+  ops::latent_attention(ctx, q, w_.kv_b_proj, windows, {heads, nope, rope, vd, lora}, softmax_scale_, attended);
+  ops::linear(ctx, attended, w_.o_proj, w_.o_bias.if_defined(), out);
 }
 
 }  // namespace r3::models

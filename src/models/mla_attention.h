@@ -27,7 +27,7 @@ class MlaAttention final : public AttentionLayer {
   // The normalised latent (keys) and the rotated shared key (values) of every position.
   CacheSpec cache_spec() const override;
 
-  void forward(ThreadPool& pool, const Tensor& x, const ForwardBatch& batch, KvCache& cache, int64_t layer,
+  void forward(backend::Context& ctx, const Tensor& x, const ForwardBatch& batch, KvCache& cache, int64_t layer,
                Tensor& out) const override;
 
  private:

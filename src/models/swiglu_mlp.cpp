@@ -8,14 +8,14 @@ namespace r3::models {
 SwigluMlp::SwigluMlp(Tensor gate, Tensor up, Tensor down, float limit)
     : gate_(std::move(gate)), up_(std::move(up)), down_(std::move(down)), limit_(limit) {}
 
-void SwigluMlp::forward(ThreadPool& pool, const Tensor& x, Tensor& out) const {
+void SwigluMlp::forward(backend::Context& ctx, const Tensor& x, Tensor& out) const {
   const int64_t tokens = x.dim(0), width = gate_.dim(0);
   Tensor g = Tensor::empty(DType::F32, {tokens, width});
   Tensor u = Tensor::empty(DType::F32, {tokens, width});
-  ops::linear(pool, x, gate_, nullptr, g);
-  ops::linear(pool, x, up_, nullptr, u);
+  ops::linear(ctx, x, gate_, nullptr, g);
+  ops::linear(ctx, x, up_, nullptr, u);
   ops::silu_and_mul(g, u, g, limit_);
-  ops::linear(pool, g, down_, nullptr, out);
+  ops::linear(ctx, g, down_, nullptr, out);
 }
 
 }  // namespace r3::models

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "core/tensor.h"
-#include "core/thread_pool.h"
+#include "backend/context.h"
 
 namespace r3::models {
 
@@ -13,7 +13,7 @@ class SwigluMlp {
  public:
   SwigluMlp(Tensor gate, Tensor up, Tensor down, float limit = INFINITY);
   // x, out: F32 [tokens, hidden].
-  void forward(ThreadPool& pool, const Tensor& x, Tensor& out) const;
+  void forward(backend::Context& ctx, const Tensor& x, Tensor& out) const;
 
  private:
   Tensor gate_, up_, down_;

@@ -49,7 +49,7 @@ float* fused_scratch(std::size_t floats) {
 
 }  // namespace
 
-void grouped_experts(ThreadPool& pool, const Tensor& hidden, const PhysicalRouting& routing,
+void grouped_experts(backend::Context& ctx, const Tensor& hidden, const PhysicalRouting& routing,
                      const PhysicalExperts& experts, Tensor& out) {
   check_shapes(hidden, routing, experts, out);
   const int64_t tokens = routing.tokens, k = routing.top_k, h = experts.hidden_size();
@@ -72,11 +72,11 @@ void grouped_experts(ThreadPool& pool, const Tensor& hidden, const PhysicalRouti
     Tensor gate = Tensor::empty(DType::F32, {n, width});
     Tensor up = Tensor::empty(DType::F32, {n, width});
     Tensor down = Tensor::empty(DType::F32, {n, h});
-    ops::linear(pool, gathered, w.gate, w.gate_bias.if_defined(), gate);
-    ops::linear(pool, gathered, w.up, w.up_bias.if_defined(), up);
+    ops::linear(ctx, gathered, w.gate, w.gate_bias.if_defined(), gate);
+    ops::linear(ctx, gathered, w.up, w.up_bias.if_defined(), up);
     const ExpertActivation& act = experts.activation();
     for (int64_t i = 0; i < n * width; ++i) gate.data<float>()[i] = act(gate.data<float>()[i], up.data<float>()[i]);
-    ops::linear(pool, gate, w.down, w.down_bias.if_defined(), down);
+    ops::linear(ctx, gate, w.down, w.down_bias.if_defined(), down);
     for (int64_t i = 0; i < n; ++i) {
       std::memcpy(choice_out.data<float>() + pairs[i] * h, down.data<float>() + i * h,
                   sizeof(float) * static_cast<std::size_t>(h));
@@ -85,7 +85,7 @@ void grouped_experts(ThreadPool& pool, const Tensor& hidden, const PhysicalRouti
   combine(routing, choice_out, h, out);
 }
 
-void fused_experts(ThreadPool& pool, const Tensor& hidden, const PhysicalRouting& routing,
+void fused_experts(backend::Context& ctx, const Tensor& hidden, const PhysicalRouting& routing,
                    const PhysicalExperts& experts, Tensor& out) {
   check_shapes(hidden, routing, experts, out);
   const int64_t pairs = routing.tokens * routing.top_k, h = experts.hidden_size();
@@ -121,7 +121,7 @@ void fused_experts(ThreadPool& pool, const Tensor& hidden, const PhysicalRouting
   }
   auto bias_of = [](const Tensor& b) { return b.defined() ? b.data<float>() : nullptr; };
   // Gate and up projections and the activation, panel by panel.
-  pool.parallel_for(static_cast<int64_t>(gate_tasks.size()), 1, [&](int64_t begin, int64_t end) {
+  ctx.parallel_for(static_cast<int64_t>(gate_tasks.size()), 1, [&](int64_t begin, int64_t end) {
     std::vector<float> gate, up;
     for (int64_t task = begin; task < end; ++task) {
       const auto [e, p0] = gate_tasks[static_cast<std::size_t>(task)];
@@ -143,7 +143,7 @@ void fused_experts(ThreadPool& pool, const Tensor& hidden, const PhysicalRouting
     }
   });
   // Down projection into one output row per pair.
-  pool.parallel_for(static_cast<int64_t>(down_tasks.size()), 1, [&](int64_t begin, int64_t end) {
+  ctx.parallel_for(static_cast<int64_t>(down_tasks.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
       const auto [e, p0] = down_tasks[static_cast<std::size_t>(task)];
       const SwigluExpertWeights& w = experts.weights(e);

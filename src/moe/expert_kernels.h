@@ -5,19 +5,19 @@
 #pragma once
 
 #include "core/tensor.h"
-#include "core/thread_pool.h"
+#include "backend/context.h"
 #include "moe/physical_experts.h"
 
 namespace r3::moe {
 
 // Modular: permute (token, choice) pairs by physical expert, gather each expert's rows, run its
 // gate/up/down GEMMs over the group, scatter back, combine.
-void grouped_experts(ThreadPool& pool, const Tensor& hidden, const PhysicalRouting& routing,
+void grouped_experts(backend::Context& ctx, const Tensor& hidden, const PhysicalRouting& routing,
                      const PhysicalExperts& experts, Tensor& out);
 
 // Fused: one pass over (token, choice) pairs doing dispatch, both projections, the activation and
 // the combine per pair, with no permutation (the shape of a fused "mega" experts kernel).
-void fused_experts(ThreadPool& pool, const Tensor& hidden, const PhysicalRouting& routing,
+void fused_experts(backend::Context& ctx, const Tensor& hidden, const PhysicalRouting& routing,
                    const PhysicalExperts& experts, Tensor& out);
 
 }  // namespace r3::moe

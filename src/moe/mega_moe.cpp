@@ -4,11 +4,11 @@
 
 namespace r3::moe {
 
-void MegaExperts::forward(ThreadPool& pool, const Tensor& hidden, Routing routing, CaptureBuffer* buffer,
+void MegaExperts::forward(backend::Context& ctx, const Tensor& hidden, Routing routing, CaptureBuffer* buffer,
                           LoadCount load, Tensor& out) const {
   const CapturedRouting captured = capture(std::move(routing), layer_id_, buffer);
   const PhysicalRouting physical = experts_.map(captured, load);
-  fused_experts(pool, hidden, physical, experts_, out);
+  fused_experts(ctx, hidden, physical, experts_, out);
 }
 
 MegaMoe::MegaMoe(std::unique_ptr<Router> gate, std::shared_ptr<PhysicalExperts> experts)
@@ -18,8 +18,8 @@ MegaMoe::MegaMoe(std::unique_ptr<Router> gate, std::shared_ptr<PhysicalExperts> 
            this->experts().num_logical());
 }
 
-void MegaMoe::forward(ThreadPool& pool, const MoeInput& input, Tensor& out) const {
-  mega_.forward(pool, input.hidden, gate_->compute(pool, input), input.capture, input.load_count(layer_id()), out);
+void MegaMoe::forward(backend::Context& ctx, const MoeInput& input, Tensor& out) const {
+  mega_.forward(ctx, input.hidden, gate_->compute(ctx, input), input.capture, input.load_count(layer_id()), out);
 }
 
 }  // namespace r3::moe

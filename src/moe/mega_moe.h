@@ -13,7 +13,7 @@ class MegaExperts final : public CaptureSource {
 
   int64_t layer_id() const override { return layer_id_; }
   // routing: the logical top-k ids and weights the model computed; capture: the step's buffer.
-  void forward(ThreadPool& pool, const Tensor& hidden, Routing routing, CaptureBuffer* capture, LoadCount load,
+  void forward(backend::Context& ctx, const Tensor& hidden, Routing routing, CaptureBuffer* capture, LoadCount load,
                Tensor& out) const;
 
  private:
@@ -28,7 +28,7 @@ class MegaMoe final : public MoeBlock {
 
   std::string path_name() const override { return "mega"; }
   CaptureSource* capture_source() override { return &mega_; }
-  void forward(ThreadPool& pool, const MoeInput& input, Tensor& out) const override;
+  void forward(backend::Context& ctx, const MoeInput& input, Tensor& out) const override;
 
  private:
   std::unique_ptr<Router> gate_;

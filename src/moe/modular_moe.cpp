@@ -11,10 +11,10 @@ ModularMoe::ModularMoe(std::unique_ptr<Router> router, std::shared_ptr<PhysicalE
            this->experts().num_logical());
 }
 
-void ModularMoe::forward(ThreadPool& pool, const MoeInput& input, Tensor& out) const {
-  const CapturedRouting routing = router_->route(pool, input);  // captures
+void ModularMoe::forward(backend::Context& ctx, const MoeInput& input, Tensor& out) const {
+  const CapturedRouting routing = router_->route(ctx, input);  // captures
   const PhysicalRouting physical = experts().map(routing, input.load_count(layer_id()));
-  grouped_experts(pool, input.hidden, physical, experts(), out);
+  grouped_experts(ctx, input.hidden, physical, experts(), out);
 }
 
 }  // namespace r3::moe

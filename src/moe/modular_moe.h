@@ -12,7 +12,7 @@ class ModularMoe final : public MoeBlock {
 
   std::string path_name() const override { return "modular"; }
   Router* capture_router() override { return router_.get(); }
-  void forward(ThreadPool& pool, const MoeInput& input, Tensor& out) const override;
+  void forward(backend::Context& ctx, const MoeInput& input, Tensor& out) const override;
 
  private:
   std::unique_ptr<Router> router_;

@@ -15,7 +15,7 @@
 #include <string>
 
 #include "core/tensor.h"
-#include "core/thread_pool.h"
+#include "backend/context.h"
 #include "moe/capture.h"
 #include "moe/physical_experts.h"
 #include "moe/router.h"
@@ -41,7 +41,7 @@ class MoeBlock {
   virtual std::string non_capturing_kernel() const { return ""; }
 
   // out: F32 [tokens, hidden].
-  virtual void forward(ThreadPool& pool, const MoeInput& input, Tensor& out) const = 0;
+  virtual void forward(backend::Context& ctx, const MoeInput& input, Tensor& out) const = 0;
 
  private:
   int64_t layer_id_;

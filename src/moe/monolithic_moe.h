@@ -21,7 +21,7 @@ class MonolithicMoe final : public MoeBlock, public CaptureSource {
 
   int64_t layer_id() const override { return MoeBlock::layer_id(); }
 
-  void forward(ThreadPool& pool, const MoeInput& input, Tensor& out) const override;
+  void forward(backend::Context& ctx, const MoeInput& input, Tensor& out) const override;
 
  private:
   Tensor gate_weight_;

@@ -30,7 +30,7 @@ Router::Router(int64_t layer_id, Tensor gate_weight, std::shared_ptr<const Routi
            " must be in [1, ", gate_weight_.dim(0), "]");
 }
 
-void route_tokens(ThreadPool& pool, const RoutingRule& rule, Tensor& logits, const MoeInput& input,
+void route_tokens(backend::Context& ctx, const RoutingRule& rule, Tensor& logits, const MoeInput& input,
                   Routing& out) {
   const int64_t tokens = logits.dim(0), experts = logits.dim(1), k = rule.top_k();
   R3_CHECK(static_cast<int64_t>(input.token_ids.size()) == tokens,
@@ -43,16 +43,16 @@ void route_tokens(ThreadPool& pool, const RoutingRule& rule, Tensor& logits, con
                          input.replayed,
                          out.expert_ids.data(),
                          out.weights.data()};
-  pool.parallel_for(tokens, 8, [&](int64_t begin, int64_t end) { rule.route_rows(rows, begin, end); });
+  ctx.parallel_for(tokens, 8, [&](int64_t begin, int64_t end) { rule.route_rows(rows, begin, end); });
 }
 
-Routing Router::compute(ThreadPool& pool, const MoeInput& input) const {
+Routing Router::compute(backend::Context& ctx, const MoeInput& input) const {
   const int64_t tokens = input.hidden.dim(0);
   check_forced_routing(input, tokens, top_k(), num_experts(), layer_id_);
   Tensor logits = Tensor::empty(DType::F32, {tokens, num_experts()});
-  ops::linear(pool, input.hidden, gate_weight_, gate_bias_.if_defined(), logits);
+  ops::linear(ctx, input.hidden, gate_weight_, gate_bias_.if_defined(), logits);
   Routing out;
-  route_tokens(pool, *rule_, logits, input, out);
+  route_tokens(ctx, *rule_, logits, input, out);
   return out;
 }
 

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "core/tensor.h"
-#include "core/thread_pool.h"
+#include "backend/context.h"
 #include "moe/capture.h"
 #include "moe/expert_loads.h"
 #include "moe/routing_rule.h"
@@ -48,10 +48,10 @@ class Router {
 
   // Forced ids replace the rule's selection (replay); weights then come from the router's own
   // scores at those ids. Checks forced ids are in range and distinct within a row.
-  Routing compute(ThreadPool& pool, const MoeInput& input) const;
+  Routing compute(backend::Context& ctx, const MoeInput& input) const;
   // compute() followed by the capture point (the modular path).
-  CapturedRouting route(ThreadPool& pool, const MoeInput& input) const {
-    return capture(compute(pool, input), layer_id_, input.capture);
+  CapturedRouting route(backend::Context& ctx, const MoeInput& input) const {
+    return capture(compute(ctx, input), layer_id_, input.capture);
   }
 
  private:
@@ -62,7 +62,7 @@ class Router {
 };
 
 // Runs `rule` over gate logits [tokens, num_experts] (overwritten), writing `out`.
-void route_tokens(ThreadPool& pool, const RoutingRule& rule, Tensor& logits, const MoeInput& input,
+void route_tokens(backend::Context& ctx, const RoutingRule& rule, Tensor& logits, const MoeInput& input,
                   Routing& out);
 
 // Checks the replayed rows of input.forced [tokens, top_k]: ids within [0, num_experts), distinct

@@ -7,7 +7,7 @@
 
 namespace r3::ops {
 
-void attention(ThreadPool& pool, const Tensor& q, const std::vector<KvWindow>& kv,
+void attention(backend::Context& ctx, const Tensor& q, const std::vector<KvWindow>& kv,
                int64_t num_kv_heads, float scale, Tensor& out, const float* sinks) {
   R3_CHECK(q.rank() == 3 && q.is_contiguous() && out.shape() == q.shape(),
            "attention: q ", shape_to_string(q.shape()), " out ", shape_to_string(out.shape()));
@@ -28,7 +28,7 @@ void attention(ThreadPool& pool, const Tensor& q, const std::vector<KvWindow>& k
   const float* qp = q.data<float>();
   float* op = out.data<float>();
 
-  pool.parallel_for(tokens * heads, 1, [&](int64_t begin, int64_t end) {
+  ctx.parallel_for(tokens * heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t th = begin; th < end; ++th) {
       const int64_t t = th / heads, h = th % heads;

@@ -7,7 +7,7 @@
 
 namespace r3::ops {
 
-void latent_attention(ThreadPool& pool, const Tensor& q, const Tensor& kv_b, const std::vector<KvWindow>& kv,
+void latent_attention(backend::Context& ctx, const Tensor& q, const Tensor& kv_b, const std::vector<KvWindow>& kv,
                       const LatentAttentionShape& s, float scale, Tensor& out) {
   const int64_t qk = s.nope + s.rope, tokens = q.dim(0);
   R3_CHECK(q.rank() == 2 && q.dim(1) == s.heads * qk && static_cast<int64_t>(kv.size()) == tokens,
@@ -24,7 +24,7 @@ void latent_attention(ThreadPool& pool, const Tensor& q, const Tensor& kv_b, con
   const float* kv_b_rows = kv_b.data<float>();
   const float* qp = q.data<float>();
   float* op = out.data<float>();
-  pool.parallel_for(tokens * s.heads, 1, [&](int64_t begin, int64_t end) {
+  ctx.parallel_for(tokens * s.heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> q_latent(static_cast<std::size_t>(s.lora)), out_latent(static_cast<std::size_t>(s.lora));
     std::vector<float> scores;
     for (int64_t th = begin; th < end; ++th) {

@@ -5,11 +5,11 @@
 #pragma once
 
 #include "core/tensor.h"
-#include "core/thread_pool.h"
+#include "backend/context.h"
 
 namespace r3::ops {
 
 // x: F32 [M, K] contiguous; w: F32/BF16/F16 [N, K]; bias: F32 [N] or nullptr; y: F32 [M, N].
-void linear(ThreadPool& pool, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
+void linear(backend::Context& ctx, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
 
 }  // namespace r3::ops

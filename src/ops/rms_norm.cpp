@@ -4,7 +4,7 @@
 
 namespace r3::ops {
 
-void rms_norm(ThreadPool& pool, const Tensor& x, const Tensor* weight, float eps, Tensor& y) {
+void rms_norm(backend::Context& ctx, const Tensor& x, const Tensor* weight, float eps, Tensor& y) {
   R3_CHECK(x.rank() >= 1 && x.is_contiguous() && y.is_contiguous() && x.numel() == y.numel(),
            "rms_norm: x ", shape_to_string(x.shape()), " y ", shape_to_string(y.shape()));
   const int64_t d = x.shape().back();
@@ -14,7 +14,7 @@ void rms_norm(ThreadPool& pool, const Tensor& x, const Tensor* weight, float eps
   const float* xp = x.data<float>();
   const float* wp = weight ? weight->data<float>() : nullptr;
   float* yp = y.data<float>();
-  pool.parallel_for(rows, 16, [&](int64_t begin, int64_t end) {
+  ctx.parallel_for(rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) rms_norm_row(xp + r * d, wp, d, eps, yp + r * d);
   });
 }

@@ -53,7 +53,7 @@ Mixes mix_all(const HyperConnection& hc_module, const Tensor& streams, int64_t t
 
 }  // namespace
 
-Tensor DeepseekV4Model::forward(ThreadPool& pool, const ForwardBatch& batch, ModelCache& model_cache) const {
+Tensor DeepseekV4Model::forward(backend::Context& ctx, const ForwardBatch& batch, ModelCache& model_cache) const {
   validate_batch(batch, model_cache, info_);
   auto* cache = dynamic_cast<V4Cache*>(&model_cache);
   R3_CHECK(cache != nullptr, "forward: the cache was not made by this model");
@@ -76,16 +76,16 @@ Tensor DeepseekV4Model::forward(ThreadPool& pool, const ForwardBatch& batch, Mod
     const V4Layer& layer = layers_[l];
     auto mixes = mix_all(*layer.attn_hc, streams, tokens, hc * hidden);
     ops::hc_collapse(streams, mixes.pre.data(), collapsed);
-    ops::rms_norm(pool, collapsed, &layer.attn_norm, static_cast<float>(spec_.rms_norm_eps), x);
-    layer.attention->forward(pool, x, batch, *cache, y);
+    ops::rms_norm(ctx, collapsed, &layer.attn_norm, static_cast<float>(spec_.rms_norm_eps), x);
+    layer.attention->forward(ctx, x, batch, *cache, y);
     ops::hc_expand(mixes.post.data(), mixes.comb.data(), y, streams);
 
     mixes = mix_all(*layer.ffn_hc, streams, tokens, hc * hidden);
     ops::hc_collapse(streams, mixes.pre.data(), collapsed);
-    ops::rms_norm(pool, collapsed, &layer.ffn_norm, static_cast<float>(spec_.rms_norm_eps), x);
+    ops::rms_norm(ctx, collapsed, &layer.ffn_norm, static_cast<float>(spec_.rms_norm_eps), x);
     const std::vector<int32_t> forced = batch.forced_for_layer(static_cast<int64_t>(l), moe_count, info_.top_k);
-    layer.moe->forward(pool, {x, batch.token_ids, forced, batch.replayed, batch.capture, batch.loads, padding}, y);
-    layer.shared_expert->forward(pool, x, shared);
+    layer.moe->forward(ctx, {x, batch.token_ids, forced, batch.replayed, batch.capture, batch.loads, padding}, y);
+    layer.shared_expert->forward(ctx, x, shared);
     for (int64_t i = 0; i < tokens * hidden; ++i) y.data<float>()[i] += shared.data<float>()[i];
     ops::hc_expand(mixes.post.data(), mixes.comb.data(), y, streams);
   }
@@ -102,9 +102,9 @@ Tensor DeepseekV4Model::forward(ThreadPool& pool, const ForwardBatch& batch, Mod
     head_->collapse(streams.data<float>() + rows[i] * hc * hidden, hidden,
                     selected.data<float>() + static_cast<int64_t>(i) * hidden);
   }
-  ops::rms_norm(pool, selected, &final_norm_, static_cast<float>(spec_.rms_norm_eps), selected);
+  ops::rms_norm(ctx, selected, &final_norm_, static_cast<float>(spec_.rms_norm_eps), selected);
   Tensor logits = Tensor::empty(DType::F32, {selected.dim(0), info_.vocab_size});
-  ops::linear(pool, selected, lm_head_, nullptr, logits);
+  ops::linear(ctx, selected, lm_head_, nullptr, logits);
   return logits;
 }
 

@@ -30,7 +30,7 @@ class DeepseekV4Model final : public CausalLM {
 
   const ModelInfo& info() const override { return info_; }
   std::unique_ptr<ModelCache> make_cache(int64_t max_slots, int64_t capacity) const override;
-  Tensor forward(ThreadPool& pool, const ForwardBatch& batch, ModelCache& cache) const override;
+  Tensor forward(backend::Context& ctx, const ForwardBatch& batch, ModelCache& cache) const override;
   std::vector<moe::MoeBlock*> moe_blocks() override;
 
  private:

@@ -59,21 +59,21 @@ std::vector<int64_t> V4Attention::visible_entries(const float* index_q, const fl
   return entries;
 }
 
-void V4Attention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch& batch, V4Cache& cache,
+void V4Attention::forward(backend::Context& ctx, const Tensor& x, const ForwardBatch& batch, V4Cache& cache,
                           Tensor& out) const {
   const int64_t tokens = x.dim(0), d = head_dim_;
   // Queries through the LoRA: latent RMSNorm, then an unweighted RMSNorm per head, then rotary.
   Tensor q_latent = Tensor::empty(DType::F32, {tokens, q_lora_});
-  ops::linear(pool, x, w_.wq_a, nullptr, q_latent);
-  ops::rms_norm(pool, q_latent, &w_.q_norm, rms_eps_, q_latent);
+  ops::linear(ctx, x, w_.wq_a, nullptr, q_latent);
+  ops::rms_norm(ctx, q_latent, &w_.q_norm, rms_eps_, q_latent);
   Tensor q = Tensor::empty(DType::F32, {tokens, heads_ * d});
-  ops::linear(pool, q_latent, w_.wq_b, nullptr, q);
+  ops::linear(ctx, q_latent, w_.wq_b, nullptr, q);
   Tensor q_heads = q.reshaped({tokens * heads_, d});
-  ops::rms_norm(pool, q_heads, nullptr, rms_eps_, q_heads);
+  ops::rms_norm(ctx, q_heads, nullptr, rms_eps_, q_heads);
   // The shared K=V row.
   Tensor kv = Tensor::empty(DType::F32, {tokens, d});
-  ops::linear(pool, x, w_.wkv, nullptr, kv);
-  ops::rms_norm(pool, kv, &w_.kv_norm, rms_eps_, kv);
+  ops::linear(ctx, x, w_.wkv, nullptr, kv);
+  ops::rms_norm(ctx, kv, &w_.kv_norm, rms_eps_, kv);
 
   std::vector<V4LayerState*> states(static_cast<std::size_t>(tokens), nullptr);
   for (int64_t t = 0; t < tokens; ++t) {
@@ -95,8 +95,8 @@ void V4Attention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch&
         idx[t] = &states[t]->indexer;
       }
     }
-    compressor_->store(pool, x, batch.positions, comp);
-    if (indexer_) indexer_->store(pool, x, batch.positions, idx);
+    compressor_->store(ctx, x, batch.positions, comp);
+    if (indexer_) indexer_->store(ctx, x, batch.positions, idx);
     for (int64_t t = 0; t < tokens; ++t) {
       if (!states[t]) continue;
       compressor_->emit(states[t]->compressor, batch.positions[t] + 1);
@@ -104,9 +104,9 @@ void V4Attention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch&
     }
     if (indexer_) {
       index_q = Tensor::empty(DType::F32, {tokens, index_heads_ * index_dim_});
-      ops::linear(pool, q_latent, w_.index_wq_b, nullptr, index_q);
+      ops::linear(ctx, q_latent, w_.index_wq_b, nullptr, index_q);
       index_w = Tensor::empty(DType::F32, {tokens, index_heads_});
-      ops::linear(pool, x, w_.index_weights_proj, nullptr, index_w);
+      ops::linear(ctx, x, w_.index_weights_proj, nullptr, index_w);
       const float weight_scale = 1.0f / std::sqrt(static_cast<float>(index_heads_));
       for (int64_t t = 0; t < tokens; ++t) {
         compress_rotary_.apply(index_q.data<float>() + t * index_heads_ * index_dim_, index_heads_, index_dim_,
@@ -120,7 +120,7 @@ void V4Attention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch&
   // with the head's sink as one more logit that takes probability mass but has no value.
   Tensor attended = Tensor::empty(DType::F32, {tokens, heads_ * d});
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  pool.parallel_for(tokens, 1, [&](int64_t begin, int64_t end) {
+  ctx.parallel_for(tokens, 1, [&](int64_t begin, int64_t end) {
     std::vector<const float*> keys;
     std::vector<float> logits;
     for (int64_t t = begin; t < end; ++t) {
@@ -152,7 +152,7 @@ void V4Attention::forward(ThreadPool& pool, const Tensor& x, const ForwardBatch&
   // Grouped low-rank output: each group of heads to o_lora, then all groups to hidden.
   Tensor grouped = Tensor::empty(DType::F32, {tokens, groups_ * o_lora_});
   ops::grouped_projection(attended, w_.wo_a, groups_, grouped);
-  ops::linear(pool, grouped, w_.wo_b, nullptr, out);
+  ops::linear(ctx, grouped, w_.wo_b, nullptr, out);
 }
 
 }  // namespace r3::models

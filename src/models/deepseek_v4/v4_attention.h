@@ -31,7 +31,7 @@ class V4Attention {
               const ops::TrailingInterleavedRotary& rotary, const ops::TrailingInterleavedRotary& compress_rotary);
 
   // x: normalised input F32 [tokens, hidden]; out: F32 [tokens, hidden].
-  void forward(ThreadPool& pool, const Tensor& x, const ForwardBatch& batch, V4Cache& cache, Tensor& out) const;
+  void forward(backend::Context& ctx, const Tensor& x, const ForwardBatch& batch, V4Cache& cache, Tensor& out) const;
 
  private:
   // Compressed entries token t may attend to (indices into its slot's entries).

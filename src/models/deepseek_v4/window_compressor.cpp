@@ -25,13 +25,13 @@ WindowCompressor::WindowCompressor(Tensor kv_proj, Tensor gate_proj, Tensor posi
   R3_CHECK(position_bias_.shape() == Shape({rate_, width_}), "compressor: position bias shape");
 }
 
-void WindowCompressor::store(ThreadPool& pool, const Tensor& x, const std::vector<int32_t>& positions,
+void WindowCompressor::store(backend::Context& ctx, const Tensor& x, const std::vector<int32_t>& positions,
                              const std::vector<CompressorState*>& states) const {
   const int64_t tokens = x.dim(0);
   Tensor kv = Tensor::empty(DType::F32, {tokens, width_});
   Tensor gate = Tensor::empty(DType::F32, {tokens, width_});
-  ops::linear(pool, x, kv_proj_, nullptr, kv);
-  ops::linear(pool, x, gate_proj_, nullptr, gate);
+  ops::linear(ctx, x, kv_proj_, nullptr, kv);
+  ops::linear(ctx, x, gate_proj_, nullptr, gate);
   const auto row_bytes = sizeof(float) * static_cast<std::size_t>(width_);
   for (int64_t t = 0; t < tokens; ++t) {
     CompressorState* s = states[static_cast<std::size_t>(t)];

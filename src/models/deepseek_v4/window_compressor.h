@@ -5,7 +5,7 @@
 #pragma once
 
 #include "core/tensor.h"
-#include "core/thread_pool.h"
+#include "backend/context.h"
 #include "models/deepseek_v4/v4_cache.h"
 #include "ops/interleaved_rotary.h"
 
@@ -22,7 +22,7 @@ class WindowCompressor {
   int64_t dim() const { return dim_; }
 
   // Projects the rows of `x` [tokens, hidden] and stores those of each token at its position.
-  void store(ThreadPool& pool, const Tensor& x, const std::vector<int32_t>& positions,
+  void store(backend::Context& ctx, const Tensor& x, const std::vector<int32_t>& positions,
              const std::vector<CompressorState*>& states) const;
   // Emits the entries of every window completed within the first `length` positions.
   void emit(CompressorState& state, int64_t length) const;

@@ -1,0 +1,39 @@
+// The execution context: everything a kernel needs besides its operands. On the CPU that is the
+// thread pool and the step workspace; the CUDA context will add its stream, cuBLASLt handle and
+// device workspace. Ops and models take a Context instead of reaching for a device themselves,
+// so a step runs wherever its context says.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "backend/workspace.h"
+#include "core/device.h"
+#include "core/thread_pool.h"
+
+namespace r3::backend {
+
+class Context {
+ public:
+  // A CPU context over `threads` (shared with whoever else uses the pool).
+  explicit Context(ThreadPool& threads) : threads_(&threads) {}
+  // A CPU context with a pool of its own (`threads` counts the calling thread; 0: one per core).
+  explicit Context(int threads) : owned_threads_(std::make_unique<ThreadPool>(threads)), threads_(owned_threads_.get()) {}
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  Device device() const { return Device::kCpu; }
+  ThreadPool& threads() const { return *threads_; }
+  void parallel_for(int64_t n, int64_t grain, ThreadPool::RangeFn fn) const { threads_->parallel_for(n, grain, fn); }
+
+  Workspace& workspace() { return workspace_; }
+  // A zero-filled step tensor from the workspace (valid until the enclosing Workspace::Scope ends).
+  Tensor scratch(DType dtype, Shape shape) { return workspace_.tensor(dtype, std::move(shape)); }
+
+ private:
+  std::unique_ptr<ThreadPool> owned_threads_;
+  ThreadPool* threads_;
+  Workspace workspace_;
+};
+
+}  // namespace r3::backend
