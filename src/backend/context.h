@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "backend/workspace.h"
 #include "core/device.h"
@@ -25,6 +26,21 @@ class Context {
   Device device() const { return Device::kCpu; }
   ThreadPool& threads() const { return *threads_; }
   void parallel_for(int64_t n, int64_t grain, ThreadPool::RangeFn fn) const { threads_->parallel_for(n, grain, fn); }
+
+  // Scratch of n values for each thread of the pool, from the workspace: inside a parallel loop,
+  // mine() is the running thread's part.
+  template <typename T>
+  struct PerThread {
+    T* base;
+    int64_t n;
+    std::span<T> mine() const {
+      return {base + static_cast<int64_t>(ThreadPool::thread_index()) * n, static_cast<std::size_t>(n)};
+    }
+  };
+  template <typename T>
+  PerThread<T> per_thread(int64_t n) {
+    return {workspace_.array<T>(n * threads_->size()).data(), n};
+  }
 
   Workspace& workspace() { return workspace_; }
   // A zero-filled step tensor from the workspace (valid until the enclosing Workspace::Scope ends).

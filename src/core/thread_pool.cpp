@@ -13,6 +13,8 @@ namespace {
 
 constexpr auto kSpin = std::chrono::microseconds(50);
 
+thread_local int this_thread_index = 0;  // workers set theirs when they start
+
 // Spins until done() or kSpin has passed; true when done() became true.
 template <typename Done>
 bool spin_until(Done done) {
@@ -30,8 +32,15 @@ bool spin_until(Done done) {
 
 ThreadPool::ThreadPool(int threads) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+  for (int i = 1; i < threads; ++i) {
+    workers_.emplace_back([this, i] {
+      this_thread_index = i;
+      worker_loop();
+    });
+  }
 }
+
+int ThreadPool::thread_index() { return this_thread_index; }
 
 ThreadPool::~ThreadPool() {
   {

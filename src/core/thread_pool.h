@@ -30,6 +30,10 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
+  // The calling thread's index in [0, size()): 0 for the thread that calls parallel_for (and any
+  // thread outside a pool), i for worker i. Kernels use it to pick their part of per-thread
+  // scratch (backend::Context::per_thread).
+  static int thread_index();
 
   // Calls fn(begin, end) over disjoint ranges covering [0, n), each at least `grain` long
   // (except the last). Runs inline when one range is enough. Exceptions propagate to the caller.
