@@ -348,14 +348,15 @@ TEST(Eplb, MapCountsTheStepsTokensPerPhysicalExpertWithoutPadding) {
     experts.push_back({Tensor::empty(DType::F32, {2, 2}), Tensor::empty(DType::F32, {2, 2}), Tensor::empty(DType::F32, {2, 2})});
   }
   const moe::PhysicalExperts layer(std::move(experts), moe::ExpertPlacement::initial(3, 1));  // slot 3 replicates expert 0
-  moe::Routing routing;
-  routing.resize(3, 2);
-  routing.expert_ids = {0, 1, 0, 2, 1, 2};  // token 2 is padding
+  backend::Workspace workspace;
+  moe::Routing routing = moe::Routing::in(workspace, 3, 2);
+  const int32_t ids[] = {0, 1, 0, 2, 1, 2};  // token 2 is padding
+  std::copy(std::begin(ids), std::end(ids), routing.expert_ids.begin());
   LayerLog log;
   const moe::CapturedRouting captured = moe::capture(routing, 0, &log);
   moe::ExpertLoads loads({layer.num_physical()});
   const std::vector<uint8_t> padding = {0, 0, 1};
-  const moe::PhysicalRouting physical = layer.map(captured, {loads.layer(0), padding});
+  const moe::PhysicalRouting physical = layer.map(workspace, captured, {loads.layer(0), padding});
   std::vector<int64_t> want(4, 0);
   for (std::size_t i = 0; i < 4; ++i) ++want[static_cast<std::size_t>(physical.physical_ids[i])];  // tokens 0 and 1
   EXPECT_EQ(std::vector<int64_t>(loads.layer(0).begin(), loads.layer(0).end()), want);

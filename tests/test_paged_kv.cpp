@@ -199,9 +199,9 @@ TEST(PagedKv, AttentionThroughAScatteredBlockTableEqualsContiguousRows) {
   backend::Context ctx(1);
   Tensor out = Tensor::empty(DType::F32, {1, heads, dim});
   Tensor q1 = random_normal({1, heads, dim}, 4);
-  EXPECT_THROW(ops::attention(ctx, q1, {{paged, 0, 13}}, kv_heads, 1.0f, out), Error);
+  EXPECT_THROW(ops::attention(ctx, q1, std::vector<ops::KvWindow>{{paged, 0, 13}}, kv_heads, 1.0f, out), Error);
   const ops::PagedKv narrow{pool_k.data(), pool_v.data(), dim, dim, block, table};
-  EXPECT_THROW(ops::attention(ctx, q1, {{narrow, 0, 2}}, kv_heads, 1.0f, out), Error);
+  EXPECT_THROW(ops::attention(ctx, q1, std::vector<ops::KvWindow>{{narrow, 0, 2}}, kv_heads, 1.0f, out), Error);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "core/tensor.h"
@@ -29,10 +30,15 @@ class Workspace {
 
   // A zero-filled contiguous host tensor, valid until the innermost open Scope ends.
   Tensor tensor(DType dtype, Shape shape);
-  // A zero-filled array of n values, valid as long as a tensor would be.
+  // An array of n value-initialised (zero) values, valid as long as a tensor would be. Nothing
+  // runs at release, so T must be trivially destructible.
   template <typename T>
   std::span<T> array(int64_t n) {
-    return {static_cast<T*>(take(static_cast<std::size_t>(n) * sizeof(T))), static_cast<std::size_t>(n)};
+    static_assert(std::is_trivially_destructible_v<T>, "workspace arrays are released without destructors");
+    R3_CHECK(n >= 0, "workspace: negative array size ", n);
+    T* p = static_cast<T*>(take(static_cast<std::size_t>(n) * sizeof(T)));
+    std::uninitialized_value_construct_n(p, n);
+    return {p, static_cast<std::size_t>(n)};
   }
 
   // Releases everything taken since it was opened.

@@ -1,6 +1,6 @@
 #include "models/causal_lm.h"
 
-#include <map>
+#include <algorithm>
 
 namespace r3::models {
 
@@ -14,12 +14,31 @@ void CausalLM::set_eplb_options(const moe::EplbOptions& options) {
   eplb_options_ = options;
 }
 
+Tensor CausalLM::forward(backend::Context& ctx, const ForwardBatch& batch, ModelCache& cache) const {
+  Tensor logits = Tensor::empty(DType::F32, {logit_row_count(batch), info().vocab_size});
+  forward_into(ctx, batch, cache, logits);
+  return logits;
+}
+
+int64_t logit_row_count(const ForwardBatch& batch) {
+  return batch.logit_rows.empty() ? batch.size() : static_cast<int64_t>(batch.logit_rows.size());
+}
+
 void validate_batch(const ForwardBatch& batch, const ModelCache& cache, const ModelInfo& info) {
+  backend::Workspace workspace;
+  validate_batch(workspace, batch, cache, info);
+}
+
+void validate_batch(backend::Workspace& workspace, const ForwardBatch& batch, const ModelCache& cache,
+                    const ModelInfo& info) {
+  backend::Workspace::Scope scope(workspace);
   const auto n = static_cast<std::size_t>(batch.size());
   R3_CHECK(n > 0, "forward: empty batch");
   R3_CHECK(batch.positions.size() == n && batch.slots.size() == n,
            "forward: token_ids, positions and slots must have the same length");
-  std::map<int32_t, int64_t> next;
+  // The position each slot's next token must have; -1: the slot has no token yet.
+  const std::span<int64_t> next = workspace.array<int64_t>(cache.max_slots());
+  std::fill(next.begin(), next.end(), -1);
   for (std::size_t t = 0; t < n; ++t) {
     const int32_t id = batch.token_ids[t];
     R3_CHECK(id >= 0 && id < info.vocab_size, "token id ", id, " is outside the vocabulary [0, ",
@@ -27,12 +46,13 @@ void validate_batch(const ForwardBatch& batch, const ModelCache& cache, const Mo
     const int32_t slot = batch.slots[t];
     if (slot == ForwardBatch::kPadding) continue;
     R3_CHECK(slot >= 0 && slot < cache.max_slots(), "forward: slot ", slot, " out of range");
-    auto [it, fresh] = next.try_emplace(slot, cache.length(slot));
-    R3_CHECK(batch.positions[t] == it->second, "forward: slot ", slot, " expects position ", it->second,
+    int64_t& expected = next[static_cast<std::size_t>(slot)];
+    if (expected < 0) expected = cache.length(slot);
+    R3_CHECK(batch.positions[t] == expected, "forward: slot ", slot, " expects position ", expected,
              ", got ", batch.positions[t]);
     R3_CHECK(batch.positions[t] < cache.capacity(), "sequence of ", batch.positions[t] + 1,
              " tokens exceeds the cache capacity of ", cache.capacity());
-    ++it->second;
+    ++expected;
   }
   const auto per_token = static_cast<std::size_t>(info.moe_layers.size() * info.top_k);
   R3_CHECK(batch.forced_routing.empty() || batch.forced_routing.size() == n * per_token,

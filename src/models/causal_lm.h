@@ -22,10 +22,15 @@ class CausalLM {
   virtual const ModelInfo& info() const = 0;
   // A cache for `max_slots` sequences of up to `capacity` tokens.
   virtual std::unique_ptr<ModelCache> make_cache(int64_t max_slots, int64_t capacity) const = 0;
-  // Runs one step and returns logits F32 [rows, vocab] for batch.logit_rows (all rows if empty).
-  // Every MoE layer records its routing in batch.capture (moe/capture.h).
-  // Updates the cache lengths of the slots in the batch.
-  virtual Tensor forward(backend::Context& ctx, const ForwardBatch& batch, ModelCache& cache) const = 0;
+  // Runs one step and writes logits F32 [rows, vocab] for batch.logit_rows (all rows if empty)
+  // into `logits`. Every MoE layer records its routing in batch.capture (moe/capture.h) and
+  // counts its tokens in batch.loads. Updates the cache lengths of the slots in the batch.
+  // Step buffers come from ctx's workspace: once a step of this size has run, another one
+  // allocates no memory (the engine keeps `logits` and the batch across steps).
+  virtual void forward_into(backend::Context& ctx, const ForwardBatch& batch, ModelCache& cache,
+                            Tensor& logits) const = 0;
+  // The same, returning new logits.
+  Tensor forward(backend::Context& ctx, const ForwardBatch& batch, ModelCache& cache) const;
   // The MoE layers in order; index j has layer id j.
   virtual std::vector<moe::MoeBlock*> moe_blocks() = 0;
 
@@ -41,6 +46,12 @@ class CausalLM {
 
 // Checks a batch against the model and cache: ids in the vocabulary, each slot's tokens
 // continuing its cached prefix, capacity, logit rows, replayed routing size.
+// Allocates nothing: its per-slot bookkeeping comes from `workspace`.
+void validate_batch(backend::Workspace& workspace, const ForwardBatch& batch, const ModelCache& cache,
+                    const ModelInfo& info);
 void validate_batch(const ForwardBatch& batch, const ModelCache& cache, const ModelInfo& info);
+
+// Rows of logits a step computes: batch.logit_rows, or every row when that is empty.
+int64_t logit_row_count(const ForwardBatch& batch);
 
 }  // namespace r3::models

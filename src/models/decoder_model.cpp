@@ -36,8 +36,12 @@ std::vector<moe::MoeBlock*> DecoderModel::moe_blocks() {
   return blocks;
 }
 
-Tensor DecoderModel::forward(backend::Context& ctx, const ForwardBatch& batch, ModelCache& model_cache) const {
-  validate_batch(batch, model_cache, info_);
+void DecoderModel::forward_into(backend::Context& ctx, const ForwardBatch& batch, ModelCache& model_cache,
+                                Tensor& logits) const {
+  validate_batch(ctx.workspace(), batch, model_cache, info_);
+  R3_CHECK(logits.dtype() == DType::F32 && logits.shape() == Shape({logit_row_count(batch), info_.vocab_size}),
+           "forward: logits must be F32 [", logit_row_count(batch), ", ", info_.vocab_size, "], got ",
+           shape_to_string(logits.shape()));
   auto* kv = dynamic_cast<KvCache*>(&model_cache);
   R3_CHECK(kv != nullptr && kv->num_layers() == static_cast<int64_t>(layers_.size()),
            "forward: the cache was not made by this model");
@@ -47,27 +51,29 @@ Tensor DecoderModel::forward(backend::Context& ctx, const ForwardBatch& batch, M
   }
   KvCache& cache = *kv;
   const int64_t tokens = batch.size(), hidden = info_.hidden_size;
-  Tensor residual = Tensor::empty(DType::F32, {tokens, hidden});
+  backend::Workspace::Scope step(ctx.workspace());
+  Tensor residual = ctx.scratch(DType::F32, {tokens, hidden});
   ops::embedding(embed_, batch.token_ids, residual);
-  Tensor normed = Tensor::empty(DType::F32, {tokens, hidden});
-  Tensor branch = Tensor::empty(DType::F32, {tokens, hidden});
+  Tensor normed = ctx.scratch(DType::F32, {tokens, hidden});
+  Tensor branch = ctx.scratch(DType::F32, {tokens, hidden});
   auto add_branch = [&] {
     float* r = residual.data<float>();
     const float* b = branch.data<float>();
     for (int64_t i = 0; i < tokens * hidden; ++i) r[i] += b[i];
   };
   const auto moe_count = static_cast<int64_t>(info_.moe_layers.size());
-  const std::vector<uint8_t> padding = batch.padding_mask();  // not counted in expert loads
+  const std::span<const uint8_t> padding = batch.padding_mask(ctx.workspace());  // not counted in expert loads
   int64_t moe_index = 0;
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     const DecoderLayer& layer = layers_[l];
+    backend::Workspace::Scope layer_scratch(ctx.workspace());
     ops::rms_norm(ctx, residual, &layer.input_norm, rms_eps_, normed);
     layer.attention->forward(ctx, normed, batch, cache, static_cast<int64_t>(l), branch);
     add_branch();
     ops::rms_norm(ctx, residual, &layer.post_attention_norm, rms_eps_, normed);
-    std::vector<int32_t> forced;
+    std::span<const int32_t> forced;
     if (layer.feed_forward->moe_block() != nullptr) {
-      forced = batch.forced_for_layer(moe_index++, moe_count, info_.top_k);
+      forced = batch.forced_for_layer(ctx.workspace(), moe_index++, moe_count, info_.top_k);
     }
     layer.feed_forward->forward(ctx, {normed, batch.token_ids, forced, batch.replayed, batch.capture, batch.loads, padding}, branch);
     add_branch();
@@ -78,7 +84,7 @@ Tensor DecoderModel::forward(backend::Context& ctx, const ForwardBatch& batch, M
 
   Tensor selected = residual;
   if (!batch.logit_rows.empty()) {
-    selected = Tensor::empty(DType::F32, {static_cast<int64_t>(batch.logit_rows.size()), hidden});
+    selected = ctx.scratch(DType::F32, {static_cast<int64_t>(batch.logit_rows.size()), hidden});
     for (std::size_t i = 0; i < batch.logit_rows.size(); ++i) {
       std::memcpy(selected.data<float>() + static_cast<int64_t>(i) * hidden,
                   residual.data<float>() + batch.logit_rows[i] * hidden,
@@ -86,9 +92,7 @@ Tensor DecoderModel::forward(backend::Context& ctx, const ForwardBatch& batch, M
     }
   }
   ops::rms_norm(ctx, selected, &final_norm_, rms_eps_, selected);
-  Tensor logits = Tensor::empty(DType::F32, {selected.dim(0), info_.vocab_size});
   ops::linear(ctx, selected, lm_head_, nullptr, logits);
-  return logits;
 }
 
 }  // namespace r3::models

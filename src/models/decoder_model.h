@@ -30,7 +30,7 @@ class DecoderModel final : public CausalLM {
   std::unique_ptr<KvCache> make_kv_cache(int64_t max_slots, int64_t capacity, KvCacheOptions options) const;
   // What each layer caches per position, in layer order.
   const std::vector<CacheSpec>& cache_specs() const { return cache_specs_; }
-  Tensor forward(backend::Context& ctx, const ForwardBatch& batch, ModelCache& cache) const override;
+  void forward_into(backend::Context& ctx, const ForwardBatch& batch, ModelCache& cache, Tensor& logits) const override;
   std::vector<moe::MoeBlock*> moe_blocks() override;
 
  private:

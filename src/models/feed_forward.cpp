@@ -20,11 +20,12 @@ void MoeFeedForward::forward(backend::Context& ctx, const moe::MoeInput& input, 
   moe_->forward(ctx, input, out);
   if (!shared_expert_) return;
   const int64_t tokens = x.dim(0), hidden = x.dim(1);
-  Tensor shared = Tensor::empty(DType::F32, {tokens, hidden});
+  backend::Workspace::Scope scope(ctx.workspace());
+  Tensor shared = ctx.scratch(DType::F32, {tokens, hidden});
   shared_expert_->forward(ctx, x, shared);
   Tensor gate;
   if (shared_gate_.defined()) {
-    gate = Tensor::empty(DType::F32, {tokens, 1});
+    gate = ctx.scratch(DType::F32, {tokens, 1});
     ops::linear(ctx, x, shared_gate_, nullptr, gate);
   }
   float* o = out.data<float>();

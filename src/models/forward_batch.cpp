@@ -19,6 +19,22 @@ std::vector<uint8_t> ForwardBatch::padding_mask() const {
   return mask;
 }
 
+std::span<const int32_t> ForwardBatch::forced_for_layer(backend::Workspace& workspace, int64_t j,
+                                                        int64_t moe_layers, int64_t k) const {
+  if (forced_routing.empty()) return {};
+  const std::span<int32_t> out = workspace.array<int32_t>(size() * k);
+  for (int64_t t = 0; t < size(); ++t) {
+    std::copy_n(forced_routing.begin() + (t * moe_layers + j) * k, k, out.begin() + t * k);
+  }
+  return out;
+}
+
+std::span<const uint8_t> ForwardBatch::padding_mask(backend::Workspace& workspace) const {
+  const std::span<uint8_t> mask = workspace.array<uint8_t>(static_cast<int64_t>(slots.size()));
+  for (std::size_t t = 0; t < slots.size(); ++t) mask[t] = slots[t] == kPadding ? 1 : 0;
+  return mask;
+}
+
 ForwardBatch ForwardBatch::sequence(const std::vector<int32_t>& ids, int32_t start, int32_t slot) {
   ForwardBatch b;
   b.token_ids = ids;

@@ -3,7 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
+
+#include "backend/workspace.h"
 
 #include "moe/capture.h"
 #include "moe/expert_loads.h"
@@ -34,10 +37,13 @@ struct ForwardBatch {
   int64_t size() const { return static_cast<int64_t>(token_ids.size()); }
   // [tokens]: 1 for padding rows.
   std::vector<uint8_t> padding_mask() const;
+  std::span<const uint8_t> padding_mask(backend::Workspace& workspace) const;
 
   // The replayed routing of MoE layer j as [tokens, k] (rows of free tokens included, see
   // `replayed`), or empty when nothing is replayed.
   std::vector<int32_t> forced_for_layer(int64_t j, int64_t moe_layers, int64_t k) const;
+  std::span<const int32_t> forced_for_layer(backend::Workspace& workspace, int64_t j, int64_t moe_layers,
+                                            int64_t k) const;
 
   // One sequence: `ids` at positions start, start+1, ... in `slot`.
   static ForwardBatch sequence(const std::vector<int32_t>& ids, int32_t start, int32_t slot = 0);

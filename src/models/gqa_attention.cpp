@@ -46,9 +46,10 @@ void GqaAttention::forward(backend::Context& ctx, const Tensor& x, const Forward
                            KvCache& cache, int64_t layer, Tensor& out) const {
   const int64_t tokens = x.dim(0), d = spec_.head_dim;
   const int64_t q_width = spec_.num_heads * d, kv_width = spec_.num_kv_heads * d;
-  Tensor q = Tensor::empty(DType::F32, {tokens, q_width});
-  Tensor k = Tensor::empty(DType::F32, {tokens, kv_width});
-  Tensor v = Tensor::empty(DType::F32, {tokens, kv_width});
+  backend::Workspace::Scope scope(ctx.workspace());
+  Tensor q = ctx.scratch(DType::F32, {tokens, q_width});
+  Tensor k = ctx.scratch(DType::F32, {tokens, kv_width});
+  Tensor v = ctx.scratch(DType::F32, {tokens, kv_width});
   ops::linear(ctx, x, w_.q, w_.q_bias.if_defined(), q);
   ops::linear(ctx, x, w_.k, w_.k_bias.if_defined(), k);
   ops::linear(ctx, x, w_.v, w_.v_bias.if_defined(), v);
@@ -73,8 +74,9 @@ void GqaAttention::forward(backend::Context& ctx, const Tensor& x, const Forward
   const int64_t pass = std::max<int64_t>(1, cache.positions_per_pass(layer));
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const float* sinks = w_.sinks.defined() ? w_.sinks.data<float>() : nullptr;
-  Tensor attended = Tensor::empty(DType::F32, {tokens, spec_.num_heads, d});
-  std::vector<int64_t> in_pass(static_cast<std::size_t>(cache.max_slots()), 0);
+  Tensor attended = ctx.scratch(DType::F32, {tokens, spec_.num_heads, d});
+  const std::span<int64_t> in_pass = ctx.workspace().array<int64_t>(cache.max_slots());
+  const std::span<ops::KvWindow> windows_of_step = ctx.workspace().array<ops::KvWindow>(tokens);
   for (int64_t first_token = 0, end_token = 0; first_token < tokens; first_token = end_token) {
     std::fill(in_pass.begin(), in_pass.end(), 0);
     for (end_token = first_token; end_token < tokens; ++end_token) {
@@ -85,7 +87,8 @@ void GqaAttention::forward(backend::Context& ctx, const Tensor& x, const Forward
       ++in_pass[static_cast<std::size_t>(slot)];
     }
     const int64_t n = end_token - first_token;
-    std::vector<ops::KvWindow> windows(static_cast<std::size_t>(n));
+    const std::span<ops::KvWindow> windows = windows_of_step.first(static_cast<std::size_t>(n));
+    std::fill(windows.begin(), windows.end(), ops::KvWindow{});
     for (int64_t i = 0; i < n; ++i) {
       const int64_t t = first_token + i, slot = batch.slots[t], pos = batch.positions[t];
       if (slot == ForwardBatch::kPadding) continue;  // attends to nothing: output zeros

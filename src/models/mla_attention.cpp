@@ -31,16 +31,17 @@ void MlaAttention::forward(backend::Context& ctx, const Tensor& x, const Forward
   const int64_t nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, qk = nope + rope, vd = m.v_head_dim;
   const int64_t lora = m.kv_lora_rank;
 
-  Tensor q = Tensor::empty(DType::F32, {tokens, heads * qk});
+  backend::Workspace::Scope scope(ctx.workspace());
+  Tensor q = ctx.scratch(DType::F32, {tokens, heads * qk});
   if (m.q_lora_rank == 0) {
     ops::linear(ctx, x, w_.q_proj, nullptr, q);
   } else {
-    Tensor q_latent = Tensor::empty(DType::F32, {tokens, m.q_lora_rank});
+    Tensor q_latent = ctx.scratch(DType::F32, {tokens, m.q_lora_rank});
     ops::linear(ctx, x, w_.q_a_proj, w_.q_a_bias.if_defined(), q_latent);
     ops::rms_norm(ctx, q_latent, &w_.q_a_norm, rms_eps_, q_latent);
     ops::linear(ctx, q_latent, w_.q_b_proj, nullptr, q);
   }
-  Tensor compressed = Tensor::empty(DType::F32, {tokens, lora + rope});
+  Tensor compressed = ctx.scratch(DType::F32, {tokens, lora + rope});
   ops::linear(ctx, x, w_.kv_a_proj, w_.kv_a_bias.if_defined(), compressed);
 
   // Cache rows, through the paged view: keys hold the normalised latent, values the rotated
@@ -60,12 +61,12 @@ void MlaAttention::forward(backend::Context& ctx, const Tensor& x, const Forward
   }
 
   // Each token attends to its own sequence's positions [0, p] (padding rows: nothing).
-  std::vector<ops::KvWindow> windows(static_cast<std::size_t>(tokens));
+  const std::span<ops::KvWindow> windows = ctx.workspace().array<ops::KvWindow>(tokens);
   for (int64_t t = 0; t < tokens; ++t) {
     if (batch.slots[t] == ForwardBatch::kPadding) continue;
     windows[static_cast<std::size_t>(t)] = {cache.view(layer, batch.slots[t]), 0, batch.positions[t] + 1};
   }
-  Tensor attended = Tensor::empty(DType::F32, {tokens, heads * vd});
+  Tensor attended = ctx.scratch(DType::F32, {tokens, heads * vd});
   ops::latent_attention(ctx, q, w_.kv_b_proj, windows, {heads, nope, rope, vd, lora}, softmax_scale_, attended);
   ops::linear(ctx, attended, w_.o_proj, w_.o_bias.if_defined(), out);
 }

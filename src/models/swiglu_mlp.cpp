@@ -10,8 +10,9 @@ SwigluMlp::SwigluMlp(Tensor gate, Tensor up, Tensor down, float limit)
 
 void SwigluMlp::forward(backend::Context& ctx, const Tensor& x, Tensor& out) const {
   const int64_t tokens = x.dim(0), width = gate_.dim(0);
-  Tensor g = Tensor::empty(DType::F32, {tokens, width});
-  Tensor u = Tensor::empty(DType::F32, {tokens, width});
+  backend::Workspace::Scope scope(ctx.workspace());
+  Tensor g = ctx.scratch(DType::F32, {tokens, width});
+  Tensor u = ctx.scratch(DType::F32, {tokens, width});
   ops::linear(ctx, x, gate_, nullptr, g);
   ops::linear(ctx, x, up_, nullptr, u);
   ops::silu_and_mul(g, u, g, limit_);

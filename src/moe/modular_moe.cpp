@@ -12,8 +12,9 @@ ModularMoe::ModularMoe(std::unique_ptr<Router> router, std::shared_ptr<PhysicalE
 }
 
 void ModularMoe::forward(backend::Context& ctx, const MoeInput& input, Tensor& out) const {
+  backend::Workspace::Scope scope(ctx.workspace());
   const CapturedRouting routing = router_->route(ctx, input);  // captures
-  const PhysicalRouting physical = experts().map(routing, input.load_count(layer_id()));
+  const PhysicalRouting physical = experts().map(ctx.workspace(), routing, input.load_count(layer_id()));
   grouped_experts(ctx, input.hidden, physical, experts(), out);
 }
 

@@ -33,15 +33,16 @@ void MonolithicMoe::forward(backend::Context& ctx, const MoeInput& input, Tensor
   const Tensor& hidden = input.hidden;
   const int64_t tokens = hidden.dim(0), experts_n = gate_weight_.dim(0);
   check_forced_routing(input, tokens, rule_->top_k(), experts_n, layer_id());
+  backend::Workspace::Scope scope(ctx.workspace());
   // Routing stage of the fused kernel: the gate's dot products, then the rule, per token.
-  Tensor logits = Tensor::empty(DType::F32, {tokens, experts_n});
+  Tensor logits = ctx.scratch(DType::F32, {tokens, experts_n});
   ops::linear(ctx, hidden, gate_weight_, gate_bias_.if_defined(), logits);
   Routing routing;
   route_tokens(ctx, *rule_, logits, input, routing);
   // The kernel writes its routing to the capture buffer (when it can), then maps and computes.
   Discard discard;
   const CapturedRouting captured = capture(std::move(routing), layer_id(), can_capture_ ? input.capture : &discard);
-  const PhysicalRouting physical = experts().map(captured, input.load_count(layer_id()));
+  const PhysicalRouting physical = experts().map(ctx.workspace(), captured, input.load_count(layer_id()));
   fused_experts(ctx, hidden, physical, experts(), out);
 }
 

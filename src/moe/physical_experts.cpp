@@ -50,13 +50,15 @@ PhysicalExperts::PhysicalExperts(std::vector<SwigluExpertWeights> logical, Exper
       physical_.push_back(copy_of(logical[static_cast<std::size_t>(placement_.logical_of(p))]));
     }
   }
+  build_bank();
 }
 
-PhysicalRouting PhysicalExperts::map(const CapturedRouting& captured, LoadCount load) const {
+PhysicalRouting PhysicalExperts::map(backend::Workspace& workspace, const CapturedRouting& captured,
+                                     LoadCount load) const {
   const Routing& r = captured.routing();
   R3_CHECK(load.counts.empty() || static_cast<int64_t>(load.counts.size()) == num_physical(), "EPLB map: ",
            load.counts.size(), " load counters for ", num_physical(), " physical experts");
-  std::vector<int32_t> physical_ids(r.expert_ids.size());
+  const std::span<int32_t> physical_ids = workspace.array<int32_t>(static_cast<int64_t>(r.expert_ids.size()));
   for (int64_t t = 0; t < r.tokens; ++t) {
     for (int64_t k = 0; k < r.top_k; ++k) {
       const auto i = static_cast<std::size_t>(t * r.top_k + k);
@@ -71,7 +73,7 @@ PhysicalRouting PhysicalExperts::map(const CapturedRouting& captured, LoadCount 
       if (!load.counts.empty() && !padding) ++load.counts[static_cast<std::size_t>(physical)];
     }
   }
-  return PhysicalRouting(r.tokens, r.top_k, std::move(physical_ids), r.weights);
+  return PhysicalRouting(r.tokens, r.top_k, physical_ids, r.weights);
 }
 
 std::vector<double> PhysicalExperts::logical_load(std::span<const int64_t> physical) const {
@@ -95,6 +97,20 @@ void PhysicalExperts::rearrange(ExpertPlacement placement) {
   }
   physical_ = std::move(moved);
   placement_ = std::move(placement);
+  build_bank();
+}
+
+void PhysicalExperts::build_bank() {
+  auto bias = [](const Tensor& b) { return b.defined() ? b.data<float>() : nullptr; };
+  bank_ = {};
+  for (const SwigluExpertWeights& w : physical_) {
+    bank_.gate.push_back(ops::WeightMatrix::of(w.gate));
+    bank_.up.push_back(ops::WeightMatrix::of(w.up));
+    bank_.down.push_back(ops::WeightMatrix::of(w.down));
+    bank_.gate_bias.push_back(bias(w.gate_bias));
+    bank_.up_bias.push_back(bias(w.up_bias));
+    bank_.down_bias.push_back(bias(w.down_bias));
+  }
 }
 
 }  // namespace r3::moe

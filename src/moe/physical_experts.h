@@ -1,5 +1,6 @@
 // The experts of one MoE layer as they are placed: one SwiGLU weight set per physical expert,
-// and the placement (EPLB) that maps logical ids to physical experts.
+// the placement (EPLB) that maps logical ids to physical experts, and the bank the experts
+// kernels index by physical expert.
 //
 // map() is the EPLB step of the pipeline. It only takes a CapturedRouting, so the logical ids
 // have always reached the step's capture buffer before they are remapped.
@@ -13,7 +14,9 @@
 #include "moe/capture.h"
 #include "moe/eplb/expert_placement.h"
 #include "moe/expert_loads.h"
+#include "backend/workspace.h"
 #include "ops/activation.h"
+#include "ops/matmul.h"
 
 namespace r3::moe {
 
@@ -43,19 +46,28 @@ struct ExpertActivation {
   }
 };
 
+// The experts' weights stacked by physical expert, as the kernels read them: expert e's gate,
+// up and down matrices ([I, H], [I, H], [H, I], rows contiguous, in the checkpoint's dtype) and
+// biases. On the CPU an entry points at the checkpoint's own (mmap'ed) pages, so stacking copies
+// nothing; a device backend uploads the bank into [E, 2I, H] / [E, H, I] buffers.
+struct ExpertBank {
+  std::vector<ops::WeightMatrix> gate, up, down;                 // [num_physical]
+  std::vector<const float*> gate_bias, up_bias, down_bias;       // [num_physical]; nullptr: none
+};
+
 // A routing after the EPLB map: physical expert ids, with the logical routing's weights. Only
 // PhysicalExperts::map() makes one, from a CapturedRouting.
 class PhysicalRouting {
  public:
   const int64_t tokens;
   const int64_t top_k;
-  const std::vector<int32_t> physical_ids;  // [tokens, top_k]
-  const std::vector<float> weights;         // [tokens, top_k]
+  const std::span<const int32_t> physical_ids;  // [tokens, top_k], in the step workspace
+  const std::span<const float> weights;         // [tokens, top_k]
 
  private:
   friend class PhysicalExperts;
-  PhysicalRouting(int64_t t, int64_t k, std::vector<int32_t> ids, std::vector<float> w)
-      : tokens(t), top_k(k), physical_ids(std::move(ids)), weights(std::move(w)) {}
+  PhysicalRouting(int64_t t, int64_t k, std::span<const int32_t> ids, std::span<const float> w)
+      : tokens(t), top_k(k), physical_ids(ids), weights(w) {}
 };
 
 class PhysicalExperts {
@@ -71,10 +83,12 @@ class PhysicalExperts {
   const ExpertActivation& activation() const { return activation_; }
   const ExpertPlacement& placement() const { return placement_; }
   const SwigluExpertWeights& weights(int32_t physical) const { return physical_.at(static_cast<std::size_t>(physical)); }
+  const ExpertBank& bank() const { return bank_; }
 
   // The EPLB map: each (token, choice) goes to replica (token * top_k + choice) % replicas of its
-  // logical expert. Counts the tokens of non-padding rows per physical expert into `load`.
-  PhysicalRouting map(const CapturedRouting& routing, LoadCount load = {}) const;
+  // logical expert. Counts the tokens of non-padding rows per physical expert into `load`. The
+  // physical ids go to `workspace`.
+  PhysicalRouting map(backend::Workspace& workspace, const CapturedRouting& routing, LoadCount load = {}) const;
 
   // Replaces the mapping function (logical, token, choice) -> physical; tests use it to prove
   // capture happens before the map. An empty function restores the placement's own choice.
@@ -88,7 +102,10 @@ class PhysicalExperts {
 
  private:
   ExpertPlacement placement_;
+  void build_bank();
+
   std::vector<SwigluExpertWeights> physical_;  // weights of each physical expert
+  ExpertBank bank_;
   int64_t hidden_ = 0, intermediate_ = 0;
   ExpertActivation activation_;
   MapFunction map_fn_;

@@ -35,7 +35,7 @@ void route_tokens(backend::Context& ctx, const RoutingRule& rule, Tensor& logits
   const int64_t tokens = logits.dim(0), experts = logits.dim(1), k = rule.top_k();
   R3_CHECK(static_cast<int64_t>(input.token_ids.size()) == tokens,
            "routing: ", input.token_ids.size(), " token ids for ", tokens, " tokens");
-  out.resize(tokens, k);
+  out = Routing::in(ctx.workspace(), tokens, k);
   const RoutingRows rows{{logits.data<float>(), static_cast<std::size_t>(tokens * experts)},
                          experts,
                          input.token_ids,
@@ -49,7 +49,7 @@ void route_tokens(backend::Context& ctx, const RoutingRule& rule, Tensor& logits
 Routing Router::compute(backend::Context& ctx, const MoeInput& input) const {
   const int64_t tokens = input.hidden.dim(0);
   check_forced_routing(input, tokens, top_k(), num_experts(), layer_id_);
-  Tensor logits = Tensor::empty(DType::F32, {tokens, num_experts()});
+  Tensor logits = ctx.scratch(DType::F32, {tokens, num_experts()});
   ops::linear(ctx, input.hidden, gate_weight_, gate_bias_.if_defined(), logits);
   Routing out;
   route_tokens(ctx, *rule_, logits, input, out);

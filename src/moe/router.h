@@ -47,7 +47,8 @@ class Router {
   std::string name() const { return rule_->name(); }
 
   // Forced ids replace the rule's selection (replay); weights then come from the router's own
-  // scores at those ids. Checks forced ids are in range and distinct within a row.
+  // scores at those ids. Checks forced ids are in range and distinct within a row. The routing
+  // lives in the context's workspace: call inside the MoE layer's workspace scope.
   Routing compute(backend::Context& ctx, const MoeInput& input) const;
   // compute() followed by the capture point (the modular path).
   CapturedRouting route(backend::Context& ctx, const MoeInput& input) const {
@@ -61,7 +62,8 @@ class Router {
   Tensor gate_bias_;
 };
 
-// Runs `rule` over gate logits [tokens, num_experts] (overwritten), writing `out`.
+// Runs `rule` over gate logits [tokens, num_experts] (overwritten), writing `out` (taken from the
+// context's workspace).
 void route_tokens(backend::Context& ctx, const RoutingRule& rule, Tensor& logits, const MoeInput& input,
                   Routing& out);
 

@@ -1,8 +1,11 @@
-// The routing of one step: for each token, the experts it goes to and their weights.
+// The routing of one step: for each token, the experts it goes to and their weights. Its ids and
+// weights live in the step workspace (valid while the MoE layer's workspace scope is open).
 #pragma once
 
 #include <cstdint>
-#include <vector>
+#include <span>
+
+#include "backend/workspace.h"
 
 namespace r3::moe {
 
@@ -10,14 +13,12 @@ struct Routing {
   int64_t tokens = 0;
   int64_t top_k = 0;
   // [tokens, top_k], in the router's selection order. Logical expert ids.
-  std::vector<int32_t> expert_ids;
-  std::vector<float> weights;
+  std::span<int32_t> expert_ids;
+  std::span<float> weights;
 
-  void resize(int64_t t, int64_t k) {
-    tokens = t;
-    top_k = k;
-    expert_ids.assign(static_cast<std::size_t>(t * k), 0);
-    weights.assign(static_cast<std::size_t>(t * k), 0.0f);
+  // A zeroed routing of t tokens x k choices taken from `workspace`.
+  static Routing in(backend::Workspace& workspace, int64_t t, int64_t k) {
+    return {t, k, workspace.array<int32_t>(t * k), workspace.array<float>(t * k)};
   }
 };
 

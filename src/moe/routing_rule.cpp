@@ -11,14 +11,36 @@ namespace r3::moe {
 
 namespace {
 
+// Per-thread scratch for one row (choice scores, group scores): the rules run per token inside
+// the routers' parallel loops, so they borrow a buffer that grows to the widest row once per
+// thread instead of allocating per token (a warmed-up step allocates nothing).
+template <typename T = float>
+std::span<T> row_scratch(std::size_t n) {
+  thread_local std::vector<T> scratch;
+  if (scratch.size() < n) scratch.resize(n);
+  return {scratch.data(), n};
+}
+
 void choose(std::span<const float> selection_scores, int64_t k, std::span<const int32_t> forced, int32_t* ids) {
   if (forced.empty()) {
-    const std::vector<int32_t> chosen = ops::topk_indices(selection_scores, k);
-    std::copy(chosen.begin(), chosen.end(), ids);
+    ops::topk_indices(selection_scores, {ids, static_cast<std::size_t>(k)});
   } else {
     R3_CHECK(static_cast<int64_t>(forced.size()) == k, "forced routing has ", forced.size(),
              " ids, the router selects ", k);
     std::copy(forced.begin(), forced.end(), ids);
+  }
+}
+
+// Sets the choices of every group outside the `keep` best group scores to `masked`.
+void mask_ineligible_groups(std::span<float> group_scores, int64_t keep, std::span<float> choice, float masked) {
+  const std::size_t groups = group_scores.size(), group_size = choice.size() / groups;
+  const std::span<int32_t> kept = row_scratch<int32_t>(static_cast<std::size_t>(keep));
+  ops::topk_indices(group_scores, kept);
+  for (std::size_t g = 0; g < groups; ++g) {
+    if (std::find(kept.begin(), kept.end(), static_cast<int32_t>(g)) == kept.end()) {
+      std::fill(choice.begin() + static_cast<std::ptrdiff_t>(g * group_size),
+                choice.begin() + static_cast<std::ptrdiff_t>((g + 1) * group_size), masked);
+    }
   }
 }
 
@@ -69,7 +91,7 @@ void SqrtSoftplusTopK::route_row(std::span<float> logits, int32_t, std::span<con
                              float* weights) const {
   R3_CHECK(bias_.size() == logits.size(), "routing: correction bias has ", bias_.size(), " entries for ",
            logits.size(), " experts");
-  std::vector<float> biased(logits.size());
+  const std::span<float> biased = row_scratch(logits.size());
   for (std::size_t e = 0; e < logits.size(); ++e) {
     logits[e] = sqrt_softplus(logits[e]);
     biased[e] = logits[e] + bias_[e];
@@ -97,25 +119,25 @@ void SigmoidGroupTopK::route_row(std::span<float> logits, int32_t, std::span<con
   R3_CHECK(static_cast<int64_t>(bias_.size()) == experts, "routing: correction bias has ", bias_.size(),
            " entries for ", experts, " experts");
   const int64_t group_size = experts / groups_;
-  std::vector<float> choice(logits.size());
+  const std::span<float> scratch = row_scratch(logits.size() + static_cast<std::size_t>(groups_));
+  const std::span<float> choice = scratch.first(logits.size());
   for (std::size_t e = 0; e < logits.size(); ++e) {
     logits[e] = 1.0f / (1.0f + std::exp(-logits[e]));
     choice[e] = logits[e] + bias_[e];
   }
   if (forced.empty()) {
     // Group score: the sum of the group's two best choices (its only one if a group has one).
-    std::vector<float> group_score(static_cast<std::size_t>(groups_));
+    const std::span<float> group_score = scratch.subspan(logits.size(), static_cast<std::size_t>(groups_));
     for (int64_t g = 0; g < groups_; ++g) {
       std::span<const float> members(choice.data() + g * group_size, static_cast<std::size_t>(group_size));
+      int32_t best[2];
+      const std::span<int32_t> two(best, static_cast<std::size_t>(std::min<int64_t>(2, group_size)));
+      ops::topk_indices(members, two);
       float sum = 0;
-      for (int32_t i : ops::topk_indices(members, std::min<int64_t>(2, group_size))) sum += members[i];
+      for (int32_t i : two) sum += members[static_cast<std::size_t>(i)];
       group_score[static_cast<std::size_t>(g)] = sum;
     }
-    std::vector<bool> eligible(static_cast<std::size_t>(groups_), false);
-    for (int32_t g : ops::topk_indices(group_score, topk_groups_)) eligible[static_cast<std::size_t>(g)] = true;
-    for (int64_t e = 0; e < experts; ++e) {
-      if (!eligible[static_cast<std::size_t>(e / group_size)]) choice[static_cast<std::size_t>(e)] = -INFINITY;
-    }
+    mask_ineligible_groups(group_score, topk_groups_, choice, -INFINITY);
   }
   choose(choice, k_, forced, ids);
   if (normalize_) {
@@ -136,18 +158,16 @@ void SoftmaxGroupGreedy::route_row(std::span<float> logits, int32_t, std::span<c
   ops::softmax(logits);
   const auto experts = static_cast<int64_t>(logits.size());
   R3_CHECK(experts % groups_ == 0, "routing: ", experts, " experts do not split into ", groups_, " groups");
-  std::vector<float> choice(logits.begin(), logits.end());
+  const std::span<float> scratch = row_scratch(logits.size() + static_cast<std::size_t>(groups_));
+  const std::span<float> choice = scratch.first(logits.size());
+  std::copy(logits.begin(), logits.end(), choice.begin());
   if (forced.empty() && topk_groups_ < groups_) {
     const int64_t group_size = experts / groups_;
-    std::vector<float> group_max(static_cast<std::size_t>(groups_));
+    const std::span<float> group_max = scratch.subspan(logits.size(), static_cast<std::size_t>(groups_));
     for (int64_t g = 0; g < groups_; ++g) {
-      group_max[g] = *std::max_element(choice.begin() + g * group_size, choice.begin() + (g + 1) * group_size);
+      group_max[static_cast<std::size_t>(g)] = *std::max_element(choice.begin() + g * group_size, choice.begin() + (g + 1) * group_size);
     }
-    std::vector<bool> eligible(static_cast<std::size_t>(groups_), false);
-    for (int32_t g : ops::topk_indices(group_max, topk_groups_)) eligible[static_cast<std::size_t>(g)] = true;
-    for (int64_t e = 0; e < experts; ++e) {
-      if (!eligible[static_cast<std::size_t>(e / group_size)]) choice[static_cast<std::size_t>(e)] = 0.0f;  // as transformers
-    }
+    mask_ineligible_groups(group_max, topk_groups_, choice, 0.0f);  // 0 as transformers
   }
   choose(choice, k_, forced, ids);
   for (int64_t j = 0; j < k_; ++j) weights[j] = logits[static_cast<std::size_t>(ids[j])] * scaling_;
@@ -156,10 +176,8 @@ void SoftmaxGroupGreedy::route_row(std::span<float> logits, int32_t, std::span<c
 void TopKSoftmax::route_row(std::span<float> logits, int32_t, std::span<const int32_t> forced, int32_t* ids,
                         float* weights) const {
   choose(logits, k_, forced, ids);
-  std::vector<float> chosen(static_cast<std::size_t>(k_));
-  for (int64_t j = 0; j < k_; ++j) chosen[static_cast<std::size_t>(j)] = logits[static_cast<std::size_t>(ids[j])];
-  ops::softmax(chosen);
-  std::copy(chosen.begin(), chosen.end(), weights);
+  for (int64_t j = 0; j < k_; ++j) weights[j] = logits[static_cast<std::size_t>(ids[j])];
+  ops::softmax({weights, static_cast<std::size_t>(k_)});
 }
 
 SqrtSoftplusHash::SqrtSoftplusHash(const Tensor& table, int64_t num_experts, float scaling) : scaling_(scaling) {

@@ -7,7 +7,7 @@
 
 namespace r3::ops {
 
-void attention(backend::Context& ctx, const Tensor& q, const std::vector<KvWindow>& kv,
+void attention(backend::Context& ctx, const Tensor& q, std::span<const KvWindow> kv,
                int64_t num_kv_heads, float scale, Tensor& out, const float* sinks) {
   R3_CHECK(q.rank() == 3 && q.is_contiguous() && out.shape() == q.shape(),
            "attention: q ", shape_to_string(q.shape()), " out ", shape_to_string(out.shape()));
@@ -25,11 +25,14 @@ void attention(backend::Context& ctx, const Tensor& q, const std::vector<KvWindo
              w.end, ") of ", num_kv_heads, " x ", head_dim);
   }
   const int64_t group = heads / num_kv_heads;
+  int64_t longest = 0;
+  for (const KvWindow& w : kv) longest = std::max(longest, w.length());
+  backend::Workspace::Scope scope(ctx.workspace());
+  const auto scores = ctx.per_thread<float>(longest);
   const float* qp = q.data<float>();
   float* op = out.data<float>();
 
   ctx.parallel_for(tokens * heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
     for (int64_t th = begin; th < end; ++th) {
       const int64_t t = th / heads, h = th % heads;
       const KvWindow& w = kv[static_cast<std::size_t>(t)];
@@ -47,7 +50,7 @@ void attention(backend::Context& ctx, const Tensor& q, const std::vector<KvWindo
         });
       };
       softmax_attention_head(qp + th * head_dim, head_dim, scale, sinks ? sinks + h : nullptr, w.length(), rows,
-                             scores, ov);
+                             scores.mine(), ov);
     }
   });
 }

@@ -57,7 +57,7 @@ struct KvWindow {
 // q: F32 [tokens, num_heads, head_dim]; out: F32 [tokens, num_heads, head_dim]; one KvWindow
 // per token, its rows holding num_kv_heads * head_dim floats (key and value widths equal).
 // sinks: per-head logits that join the softmax but carry no value (GPT-OSS), or nullptr.
-void attention(backend::Context& ctx, const Tensor& q, const std::vector<KvWindow>& kv,
+void attention(backend::Context& ctx, const Tensor& q, std::span<const KvWindow> kv,
                int64_t num_kv_heads, float scale, Tensor& out, const float* sinks = nullptr);
 
 }  // namespace r3::ops

@@ -7,7 +7,7 @@
 
 namespace r3::ops {
 
-void latent_attention(backend::Context& ctx, const Tensor& q, const Tensor& kv_b, const std::vector<KvWindow>& kv,
+void latent_attention(backend::Context& ctx, const Tensor& q, const Tensor& kv_b, std::span<const KvWindow> kv,
                       const LatentAttentionShape& s, float scale, Tensor& out) {
   const int64_t qk = s.nope + s.rope, tokens = q.dim(0);
   R3_CHECK(q.rank() == 2 && q.dim(1) == s.heads * qk && static_cast<int64_t>(kv.size()) == tokens,
@@ -24,9 +24,14 @@ void latent_attention(backend::Context& ctx, const Tensor& q, const Tensor& kv_b
   const float* kv_b_rows = kv_b.data<float>();
   const float* qp = q.data<float>();
   float* op = out.data<float>();
+  int64_t longest = 0;
+  for (const KvWindow& w : kv) longest = std::max(longest, w.length());
+  backend::Workspace::Scope scope(ctx.workspace());
+  const auto scratch = ctx.per_thread<float>(2 * s.lora + longest);
   ctx.parallel_for(tokens * s.heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> q_latent(static_cast<std::size_t>(s.lora)), out_latent(static_cast<std::size_t>(s.lora));
-    std::vector<float> scores;
+    const std::span<float> mine = scratch.mine();
+    const std::span<float> q_latent = mine.first(static_cast<std::size_t>(s.lora));
+    const std::span<float> out_latent = mine.subspan(static_cast<std::size_t>(s.lora), static_cast<std::size_t>(s.lora));
     for (int64_t th = begin; th < end; ++th) {
       const int64_t t = th / s.heads, h = th % s.heads;
       float* o = op + t * s.heads * s.value + h * s.value;
@@ -43,7 +48,7 @@ void latent_attention(backend::Context& ctx, const Tensor& q, const Tensor& kv_b
       for (int64_t i = 0; i < s.nope; ++i) {
         for (int64_t c = 0; c < s.lora; ++c) q_latent[c] += qh[i] * w_k[i * s.lora + c];
       }
-      scores.resize(static_cast<std::size_t>(window.length()));
+      const std::span<float> scores = mine.subspan(static_cast<std::size_t>(2 * s.lora), static_cast<std::size_t>(window.length()));
       float max_score = -INFINITY;
       window.kv.for_each_run(window.begin, window.end, [&](int64_t first, int64_t n, const float* latents,
                                                            const float* rope_keys) {

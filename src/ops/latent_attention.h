@@ -25,7 +25,7 @@ struct LatentAttentionShape {
 // [heads * (nope + value), lora] (each head's W_k rows, then its W_v rows); one KvWindow per token
 // over the paged cache, whose key rows are latents (lora floats) and value rows rotary keys
 // (rope floats); an empty window (padding) gives zeros. out: F32 [tokens, heads * value].
-void latent_attention(backend::Context& ctx, const Tensor& q, const Tensor& kv_b, const std::vector<KvWindow>& kv,
+void latent_attention(backend::Context& ctx, const Tensor& q, const Tensor& kv_b, std::span<const KvWindow> kv,
                       const LatentAttentionShape& shape, float scale, Tensor& out);
 
 }  // namespace r3::ops

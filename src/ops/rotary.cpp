@@ -26,20 +26,17 @@ void Rotary::apply(Tensor& x, const std::vector<int32_t>& positions) const {
   R3_CHECK(head_dim >= rotary_dim_, "rotary: head_dim ", head_dim, " < rotary dim ", rotary_dim_);
   R3_CHECK(static_cast<int64_t>(positions.size()) == tokens, "rotary: positions size");
   const int64_t half = rotary_dim_ / 2;
-  std::vector<float> cos(static_cast<std::size_t>(half)), sin(static_cast<std::size_t>(half));
   float* xp = x.data<float>();
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t i = 0; i < half; ++i) {
-      const float angle = static_cast<float>(positions[t]) * inv_freq_[i];  // float32 product
-      cos[i] = static_cast<float>(std::cos(static_cast<double>(angle))) * attention_scaling_;
-      sin[i] = static_cast<float>(std::sin(static_cast<double>(angle))) * attention_scaling_;
-    }
-    for (int64_t h = 0; h < heads; ++h) {
-      float* v = xp + (t * heads + h) * head_dim;
-      for (int64_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(positions[t]) * inv_freq_[static_cast<std::size_t>(i)];  // float32 product
+      const float c = static_cast<float>(std::cos(static_cast<double>(angle))) * attention_scaling_;
+      const float s = static_cast<float>(std::sin(static_cast<double>(angle))) * attention_scaling_;
+      for (int64_t h = 0; h < heads; ++h) {
+        float* v = xp + (t * heads + h) * head_dim;
         const float a = v[i], b = v[i + half];
-        v[i] = a * cos[i] - b * sin[i];
-        v[i + half] = b * cos[i] + a * sin[i];
+        v[i] = a * c - b * s;
+        v[i + half] = b * c + a * s;
       }
     }
   }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "ops/dot.h"
@@ -15,11 +16,11 @@
 namespace r3::ops {
 
 // rows(fn) calls fn(j, key, value) for the n rows j = 0..n-1 in order (key and value: d floats).
-// scores: scratch, resized to n. out: d floats.
+// scores: scratch of at least n floats. out: d floats.
 template <typename Rows>
 void softmax_attention_head(const float* q, int64_t d, float scale, const float* sink, int64_t n, Rows&& rows,
-                            std::vector<float>& scores, float* out) {
-  scores.resize(static_cast<std::size_t>(n));
+                            std::span<float> scores, float* out) {
+  scores = scores.first(static_cast<std::size_t>(n));
   float max_score = sink ? *sink : -INFINITY;
   rows([&](int64_t j, const float* key, const float*) {
     scores[static_cast<std::size_t>(j)] = dot(q, key, d) * scale;
@@ -35,6 +36,14 @@ void softmax_attention_head(const float* q, int64_t d, float scale, const float*
     const float p = scores[static_cast<std::size_t>(j)] / denom;
     for (int64_t c = 0; c < d; ++c) out[c] += p * value[c];
   });
+}
+
+// The same with a vector as scratch, resized to n.
+template <typename Rows>
+void softmax_attention_head(const float* q, int64_t d, float scale, const float* sink, int64_t n, Rows&& rows,
+                            std::vector<float>& scores, float* out) {
+  scores.resize(static_cast<std::size_t>(n));
+  softmax_attention_head(q, d, scale, sink, n, rows, std::span<float>(scores), out);
 }
 
 }  // namespace r3::ops

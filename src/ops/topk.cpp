@@ -19,16 +19,28 @@ void softmax(std::span<float> values) {
   for (float& v : values) v = static_cast<float>(v / sum);
 }
 
+void topk_indices(std::span<const float> values, std::span<int32_t> out) {
+  const auto k = static_cast<int64_t>(out.size()), n = static_cast<int64_t>(values.size());
+  R3_CHECK(k <= n, "top-k: k = ", k, " with ", n, " values");
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = values[static_cast<std::size_t>(i)];
+    // The first kept entry with a strictly smaller value: equal values stay ahead (lower index).
+    int64_t at = kept;
+    while (at > 0 && values[static_cast<std::size_t>(out[static_cast<std::size_t>(at - 1)])] < v) --at;
+    if (at >= k) continue;
+    for (int64_t j = std::min(kept, k - 1); j > at; --j) out[static_cast<std::size_t>(j)] = out[static_cast<std::size_t>(j - 1)];
+    out[static_cast<std::size_t>(at)] = static_cast<int32_t>(i);
+    kept = std::min(kept + 1, k);
+  }
+}
+
 std::vector<int32_t> topk_indices(std::span<const float> values, int64_t k) {
   R3_CHECK(k >= 0 && k <= static_cast<int64_t>(values.size()), "top-k: k = ", k, " with ",
            values.size(), " values");
-  std::vector<int32_t> order(values.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-    return values[a] > values[b] || (values[a] == values[b] && a < b);
-  });
-  order.resize(static_cast<std::size_t>(k));
-  return order;
+  std::vector<int32_t> out(static_cast<std::size_t>(k));
+  topk_indices(values, out);
+  return out;
 }
 
 std::vector<int32_t> torch_cpu_topk_set(std::span<const float> values, int64_t k) {

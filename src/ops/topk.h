@@ -10,8 +10,11 @@ namespace r3::ops {
 // In place, numerically stable (max subtracted).
 void softmax(std::span<float> values);
 
-// Indices of the k largest values, largest first; ties go to the lower index (as a stable
-// descending sort would order them).
+// Indices of the out.size() largest values into `out`, largest first; ties go to the lower index
+// (as a stable descending sort would order them). Allocates nothing (it runs per token inside
+// the routers): an insertion into the k best, O(n k), for the small k of routing.
+void topk_indices(std::span<const float> values, std::span<int32_t> out);
+// The same, returning a vector of k indices.
 std::vector<int32_t> topk_indices(std::span<const float> values, int64_t k);
 
 // The k indices PyTorch's CPU `topk` returns, as a set, ties included: it partially sorts
