@@ -106,7 +106,8 @@ TEST(Embedding, WidensStoredRowsExactly) {
   const std::vector<float> all = widened(table);
   const std::vector<int32_t> ids = {3, 0, 9, 3};
   Tensor out = Tensor::empty(DType::F32, {4, 24});
-  embedding(table, ids, out);
+  backend::Context ctx(1);
+  embedding(ctx, table, ids, out);
   for (std::size_t t = 0; t < ids.size(); ++t) {
     for (int d = 0; d < 24; ++d) {
       ASSERT_EQ(out.data<float>()[t * 24 + d], all[static_cast<std::size_t>(ids[t] * 24 + d)]);
@@ -114,7 +115,7 @@ TEST(Embedding, WidensStoredRowsExactly) {
   }
   const std::vector<int32_t> bad = {10};
   Tensor one = Tensor::empty(DType::F32, {1, 24});
-  EXPECT_THROW(embedding(table, bad, one), Error);
+  EXPECT_THROW(embedding(ctx, table, bad, one), Error);
 }
 
 }  // namespace

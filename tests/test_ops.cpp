@@ -224,7 +224,8 @@ TEST(Ops, RotaryMatchesNaiveRotateHalf) {
   Tensor x = test::random_normal({tokens, heads, dim}, 8);
   const std::vector<float> before = values(x);
   const std::vector<int32_t> positions = {0, 5, 31};
-  Rotary(dim, 10000.0).apply(x, positions);
+  backend::Context ctx(1);
+  Rotary(dim, 10000.0).apply(ctx, x, positions);
   std::vector<double> want(before.size());
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t h = 0; h < heads; ++h) {
@@ -298,9 +299,10 @@ TEST(Ops, SoftmaxAndTopK) {
 }
 
 TEST(Ops, SiluAndMul) {
+  backend::Context ctx(1);
   Tensor g = Tensor::from<float>({-2.0f, 0.0f, 1.5f}, {1, 3}), u = Tensor::from<float>({3.0f, 4.0f, -1.0f}, {1, 3});
   Tensor o = Tensor::empty(DType::F32, {1, 3});
-  silu_and_mul(g, u, o);
+  silu_and_mul(ctx, g, u, o);
   for (int i = 0; i < 3; ++i) {
     const double gv = g.data<float>()[i];
     EXPECT_NEAR(o.data<float>()[i], gv / (1 + std::exp(-gv)) * u.data<float>()[i], 1e-6);

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/linear.h"
 #include "ops/rms_norm.h"
@@ -53,14 +54,9 @@ void DecoderModel::forward_into(backend::Context& ctx, const ForwardBatch& batch
   const int64_t tokens = batch.size(), hidden = info_.hidden_size;
   backend::Workspace::Scope step(ctx.workspace());
   Tensor residual = ctx.scratch(DType::F32, {tokens, hidden});
-  ops::embedding(embed_, batch.token_ids, residual);
+  ops::embedding(ctx, embed_, batch.token_ids, residual);
   Tensor normed = ctx.scratch(DType::F32, {tokens, hidden});
   Tensor branch = ctx.scratch(DType::F32, {tokens, hidden});
-  auto add_branch = [&] {
-    float* r = residual.data<float>();
-    const float* b = branch.data<float>();
-    for (int64_t i = 0; i < tokens * hidden; ++i) r[i] += b[i];
-  };
   const auto moe_count = static_cast<int64_t>(info_.moe_layers.size());
   const std::span<const uint8_t> padding = batch.padding_mask(ctx.workspace());  // not counted in expert loads
   int64_t moe_index = 0;
@@ -69,14 +65,14 @@ void DecoderModel::forward_into(backend::Context& ctx, const ForwardBatch& batch
     backend::Workspace::Scope layer_scratch(ctx.workspace());
     ops::rms_norm(ctx, residual, &layer.input_norm, rms_eps_, normed);
     layer.attention->forward(ctx, normed, batch, cache, static_cast<int64_t>(l), branch);
-    add_branch();
+    ops::add_rows(ctx, branch, nullptr, residual);
     ops::rms_norm(ctx, residual, &layer.post_attention_norm, rms_eps_, normed);
     std::span<const int32_t> forced;
     if (layer.feed_forward->moe_block() != nullptr) {
       forced = batch.forced_for_layer(ctx.workspace(), moe_index++, moe_count, info_.top_k);
     }
     layer.feed_forward->forward(ctx, {normed, batch.token_ids, forced, batch.replayed, batch.capture, batch.loads, padding}, branch);
-    add_branch();
+    ops::add_rows(ctx, branch, nullptr, residual);
   }
   for (int64_t t = 0; t < tokens; ++t) {
     if (batch.slots[t] != ForwardBatch::kPadding) cache.set_length(batch.slots[t], batch.positions[t] + 1);

@@ -1,6 +1,6 @@
 #include "models/feed_forward.h"
 
-#include "ops/activation.h"
+#include "ops/elementwise.h"
 #include "ops/linear.h"
 
 namespace r3::models {
@@ -24,16 +24,11 @@ void MoeFeedForward::forward(backend::Context& ctx, const moe::MoeInput& input, 
   Tensor shared = ctx.scratch(DType::F32, {tokens, hidden});
   shared_expert_->forward(ctx, x, shared);
   Tensor gate;
-  if (shared_gate_.defined()) {
+  if (shared_gate_.defined()) {  // Qwen2-MoE: out += sigmoid(x · g) * shared
     gate = ctx.scratch(DType::F32, {tokens, 1});
     ops::linear(ctx, x, shared_gate_, nullptr, gate);
   }
-  float* o = out.data<float>();
-  const float* s = shared.data<float>();
-  for (int64_t t = 0; t < tokens; ++t) {
-    const float scale = gate.defined() ? ops::sigmoid(gate.data<float>()[t]) : 1.0f;
-    for (int64_t d = 0; d < hidden; ++d) o[t * hidden + d] += scale * s[t * hidden + d];
-  }
+  ops::add_rows(ctx, shared, gate.if_defined(), out);
 }
 
 }  // namespace r3::models

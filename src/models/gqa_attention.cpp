@@ -2,9 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "ops/attention.h"
+#include "ops/elementwise.h"
+#include "ops/kv_write.h"
 #include "ops/linear.h"
 #include "ops/rms_norm.h"
 
@@ -55,16 +56,12 @@ void GqaAttention::forward(backend::Context& ctx, const Tensor& x, const Forward
   ops::linear(ctx, x, w_.v, w_.v_bias.if_defined(), v);
   normalise_qk(ctx, q, k);
   if (spec_.clip_qkv > 0) {
-    const auto c = static_cast<float>(spec_.clip_qkv);
-    for (Tensor* t : {&q, &k, &v}) {
-      float* p = t->data<float>();
-      for (int64_t i = 0; i < t->numel(); ++i) p[i] = std::clamp(p[i], -c, c);
-    }
+    for (Tensor* t : {&q, &k, &v}) ops::clamp(ctx, *t, static_cast<float>(spec_.clip_qkv));
   }
   Tensor qh = q.reshaped({tokens, spec_.num_heads, d});
   Tensor kh = k.reshaped({tokens, spec_.num_kv_heads, d});
-  rotary_.apply(qh, batch.positions);
-  rotary_.apply(kh, batch.positions);
+  rotary_.apply(ctx, qh, batch.positions);
+  rotary_.apply(ctx, kh, batch.positions);
 
   // Append this step's keys/values, then let each token attend to its slot's positions up to
   // itself (the last sliding_window_ of them), both through the cache's block tables. A layer
@@ -77,6 +74,7 @@ void GqaAttention::forward(backend::Context& ctx, const Tensor& x, const Forward
   Tensor attended = ctx.scratch(DType::F32, {tokens, spec_.num_heads, d});
   const std::span<int64_t> in_pass = ctx.workspace().array<int64_t>(cache.max_slots());
   const std::span<ops::KvWindow> windows_of_step = ctx.workspace().array<ops::KvWindow>(tokens);
+  const std::span<ops::KvWrite> writes_of_step = ctx.workspace().array<ops::KvWrite>(tokens);
   for (int64_t first_token = 0, end_token = 0; first_token < tokens; first_token = end_token) {
     std::fill(in_pass.begin(), in_pass.end(), 0);
     for (end_token = first_token; end_token < tokens; ++end_token) {
@@ -88,18 +86,21 @@ void GqaAttention::forward(backend::Context& ctx, const Tensor& x, const Forward
     }
     const int64_t n = end_token - first_token;
     const std::span<ops::KvWindow> windows = windows_of_step.first(static_cast<std::size_t>(n));
+    const std::span<ops::KvWrite> writes = writes_of_step.first(static_cast<std::size_t>(n));
     std::fill(windows.begin(), windows.end(), ops::KvWindow{});
+    std::fill(writes.begin(), writes.end(), ops::KvWrite{});
     for (int64_t i = 0; i < n; ++i) {
       const int64_t t = first_token + i, slot = batch.slots[t], pos = batch.positions[t];
       if (slot == ForwardBatch::kPadding) continue;  // attends to nothing: output zeros
       R3_CHECK(pos < cache.capacity(), "sequence position ", pos, " exceeds the KV cache capacity of ",
                cache.capacity(), " tokens");
       const ops::PagedKv kv = cache.view(layer, slot);
-      std::memcpy(kv.key_row(pos), k.data<float>() + t * kv_width, sizeof(float) * static_cast<std::size_t>(kv_width));
-      std::memcpy(kv.value_row(pos), v.data<float>() + t * kv_width, sizeof(float) * static_cast<std::size_t>(kv_width));
+      writes[static_cast<std::size_t>(i)] = {kv, pos};
       const int64_t begin = sliding_window_ > 0 ? std::max<int64_t>(0, pos - sliding_window_ + 1) : 0;
       windows[static_cast<std::size_t>(i)] = {kv, begin, pos + 1};
     }
+    ops::write_kv(ctx, k.data<float>() + first_token * kv_width, kv_width, v.data<float>() + first_token * kv_width,
+                  kv_width, writes);
     const int64_t row = spec_.num_heads * d;
     Tensor q_pass = Tensor::view(DType::F32, {n, spec_.num_heads, d}, qh.data<float>() + first_token * row, nullptr);
     Tensor out_pass =

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
+#include "ops/kv_write.h"
 #include "ops/latent_attention.h"
 #include "ops/linear.h"
 #include "ops/rms_norm.h"
@@ -41,31 +41,36 @@ void MlaAttention::forward(backend::Context& ctx, const Tensor& x, const Forward
     ops::rms_norm(ctx, q_latent, &w_.q_a_norm, rms_eps_, q_latent);
     ops::linear(ctx, q_latent, w_.q_b_proj, nullptr, q);
   }
-  Tensor compressed = ctx.scratch(DType::F32, {tokens, lora + rope});
-  ops::linear(ctx, x, w_.kv_a_proj, w_.kv_a_bias.if_defined(), compressed);
-
-  // Cache rows, through the paged view: keys hold the normalised latent, values the rotated
-  // shared key.
+  // kv_a_proj's rows [0, lora) make the latent, rows [lora, lora + rope) the shared rotary key:
+  // two projections over row ranges of the one weight (each output is the same dot product).
+  Tensor latent = ctx.scratch(DType::F32, {tokens, lora});
+  Tensor rope_key = ctx.scratch(DType::F32, {tokens, rope});
+  const Tensor* bias = w_.kv_a_bias.if_defined();
+  const Tensor latent_bias = bias ? bias->rows(0, lora) : Tensor();
+  const Tensor rope_bias = bias ? bias->rows(lora, lora + rope) : Tensor();
+  ops::linear(ctx, x, w_.kv_a_proj.rows(0, lora), latent_bias.if_defined(), latent);
+  ops::linear(ctx, x, w_.kv_a_proj.rows(lora, lora + rope), rope_bias.if_defined(), rope_key);
+  ops::rms_norm(ctx, latent, &w_.kv_a_norm, rms_eps_, latent);
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t p = batch.positions[t];
-    float* row = compressed.data<float>() + t * (lora + rope);
-    Tensor latent = Tensor::view(DType::F32, {1, lora}, row, nullptr);
-    ops::rms_norm(ctx, latent, &w_.kv_a_norm, rms_eps_, latent);
-    rotary_.apply(row + lora, 1, rope, p);
+    rotary_.apply(rope_key.data<float>() + t * rope, 1, rope, p);
     rotary_.apply(q.data<float>() + t * heads * qk, heads, qk, p);
-    if (batch.slots[t] == ForwardBatch::kPadding) continue;
-    R3_CHECK(p < cache.capacity(), "sequence position ", p, " exceeds the KV cache capacity of ", cache.capacity());
-    const ops::PagedKv kv = cache.view(layer, batch.slots[t]);
-    std::memcpy(kv.key_row(p), row, sizeof(float) * static_cast<std::size_t>(lora));
-    std::memcpy(kv.value_row(p), row + lora, sizeof(float) * static_cast<std::size_t>(rope));
   }
 
-  // Each token attends to its own sequence's positions [0, p] (padding rows: nothing).
+  // Cache rows, through the paged view: keys hold the normalised latent, values the rotated
+  // shared key. Each token then attends to its own sequence's positions [0, p] (padding rows:
+  // nothing).
+  const std::span<ops::KvWrite> writes = ctx.workspace().array<ops::KvWrite>(tokens);
   const std::span<ops::KvWindow> windows = ctx.workspace().array<ops::KvWindow>(tokens);
   for (int64_t t = 0; t < tokens; ++t) {
     if (batch.slots[t] == ForwardBatch::kPadding) continue;
-    windows[static_cast<std::size_t>(t)] = {cache.view(layer, batch.slots[t]), 0, batch.positions[t] + 1};
+    const int64_t p = batch.positions[t];
+    R3_CHECK(p < cache.capacity(), "sequence position ", p, " exceeds the KV cache capacity of ", cache.capacity());
+    const ops::PagedKv kv = cache.view(layer, batch.slots[t]);
+    writes[static_cast<std::size_t>(t)] = {kv, p};
+    windows[static_cast<std::size_t>(t)] = {kv, 0, p + 1};
   }
+  ops::write_kv(ctx, latent.data<float>(), lora, rope_key.data<float>(), rope, writes);
   Tensor attended = ctx.scratch(DType::F32, {tokens, heads * vd});
   ops::latent_attention(ctx, q, w_.kv_b_proj, windows, {heads, nope, rope, vd, lora}, softmax_scale_, attended);
   ops::linear(ctx, attended, w_.o_proj, w_.o_bias.if_defined(), out);

@@ -15,7 +15,7 @@ void SwigluMlp::forward(backend::Context& ctx, const Tensor& x, Tensor& out) con
   Tensor u = ctx.scratch(DType::F32, {tokens, width});
   ops::linear(ctx, x, gate_, nullptr, g);
   ops::linear(ctx, x, up_, nullptr, u);
-  ops::silu_and_mul(g, u, g, limit_);
+  ops::silu_and_mul(ctx, g, u, g, limit_);
   ops::linear(ctx, g, down_, nullptr, out);
 }
 

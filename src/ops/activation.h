@@ -3,10 +3,12 @@
 
 #include <cmath>
 
+#include "backend/dispatch.h"
 #include "core/tensor.h"
 
 namespace r3::ops {
 
+// Scalar forms, for kernels that apply them inside their own loops.
 float silu(float x);
 float sigmoid(float x);
 
@@ -18,7 +20,14 @@ inline float clamped_swiglu(float gate, float up, float limit) {
   return silu(g) * u;
 }
 
+namespace cpu {
+void silu_and_mul(const Tensor& gate, const Tensor& up, Tensor& out, float limit);
+}
+
 // out[r, i] = clamped_swiglu(gate[r, i], up[r, i], limit); all F32 [rows, width] contiguous.
-void silu_and_mul(const Tensor& gate, const Tensor& up, Tensor& out, float limit = INFINITY);
+inline void silu_and_mul(backend::Context& ctx, const Tensor& gate, const Tensor& up, Tensor& out,
+                         float limit = INFINITY) {
+  R3_DISPATCH(ctx, silu_and_mul, gate, up, out, limit);
+}
 
 }  // namespace r3::ops

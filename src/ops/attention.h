@@ -10,8 +10,8 @@
 #include <span>
 #include <vector>
 
+#include "backend/dispatch.h"
 #include "core/tensor.h"
-#include "backend/context.h"
 
 namespace r3::ops {
 
@@ -57,7 +57,13 @@ struct KvWindow {
 // q: F32 [tokens, num_heads, head_dim]; out: F32 [tokens, num_heads, head_dim]; one KvWindow
 // per token, its rows holding num_kv_heads * head_dim floats (key and value widths equal).
 // sinks: per-head logits that join the softmax but carry no value (GPT-OSS), or nullptr.
-void attention(backend::Context& ctx, const Tensor& q, std::span<const KvWindow> kv,
-               int64_t num_kv_heads, float scale, Tensor& out, const float* sinks = nullptr);
+namespace cpu {
+void attention(backend::Context& ctx, const Tensor& q, std::span<const KvWindow> kv, int64_t num_kv_heads,
+               float scale, Tensor& out, const float* sinks);
+}
+inline void attention(backend::Context& ctx, const Tensor& q, std::span<const KvWindow> kv, int64_t num_kv_heads,
+                      float scale, Tensor& out, const float* sinks = nullptr) {
+  R3_DISPATCH(ctx, attention, ctx, q, kv, num_kv_heads, scale, out, sinks);
+}
 
 }  // namespace r3::ops

@@ -4,11 +4,18 @@
 #include <cstdint>
 #include <span>
 
+#include "backend/dispatch.h"
 #include "core/tensor.h"
 
 namespace r3::ops {
 
-// table: F32/BF16/F16 [vocab, hidden]; out: F32 [ids.size(), hidden]. Ids must be in the vocabulary.
+namespace cpu {
 void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out);
+}
+
+// table: F32/BF16/F16 [vocab, hidden]; out: F32 [ids.size(), hidden]. Ids must be in the vocabulary.
+inline void embedding(backend::Context& ctx, const Tensor& table, std::span<const int32_t> ids, Tensor& out) {
+  R3_DISPATCH(ctx, embedding, table, ids, out);
+}
 
 }  // namespace r3::ops

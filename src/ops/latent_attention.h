@@ -5,10 +5,8 @@
 // never expanded per head.
 #pragma once
 
-#include <vector>
-
+#include "backend/dispatch.h"
 #include "core/tensor.h"
-#include "backend/context.h"
 #include "ops/attention.h"
 
 namespace r3::ops {
@@ -25,7 +23,13 @@ struct LatentAttentionShape {
 // [heads * (nope + value), lora] (each head's W_k rows, then its W_v rows); one KvWindow per token
 // over the paged cache, whose key rows are latents (lora floats) and value rows rotary keys
 // (rope floats); an empty window (padding) gives zeros. out: F32 [tokens, heads * value].
+namespace cpu {
 void latent_attention(backend::Context& ctx, const Tensor& q, const Tensor& kv_b, std::span<const KvWindow> kv,
                       const LatentAttentionShape& shape, float scale, Tensor& out);
+}
+inline void latent_attention(backend::Context& ctx, const Tensor& q, const Tensor& kv_b, std::span<const KvWindow> kv,
+                             const LatentAttentionShape& shape, float scale, Tensor& out) {
+  R3_DISPATCH(ctx, latent_attention, ctx, q, kv_b, kv, shape, scale, out);
+}
 
 }  // namespace r3::ops

@@ -4,12 +4,18 @@
 // (ops/matmul.h), so results do not depend on M, the thread count or the instruction set.
 #pragma once
 
+#include "backend/dispatch.h"
 #include "core/tensor.h"
-#include "backend/context.h"
 
 namespace r3::ops {
 
-// x: F32 [M, K] contiguous; w: F32/BF16/F16 [N, K]; bias: F32 [N] or nullptr; y: F32 [M, N].
+namespace cpu {
 void linear(backend::Context& ctx, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
+}
+
+// x: F32 [M, K] contiguous; w: F32/BF16/F16 [N, K]; bias: F32 [N] or nullptr; y: F32 [M, N].
+inline void linear(backend::Context& ctx, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+  R3_DISPATCH(ctx, linear, ctx, x, w, bias, y);
+}
 
 }  // namespace r3::ops

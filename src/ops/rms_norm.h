@@ -1,13 +1,19 @@
 // RMSNorm over the last axis: y = x / sqrt(mean(x²) + eps) * weight.
 #pragma once
 
+#include "backend/dispatch.h"
 #include "core/tensor.h"
-#include "backend/context.h"
 
 namespace r3::ops {
 
-// x, y: F32 [rows, D] contiguous (y may alias x); weight: F32 [D], or nullptr for no weight.
+namespace cpu {
 void rms_norm(backend::Context& ctx, const Tensor& x, const Tensor* weight, float eps, Tensor& y);
+}
+
+// x, y: F32 [rows, D] contiguous (y may alias x); weight: F32 [D], or nullptr for no weight.
+inline void rms_norm(backend::Context& ctx, const Tensor& x, const Tensor* weight, float eps, Tensor& y) {
+  R3_DISPATCH(ctx, rms_norm, ctx, x, weight, eps, y);
+}
 // One row of d floats (y may alias x): the same arithmetic, for callers inside their own loops.
 void rms_norm_row(const float* x, const float* weight, int64_t d, float eps, float* y);
 

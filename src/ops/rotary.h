@@ -2,11 +2,18 @@
 // the first rotary_dim/2 and second rotary_dim/2 dims of each head form the rotated pairs.
 #pragma once
 
+#include <span>
 #include <vector>
 
+#include "backend/dispatch.h"
 #include "core/tensor.h"
 
 namespace r3::ops {
+
+class Rotary;
+namespace cpu {
+void rotary(const Rotary& rotary, Tensor& x, std::span<const int32_t> positions);
+}
 
 class Rotary {
  public:
@@ -17,10 +24,14 @@ class Rotary {
   Rotary(int64_t rotary_dim, std::vector<float> inv_freq, float attention_scaling);
 
   int64_t rotary_dim() const { return rotary_dim_; }
+  std::span<const float> inv_freq() const { return inv_freq_; }
+  float attention_scaling() const { return attention_scaling_; }
 
   // x: F32 [tokens, heads, head_dim] (head_dim >= rotary_dim); rotates the first rotary_dim dims
   // of every head in place, at positions[token].
-  void apply(Tensor& x, const std::vector<int32_t>& positions) const;
+  void apply(backend::Context& ctx, Tensor& x, std::span<const int32_t> positions) const {
+    R3_DISPATCH(ctx, rotary, *this, x, positions);
+  }
 
  private:
   int64_t rotary_dim_;

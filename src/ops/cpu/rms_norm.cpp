@@ -4,7 +4,7 @@
 
 namespace r3::ops {
 
-void rms_norm(backend::Context& ctx, const Tensor& x, const Tensor* weight, float eps, Tensor& y) {
+void cpu::rms_norm(backend::Context& ctx, const Tensor& x, const Tensor* weight, float eps, Tensor& y) {
   R3_CHECK(x.rank() >= 1 && x.is_contiguous() && y.is_contiguous() && x.numel() == y.numel(),
            "rms_norm: x ", shape_to_string(x.shape()), " y ", shape_to_string(y.shape()));
   const int64_t d = x.shape().back();

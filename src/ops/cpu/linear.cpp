@@ -4,7 +4,7 @@
 
 #include "ops/matmul.h"
 
-namespace r3::ops {
+namespace r3::ops::cpu {
 
 void linear(backend::Context& ctx, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
   R3_CHECK(x.rank() == 2 && w.rank() == 2 && y.rank() == 2, "linear: rank-2 tensors expected");
@@ -27,4 +27,4 @@ void linear(backend::Context& ctx, const Tensor& x, const Tensor& w, const Tenso
   });
 }
 
-}  // namespace r3::ops
+}  // namespace r3::ops::cpu

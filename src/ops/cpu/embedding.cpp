@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-namespace r3::ops {
+namespace r3::ops::cpu {
 
 void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out) {
   R3_CHECK(table.rank() == 2 && table.is_contiguous(), "embedding: table must be [vocab, hidden]");
@@ -24,4 +24,4 @@ void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out) {
   }
 }
 
-}  // namespace r3::ops
+}  // namespace r3::ops::cpu

@@ -5,7 +5,7 @@
 
 #include "ops/softmax_attention.h"
 
-namespace r3::ops {
+namespace r3::ops::cpu {
 
 void attention(backend::Context& ctx, const Tensor& q, std::span<const KvWindow> kv,
                int64_t num_kv_heads, float scale, Tensor& out, const float* sinks) {
@@ -55,4 +55,4 @@ void attention(backend::Context& ctx, const Tensor& q, std::span<const KvWindow>
   });
 }
 
-}  // namespace r3::ops
+}  // namespace r3::ops::cpu

@@ -5,7 +5,7 @@
 
 #include "ops/dot.h"
 
-namespace r3::ops {
+namespace r3::ops::cpu {
 
 void latent_attention(backend::Context& ctx, const Tensor& q, const Tensor& kv_b, std::span<const KvWindow> kv,
                       const LatentAttentionShape& s, float scale, Tensor& out) {
@@ -74,4 +74,4 @@ void latent_attention(backend::Context& ctx, const Tensor& q, const Tensor& kv_b
   });
 }
 
-}  // namespace r3::ops
+}  // namespace r3::ops::cpu
