@@ -30,6 +30,8 @@ class DeepseekV4Model final : public CausalLM {
 
   const ModelInfo& info() const override { return info_; }
   std::unique_ptr<ModelCache> make_cache(int64_t max_slots, int64_t capacity) const override;
+  // The same with a block size (and, for tests, scattered blocks) of the caller's choice.
+  std::unique_ptr<V4Cache> make_v4_cache(int64_t max_slots, int64_t capacity, V4CacheOptions options) const;
   Tensor forward(backend::Context& ctx, const ForwardBatch& batch, ModelCache& cache) const override;
   std::vector<moe::MoeBlock*> moe_blocks() override;
 
