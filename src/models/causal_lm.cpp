@@ -24,11 +24,6 @@ int64_t logit_row_count(const ForwardBatch& batch) {
   return batch.logit_rows.empty() ? batch.size() : static_cast<int64_t>(batch.logit_rows.size());
 }
 
-void validate_batch(const ForwardBatch& batch, const ModelCache& cache, const ModelInfo& info) {
-  backend::Workspace workspace;
-  validate_batch(workspace, batch, cache, info);
-}
-
 void validate_batch(backend::Workspace& workspace, const ForwardBatch& batch, const ModelCache& cache,
                     const ModelInfo& info) {
   backend::Workspace::Scope scope(workspace);

@@ -49,7 +49,6 @@ class CausalLM {
 // Allocates nothing: its per-slot bookkeeping comes from `workspace`.
 void validate_batch(backend::Workspace& workspace, const ForwardBatch& batch, const ModelCache& cache,
                     const ModelInfo& info);
-void validate_batch(const ForwardBatch& batch, const ModelCache& cache, const ModelInfo& info);
 
 // Rows of logits a step computes: batch.logit_rows, or every row when that is empty.
 int64_t logit_row_count(const ForwardBatch& batch);

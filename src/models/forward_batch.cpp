@@ -2,23 +2,6 @@
 
 namespace r3::models {
 
-std::vector<int32_t> ForwardBatch::forced_for_layer(int64_t j, int64_t moe_layers, int64_t k) const {
-  std::vector<int32_t> out;
-  if (forced_routing.empty()) return out;
-  out.reserve(static_cast<std::size_t>(size() * k));
-  for (int64_t t = 0; t < size(); ++t) {
-    const auto first = forced_routing.begin() + (t * moe_layers + j) * k;
-    out.insert(out.end(), first, first + k);
-  }
-  return out;
-}
-
-std::vector<uint8_t> ForwardBatch::padding_mask() const {
-  std::vector<uint8_t> mask(slots.size());
-  for (std::size_t t = 0; t < slots.size(); ++t) mask[t] = slots[t] == kPadding ? 1 : 0;
-  return mask;
-}
-
 std::span<const int32_t> ForwardBatch::forced_for_layer(backend::Workspace& workspace, int64_t j,
                                                         int64_t moe_layers, int64_t k) const {
   if (forced_routing.empty()) return {};

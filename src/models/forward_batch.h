@@ -35,13 +35,11 @@ struct ForwardBatch {
   moe::ExpertLoads* loads = nullptr;
 
   int64_t size() const { return static_cast<int64_t>(token_ids.size()); }
-  // [tokens]: 1 for padding rows.
-  std::vector<uint8_t> padding_mask() const;
+  // [tokens]: 1 for padding rows (in `workspace`).
   std::span<const uint8_t> padding_mask(backend::Workspace& workspace) const;
 
   // The replayed routing of MoE layer j as [tokens, k] (rows of free tokens included, see
-  // `replayed`), or empty when nothing is replayed.
-  std::vector<int32_t> forced_for_layer(int64_t j, int64_t moe_layers, int64_t k) const;
+  // `replayed`) in `workspace`, or empty when nothing is replayed.
   std::span<const int32_t> forced_for_layer(backend::Workspace& workspace, int64_t j, int64_t moe_layers,
                                             int64_t k) const;
 

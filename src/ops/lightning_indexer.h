@@ -4,9 +4,15 @@
 
 #include <cstdint>
 
+#include "ops/attention.h"
+
 namespace r3::ops {
 
-// q: [heads, dim]; w: [heads]; keys: [n, dim]; scores: n floats.
+// q: [heads, dim]; w: [heads]; keys: the indexer's entries through their block table
+// (key_row(s): entry s, dim floats); scores: n floats for entries 0..n-1.
+void lightning_index_scores(const float* q, const float* w, const PagedKv& keys, int64_t n, int64_t heads,
+                            int64_t dim, float* scores);
+// Contiguous keys: [n, dim].
 void lightning_index_scores(const float* q, const float* w, const float* keys, int64_t n, int64_t heads, int64_t dim,
                             float* scores);
 

@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdint>
 #include <span>
-#include <vector>
 
 #include "ops/dot.h"
 
@@ -38,12 +37,5 @@ void softmax_attention_head(const float* q, int64_t d, float scale, const float*
   });
 }
 
-// The same with a vector as scratch, resized to n.
-template <typename Rows>
-void softmax_attention_head(const float* q, int64_t d, float scale, const float* sink, int64_t n, Rows&& rows,
-                            std::vector<float>& scores, float* out) {
-  scores.resize(static_cast<std::size_t>(n));
-  softmax_attention_head(q, d, scale, sink, n, rows, std::span<float>(scores), out);
-}
 
 }  // namespace r3::ops

@@ -43,26 +43,34 @@ std::vector<int32_t> topk_indices(std::span<const float> values, int64_t k) {
   return out;
 }
 
-std::vector<int32_t> torch_cpu_topk_set(std::span<const float> values, int64_t k) {
+void torch_cpu_topk_set(std::span<const float> values, int64_t k, std::span<std::pair<double, int64_t>> scratch,
+                        std::span<int32_t> out) {
   const auto n = static_cast<int64_t>(values.size());
   R3_CHECK(k >= 0 && k <= n, "top-k: k = ", k, " with ", n, " values");
-  std::vector<int32_t> out;
-  if (k == 0) return out;
+  R3_CHECK(static_cast<int64_t>(scratch.size()) >= n && static_cast<int64_t>(out.size()) >= k,
+           "top-k: scratch for ", scratch.size(), " values and room for ", out.size(), " of ", n, " values, k = ", k);
+  if (k == 0) return;
   auto nan_first_greater = [](double a, double b) { return (std::isnan(a) && !std::isnan(b)) || a > b; };
-  if (k * 64 <= n) {  // torch's fast path: partial_sort of an index vector
-    std::vector<int64_t> idx(static_cast<std::size_t>(n));
-    std::iota(idx.begin(), idx.end(), int64_t{0});
-    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
-                      [&](int64_t a, int64_t b) { return nan_first_greater(values[a], values[b]); });
-    for (int64_t j = 0; j < k; ++j) out.push_back(static_cast<int32_t>(idx[j]));
-    return out;
+  if (k * 64 <= n) {  // torch's fast path: partial_sort of an index vector (here: the pairs' indices)
+    for (int64_t j = 0; j < n; ++j) scratch[j] = {0.0, j};
+    std::partial_sort(scratch.begin(), scratch.begin() + k, scratch.begin() + n, [&](const auto& a, const auto& b) {
+      return nan_first_greater(values[a.second], values[b.second]);
+    });
+    for (int64_t j = 0; j < k; ++j) out[j] = static_cast<int32_t>(scratch[j].second);
+    return;
   }
   // (value, index) pairs in accumulate precision (double), nth_element at k - 1.
-  std::vector<std::pair<double, int64_t>> queue(static_cast<std::size_t>(n));
-  for (int64_t j = 0; j < n; ++j) queue[j] = {values[j], j};
-  std::nth_element(queue.begin(), queue.begin() + k - 1, queue.end(),
+  for (int64_t j = 0; j < n; ++j) scratch[j] = {values[j], j};
+  std::nth_element(scratch.begin(), scratch.begin() + k - 1, scratch.begin() + n,
                    [&](const auto& x, const auto& y) { return nan_first_greater(x.first, y.first); });
-  for (int64_t j = 0; j < k; ++j) out.push_back(static_cast<int32_t>(queue[j].second));
+  for (int64_t j = 0; j < k; ++j) out[j] = static_cast<int32_t>(scratch[j].second);
+}
+
+std::vector<int32_t> torch_cpu_topk_set(std::span<const float> values, int64_t k) {
+  R3_CHECK(k >= 0 && k <= static_cast<int64_t>(values.size()), "top-k: k = ", k, " with ", values.size(), " values");
+  std::vector<std::pair<double, int64_t>> scratch(values.size());
+  std::vector<int32_t> out(static_cast<std::size_t>(k));
+  torch_cpu_topk_set(values, k, scratch, out);
   return out;
 }
 

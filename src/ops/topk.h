@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace r3::ops {
@@ -22,5 +23,9 @@ std::vector<int32_t> topk_indices(std::span<const float> values, int64_t k);
 // of several equal values are kept depends on that algorithm. DeepSeek-V4's indexer scores tie
 // often (ReLU zeros); matching the reference needs the same choice.
 std::vector<int32_t> torch_cpu_topk_set(std::span<const float> values, int64_t k);
+// The same selection without allocating: scratch holds values.size() pairs, out receives the k
+// indices (in the same order as the vector form returns them).
+void torch_cpu_topk_set(std::span<const float> values, int64_t k, std::span<std::pair<double, int64_t>> scratch,
+                        std::span<int32_t> out);
 
 }  // namespace r3::ops

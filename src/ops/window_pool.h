@@ -5,6 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+
+#include "backend/context.h"
+#include "ops/attention.h"
 
 namespace r3::ops {
 
@@ -15,8 +19,18 @@ struct WindowPoolShape {
   bool overlap = false;
 };
 
-// kv, gate: cached rows [positions, width] (window w's rows are w * rate ...); bias: [rate, width];
-// pooled: dim floats.
+// Floats of scratch gated_window_pool needs: a logit and a value per candidate position.
+inline int64_t window_pool_scratch(const WindowPoolShape& s) { return 2 * (s.overlap ? 2 : 1) * s.rate; }
+
+// rows: the cached projections through their block table (key_row(p): kv, value_row(p): gate of
+// position p; window w's rows are positions w * rate ...); bias: [rate, width]; pooled: dim floats;
+// scratch: window_pool_scratch(shape) floats.
+void gated_window_pool(const PagedKv& rows, const float* bias, const WindowPoolShape& shape, int64_t window,
+                       std::span<float> scratch, float* pooled);
+// The same with its scratch from the context's workspace.
+void gated_window_pool(backend::Context& ctx, const PagedKv& rows, const float* bias, const WindowPoolShape& shape,
+                       int64_t window, float* pooled);
+// Contiguous rows: kv, gate [positions, width].
 void gated_window_pool(const float* kv, const float* gate, const float* bias, const WindowPoolShape& shape,
                        int64_t window, float* pooled);
 

@@ -1,7 +1,9 @@
 #include "models/deepseek_v4/deepseek_v4_model.h"
 
 #include <cstring>
+#include <span>
 
+#include "ops/elementwise.h"
 #include "ops/hyper_connection_mix.h"
 #include "ops/linear.h"
 #include "ops/rms_norm.h"
@@ -23,7 +25,12 @@ DeepseekV4Model::DeepseekV4Model(DeepseekV4Spec spec, ModelInfo info, Tensor emb
       compress_rotary_(std::move(compress_rotary)) {}
 
 std::unique_ptr<ModelCache> DeepseekV4Model::make_cache(int64_t max_slots, int64_t capacity) const {
-  return std::make_unique<V4Cache>(spec_, max_slots, capacity);
+  return make_v4_cache(max_slots, capacity, {});
+}
+
+std::unique_ptr<V4Cache> DeepseekV4Model::make_v4_cache(int64_t max_slots, int64_t capacity,
+                                                        V4CacheOptions options) const {
+  return std::make_unique<V4Cache>(spec_, max_slots, capacity, options);
 }
 
 std::vector<moe::MoeBlock*> DeepseekV4Model::moe_blocks() {
@@ -35,77 +42,90 @@ std::vector<moe::MoeBlock*> DeepseekV4Model::moe_blocks() {
 namespace {
 
 // The mixing weights of every token, flattened for the ops: pre [tokens, hc], post [tokens, hc],
-// comb [tokens, hc, hc].
+// comb [tokens, hc, hc]; taken from the workspace (valid until the caller's scope ends).
 struct Mixes {
-  std::vector<float> pre, post, comb;
+  std::span<float> pre, post, comb;
 };
 
-Mixes mix_all(const HyperConnection& hc_module, const Tensor& streams, int64_t tokens, int64_t width) {
-  Mixes all;
-  for (int64_t t = 0; t < tokens; ++t) {
-    const HyperConnection::Mix m = hc_module.mix(streams.data<float>() + t * width);
-    all.pre.insert(all.pre.end(), m.pre.begin(), m.pre.end());
-    all.post.insert(all.post.end(), m.post.begin(), m.post.end());
-    all.comb.insert(all.comb.end(), m.comb.begin(), m.comb.end());
-  }
+Mixes mix_all(backend::Context& ctx, const HyperConnection& hc_module, const Tensor& streams) {
+  const int64_t tokens = streams.dim(0), hc = streams.dim(1), width = hc * streams.dim(2);
+  backend::Workspace& ws = ctx.workspace();
+  const Mixes all{ws.array<float>(tokens * hc), ws.array<float>(tokens * hc), ws.array<float>(tokens * hc * hc)};
+  const auto scratch = ctx.per_thread<float>(hc_module.scratch_size());
+  ctx.parallel_for(tokens, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      hc_module.mix(streams.data<float>() + t * width, scratch.mine(), all.pre.data() + t * hc,
+                    all.post.data() + t * hc, all.comb.data() + t * hc * hc);
+    }
+  });
   return all;
 }
 
 }  // namespace
 
-Tensor DeepseekV4Model::forward(backend::Context& ctx, const ForwardBatch& batch, ModelCache& model_cache) const {
-  validate_batch(batch, model_cache, info_);
+void DeepseekV4Model::forward_into(backend::Context& ctx, const ForwardBatch& batch, ModelCache& model_cache,
+                                   Tensor& logits) const {
+  validate_batch(ctx.workspace(), batch, model_cache, info_);
+  R3_CHECK(logits.dtype() == DType::F32 && logits.shape() == Shape({logit_row_count(batch), info_.vocab_size}),
+           "forward: logits must be F32 [", logit_row_count(batch), ", ", info_.vocab_size, "], got ",
+           shape_to_string(logits.shape()));
   auto* cache = dynamic_cast<V4Cache*>(&model_cache);
   R3_CHECK(cache != nullptr, "forward: the cache was not made by this model");
+  backend::Workspace::Scope scope(ctx.workspace());
+  backend::Workspace& ws = ctx.workspace();
   const int64_t tokens = batch.size(), hidden = spec_.hidden_size, hc = spec_.hc_mult;
 
-  Tensor streams = Tensor::empty(DType::F32, {tokens, hc, hidden});
+  Tensor streams = ctx.scratch(DType::F32, {tokens, hc, hidden});
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t i = 0; i < hc; ++i) {
       std::memcpy(streams.data<float>() + (t * hc + i) * hidden, embed_.data<float>() + batch.token_ids[t] * hidden,
                   sizeof(float) * static_cast<std::size_t>(hidden));
     }
   }
-  Tensor collapsed = Tensor::empty(DType::F32, {tokens, hidden});
-  Tensor x = Tensor::empty(DType::F32, {tokens, hidden});
-  Tensor y = Tensor::empty(DType::F32, {tokens, hidden});
-  Tensor shared = Tensor::empty(DType::F32, {tokens, hidden});
+  Tensor collapsed = ctx.scratch(DType::F32, {tokens, hidden});
+  Tensor x = ctx.scratch(DType::F32, {tokens, hidden});
+  Tensor y = ctx.scratch(DType::F32, {tokens, hidden});
+  Tensor shared = ctx.scratch(DType::F32, {tokens, hidden});
   const auto moe_count = static_cast<int64_t>(layers_.size());
-  const std::vector<uint8_t> padding = batch.padding_mask();  // not counted in expert loads
+  const std::span<const uint8_t> padding = batch.padding_mask(ws);  // not counted in expert loads
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     const V4Layer& layer = layers_[l];
-    auto mixes = mix_all(*layer.attn_hc, streams, tokens, hc * hidden);
+    backend::Workspace::Scope layer_scope(ws);
+    Mixes mixes = mix_all(ctx, *layer.attn_hc, streams);
     ops::hc_collapse(streams, mixes.pre.data(), collapsed);
     ops::rms_norm(ctx, collapsed, &layer.attn_norm, static_cast<float>(spec_.rms_norm_eps), x);
     layer.attention->forward(ctx, x, batch, *cache, y);
-    ops::hc_expand(mixes.post.data(), mixes.comb.data(), y, streams);
+    ops::hc_expand(ctx, mixes.post.data(), mixes.comb.data(), y, streams);
 
-    mixes = mix_all(*layer.ffn_hc, streams, tokens, hc * hidden);
+    mixes = mix_all(ctx, *layer.ffn_hc, streams);
     ops::hc_collapse(streams, mixes.pre.data(), collapsed);
     ops::rms_norm(ctx, collapsed, &layer.ffn_norm, static_cast<float>(spec_.rms_norm_eps), x);
-    const std::vector<int32_t> forced = batch.forced_for_layer(static_cast<int64_t>(l), moe_count, info_.top_k);
+    const std::span<const int32_t> forced = batch.forced_for_layer(ws, static_cast<int64_t>(l), moe_count, info_.top_k);
     layer.moe->forward(ctx, {x, batch.token_ids, forced, batch.replayed, batch.capture, batch.loads, padding}, y);
     layer.shared_expert->forward(ctx, x, shared);
-    for (int64_t i = 0; i < tokens * hidden; ++i) y.data<float>()[i] += shared.data<float>()[i];
-    ops::hc_expand(mixes.post.data(), mixes.comb.data(), y, streams);
+    ops::add_rows(ctx, shared, nullptr, y);
+    ops::hc_expand(ctx, mixes.post.data(), mixes.comb.data(), y, streams);
   }
-  for (int64_t t = 0; t < tokens; ++t) {
-    if (batch.slots[t] != ForwardBatch::kPadding) cache->set_length(batch.slots[t], batch.positions[t] + 1);
+  // Each slot's new length, set once: setting every intermediate length would drop (and force
+  // re-emitting) compressed entries whose windows' projections the cache no longer holds.
+  for (int64_t t = tokens - 1; t >= 0; --t) {
+    const int32_t slot = batch.slots[t];
+    if (slot != ForwardBatch::kPadding && batch.positions[t] + 1 > cache->length(slot)) {
+      cache->set_length(slot, batch.positions[t] + 1);
+    }
   }
 
-  std::vector<int64_t> rows = batch.logit_rows;
-  if (rows.empty()) {
-    for (int64_t t = 0; t < tokens; ++t) rows.push_back(t);
-  }
-  Tensor selected = Tensor::empty(DType::F32, {static_cast<int64_t>(rows.size()), hidden});
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    head_->collapse(streams.data<float>() + rows[i] * hc * hidden, hidden,
-                    selected.data<float>() + static_cast<int64_t>(i) * hidden);
+  // The rows whose logits the step returns: batch.logit_rows, or every row.
+  const auto row_count = static_cast<int64_t>(batch.logit_rows.empty() ? tokens : batch.logit_rows.size());
+  auto row = [&](int64_t i) { return batch.logit_rows.empty() ? i : batch.logit_rows[static_cast<std::size_t>(i)]; };
+  Tensor selected = ctx.scratch(DType::F32, {row_count, hidden});
+  const std::span<float> head_scratch = ws.array<float>(hc * hidden);
+  for (int64_t i = 0; i < row_count; ++i) {
+    head_->collapse(streams.data<float>() + row(i) * hc * hidden, hidden, head_scratch,
+                    selected.data<float>() + i * hidden);
   }
   ops::rms_norm(ctx, selected, &final_norm_, static_cast<float>(spec_.rms_norm_eps), selected);
-  Tensor logits = Tensor::empty(DType::F32, {selected.dim(0), info_.vocab_size});
   ops::linear(ctx, selected, lm_head_, nullptr, logits);
-  return logits;
 }
 
 }  // namespace r3::models

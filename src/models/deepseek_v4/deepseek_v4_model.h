@@ -30,12 +30,9 @@ class DeepseekV4Model final : public CausalLM {
 
   const ModelInfo& info() const override { return info_; }
   std::unique_ptr<ModelCache> make_cache(int64_t max_slots, int64_t capacity) const override;
-  Tensor forward(backend::Context& ctx, const ForwardBatch& batch, ModelCache& cache) const;
-  void forward_into(backend::Context& ctx, const ForwardBatch& batch, ModelCache& cache, Tensor& logits) const override {
-    const Tensor out = forward(ctx, batch, cache);
-    R3_CHECK(logits.shape() == out.shape(), "forward: logits must be ", shape_to_string(out.shape()));
-    std::copy_n(out.data<float>(), out.numel(), logits.data<float>());
-  }
+  // The same with a block size (and, for tests, scattered blocks) of the caller's choice.
+  std::unique_ptr<V4Cache> make_v4_cache(int64_t max_slots, int64_t capacity, V4CacheOptions options) const;
+  void forward_into(backend::Context& ctx, const ForwardBatch& batch, ModelCache& cache, Tensor& logits) const override;
   std::vector<moe::MoeBlock*> moe_blocks() override;
 
  private:

@@ -1,10 +1,10 @@
 // Manifold-constrained hyper-connections (mHC) of DeepSeek-V4: the residual is `hc` parallel
 // streams per token. Before a sublayer, `pre` weights collapse the streams into its input; after
 // it, stream k becomes post[k] * output + sum_j comb[j][k] * stream[j], with `comb` projected to a
-// doubly-stochastic matrix by Sinkhorn iterations.
+// doubly-stochastic matrix by Sinkhorn iterations (ops/sinkhorn).
 #pragma once
 
-#include <vector>
+#include <span>
 
 #include "core/tensor.h"
 
@@ -16,11 +16,10 @@ class HyperConnection {
   HyperConnection(Tensor fn, Tensor base, Tensor scale, int64_t hc, int64_t sinkhorn_iters, float hc_eps,
                   float rms_eps);
 
-  struct Mix {
-    std::vector<float> pre, post, comb;  // [hc], [hc], [hc * hc] (comb[j * hc + k])
-  };
-  // streams: one token's [hc, hidden].
-  Mix mix(const float* streams) const;
+  // Floats of scratch mix() needs: the normalised streams and the mixing logits.
+  int64_t scratch_size() const { return fn_.dim(1) + fn_.dim(0); }
+  // streams: one token's [hc, hidden]; writes pre [hc], post [hc], comb [hc * hc] (comb[j * hc + k]).
+  void mix(const float* streams, std::span<float> scratch, float* pre, float* post, float* comb) const;
 
  private:
   Tensor fn_, base_, scale_;
@@ -33,8 +32,8 @@ class HyperHead {
  public:
   // fn: [hc, hc * hidden]; base: [hc]; scale: [1].
   HyperHead(Tensor fn, Tensor base, Tensor scale, int64_t hc, float hc_eps, float rms_eps);
-  // streams: [hc, hidden] -> out: [hidden].
-  void collapse(const float* streams, int64_t hidden, float* out) const;
+  // streams: [hc, hidden] -> out: [hidden]; scratch: hc * hidden floats.
+  void collapse(const float* streams, int64_t hidden, std::span<float> scratch, float* out) const;
 
  private:
   Tensor fn_, base_, scale_;

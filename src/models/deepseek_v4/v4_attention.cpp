@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <numeric>
 
 #include "models/deepseek_v4/hyper_connection.h"
 #include "ops/grouped_projection.h"
@@ -37,75 +36,79 @@ V4Attention::V4Attention(const DeepseekV4Spec& spec, int64_t layer, V4AttentionW
       rotary_(rotary),
       compress_rotary_(compress_rotary) {}
 
-std::vector<int64_t> V4Attention::visible_entries(const float* index_q, const float* index_w, int64_t pos,
-                                                  const CompressorState* index_state, int64_t num_entries) const {
+int64_t V4Attention::visible_entries(const float* index_q, const float* index_w, int64_t pos,
+                                     const CompressorSlot* index, int64_t num_entries, const Scratch& scratch,
+                                     int32_t* picked) const {
   const int64_t ready = std::min(num_entries, (pos + 1) / compressor_->rate());  // causal: complete windows
-  std::vector<int64_t> entries;
   if (kind_ != V4AttentionKind::kCompressed) {
-    for (int64_t s = 0; s < ready; ++s) entries.push_back(s);
-    return entries;
+    for (int64_t s = 0; s < ready; ++s) picked[s] = static_cast<int32_t>(s);
+    return ready;
   }
   // Lightning indexer: score_s = sum_h w_h * relu(q_h . K_s) / sqrt(Di) over every entry the
   // cache holds, -inf for those not yet complete at this query; keep the top index_topk that
   // are complete. The selection follows PyTorch's CPU top-k, ties included (see topk.h), over
   // the same row the reference sees: all entries present when the step runs.
-  std::vector<float> score(static_cast<std::size_t>(num_entries), -INFINITY);
-  ops::lightning_index_scores(index_q, index_w, index_state->entries.data(), ready, index_heads_, index_dim_,
-                              score.data());
-  for (int32_t s : ops::torch_cpu_topk_set(score, std::min(index_topk_, num_entries))) {
-    if (s < ready) entries.push_back(s);
+  const std::span<float> score = scratch.scores.mine().first(static_cast<std::size_t>(num_entries));
+  std::fill(score.begin(), score.end(), -INFINITY);
+  ops::lightning_index_scores(index_q, index_w, index->entries, ready, index_heads_, index_dim_, score.data());
+  const int64_t k = std::min(index_topk_, num_entries);
+  const std::span<int32_t> top = scratch.picked.mine().first(static_cast<std::size_t>(k));
+  ops::torch_cpu_topk_set(score, k, scratch.topk.mine(), top);
+  int64_t n = 0;  // compacts in place when top and picked share memory (n never passes the read index)
+  for (int32_t s : top) {
+    if (s < ready) picked[n++] = s;
   }
-  std::sort(entries.begin(), entries.end());
-  return entries;
+  std::sort(picked, picked + n);
+  return n;
 }
 
 void V4Attention::forward(backend::Context& ctx, const Tensor& x, const ForwardBatch& batch, V4Cache& cache,
                           Tensor& out) const {
+  backend::Workspace::Scope scope(ctx.workspace());
   const int64_t tokens = x.dim(0), d = head_dim_;
   // Queries through the LoRA: latent RMSNorm, then an unweighted RMSNorm per head, then rotary.
-  Tensor q_latent = Tensor::empty(DType::F32, {tokens, q_lora_});
+  Tensor q_latent = ctx.scratch(DType::F32, {tokens, q_lora_});
   ops::linear(ctx, x, w_.wq_a, nullptr, q_latent);
   ops::rms_norm(ctx, q_latent, &w_.q_norm, rms_eps_, q_latent);
-  Tensor q = Tensor::empty(DType::F32, {tokens, heads_ * d});
+  Tensor q = ctx.scratch(DType::F32, {tokens, heads_ * d});
   ops::linear(ctx, q_latent, w_.wq_b, nullptr, q);
   Tensor q_heads = q.reshaped({tokens * heads_, d});
   ops::rms_norm(ctx, q_heads, nullptr, rms_eps_, q_heads);
   // The shared K=V row.
-  Tensor kv = Tensor::empty(DType::F32, {tokens, d});
+  Tensor kv = ctx.scratch(DType::F32, {tokens, d});
   ops::linear(ctx, x, w_.wkv, nullptr, kv);
   ops::rms_norm(ctx, kv, &w_.kv_norm, rms_eps_, kv);
 
-  std::vector<V4LayerState*> states(static_cast<std::size_t>(tokens), nullptr);
+  // A token reads the K=V rows of its slot's earlier tokens in this step from `kv` (the cache
+  // gets them after the attention, so its ring only has to cover the window before the step):
+  // previous[t] is the row of the same slot's previous position in this step, -1 if none.
+  const std::span<int32_t> previous = ctx.workspace().array<int32_t>(tokens);
+  const std::span<int32_t> last = ctx.workspace().array<int32_t>(cache.max_slots());
+  std::fill(last.begin(), last.end(), -1);
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t p = batch.positions[t];
     rotary_.apply(q.data<float>() + t * heads_ * d, heads_, d, p);
     rotary_.apply(kv.data<float>() + t * d, 1, d, p);
     if (batch.slots[t] == ForwardBatch::kPadding) continue;
-    states[t] = &cache.layer(layer_, batch.slots[t]);
-    std::memcpy(states[t]->kv.data() + p * d, kv.data<float>() + t * d, sizeof(float) * static_cast<std::size_t>(d));
+    previous[t] = last[batch.slots[t]];
+    last[batch.slots[t]] = static_cast<int32_t>(t);
   }
 
   // Compressed entries (and the indexer's) for every window completed by this step.
   Tensor index_q, index_w;
+  int64_t max_entries = 0;  // the most entries any slot of the step holds
   if (compressor_) {
-    std::vector<CompressorState*> comp(states.size(), nullptr), idx(states.size(), nullptr);
-    for (std::size_t t = 0; t < states.size(); ++t) {
-      if (states[t]) {
-        comp[t] = &states[t]->compressor;
-        idx[t] = &states[t]->indexer;
+    compressor_->update(ctx, x, batch, *cache.compressor(layer_));
+    if (indexer_) indexer_->update(ctx, x, batch, *cache.indexer(layer_));
+    for (int64_t t = 0; t < tokens; ++t) {
+      if (batch.slots[t] != ForwardBatch::kPadding) {
+        max_entries = std::max(max_entries, cache.compressor(layer_)->num_entries(batch.slots[t]));
       }
     }
-    compressor_->store(ctx, x, batch.positions, comp);
-    if (indexer_) indexer_->store(ctx, x, batch.positions, idx);
-    for (int64_t t = 0; t < tokens; ++t) {
-      if (!states[t]) continue;
-      compressor_->emit(states[t]->compressor, batch.positions[t] + 1);
-      if (indexer_) indexer_->emit(states[t]->indexer, batch.positions[t] + 1);
-    }
     if (indexer_) {
-      index_q = Tensor::empty(DType::F32, {tokens, index_heads_ * index_dim_});
+      index_q = ctx.scratch(DType::F32, {tokens, index_heads_ * index_dim_});
       ops::linear(ctx, q_latent, w_.index_wq_b, nullptr, index_q);
-      index_w = Tensor::empty(DType::F32, {tokens, index_heads_});
+      index_w = ctx.scratch(DType::F32, {tokens, index_heads_});
       ops::linear(ctx, x, w_.index_weights_proj, nullptr, index_w);
       const float weight_scale = 1.0f / std::sqrt(static_cast<float>(index_heads_));
       for (int64_t t = 0; t < tokens; ++t) {
@@ -118,39 +121,59 @@ void V4Attention::forward(backend::Context& ctx, const Tensor& x, const ForwardB
 
   // Attention of each (token, head) over its sliding window and its visible compressed entries,
   // with the head's sink as one more logit that takes probability mass but has no value.
-  Tensor attended = Tensor::empty(DType::F32, {tokens, heads_ * d});
+  Tensor attended = ctx.scratch(DType::F32, {tokens, heads_ * d});
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const Scratch scratch{ctx.per_thread<const float*>(window_ + max_entries), ctx.per_thread<float>(max_entries),
+                        ctx.per_thread<std::pair<double, int64_t>>(max_entries),
+                        ctx.per_thread<int32_t>(max_entries)};
+  const auto scores = ctx.per_thread<float>(window_ + max_entries);
   ctx.parallel_for(tokens, 1, [&](int64_t begin, int64_t end) {
-    std::vector<const float*> keys;
-    std::vector<float> logits;
+    const std::span<float> logits = scores.mine();
+    const std::span<const float*> keys = scratch.keys.mine();
     for (int64_t t = begin; t < end; ++t) {
-      if (!states[t]) continue;  // padding: zeros
-      const int64_t p = batch.positions[t];
-      keys.clear();
-      for (int64_t j = std::max<int64_t>(0, p - window_ + 1); j <= p; ++j) keys.push_back(states[t]->kv.data() + j * d);
+      if (batch.slots[t] == ForwardBatch::kPadding) continue;  // padding: zeros
+      const int32_t slot = batch.slots[t];
+      const int64_t p = batch.positions[t], step_start = cache.length(slot);
+      // The window [first, p] in position order: this step's rows, then the cached ones before them.
+      const int64_t first = std::max<int64_t>(0, p - window_ + 1);
+      int64_t n = p - first + 1, pos = p;
+      for (int64_t row = t; pos >= std::max(first, step_start); --pos, row = previous[row]) {
+        keys[pos - first] = kv.data<float>() + row * d;
+      }
+      const ops::PagedKv window = cache.window(layer_).view(slot);
+      for (; pos >= first; --pos) keys[pos - first] = window.key_row(pos);
       if (compressor_) {
-        const CompressorState& comp = states[t]->compressor;
-        for (int64_t s : visible_entries(index_q.defined() ? index_q.data<float>() + t * index_heads_ * index_dim_ : nullptr,
-                                         index_w.defined() ? index_w.data<float>() + t * index_heads_ : nullptr, p,
-                                         indexer_ ? &states[t]->indexer : nullptr, comp.num_entries)) {
-          keys.push_back(comp.entries.data() + s * d);
-        }
+        const CompressorSlot comp = cache.compressor(layer_)->slot(slot);
+        const CompressorSlot index = indexer_ ? cache.indexer(layer_)->slot(slot) : CompressorSlot{};
+        int32_t* picked = scratch.picked.mine().data();
+        const int64_t visible = visible_entries(
+            index_q.defined() ? index_q.data<float>() + t * index_heads_ * index_dim_ : nullptr,
+            index_w.defined() ? index_w.data<float>() + t * index_heads_ : nullptr, p, indexer_ ? &index : nullptr,
+            *comp.num_entries, scratch, picked);
+        for (int64_t i = 0; i < visible; ++i) keys[n++] = comp.entries.key_row(picked[i]);
       }
       auto rows = [&](auto&& fn) {
-        for (std::size_t j = 0; j < keys.size(); ++j) fn(static_cast<int64_t>(j), keys[j], keys[j]);  // K = V
+        for (int64_t j = 0; j < n; ++j) fn(j, keys[j], keys[j]);  // K = V
       };
       for (int64_t h = 0; h < heads_; ++h) {
-        ops::softmax_attention_head(q.data<float>() + (t * heads_ + h) * d, d, scale, w_.sinks.data<float>() + h,
-                                    static_cast<int64_t>(keys.size()), rows, logits,
-                                    attended.data<float>() + (t * heads_ + h) * d);
+        ops::softmax_attention_head(q.data<float>() + (t * heads_ + h) * d, d, scale, w_.sinks.data<float>() + h, n,
+                                    rows, logits, attended.data<float>() + (t * heads_ + h) * d);
       }
       // K = V carried rotary into the output: rotate back at the query's position.
       rotary_.apply(attended.data<float>() + t * heads_ * d, heads_, d, p, /*conjugate=*/true);
     }
   });
 
+  // Now the step's K=V rows join the cache (in position order per slot: the ring keeps the last).
+  const auto row_bytes = sizeof(float) * static_cast<std::size_t>(d);
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (batch.slots[t] == ForwardBatch::kPadding) continue;
+    std::memcpy(cache.window(layer_).view(batch.slots[t]).key_row(batch.positions[t]), kv.data<float>() + t * d,
+                row_bytes);
+  }
+
   // Grouped low-rank output: each group of heads to o_lora, then all groups to hidden.
-  Tensor grouped = Tensor::empty(DType::F32, {tokens, groups_ * o_lora_});
+  Tensor grouped = ctx.scratch(DType::F32, {tokens, groups_ * o_lora_});
   ops::grouped_projection(attended, w_.wo_a, groups_, grouped);
   ops::linear(ctx, grouped, w_.wo_b, nullptr, out);
 }

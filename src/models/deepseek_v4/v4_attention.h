@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <optional>
+#include <utility>
 
 #include "models/deepseek_v4/v4_cache.h"
 #include "models/deepseek_v4/window_compressor.h"
@@ -34,9 +35,17 @@ class V4Attention {
   void forward(backend::Context& ctx, const Tensor& x, const ForwardBatch& batch, V4Cache& cache, Tensor& out) const;
 
  private:
-  // Compressed entries token t may attend to (indices into its slot's entries).
-  std::vector<int64_t> visible_entries(const float* index_q, const float* index_w, int64_t pos,
-                                       const CompressorState* index_state, int64_t num_entries) const;
+  // Per-thread scratch of the attention loop, from the step workspace.
+  struct Scratch {
+    backend::Context::PerThread<const float*> keys;  // rows one query attends to
+    backend::Context::PerThread<float> scores;        // indexer scores of every entry
+    backend::Context::PerThread<std::pair<double, int64_t>> topk;
+    backend::Context::PerThread<int32_t> picked;     // entries one query attends to
+  };
+  // Writes the compressed entries a query at `pos` may attend to (indices into its slot's
+  // entries, ascending) to picked and returns how many; index: the slot's indexer (CSA) or null.
+  int64_t visible_entries(const float* index_q, const float* index_w, int64_t pos, const CompressorSlot* index,
+                          int64_t num_entries, const Scratch& scratch, int32_t* picked) const;
 
   int64_t layer_;
   V4AttentionKind kind_;

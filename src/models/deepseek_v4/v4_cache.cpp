@@ -6,55 +6,118 @@
 
 namespace r3::models {
 
-namespace {
-void size_compressor(CompressorState& c, int64_t width, int64_t dim, int64_t capacity, int64_t rate) {
-  c.width = width;
-  c.dim = dim;
-  c.kv.assign(static_cast<std::size_t>(capacity * width), 0.0f);
-  c.gate.assign(static_cast<std::size_t>(capacity * width), 0.0f);
-  c.entries.assign(static_cast<std::size_t>(capacity / rate * dim), 0.0f);
+V4CacheSpecs v4_cache_specs(const DeepseekV4Spec& spec, int64_t layer) {
+  V4CacheSpecs out{CacheSpec::shared_sliding_kv(spec.head_dim, spec.sliding_window), {}, {}, {}, {}};
+  const V4AttentionKind kind = spec.layer_kinds.at(static_cast<std::size_t>(layer));
+  if (kind == V4AttentionKind::kCompressed) {
+    out.compressor_rows = CacheSpec::compressor_rows(2 * spec.head_dim, spec.csa_rate, true);
+    out.entries = CacheSpec::compressed_entries(spec.head_dim, spec.csa_rate);
+    out.index_rows = CacheSpec::compressor_rows(2 * spec.index_head_dim, spec.csa_rate, true);
+    out.index_keys = CacheSpec::compressed_entries(spec.index_head_dim, spec.csa_rate);
+  } else if (kind == V4AttentionKind::kHeavy) {
+    out.compressor_rows = CacheSpec::compressor_rows(spec.head_dim, spec.hca_rate, false);
+    out.entries = CacheSpec::compressed_entries(spec.head_dim, spec.hca_rate);
+  }
+  return out;
 }
+
+namespace {
+
+// The first projection row the next window needs at `length` (the previous window's too, with overlap).
+int64_t first_needed_row(const CacheSpec& rows, int64_t length) {
+  return std::max<int64_t>(0, (length / rows.rate - (rows.overlap ? 1 : 0)) * rows.rate);
+}
+
+uint64_t stream_seed(uint64_t seed, int64_t layer, int64_t stream) {
+  return seed == 0 ? 0 : seed + static_cast<uint64_t>(8 * layer + stream);
+}
+
 }  // namespace
 
-V4Cache::V4Cache(const DeepseekV4Spec& spec, int64_t max_slots, int64_t capacity)
-    : capacity_(capacity), max_slots_(max_slots), lengths_(static_cast<std::size_t>(max_slots), 0) {
+CompressorCache::CompressorCache(const CacheSpec& rows, const CacheSpec& entries, int64_t max_slots,
+                                 int64_t capacity, const V4CacheOptions& options, uint64_t seed)
+    // Emitting window w's entry right after its last row is written reads the last
+    // (1 + overlap) * rate rows, the oldest rows any later step still needs.
+    : rows_(rows, max_slots, capacity, (rows.overlap ? 2 : 1) * rows.rate, options.block_size, seed),
+      entries_(entries, max_slots, capacity / entries.rate, 0, options.block_size, seed == 0 ? 0 : seed + 1),
+      num_entries_(static_cast<std::size_t>(max_slots), 0) {}
+
+CompressorSlot CompressorCache::slot(int64_t slot) {
+  return {rows_.view(slot), entries_.view(slot), &num_entries_.at(static_cast<std::size_t>(slot))};
+}
+
+bool CompressorCache::can_resume(int64_t length, int64_t newest) const {
+  const int64_t first = first_needed_row(rows_.spec(), length);
+  return first >= length || rows_.holds(first, newest);
+}
+
+void CompressorCache::truncate(int64_t slot, int64_t length) {
+  int64_t& n = num_entries_.at(static_cast<std::size_t>(slot));
+  n = std::min(n, length / rate());
+}
+
+V4Cache::V4Cache(const DeepseekV4Spec& spec, int64_t max_slots, int64_t capacity, V4CacheOptions options)
+    : capacity_(capacity),
+      max_slots_(max_slots),
+      lengths_(static_cast<std::size_t>(max_slots), 0),
+      high_water_(static_cast<std::size_t>(max_slots), 0) {
   R3_CHECK(max_slots > 0 && capacity > 0, "cache dimensions must be positive");
+  R3_CHECK(options.block_size > 0, "V4 cache: block size must be positive");
   for (int64_t l = 0; l < spec.num_layers; ++l) {
-    const V4AttentionKind kind = spec.layer_kinds[static_cast<std::size_t>(l)];
-    rates_.push_back(kind == V4AttentionKind::kCompressed ? spec.csa_rate
-                     : kind == V4AttentionKind::kHeavy    ? spec.hca_rate
-                                                          : 0);
-    for (int64_t s = 0; s < max_slots; ++s) {
-      V4LayerState state;
-      state.kv.assign(static_cast<std::size_t>(capacity * spec.head_dim), 0.0f);
-      if (kind == V4AttentionKind::kCompressed) {
-        size_compressor(state.compressor, 2 * spec.head_dim, spec.head_dim, capacity, spec.csa_rate);
-        size_compressor(state.indexer, 2 * spec.index_head_dim, spec.index_head_dim, capacity, spec.csa_rate);
-      } else if (kind == V4AttentionKind::kHeavy) {
-        size_compressor(state.compressor, spec.head_dim, spec.head_dim, capacity, spec.hca_rate);
-      }
-      states_.push_back(std::move(state));
+    V4CacheSpecs specs = v4_cache_specs(spec, l);
+    // The step's attention reads its own positions' K=V rows from the step and writes them to the
+    // cache afterwards, so the cache only has to keep the window - 1 positions before a token.
+    const int64_t held = std::max<int64_t>(1, specs.window.window - 1);
+    Layer layer{specs,
+                PagedRows(specs.window, max_slots, capacity, held, options.block_size,
+                          stream_seed(options.shuffle_seed, l, 0)),
+                {},
+                {}};
+    if (specs.compressor_rows) {
+      layer.compressor.emplace(*specs.compressor_rows, *specs.entries, max_slots, capacity, options,
+                               stream_seed(options.shuffle_seed, l, 2));
     }
+    if (specs.index_rows) {
+      layer.indexer.emplace(*specs.index_rows, *specs.index_keys, max_slots, capacity, options,
+                            stream_seed(options.shuffle_seed, l, 4));
+    }
+    layers_.push_back(std::move(layer));
   }
+}
+
+const V4Cache::Layer& V4Cache::at(int64_t layer) const {
+  R3_CHECK(layer >= 0 && layer < num_layers(), "cache: layer ", layer, " out of range");
+  return layers_[static_cast<std::size_t>(layer)];
+}
+
+int64_t V4Cache::pool_bytes(int64_t layer) const {
+  const Layer& l = at(layer);
+  return l.window.bytes() + (l.compressor ? l.compressor->bytes() : 0) + (l.indexer ? l.indexer->bytes() : 0);
 }
 
 void V4Cache::set_length(int64_t slot, int64_t length) {
   R3_CHECK(slot >= 0 && slot < max_slots_, "cache: slot ", slot, " out of range");
   R3_CHECK(length >= 0 && length <= capacity_, "cache: length ", length, " exceeds capacity ", capacity_, " tokens");
-  lengths_[static_cast<std::size_t>(slot)] = length;
-  // Entries of windows that reach past the new length are no longer valid.
-  for (std::size_t l = 0; l < rates_.size(); ++l) {
-    if (rates_[l] == 0) continue;
-    V4LayerState& s = layer(static_cast<int64_t>(l), slot);
-    s.compressor.num_entries = std::min(s.compressor.num_entries, length / rates_[l]);
-    s.indexer.num_entries = std::min(s.indexer.num_entries, length / rates_[l]);
+  const auto s = static_cast<std::size_t>(slot);
+  if (length == 0) {
+    high_water_[s] = 0;
+  } else if (length < high_water_[s]) {
+    const int64_t newest = high_water_[s] - 1;  // rows up to here have been written since
+    for (const Layer& layer : layers_) {
+      const int64_t oldest = std::max<int64_t>(0, length - layer.specs.window.window + 1);
+      const bool ok = (oldest >= length || layer.window.holds(oldest, newest)) &&
+                      (!layer.compressor || layer.compressor->can_resume(length, newest)) &&
+                      (!layer.indexer || layer.indexer->can_resume(length, newest));
+      R3_CHECK(ok, "cache: cannot shorten slot ", slot, " from ", high_water_[s], " to ", length,
+               " positions: its sliding-window or compressor blocks have been reused since");
+    }
   }
-}
-
-V4LayerState& V4Cache::layer(int64_t layer, int64_t slot) {
-  R3_CHECK(layer >= 0 && layer < static_cast<int64_t>(rates_.size()) && slot >= 0 && slot < max_slots_,
-           "cache: layer ", layer, " slot ", slot, " out of range");
-  return states_[static_cast<std::size_t>(layer * max_slots_ + slot)];
+  high_water_[s] = std::max(high_water_[s], length);
+  lengths_[s] = length;
+  for (Layer& layer : layers_) {
+    if (layer.compressor) layer.compressor->truncate(slot, length);
+    if (layer.indexer) layer.indexer->truncate(slot, length);
+  }
 }
 
 }  // namespace r3::models

@@ -25,33 +25,37 @@ WindowCompressor::WindowCompressor(Tensor kv_proj, Tensor gate_proj, Tensor posi
   R3_CHECK(position_bias_.shape() == Shape({rate_, width_}), "compressor: position bias shape");
 }
 
-void WindowCompressor::store(backend::Context& ctx, const Tensor& x, const std::vector<int32_t>& positions,
-                             const std::vector<CompressorState*>& states) const {
+void WindowCompressor::update(backend::Context& ctx, const Tensor& x, const ForwardBatch& batch,
+                              CompressorCache& cache) const {
+  backend::Workspace::Scope scope(ctx.workspace());
   const int64_t tokens = x.dim(0);
-  Tensor kv = Tensor::empty(DType::F32, {tokens, width_});
-  Tensor gate = Tensor::empty(DType::F32, {tokens, width_});
+  Tensor kv = ctx.scratch(DType::F32, {tokens, width_});
+  Tensor gate = ctx.scratch(DType::F32, {tokens, width_});
   ops::linear(ctx, x, kv_proj_, nullptr, kv);
   ops::linear(ctx, x, gate_proj_, nullptr, gate);
   const auto row_bytes = sizeof(float) * static_cast<std::size_t>(width_);
   for (int64_t t = 0; t < tokens; ++t) {
-    CompressorState* s = states[static_cast<std::size_t>(t)];
-    if (s == nullptr) continue;  // padding
-    const int64_t p = positions[static_cast<std::size_t>(t)];
-    std::memcpy(s->kv.data() + p * width_, kv.data<float>() + t * width_, row_bytes);
-    std::memcpy(s->gate.data() + p * width_, gate.data<float>() + t * width_, row_bytes);
+    if (batch.slots[t] == ForwardBatch::kPadding) continue;
+    const CompressorSlot slot = cache.slot(batch.slots[t]);
+    const int64_t p = batch.positions[t];
+    std::memcpy(slot.rows.key_row(p), kv.data<float>() + t * width_, row_bytes);
+    std::memcpy(slot.rows.value_row(p), gate.data<float>() + t * width_, row_bytes);
+    emit(ctx, slot, p + 1);
   }
 }
 
-void WindowCompressor::emit(CompressorState& state, int64_t length) const {
+void WindowCompressor::emit(backend::Context& ctx, const CompressorSlot& slot, int64_t length) const {
   const ops::WindowPoolShape shape{rate_, dim_, width_, overlap_};
-  std::vector<float> pooled(static_cast<std::size_t>(dim_));
-  for (int64_t w = state.num_entries; w < length / rate_; ++w) {
-    ops::gated_window_pool(state.kv.data(), state.gate.data(), position_bias_.data<float>(), shape, w, pooled.data());
-    float* entry = state.entries.data() + w * dim_;
-    ops::rms_norm_row(pooled.data(), norm_.data<float>(), dim_, rms_eps_, entry);
+  backend::Workspace::Scope scope(ctx.workspace());
+  float* pooled = ctx.workspace().array<float>(dim_).data();
+  int64_t& emitted = *slot.num_entries;
+  for (int64_t w = emitted; w < length / rate_; ++w) {
+    ops::gated_window_pool(ctx, slot.rows, position_bias_.data<float>(), shape, w, pooled);
+    float* entry = slot.entries.key_row(w);
+    ops::rms_norm_row(pooled, norm_.data<float>(), dim_, rms_eps_, entry);
     rotary_.apply(entry, 1, dim_, w * rate_);
   }
-  state.num_entries = std::max(state.num_entries, length / rate_);
+  emitted = std::max(emitted, length / rate_);
 }
 
 }  // namespace r3::models

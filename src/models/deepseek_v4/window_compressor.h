@@ -7,6 +7,7 @@
 #include "core/tensor.h"
 #include "backend/context.h"
 #include "models/deepseek_v4/v4_cache.h"
+#include "models/forward_batch.h"
 #include "ops/interleaved_rotary.h"
 
 namespace r3::models {
@@ -21,13 +22,16 @@ class WindowCompressor {
   int64_t rate() const { return rate_; }
   int64_t dim() const { return dim_; }
 
-  // Projects the rows of `x` [tokens, hidden] and stores those of each token at its position.
-  void store(backend::Context& ctx, const Tensor& x, const std::vector<int32_t>& positions,
-             const std::vector<CompressorState*>& states) const;
-  // Emits the entries of every window completed within the first `length` positions.
-  void emit(CompressorState& state, int64_t length) const;
+  // Projects the rows of `x` [tokens, hidden]; then, token by token in batch order, caches the
+  // token's projections at its position and emits the entry of the window it completes. A slot's
+  // tokens come in position order, so a window's rows are all cached when it completes, and the
+  // ring of projections only ever drops rows whose entries have been emitted.
+  void update(backend::Context& ctx, const Tensor& x, const ForwardBatch& batch, CompressorCache& cache) const;
 
  private:
+  // Emits the entries of every window completed within the first `length` positions.
+  void emit(backend::Context& ctx, const CompressorSlot& slot, int64_t length) const;
+
   Tensor kv_proj_, gate_proj_, position_bias_, norm_;
   int64_t rate_, dim_, width_;
   bool overlap_;

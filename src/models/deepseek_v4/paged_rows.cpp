@@ -1,0 +1,60 @@
+#include "models/deepseek_v4/paged_rows.h"
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <utility>
+
+#include "core/check.h"
+
+namespace r3::models {
+
+namespace {
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+}  // namespace
+
+PagedRows::PagedRows(CacheSpec spec, int64_t max_slots, int64_t rows_per_slot, int64_t held_rows, int64_t block_size,
+                     uint64_t shuffle_seed)
+    : spec_(spec), max_slots_(max_slots), block_size_(block_size) {
+  R3_CHECK(max_slots > 0 && rows_per_slot >= 0 && held_rows >= 0 && block_size > 0 && spec.key_width > 0,
+           "V4 cache: bad stream geometry (", max_slots, " slots, ", rows_per_slot, " rows, blocks of ", block_size,
+           ")");
+  table_blocks_ = ceil_div(rows_per_slot, block_size_);
+  slot_blocks_ = table_blocks_;
+  // Any held_rows consecutive rows touch at most ceil((held_rows - 1) / B) + 1 blocks.
+  if (held_rows > 0) slot_blocks_ = std::min(slot_blocks_, ceil_div(held_rows - 1, block_size_) + 1);
+  const int64_t pool_blocks = max_slots_ * slot_blocks_;
+  R3_CHECK(pool_blocks <= INT32_MAX, "V4 cache: ", pool_blocks, " blocks exceed int32 block ids");
+  keys_.assign(static_cast<std::size_t>(pool_blocks * block_size_ * spec_.key_width), 0.0f);
+  values_.assign(static_cast<std::size_t>(pool_blocks * block_size_ * spec_.value_width), 0.0f);
+  // Every slot takes its blocks from the free list up front (as KvCache does today).
+  std::vector<int32_t> free_list(static_cast<std::size_t>(pool_blocks));
+  std::iota(free_list.begin(), free_list.end(), 0);
+  if (shuffle_seed != 0) {
+    std::mt19937_64 rng(shuffle_seed);
+    for (std::size_t i = free_list.size(); i > 1; --i) {  // Fisher-Yates, the same on every platform
+      std::swap(free_list[i - 1], free_list[static_cast<std::size_t>(rng() % i)]);
+    }
+  }
+  tables_.resize(static_cast<std::size_t>(max_slots_ * table_blocks_));
+  for (int64_t s = 0; s < max_slots_; ++s) {
+    for (int64_t i = 0; i < table_blocks_; ++i) {  // a ring: logical block i is the slot's block i mod ring
+      tables_[static_cast<std::size_t>(s * table_blocks_ + i)] =
+          free_list[static_cast<std::size_t>(s * slot_blocks_ + i % slot_blocks_)];
+    }
+  }
+}
+
+std::span<const int32_t> PagedRows::block_table(int64_t slot) const {
+  R3_CHECK(slot >= 0 && slot < max_slots_, "V4 cache: slot ", slot, " out of range");
+  return std::span<const int32_t>(tables_).subspan(static_cast<std::size_t>(slot * table_blocks_),
+                                                   static_cast<std::size_t>(table_blocks_));
+}
+
+ops::PagedKv PagedRows::view(int64_t slot) {
+  float* values = spec_.value_width > 0 ? values_.data() : keys_.data();
+  const int64_t value_width = spec_.value_width > 0 ? spec_.value_width : spec_.key_width;
+  return {keys_.data(), values, spec_.key_width, value_width, block_size_, block_table(slot)};
+}
+
+}  // namespace r3::models
