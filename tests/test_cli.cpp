@@ -69,7 +69,7 @@ TEST(Cli, EplbPlanPrintsPlacementAndBalance) {
   std::ofstream(tmp.path("load.json")) << "[[90, 5, 5, 5, 5, 5, 5, 5], [10, 10, 10, 10, 10, 10, 10, 10]]";
   const CommandResult r = run_r3("eplb-plan --load " + tmp.path("load.json") + " --redundant-experts 4 --gpus 4");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("layer 0: 8 experts on 12 physical slots, 4 GPUs (3 per GPU)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("layer 0: 8 experts on 12 physical experts, 4 GPUs (3 per GPU)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("layer 1:"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("max/mean GPU load:"), std::string::npos) << r.out;
   const auto j = nlohmann::json::parse(
@@ -77,7 +77,7 @@ TEST(Cli, EplbPlanPrintsPlacementAndBalance) {
   ASSERT_EQ(j.size(), 2u);
   EXPECT_EQ(j[0]["physical_to_logical"].size(), 12u);
   EXPECT_LT(j[0]["imbalance_after"].get<double>(), j[0]["imbalance_before"].get<double>());
-  EXPECT_EQ(j[0]["replica_count"][0].get<int>(), 5);  // the hot expert takes every extra slot
+  EXPECT_EQ(j[0]["replica_count"][0].get<int>(), 5);  // the hot expert takes every extra replica
 }
 
 TEST(Cli, GenerateShowsTokensRoutingAndTimings) {

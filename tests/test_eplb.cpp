@@ -58,11 +58,11 @@ TEST(Rebalance, HotExpertGetsTheReplicasAndBalanceImproves) {
   const std::vector<double> load = {100, 1, 1, 1, 1, 1, 1, 1};
   const EplbPlan plan = plan_placement(load, 12, {1, 1, 4});
   expect_valid(plan, 8, 12);
-  EXPECT_EQ(plan.replica_count[0], 5);  // all four extra slots go to the hot expert
+  EXPECT_EQ(plan.replica_count[0], 5);  // all four extra replicas go to the hot expert
   const auto before = placement_balance(ExpertPlacement::initial(8, 4).physical_to_logical(), load, 4);
   const auto after = placement_balance(plan.physical_to_logical, load, 4);
   EXPECT_LT(after.imbalance(), before.imbalance());
-  EXPECT_NEAR(before.max, 100.0 / 2 + 1 + 1, 1e-9);  // slots 0..2: expert 0 (half), 1, 2
+  EXPECT_NEAR(before.max, 100.0 / 2 + 1 + 1, 1e-9);  // physical experts 0..2: expert 0 (half), 1, 2
   // Five replicas of 20 over four GPUs: one GPU holds two of them and one light expert.
   EXPECT_NEAR(after.max, 2 * 20.0 + 1, 1e-9);
 }
@@ -79,7 +79,7 @@ TEST(Rebalance, GroupsStayWholeOnANode) {
   std::uniform_real_distribution<double> dist(0, 100);
   std::vector<double> load(16);
   for (auto& l : load) l = dist(rng);
-  // 4 groups of 4 experts, 2 nodes, 4 GPUs, 4 redundant: 10 slots per node.
+  // 4 groups of 4 experts, 2 nodes, 4 GPUs, 4 redundant: 10 physical experts per node.
   const EplbPlan plan = plan_placement(load, 20, {4, 2, 4});
   expect_valid(plan, 16, 20);
   for (int64_t p = 0; p < 20; ++p) {
@@ -95,8 +95,8 @@ TEST(Rebalance, GroupsStayWholeOnANode) {
 
 TEST(Rebalance, ImpossibleShapesAreClearErrors) {
   const std::vector<double> load(8, 1.0);
-  EXPECT_THROW(plan_placement(load, 7, {}), Error);          // fewer slots than experts
-  EXPECT_THROW(plan_placement(load, 10, {1, 1, 4}), Error);  // 10 slots over 4 GPUs
+  EXPECT_THROW(plan_placement(load, 7, {}), Error);          // fewer physical experts than experts
+  EXPECT_THROW(plan_placement(load, 10, {1, 1, 4}), Error);  // 10 sequences over 4 GPUs
   EXPECT_THROW(plan_placement(load, 8, {3, 1, 1}), Error);   // 8 experts in 3 groups
   EXPECT_THROW(plan_placement(load, 8, {1, 3, 4}), Error);   // 4 GPUs over 3 nodes
   const std::vector<double> negative = {1, -1};
@@ -124,7 +124,7 @@ TEST(Rebalance, StartUpTopologyCheckIsTheRebalancersRule) {
             } catch (const Error&) {
               check_ok = false;
             }
-            EXPECT_EQ(check_ok, plan_ok) << experts << " experts, " << physical << " slots, " << groups
+            EXPECT_EQ(check_ok, plan_ok) << experts << " experts, " << physical << " physical experts, " << groups
                                          << " groups, " << nodes << " nodes, " << gpus << " GPUs";
             (plan_ok ? accepted : refused) += 1;
           }

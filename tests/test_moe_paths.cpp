@@ -347,7 +347,7 @@ TEST(Eplb, MapCountsTheStepsTokensPerPhysicalExpertWithoutPadding) {
   for (int e = 0; e < 3; ++e) {
     experts.push_back({Tensor::empty(DType::F32, {2, 2}), Tensor::empty(DType::F32, {2, 2}), Tensor::empty(DType::F32, {2, 2})});
   }
-  const moe::PhysicalExperts layer(std::move(experts), moe::ExpertPlacement::initial(3, 1));  // slot 3 replicates expert 0
+  const moe::PhysicalExperts layer(std::move(experts), moe::ExpertPlacement::initial(3, 1));  // physical expert 3 replicates expert 0
   backend::Workspace workspace;
   moe::Routing routing = moe::Routing::in(workspace, 3, 2);
   const int32_t ids[] = {0, 1, 0, 2, 1, 2};  // token 2 is padding

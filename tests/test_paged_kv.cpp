@@ -1,6 +1,6 @@
 // The paged KV cache: block-table addressing, sliding-window rings, and attention through the
 // paged view. A model run whose blocks are scattered across the pool (a shuffled free list,
-// blocks of all slots interleaved, blocks as small as one position) must give logits and
+// blocks of all sequences interleaved, blocks as small as one position) must give logits and
 // routed experts bit-identical to the contiguous assignment, for GQA, sliding-window and MLA
 // layers, over a batched prefill, multi-token chunks and single-token decode steps.
 #include <gtest/gtest.h>
@@ -31,20 +31,20 @@ using models::KvCacheOptions;
 TEST(PagedKv, BlockTablesAddressEveryPositionOfEverySlotThroughScatteredBlocks) {
   const std::vector<CacheSpec> specs = {CacheSpec::full_kv(4), CacheSpec::sliding_window_kv(4, 3),
                                         CacheSpec::latent(5, 2)};
-  const int64_t slots = 3, capacity = 10, block = 2;
-  KvCache cache(specs, slots, capacity, {block, /*shuffle_seed=*/11});
-  KvCache contiguous(specs, slots, capacity, {block, 0});
+  const int64_t seqs = 3, capacity = 10, block = 2;
+  KvCache cache(specs, seqs, capacity, {block, /*shuffle_seed=*/11});
+  KvCache contiguous(specs, seqs, capacity, {block, 0});
   EXPECT_EQ(cache.bytes_per_token(), (8 + 8 + 7) * 4);
 
-  for (int64_t layer : {0, 2}) {  // full layers: every slot owns ceil(10 / 2) = 5 distinct blocks
-    EXPECT_EQ(cache.blocks_per_slot(layer), 5);
+  for (int64_t layer : {0, 2}) {  // full layers: every sequence owns ceil(10 / 2) = 5 distinct blocks
+    EXPECT_EQ(cache.blocks_per_seq(layer), 5);
     EXPECT_EQ(cache.positions_per_pass(layer), capacity);
     std::vector<int32_t> all;
-    for (int64_t s = 0; s < slots; ++s) {
+    for (int64_t s = 0; s < seqs; ++s) {
       const auto table = cache.block_table(layer, s);
       ASSERT_EQ(table.size(), 5u);
       all.insert(all.end(), table.begin(), table.end());
-      // The contiguous assignment gives slot s blocks [5s, 5s + 5) in order.
+      // The contiguous assignment gives sequence s blocks [5s, 5s + 5) in order.
       const auto plain = contiguous.block_table(layer, s);
       for (int64_t i = 0; i < 5; ++i) EXPECT_EQ(plain[static_cast<std::size_t>(i)], 5 * s + i);
     }
@@ -52,24 +52,24 @@ TEST(PagedKv, BlockTablesAddressEveryPositionOfEverySlotThroughScatteredBlocks) 
     std::sort(sorted.begin(), sorted.end());
     std::vector<int32_t> ids(15);
     std::iota(ids.begin(), ids.end(), 0);
-    EXPECT_EQ(sorted, ids) << "each block belongs to exactly one slot";
+    EXPECT_EQ(sorted, ids) << "each block belongs to exactly one seq";
     EXPECT_NE(all, ids) << "the shuffled free list must scatter the blocks";
   }
 
-  // Write a distinct row at every (layer, slot, position) through the view, then read it back
+  // Write a distinct row at every (layer, sequence, position) through the view, then read it back
   // through the view and straight from the pool at table[p / B] * B + p % B.
-  auto tag = [](int64_t layer, int64_t slot, int64_t p, int64_t c) {
-    return static_cast<float>(10000 * layer + 1000 * slot + 10 * p + c);
+  auto tag = [](int64_t layer, int64_t seq, int64_t p, int64_t c) {
+    return static_cast<float>(10000 * layer + 1000 * seq + 10 * p + c);
   };
   for (int64_t layer : {0, 2}) {
-    for (int64_t s = 0; s < slots; ++s) {
+    for (int64_t s = 0; s < seqs; ++s) {
       const ops::PagedKv kv = cache.view(layer, s);
       for (int64_t p = 0; p < capacity; ++p) {
         for (int64_t c = 0; c < kv.key_width; ++c) kv.key_row(p)[c] = tag(layer, s, p, c);
         for (int64_t c = 0; c < kv.value_width; ++c) kv.value_row(p)[c] = -tag(layer, s, p, c);
       }
     }
-    for (int64_t s = 0; s < slots; ++s) {
+    for (int64_t s = 0; s < seqs; ++s) {
       const ops::PagedKv kv = cache.view(layer, s);
       const auto table = cache.block_table(layer, s);
       for (int64_t p = 0; p < capacity; ++p) {
@@ -99,21 +99,21 @@ TEST(PagedKv, SlidingWindowLayersHoldARingOfBlocksCoveringTheWindow) {
   // Window 5, blocks of 2: a pass writes at most 2 positions ahead, so the token at p needs
   // blocks from (p - 4) / 2 to (p + 1) / 2: at most ceil((5 + 2 - 2) / 2) + 1 = 4 blocks.
   const std::vector<CacheSpec> specs = {CacheSpec::sliding_window_kv(3, 5), CacheSpec::full_kv(3)};
-  const int64_t slots = 2, capacity = 20, block = 2;
-  KvCache cache(specs, slots, capacity, {block, 5});
-  EXPECT_EQ(cache.blocks_per_slot(0), 4);
-  EXPECT_EQ(cache.blocks_per_slot(1), 10);
+  const int64_t seqs = 2, capacity = 20, block = 2;
+  KvCache cache(specs, seqs, capacity, {block, 5});
+  EXPECT_EQ(cache.blocks_per_seq(0), 4);
+  EXPECT_EQ(cache.blocks_per_seq(1), 10);
   EXPECT_EQ(cache.positions_per_pass(0), block);
-  EXPECT_EQ(cache.pool_bytes(), slots * (4 + 10) * block * 2 * 3 * 4);
+  EXPECT_EQ(cache.pool_bytes(), seqs * (4 + 10) * block * 2 * 3 * 4);
   std::set<int32_t> owned[2];
-  for (int64_t s = 0; s < slots; ++s) {
+  for (int64_t s = 0; s < seqs; ++s) {
     const auto table = cache.block_table(0, s);
     ASSERT_EQ(table.size(), 10u);
     for (std::size_t i = 0; i < table.size(); ++i) EXPECT_EQ(table[i], table[i % 4]) << "a ring of 4 blocks";
     owned[s].insert(table.begin(), table.end());
     EXPECT_EQ(owned[s].size(), 4u);
   }
-  for (int32_t b : owned[0]) EXPECT_EQ(owned[1].count(b), 0u) << "slots never share ring blocks";
+  for (int32_t b : owned[0]) EXPECT_EQ(owned[1].count(b), 0u) << "seqs never share ring blocks";
 
   // Writing positions in order, each pass of `block` positions ahead, never clobbers a position
   // some token of the pass still reads (its last 5).
@@ -125,7 +125,7 @@ TEST(PagedKv, SlidingWindowLayersHoldARingOfBlocksCoveringTheWindow) {
     }
   }
   // Ring blocks have been reused: shortening below what the window still holds is refused,
-  // clearing is always allowed, and the slot can be filled again.
+  // clearing is always allowed, and the sequence can be filled again.
   cache.set_length(1, capacity);
   EXPECT_THROW(cache.set_length(1, 4), Error);
   EXPECT_NO_THROW(cache.set_length(1, capacity - 1));
@@ -133,7 +133,7 @@ TEST(PagedKv, SlidingWindowLayersHoldARingOfBlocksCoveringTheWindow) {
   EXPECT_NO_THROW(cache.set_length(1, 4));
   // A window wider than the capacity needs no ring.
   KvCache wide({CacheSpec::sliding_window_kv(3, 64)}, 1, 20, {4, 0});
-  EXPECT_EQ(wide.blocks_per_slot(0), 5);
+  EXPECT_EQ(wide.blocks_per_seq(0), 5);
   EXPECT_EQ(wide.positions_per_pass(0), 20);
 }
 
@@ -209,12 +209,12 @@ TEST(PagedKv, AttentionThroughAScatteredBlockTableEqualsContiguousRows) {
 
 struct Run {
   std::vector<std::vector<float>> logits;  // per step, every row
-  std::vector<std::vector<int32_t>> routed;  // per slot, all rows
-  std::vector<float> slot0_logits;          // the rows of slot 0 in order, [tokens, vocab]
+  std::vector<std::vector<int32_t>> routed;  // per sequence, all rows
+  std::vector<float> seq0_logits;          // the rows of sequence 0 in order, [tokens, vocab]
 };
 
-// Three slots sharing steps: a batched prefill of two prompts with a padding row, then a
-// multi-token chunk, a third sequence joining late, and single-token decode steps, until slot 0
+// Three sequences sharing steps: a batched prefill of two prompts with a padding row, then a
+// multi-token chunk, a third sequence joining late, and single-token decode steps, until sequence 0
 // has run over ids0[0, 19).
 Run run_schedule(models::DecoderModel& model, KvCacheOptions options, const std::vector<int32_t>& ids0,
                  const std::vector<int32_t>& ids1) {
@@ -232,32 +232,32 @@ Run run_schedule(models::DecoderModel& model, KvCacheOptions options, const std:
   Run run;
   const std::vector<std::vector<std::pair<int32_t, std::size_t>>> schedule = {
       {{0, 12}, {1, 7}},          // prefill
-      {{1, 5}, {0, 1}},           // a chunk of 5 for slot 1 before slot 0's token
-      {{0, 1}, {2, 9}, {1, 1}},   // slot 2 joins
+      {{1, 5}, {0, 1}},           // a chunk of 5 for sequence 1 before sequence 0's token
+      {{0, 1}, {2, 9}, {1, 1}},   // sequence 2 joins
       {{0, 1}, {1, 1}, {2, 1}}, {{2, 3}, {0, 1}}, {{0, 1}, {1, 2}}, {{0, 1}}, {{0, 1}, {1, 1}, {2, 1}}};
   const std::vector<const std::vector<int32_t>*> source = {&ids0, &ids1, &ids2};
   for (std::size_t s = 0; s < schedule.size(); ++s) {
     std::vector<engine::StepSequence> step;
-    std::vector<std::size_t> slot0_rows;
+    std::vector<std::size_t> seq0_rows;
     int64_t row = 0;
-    for (auto [slot, n] : schedule[s]) {
-      const auto& src = *source[static_cast<std::size_t>(slot)];
-      if (done[slot] + n > src.size()) throw Error("test schedule runs past its tokens");
-      std::vector<int32_t> tokens(src.begin() + static_cast<std::ptrdiff_t>(done[slot]),
-                                  src.begin() + static_cast<std::ptrdiff_t>(done[slot] + n));
-      if (slot == 0) {
-        for (std::size_t i = 0; i < n; ++i) slot0_rows.push_back(static_cast<std::size_t>(row) + i);
+    for (auto [seq, n] : schedule[s]) {
+      const auto& src = *source[static_cast<std::size_t>(seq)];
+      if (done[seq] + n > src.size()) throw Error("test schedule runs past its tokens");
+      std::vector<int32_t> tokens(src.begin() + static_cast<std::ptrdiff_t>(done[seq]),
+                                  src.begin() + static_cast<std::ptrdiff_t>(done[seq] + n));
+      if (seq == 0) {
+        for (std::size_t i = 0; i < n; ++i) seq0_rows.push_back(static_cast<std::size_t>(row) + i);
       }
       row += static_cast<int64_t>(n);
-      done[slot] += n;
-      step.push_back({slot, std::move(tokens), &routed[static_cast<std::size_t>(slot)], {}});
+      done[seq] += n;
+      step.push_back({seq, std::move(tokens), &routed[static_cast<std::size_t>(seq)], {}});
     }
     const Tensor logits = runner.run(step, /*padding_rows=*/s == 0 ? 1 : 0, /*all_logits=*/true);
     const int64_t v = logits.dim(1);
     run.logits.emplace_back(logits.data<float>(), logits.data<float>() + logits.numel());
-    for (std::size_t r : slot0_rows) {
+    for (std::size_t r : seq0_rows) {
       const float* p = logits.data<float>() + static_cast<int64_t>(r) * v;
-      run.slot0_logits.insert(run.slot0_logits.end(), p, p + v);
+      run.seq0_logits.insert(run.seq0_logits.end(), p, p + v);
     }
   }
   EXPECT_EQ(done[0], 19u);
@@ -285,10 +285,10 @@ std::vector<int32_t> second_sequence(const std::string& family) {
 // float64 reference as in the parity tests, whatever the block layout.
 void expect_matches_reference(const std::string& family, const Run& run, const std::string& what) {
   const Reference ref = load_reference(family, 0);
-  ASSERT_EQ(run.slot0_logits.size(), ref.logits.size()) << what;
+  ASSERT_EQ(run.seq0_logits.size(), ref.logits.size()) << what;
   double max_err = 0, max_ref = 0;
   for (std::size_t i = 0; i < ref.logits.size(); ++i) {
-    max_err = std::max(max_err, std::abs(double(run.slot0_logits[i]) - ref.logits[i]));
+    max_err = std::max(max_err, std::abs(double(run.seq0_logits[i]) - ref.logits[i]));
     max_ref = std::max(max_ref, std::abs(ref.logits[i]));
   }
   EXPECT_LE(max_err / max_ref, 1e-4) << what;
@@ -315,12 +315,12 @@ void expect_scattered_blocks_change_nothing(const std::string& family, const std
                                        KvCacheOptions{1, 13}, KvCacheOptions{5, 0}}) {
     const std::string what = family + " blocks of " + std::to_string(options.block_size) + " seed " +
                              std::to_string(options.shuffle_seed);
-    // The cache really is scattered: a slot's blocks are not consecutive in the pool.
+    // The cache really is scattered: a sequence's blocks are not consecutive in the pool.
     auto probe = model->make_kv_cache(3, 24, options);
-    if (options.shuffle_seed != 0 && probe->blocks_per_slot(0) > 1) {
+    if (options.shuffle_seed != 0 && probe->blocks_per_seq(0) > 1) {
       const auto table = probe->block_table(0, 0);
       bool consecutive = true;
-      for (std::size_t i = 1; i < static_cast<std::size_t>(probe->blocks_per_slot(0)); ++i) {
+      for (std::size_t i = 1; i < static_cast<std::size_t>(probe->blocks_per_seq(0)); ++i) {
         consecutive = consecutive && table[i] == table[i - 1] + 1;
       }
       EXPECT_FALSE(consecutive) << what;
@@ -346,8 +346,8 @@ TEST(PagedKv, SlidingWindowModelIsBitIdenticalWithScatteredBlocksAndRings) {
   ASSERT_EQ(model->cache_specs()[0], CacheSpec::sliding_window_kv(2 * 16, 8));
   ASSERT_EQ(model->cache_specs()[1], CacheSpec::full_kv(2 * 16));
   auto cache = model->make_kv_cache(3, 24, {2, 0});
-  EXPECT_EQ(cache->blocks_per_slot(0), 5);  // ceil((8 + 2 - 2) / 2) + 1, not 12
-  EXPECT_EQ(cache->blocks_per_slot(1), 12);
+  EXPECT_EQ(cache->blocks_per_seq(0), 5);  // ceil((8 + 2 - 2) / 2) + 1, not 12
+  EXPECT_EQ(cache->blocks_per_seq(1), 12);
   expect_scattered_blocks_change_nothing("gpt_oss", family_dir("gpt_oss"), true);
 }
 
@@ -365,8 +365,8 @@ TEST(PagedKv, MixtralWithASlidingWindowIsBitIdenticalWithScatteredBlocks) {
   auto* plain = dynamic_cast<models::DecoderModel*>(plain_owner.get());
   ASSERT_NE(plain, nullptr);
   const auto ids0 = reference_ids("mixtral", 0), ids1 = second_sequence("mixtral");
-  EXPECT_NE(run_schedule(*model, {16, 0}, ids0, ids1).slot0_logits,
-            run_schedule(*plain, {16, 0}, ids0, ids1).slot0_logits)
+  EXPECT_NE(run_schedule(*model, {16, 0}, ids0, ids1).seq0_logits,
+            run_schedule(*plain, {16, 0}, ids0, ids1).seq0_logits)
       << "a window of 5 over 19 tokens must change the result";
   expect_scattered_blocks_change_nothing("mixtral", family_dir("mixtral"), true);
 }

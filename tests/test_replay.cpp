@@ -165,7 +165,7 @@ TEST(Replay, ExpertIdsAreRangeCheckedBeforeNarrowing) {
   };
   std::vector<int64_t> wide = {0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5};
   EXPECT_EQ(st_error(Tensor::from(wide, {2, 3, 2})), "");
-  wide[11] = 4294967300;  // row 1, layer 2, slot 1
+  wide[11] = 4294967300;  // row 1, layer 2, sequence 1
   const std::string err = st_error(Tensor::from(wide, {2, 3, 2}));
   EXPECT_NE(err.find("r.safetensors: row 1 MoE layer 2: expert id 4294967300 outside [0, 8)"), std::string::npos)
       << err;

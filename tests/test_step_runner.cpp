@@ -91,7 +91,7 @@ TEST_P(MixedStep, ABadSequenceIsRefusedAloneAndTheOthersRun) {
   ASSERT_EQ(logits.dim(0), 4);
   EXPECT_EQ(std::vector<float>(logits.data<float>() + v, logits.data<float>() + 2 * v), solo_a.logits);
   EXPECT_EQ(ra.flat(), solo_a.routed);
-  for (int32_t slot : {1, 2, 3}) EXPECT_EQ(cache->length(slot), 0) << "a refused sequence must not touch its cache";
+  for (int32_t seq : {1, 2, 3}) EXPECT_EQ(cache->length(seq), 0) << "a refused sequence must not touch its cache";
   EXPECT_EQ(rb.rows() + rc.rows() + rd.rows(), 0);
   // run() refuses the same step as a whole, naming the problem.
   try {

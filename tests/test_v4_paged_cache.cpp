@@ -52,15 +52,15 @@ V4Model load_v4(const std::string& family) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Whole models: scattered blocks and rings against one block per slot (the unpaged layout).
+// Whole models: scattered blocks and rings against one block per sequence (the unpaged layout).
 
 struct Run {
   std::vector<std::vector<float>> logits;    // per step, every row
-  std::vector<std::vector<int32_t>> routed;  // per slot
+  std::vector<std::vector<int32_t>> routed;  // per sequence
 };
 
-// Three slots sharing steps: slot 0's prompt in two chunks (`first` and `second` tokens, which
-// the caller picks to cross compressor windows), slot 1 in chunks around it, slot 2 joining
+// Three sequences sharing steps: sequence 0's prompt in two chunks (`first` and `second` tokens, which
+// the caller picks to cross compressor windows), sequence 1 in chunks around it, sequence 2 joining
 // late, then single-token decode steps.
 Run run_schedule(models::DeepseekV4Model& model, int64_t capacity, V4CacheOptions options, int64_t first,
                  int64_t second, const std::vector<int32_t>& ids0, const std::vector<int32_t>& ids1) {
@@ -75,23 +75,23 @@ Run run_schedule(models::DeepseekV4Model& model, int64_t capacity, V4CacheOption
   const std::vector<std::vector<std::pair<int32_t, int64_t>>> schedule = {
       {{0, first}, {1, 7}},  // prefill
       {{1, 5}, {0, second}},
-      {{0, 1}, {2, 9}, {1, 1}},  // slot 2 joins
+      {{0, 1}, {2, 9}, {1, 1}},  // sequence 2 joins
       {{0, 1}, {1, 1}, {2, 1}}, {{2, 3}, {0, 1}}, {{0, 1}, {1, 2}}, {{0, 1}}, {{0, 1}, {1, 1}, {2, 1}}};
   std::vector<int64_t> done(3, 0);
   Run run;
   for (std::size_t s = 0; s < schedule.size(); ++s) {
     std::vector<engine::StepSequence> step;
-    for (auto [slot, n] : schedule[s]) {
-      const auto& src = *source[static_cast<std::size_t>(slot)];
-      if (done[slot] + n > static_cast<int64_t>(src.size())) throw Error("test schedule runs past its tokens");
-      std::vector<int32_t> tokens(src.begin() + done[slot], src.begin() + done[slot] + n);
-      done[slot] += n;
-      step.push_back({slot, std::move(tokens), &routed[static_cast<std::size_t>(slot)], {}});
+    for (auto [seq, n] : schedule[s]) {
+      const auto& src = *source[static_cast<std::size_t>(seq)];
+      if (done[seq] + n > static_cast<int64_t>(src.size())) throw Error("test schedule runs past its tokens");
+      std::vector<int32_t> tokens(src.begin() + done[seq], src.begin() + done[seq] + n);
+      done[seq] += n;
+      step.push_back({seq, std::move(tokens), &routed[static_cast<std::size_t>(seq)], {}});
     }
     const Tensor logits = runner.run(step, /*padding_rows=*/s == 0 ? 1 : 0, /*all_logits=*/true);
     run.logits.emplace_back(logits.data<float>(), logits.data<float>() + logits.numel());
   }
-  for (int32_t slot = 0; slot < 3; ++slot) EXPECT_EQ(cache->length(slot), done[slot]);
+  for (int32_t seq = 0; seq < 3; ++seq) EXPECT_EQ(cache->length(seq), done[seq]);
   for (const auto& r : routed) run.routed.push_back(r.flat());
   return run;
 }
@@ -103,7 +103,7 @@ void expect_scattered_blocks_change_nothing(const std::string& family, int64_t c
   const auto ids0 = reference_ids(family, 0);
   std::vector<int32_t> ids1 = reference_ids(family, 1);
   ids1.insert(ids1.end(), ids0.rbegin(), ids0.rend());
-  // One block per slot: every stream is contiguous and nothing is a ring.
+  // One block per sequence: every stream is contiguous and nothing is a ring.
   const V4CacheOptions whole{capacity, 0};
   const Run contiguous = run_schedule(*m.model, capacity, whole, first, second, ids0, ids1);
   bool some_ring = false, some_scattered = false;
@@ -134,14 +134,14 @@ TEST(V4PagedCache, ScatteredBlocksAndRingsAreBitIdentical) {
 }
 
 TEST(V4PagedCache, ScatteredBlocksAndRingsAreBitIdenticalWithYarnAndLongWindows) {
-  // HCA rate 128: slot 0's chunks of 129 and 128 positions complete HCA windows 0 and 1 in
+  // HCA rate 128: sequence 0's chunks of 129 and 128 positions complete HCA windows 0 and 1 in
   // different steps, and its projections ring over 128 positions.
   expect_scattered_blocks_change_nothing("deepseek_v4_yarn", 288, 129, 128);
 }
 
 TEST(V4PagedCache, PrefillAndDecodeMatchTheReferenceInAnyBlockLayout) {
-  // The baseline of the tests above computes the reference: slot 0 alone, prefill of the prompt
-  // then decode, through one block per slot and through small scattered blocks with rings.
+  // The baseline of the tests above computes the reference: sequence 0 alone, prefill of the prompt
+  // then decode, through one block per sequence and through small scattered blocks with rings.
   V4Model m = load_v4("deepseek_v4");
   const Reference ref = load_reference("deepseek_v4", 0);
   const std::vector<int32_t> ids(ref.input_ids.begin(), ref.input_ids.end() - 1);
@@ -194,15 +194,15 @@ TEST(V4PagedCache, LayersDeclareTheirStreams) {
 TEST(V4PagedCache, RingStreamsDoNotGrowWithCapacity) {
   const V4Model m = load_v4("deepseek_v4_yarn");
   const auto& s = m.spec;
-  const int64_t slots = 3, block = 4, f = sizeof(float);
-  V4Cache a(s, slots, 512, {block, 0}), b(s, slots, 8192, {block, 0});
+  const int64_t seqs = 3, block = 4, f = sizeof(float);
+  V4Cache a(s, seqs, 512, {block, 0}), b(s, seqs, 8192, {block, 0});
   for (int64_t l = 0; l < s.num_layers; ++l) {
     SCOPED_TRACE("layer " + std::to_string(l));
     // K = V rows: a ring covering the window - 1 positions before a token (the step's own rows
     // are read from the step), whatever the capacity.
     const int64_t window_blocks = ceil_div(s.sliding_window - 2, block) + 1;
-    EXPECT_EQ(b.window(l).blocks_per_slot(), window_blocks);
-    EXPECT_EQ(b.window(l).bytes(), slots * window_blocks * block * s.head_dim * f);
+    EXPECT_EQ(b.window(l).blocks_per_seq(), window_blocks);
+    EXPECT_EQ(b.window(l).bytes(), seqs * window_blocks * block * s.head_dim * f);
     EXPECT_EQ(a.window(l).bytes(), b.window(l).bytes());
     for (auto get : {&V4Cache::compressor, &V4Cache::indexer}) {
       models::CompressorCache* ca = (a.*get)(l);
@@ -213,21 +213,21 @@ TEST(V4PagedCache, RingStreamsDoNotGrowWithCapacity) {
       // Projections: a ring covering the one or two windows an entry pools.
       const int64_t held = (rows.overlap ? 2 : 1) * rows.rate;
       const int64_t ring = ceil_div(held - 1, block) + 1;
-      EXPECT_EQ(cb->rows().blocks_per_slot(), ring);
-      EXPECT_EQ(cb->rows().bytes(), slots * ring * block * rows.bytes_per_token());
+      EXPECT_EQ(cb->rows().blocks_per_seq(), ring);
+      EXPECT_EQ(cb->rows().bytes(), seqs * ring * block * rows.bytes_per_token());
       EXPECT_EQ(ca->rows().bytes(), cb->rows().bytes());
       // Entries: paged over the capacity, as the spec says (one per window), in whole blocks.
-      EXPECT_EQ(cb->entries().bytes(), slots * ceil_div(8192 / entries.rate, block) * block * entries.key_width * f);
-      EXPECT_LE(cb->entries().bytes(), entries.bytes_per_token() * 8192 * slots);
+      EXPECT_EQ(cb->entries().bytes(), seqs * ceil_div(8192 / entries.rate, block) * block * entries.key_width * f);
+      EXPECT_LE(cb->entries().bytes(), entries.bytes_per_token() * 8192 * seqs);
     }
   }
   // The whole cache is far below the unpaged layout's (every position's rows for every layer).
   int64_t unpaged = 0, paged = 0;
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const auto specs = models::v4_cache_specs(s, l);
-    unpaged += specs.window.bytes_per_token() * 8192 * slots;
-    if (specs.compressor_rows) unpaged += specs.compressor_rows->bytes_per_token() * 8192 * slots;
-    if (specs.index_rows) unpaged += specs.index_rows->bytes_per_token() * 8192 * slots;
+    unpaged += specs.window.bytes_per_token() * 8192 * seqs;
+    if (specs.compressor_rows) unpaged += specs.compressor_rows->bytes_per_token() * 8192 * seqs;
+    if (specs.index_rows) unpaged += specs.index_rows->bytes_per_token() * 8192 * seqs;
     paged += b.pool_bytes(l);
   }
   EXPECT_LT(paged * 20, unpaged);
@@ -236,7 +236,7 @@ TEST(V4PagedCache, RingStreamsDoNotGrowWithCapacity) {
 // ---------------------------------------------------------------------------------------------
 // Shortening a sequence.
 
-// Logits of decoding ids[from, to) one token at a time on slot 0.
+// Logits of decoding ids[from, to) one token at a time on sequence 0.
 std::vector<float> decode(engine::StepRunner& runner, const std::vector<int32_t>& ids, std::size_t from,
                           std::size_t to) {
   std::vector<float> out;
@@ -264,12 +264,12 @@ TEST(V4PagedCache, ShorteningResumesExactlyOrIsRefused) {
     EXPECT_EQ(again, std::vector<float>(first.end() - static_cast<std::ptrdiff_t>(again.size()), first.end()))
         << "blocks of " << options.block_size << ", back to " << rewind_to;
   };
-  run_and_rewind({32, 0}, 13);  // one block per slot: any shortening resumes, as before
+  run_and_rewind({32, 0}, 13);  // one block per sequence: any shortening resumes, as before
   run_and_rewind({32, 0}, 5);
   run_and_rewind({16, 3}, 17);  // rings of two blocks of 16 still hold positions 10.. and 12..
   run_and_rewind({2, 5}, 19);   // small rings: one position back
 
-  // Back past what a ring still holds: refused, and the slot keeps its length.
+  // Back past what a ring still holds: refused, and the sequence keeps its length.
   auto cache = m.model->make_v4_cache(1, 24, {2, 5});
   engine::StepRunner runner(*m.model, ctx, *cache, 24);
   runner.run({{0, ids, nullptr, {}}});
@@ -277,11 +277,11 @@ TEST(V4PagedCache, ShorteningResumesExactlyOrIsRefused) {
     cache->set_length(0, 6);
     FAIL() << "shortening past the rings must be refused";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("cannot shorten slot 0 from 20 to 6 positions"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("cannot shorten seq 0 from 20 to 6 positions"), std::string::npos)
         << e.what();
   }
   EXPECT_EQ(cache->length(0), 20);
-  // Back to 0 always works: the slot starts over and gives the first run's logits.
+  // Back to 0 always works: the sequence starts over and gives the first run's logits.
   auto fresh = m.model->make_v4_cache(1, 24, {2, 5});
   engine::StepRunner fresh_runner(*m.model, ctx, *fresh, 24);
   cache->set_length(0, 0);

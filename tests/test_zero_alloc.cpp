@@ -99,11 +99,11 @@ TEST_P(ZeroAllocDecode, WarmDecodeStepMakesNoHeapAllocation) {
   moe::ExpertLoads loads(physical);
 
   models::ForwardBatch prefill;
-  for (int32_t slot = 0; slot < 2; ++slot) {
+  for (int32_t seq = 0; seq < 2; ++seq) {
     for (int32_t p = 0; p < 5; ++p) {
-      prefill.token_ids.push_back(3 + 7 * p + slot);
+      prefill.token_ids.push_back(3 + 7 * p + seq);
       prefill.positions.push_back(p);
-      prefill.slots.push_back(slot);
+      prefill.seqs.push_back(seq);
     }
   }
   prefill.logit_rows = {4, 9};
@@ -118,7 +118,7 @@ TEST_P(ZeroAllocDecode, WarmDecodeStepMakesNoHeapAllocation) {
   models::ForwardBatch decode;
   decode.token_ids = {11, 12};
   decode.positions = {5, 5};
-  decode.slots = {0, 1};
+  decode.seqs = {0, 1};
   decode.capture = &capturer;
   decode.loads = &loads;
   decode.forced_routing.assign(static_cast<std::size_t>(2 * layers * info.top_k), 0);

@@ -64,7 +64,7 @@ int run_eplb_plan(const EplbPlanOptions& options) {
                      {"imbalance_after", after.imbalance()}});
       continue;
     }
-    fmt::print("layer {}: {} experts on {} physical slots, {} GPUs ({} per GPU), {} nodes, {} groups\n", l,
+    fmt::print("layer {}: {} experts on {} physical experts, {} GPUs ({} per GPU), {} nodes, {} groups\n", l,
                experts, physical, options.topology.num_gpus, physical / options.topology.num_gpus,
                options.topology.num_nodes, options.topology.num_groups);
     fmt::print("  max/mean GPU load: {:.3f} (initial placement) -> {:.3f} (plan)\n", before.imbalance(),

@@ -29,9 +29,9 @@ nlohmann::json routed_to_json(const engine::RoutedExperts& routed) {
   for (int64_t r = 0; r < routed.rows(); ++r) {
     nlohmann::json layers = nlohmann::json::array();
     for (int64_t j = 0; j < routed.num_moe_layers(); ++j) {
-      nlohmann::json slots = nlohmann::json::array();
-      for (int64_t k = 0; k < routed.top_k(); ++k) slots.push_back(routed.at(r, j, k));
-      layers.push_back(std::move(slots));
+      nlohmann::json choices = nlohmann::json::array();
+      for (int64_t k = 0; k < routed.top_k(); ++k) choices.push_back(routed.at(r, j, k));
+      layers.push_back(std::move(choices));
     }
     rows.push_back(std::move(layers));
   }

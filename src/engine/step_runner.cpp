@@ -28,15 +28,15 @@ StepRunner::StepRunner(models::CausalLM& model, backend::Context& ctx, models::M
 std::string StepRunner::check(const StepSequence& s) const {
   const models::ModelInfo& info = model_.info();
   if (s.tokens.empty()) return "a sequence without tokens";
-  if (s.slot < 0 || s.slot >= cache_.max_slots()) {
-    return detail::concat("slot ", s.slot, " is outside [0, ", cache_.max_slots(), ")");
+  if (s.seq < 0 || s.seq >= cache_.max_seqs()) {
+    return detail::concat("seq ", s.seq, " is outside [0, ", cache_.max_seqs(), ")");
   }
   for (int32_t id : s.tokens) {
     if (id < 0 || id >= info.vocab_size) {
       return detail::concat("token id ", id, " is outside the vocabulary [0, ", info.vocab_size, ")");
     }
   }
-  const int64_t end = cache_.length(s.slot) + static_cast<int64_t>(s.tokens.size());
+  const int64_t end = cache_.length(s.seq) + static_cast<int64_t>(s.tokens.size());
   if (end > cache_.capacity()) {
     return detail::concat("sequence of ", end, " tokens exceeds the cache capacity of ", cache_.capacity());
   }
@@ -58,13 +58,13 @@ std::string StepRunner::check(const StepSequence& s) const {
 
 std::vector<std::size_t> StepRunner::accept(std::vector<StepSequence>& sequences) const {
   R3_CHECK(!sequences.empty(), "step: no sequences");
-  std::set<int32_t> slots_seen;
+  std::set<int32_t> seqs_seen;
   std::vector<std::size_t> accepted;
   for (std::size_t i = 0; i < sequences.size(); ++i) {
     StepSequence& s = sequences[i];
     s.error = check(s);
-    if (s.error.empty() && !slots_seen.insert(s.slot).second) {
-      s.error = detail::concat("slot ", s.slot, " appears twice in one step");
+    if (s.error.empty() && !seqs_seen.insert(s.seq).second) {
+      s.error = detail::concat("seq ", s.seq, " appears twice in one step");
     }
     if (s.error.empty()) accepted.push_back(i);
   }
@@ -95,11 +95,11 @@ Tensor StepRunner::execute(const std::vector<StepSequence>& sequences, const std
   for (std::size_t i : accepted) {
     const StepSequence& s = sequences[i];
     first_row.push_back(batch.size());
-    const auto start = static_cast<int32_t>(cache_.length(s.slot));
+    const auto start = static_cast<int32_t>(cache_.length(s.seq));
     for (std::size_t t = 0; t < s.tokens.size(); ++t) {
       batch.token_ids.push_back(s.tokens[t]);
       batch.positions.push_back(start + static_cast<int32_t>(t));
-      batch.slots.push_back(s.slot);
+      batch.seqs.push_back(s.seq);
     }
     batch.logit_rows.push_back(batch.size() - 1);
     if (!any_forced) continue;
@@ -112,7 +112,7 @@ Tensor StepRunner::execute(const std::vector<StepSequence>& sequences, const std
   for (int64_t p = 0; p < padding_rows; ++p) {
     batch.token_ids.push_back(0);
     batch.positions.push_back(0);
-    batch.slots.push_back(models::ForwardBatch::kPadding);
+    batch.seqs.push_back(models::ForwardBatch::kPadding);
     if (any_forced) {
       batch.forced_routing.resize(batch.forced_routing.size() + per_row, 0);
       batch.replayed.push_back(0);

@@ -19,8 +19,8 @@
 namespace r3::engine {
 
 struct StepSequence {
-  int32_t slot = 0;                   // KV cache slot
-  std::vector<int32_t> tokens;        // continue the slot's cached prefix
+  int32_t seq = 0;                   // KV cache sequence
+  std::vector<int32_t> tokens;        // continue the sequence's cached prefix
   RoutedExperts* routed = nullptr;    // receives one row per token
   std::vector<int32_t> forced;        // replayed routing [tokens, L_moe, K], or empty
   // Set by run_each when the sequence was refused (it then did not run, and its cache and
@@ -41,7 +41,7 @@ class StepRunner {
   // run_each, throwing the first refusal as r3::Error.
   Tensor run(std::vector<StepSequence> sequences, int64_t padding_rows = 0, bool all_logits = false);
 
-  // Why `sequence` cannot run now (empty when it can): tokens outside the vocabulary, a slot
+  // Why `sequence` cannot run now (empty when it can): tokens outside the vocabulary, a sequence
   // out of range or used twice in the step, the cache capacity, a replayed routing of the
   // wrong size or with ids outside [0, num_experts) or repeated in a row.
   std::string check(const StepSequence& sequence) const;
@@ -51,7 +51,7 @@ class StepRunner {
   const moe::EplbController* eplb() const { return eplb_ ? &*eplb_ : nullptr; }
 
  private:
-  // Checks every sequence (setting its `error`), slots used twice included; the accepted indices.
+  // Checks every sequence (setting its `error`), sequences used twice included; the accepted indices.
   std::vector<std::size_t> accept(std::vector<StepSequence>& sequences) const;
   // Runs the accepted sequences as one step.
   Tensor execute(const std::vector<StepSequence>& sequences, const std::vector<std::size_t>& accepted,

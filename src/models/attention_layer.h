@@ -15,8 +15,8 @@ class AttentionLayer {
   // What this layer caches per position; the decoder builds its cache from these.
   virtual CacheSpec cache_spec() const = 0;
   // x: normalised hidden states F32 [tokens, hidden]; out: F32 [tokens, hidden]. Writes this
-  // step's rows of `layer` into the cache, then attends causally over each token's slot, both
-  // through the cache's paged view of (layer, slot).
+  // step's rows of `layer` into the cache, then attends causally over each token's sequence, both
+  // through the cache's paged view of (layer, sequence).
   virtual void forward(backend::Context& ctx, const Tensor& x, const ForwardBatch& batch, KvCache& cache, int64_t layer,
                        Tensor& out) const = 0;
 };

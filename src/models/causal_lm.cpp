@@ -29,21 +29,21 @@ void validate_batch(backend::Workspace& workspace, const ForwardBatch& batch, co
   backend::Workspace::Scope scope(workspace);
   const auto n = static_cast<std::size_t>(batch.size());
   R3_CHECK(n > 0, "forward: empty batch");
-  R3_CHECK(batch.positions.size() == n && batch.slots.size() == n,
-           "forward: token_ids, positions and slots must have the same length");
-  // The position each slot's next token must have; -1: the slot has no token yet.
-  const std::span<int64_t> next = workspace.array<int64_t>(cache.max_slots());
+  R3_CHECK(batch.positions.size() == n && batch.seqs.size() == n,
+           "forward: token_ids, positions and seqs must have the same length");
+  // The position each sequence's next token must have; -1: the sequence has no token yet.
+  const std::span<int64_t> next = workspace.array<int64_t>(cache.max_seqs());
   std::fill(next.begin(), next.end(), -1);
   for (std::size_t t = 0; t < n; ++t) {
     const int32_t id = batch.token_ids[t];
     R3_CHECK(id >= 0 && id < info.vocab_size, "token id ", id, " is outside the vocabulary [0, ",
              info.vocab_size, ")");
-    const int32_t slot = batch.slots[t];
-    if (slot == ForwardBatch::kPadding) continue;
-    R3_CHECK(slot >= 0 && slot < cache.max_slots(), "forward: slot ", slot, " out of range");
-    int64_t& expected = next[static_cast<std::size_t>(slot)];
-    if (expected < 0) expected = cache.length(slot);
-    R3_CHECK(batch.positions[t] == expected, "forward: slot ", slot, " expects position ", expected,
+    const int32_t seq = batch.seqs[t];
+    if (seq == ForwardBatch::kPadding) continue;
+    R3_CHECK(seq >= 0 && seq < cache.max_seqs(), "forward: seq ", seq, " out of range");
+    int64_t& expected = next[static_cast<std::size_t>(seq)];
+    if (expected < 0) expected = cache.length(seq);
+    R3_CHECK(batch.positions[t] == expected, "forward: seq ", seq, " expects position ", expected,
              ", got ", batch.positions[t]);
     R3_CHECK(batch.positions[t] < cache.capacity(), "sequence of ", batch.positions[t] + 1,
              " tokens exceeds the cache capacity of ", cache.capacity());

@@ -20,11 +20,11 @@ class CausalLM {
   virtual ~CausalLM() = default;
 
   virtual const ModelInfo& info() const = 0;
-  // A cache for `max_slots` sequences of up to `capacity` tokens.
-  virtual std::unique_ptr<ModelCache> make_cache(int64_t max_slots, int64_t capacity) const = 0;
+  // A cache for `max_seqs` sequences of up to `capacity` tokens.
+  virtual std::unique_ptr<ModelCache> make_cache(int64_t max_seqs, int64_t capacity) const = 0;
   // Runs one step and writes logits F32 [rows, vocab] for batch.logit_rows (all rows if empty)
   // into `logits`. Every MoE layer records its routing in batch.capture (moe/capture.h) and
-  // counts its tokens in batch.loads. Updates the cache lengths of the slots in the batch.
+  // counts its tokens in batch.loads. Updates the cache lengths of the sequences in the batch.
   // Step buffers come from ctx's workspace: once a step of this size has run, another one
   // allocates no memory (the engine keeps `logits` and the batch across steps).
   virtual void forward_into(backend::Context& ctx, const ForwardBatch& batch, ModelCache& cache,
@@ -44,9 +44,9 @@ class CausalLM {
   moe::EplbOptions eplb_options_;
 };
 
-// Checks a batch against the model and cache: ids in the vocabulary, each slot's tokens
+// Checks a batch against the model and cache: ids in the vocabulary, each sequence's tokens
 // continuing its cached prefix, capacity, logit rows, replayed routing size.
-// Allocates nothing: its per-slot bookkeeping comes from `workspace`.
+// Allocates nothing: its per-sequence bookkeeping comes from `workspace`.
 void validate_batch(backend::Workspace& workspace, const ForwardBatch& batch, const ModelCache& cache,
                     const ModelInfo& info);
 

@@ -20,13 +20,13 @@ DecoderModel::DecoderModel(ModelInfo info, float rms_eps, Tensor embed, std::vec
   for (const DecoderLayer& layer : layers_) cache_specs_.push_back(layer.attention->cache_spec());
 }
 
-std::unique_ptr<ModelCache> DecoderModel::make_cache(int64_t max_slots, int64_t capacity) const {
-  return make_kv_cache(max_slots, capacity, {});
+std::unique_ptr<ModelCache> DecoderModel::make_cache(int64_t max_seqs, int64_t capacity) const {
+  return make_kv_cache(max_seqs, capacity, {});
 }
 
-std::unique_ptr<KvCache> DecoderModel::make_kv_cache(int64_t max_slots, int64_t capacity,
+std::unique_ptr<KvCache> DecoderModel::make_kv_cache(int64_t max_seqs, int64_t capacity,
                                                      KvCacheOptions options) const {
-  return std::make_unique<KvCache>(cache_specs_, max_slots, capacity, options);
+  return std::make_unique<KvCache>(cache_specs_, max_seqs, capacity, options);
 }
 
 std::vector<moe::MoeBlock*> DecoderModel::moe_blocks() {
@@ -75,7 +75,7 @@ void DecoderModel::forward_into(backend::Context& ctx, const ForwardBatch& batch
     ops::add_rows(ctx, branch, nullptr, residual);
   }
   for (int64_t t = 0; t < tokens; ++t) {
-    if (batch.slots[t] != ForwardBatch::kPadding) cache.set_length(batch.slots[t], batch.positions[t] + 1);
+    if (batch.seqs[t] != ForwardBatch::kPadding) cache.set_length(batch.seqs[t], batch.positions[t] + 1);
   }
 
   Tensor selected = residual;

@@ -26,8 +26,8 @@ class DecoderModel final : public CausalLM {
 
   const ModelInfo& info() const override { return info_; }
   // A KvCache built from the layers' cache specs, with default options (blocks of 16 positions).
-  std::unique_ptr<ModelCache> make_cache(int64_t max_slots, int64_t capacity) const override;
-  std::unique_ptr<KvCache> make_kv_cache(int64_t max_slots, int64_t capacity, KvCacheOptions options) const;
+  std::unique_ptr<ModelCache> make_cache(int64_t max_seqs, int64_t capacity) const override;
+  std::unique_ptr<KvCache> make_kv_cache(int64_t max_seqs, int64_t capacity, KvCacheOptions options) const;
   // What each layer caches per position, in layer order.
   const std::vector<CacheSpec>& cache_specs() const { return cache_specs_; }
   void forward_into(backend::Context& ctx, const ForwardBatch& batch, ModelCache& cache, Tensor& logits) const override;

@@ -13,17 +13,17 @@ std::span<const int32_t> ForwardBatch::forced_for_layer(backend::Workspace& work
 }
 
 std::span<const uint8_t> ForwardBatch::padding_mask(backend::Workspace& workspace) const {
-  const std::span<uint8_t> mask = workspace.array<uint8_t>(static_cast<int64_t>(slots.size()));
-  for (std::size_t t = 0; t < slots.size(); ++t) mask[t] = slots[t] == kPadding ? 1 : 0;
+  const std::span<uint8_t> mask = workspace.array<uint8_t>(static_cast<int64_t>(seqs.size()));
+  for (std::size_t t = 0; t < seqs.size(); ++t) mask[t] = seqs[t] == kPadding ? 1 : 0;
   return mask;
 }
 
-ForwardBatch ForwardBatch::sequence(const std::vector<int32_t>& ids, int32_t start, int32_t slot) {
+ForwardBatch ForwardBatch::sequence(const std::vector<int32_t>& ids, int32_t start, int32_t seq) {
   ForwardBatch b;
   b.token_ids = ids;
   for (std::size_t i = 0; i < ids.size(); ++i) {
     b.positions.push_back(start + static_cast<int32_t>(i));
-    b.slots.push_back(slot);
+    b.seqs.push_back(seq);
   }
   return b;
 }

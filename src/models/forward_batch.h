@@ -1,4 +1,4 @@
-// The tokens of one forward step: which sequence slot each belongs to and at which position.
+// The tokens of one forward step: which sequence each belongs to and at which position.
 // A sequence's tokens in a step are consecutive positions continuing its cached prefix.
 #pragma once
 
@@ -16,8 +16,8 @@ namespace r3::models {
 struct ForwardBatch {
   std::vector<int32_t> token_ids;
   std::vector<int32_t> positions;
-  std::vector<int32_t> slots;  // KV cache slot of each token; kPadding for padding rows
-  // Padding rows (slot kPadding) run through the layers like any token but read and write no
+  std::vector<int32_t> seqs;  // KV cache sequence of each token; kPadding for padding rows
+  // Padding rows (sequence kPadding) run through the layers like any token but read and write no
   // KV cache and belong to no sequence; their routing is never attributed to a request.
   static constexpr int32_t kPadding = -1;
   // Token rows to compute logits for (lm_head is the largest matmul); empty means every row.
@@ -43,8 +43,8 @@ struct ForwardBatch {
   std::span<const int32_t> forced_for_layer(backend::Workspace& workspace, int64_t j, int64_t moe_layers,
                                             int64_t k) const;
 
-  // One sequence: `ids` at positions start, start+1, ... in `slot`.
-  static ForwardBatch sequence(const std::vector<int32_t>& ids, int32_t start, int32_t slot = 0);
+  // One sequence: `ids` at positions start, start+1, ... in `seq`.
+  static ForwardBatch sequence(const std::vector<int32_t>& ids, int32_t start, int32_t seq = 0);
 };
 
 }  // namespace r3::models

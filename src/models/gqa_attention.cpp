@@ -63,26 +63,26 @@ void GqaAttention::forward(backend::Context& ctx, const Tensor& x, const Forward
   rotary_.apply(ctx, qh, batch.positions);
   rotary_.apply(ctx, kh, batch.positions);
 
-  // Append this step's keys/values, then let each token attend to its slot's positions up to
+  // Append this step's keys/values, then let each token attend to its sequence's positions up to
   // itself (the last sliding_window_ of them), both through the cache's block tables. A layer
-  // whose blocks form a ring may only write so many positions of a slot ahead of the tokens
-  // still reading them, so a step that brings more tokens of one slot goes in passes (the
-  // arithmetic of each token is the same; decode steps, one token per slot, take one pass).
+  // whose blocks form a ring may only write so many positions of a sequence ahead of the tokens
+  // still reading them, so a step that brings more tokens of one sequence goes in passes (the
+  // arithmetic of each token is the same; decode steps, one token per sequence, take one pass).
   const int64_t pass = std::max<int64_t>(1, cache.positions_per_pass(layer));
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const float* sinks = w_.sinks.defined() ? w_.sinks.data<float>() : nullptr;
   Tensor attended = ctx.scratch(DType::F32, {tokens, spec_.num_heads, d});
-  const std::span<int64_t> in_pass = ctx.workspace().array<int64_t>(cache.max_slots());
+  const std::span<int64_t> in_pass = ctx.workspace().array<int64_t>(cache.max_seqs());
   const std::span<ops::KvWindow> windows_of_step = ctx.workspace().array<ops::KvWindow>(tokens);
   const std::span<ops::KvWrite> writes_of_step = ctx.workspace().array<ops::KvWrite>(tokens);
   for (int64_t first_token = 0, end_token = 0; first_token < tokens; first_token = end_token) {
     std::fill(in_pass.begin(), in_pass.end(), 0);
     for (end_token = first_token; end_token < tokens; ++end_token) {
-      const int64_t slot = batch.slots[end_token];
-      if (slot == ForwardBatch::kPadding) continue;
-      R3_CHECK(slot >= 0 && slot < cache.max_slots(), "attention: slot ", slot, " out of range");
-      if (in_pass[static_cast<std::size_t>(slot)] == pass) break;
-      ++in_pass[static_cast<std::size_t>(slot)];
+      const int64_t seq = batch.seqs[end_token];
+      if (seq == ForwardBatch::kPadding) continue;
+      R3_CHECK(seq >= 0 && seq < cache.max_seqs(), "attention: seq ", seq, " out of range");
+      if (in_pass[static_cast<std::size_t>(seq)] == pass) break;
+      ++in_pass[static_cast<std::size_t>(seq)];
     }
     const int64_t n = end_token - first_token;
     const std::span<ops::KvWindow> windows = windows_of_step.first(static_cast<std::size_t>(n));
@@ -90,11 +90,11 @@ void GqaAttention::forward(backend::Context& ctx, const Tensor& x, const Forward
     std::fill(windows.begin(), windows.end(), ops::KvWindow{});
     std::fill(writes.begin(), writes.end(), ops::KvWrite{});
     for (int64_t i = 0; i < n; ++i) {
-      const int64_t t = first_token + i, slot = batch.slots[t], pos = batch.positions[t];
-      if (slot == ForwardBatch::kPadding) continue;  // attends to nothing: output zeros
+      const int64_t t = first_token + i, seq = batch.seqs[t], pos = batch.positions[t];
+      if (seq == ForwardBatch::kPadding) continue;  // attends to nothing: output zeros
       R3_CHECK(pos < cache.capacity(), "sequence position ", pos, " exceeds the KV cache capacity of ",
                cache.capacity(), " tokens");
-      const ops::PagedKv kv = cache.view(layer, slot);
+      const ops::PagedKv kv = cache.view(layer, seq);
       writes[static_cast<std::size_t>(i)] = {kv, pos};
       const int64_t begin = sliding_window_ > 0 ? std::max<int64_t>(0, pos - sliding_window_ + 1) : 0;
       windows[static_cast<std::size_t>(i)] = {kv, begin, pos + 1};

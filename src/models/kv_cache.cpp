@@ -15,10 +15,10 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
-KvCache::KvCache(std::vector<CacheSpec> layers, int64_t max_slots, int64_t capacity, KvCacheOptions options)
-    : max_slots_(max_slots), capacity_(capacity), block_size_(options.block_size) {
-  R3_CHECK(!layers.empty() && max_slots > 0 && capacity > 0 && block_size_ > 0,
-           "KV cache: layers, slots, capacity and block size must be positive");
+KvCache::KvCache(std::vector<CacheSpec> layers, int64_t max_seqs, int64_t capacity, KvCacheOptions options)
+    : max_seqs_(max_seqs), capacity_(capacity), block_size_(options.block_size) {
+  R3_CHECK(!layers.empty() && max_seqs > 0 && capacity > 0 && block_size_ > 0,
+           "KV cache: layers, seqs, capacity and block size must be positive");
   table_blocks_ = ceil_div(capacity_, block_size_);
   for (std::size_t l = 0; l < layers.size(); ++l) {
     const CacheSpec& spec = layers[l];
@@ -26,25 +26,25 @@ KvCache::KvCache(std::vector<CacheSpec> layers, int64_t max_slots, int64_t capac
              spec.key_width, "/", spec.value_width);
     Layer layer;
     layer.spec = spec;
-    layer.slot_blocks = table_blocks_;
+    layer.seq_blocks = table_blocks_;
     layer.positions_per_pass = capacity_;
     if (spec.kind == CacheSpec::Kind::kSlidingWindowKv) {
       R3_CHECK(spec.window > 0, "KV cache: layer ", l, " has a sliding window of ", spec.window);
-      // A pass writes at most block_size new positions of a slot before reading; the token at p
+      // A pass writes at most block_size new positions of a sequence before reading; the token at p
       // then needs [p - W + 1, p] while positions up to p + block_size - 1 may be written: a
       // span of W + block_size - 1 positions, which touches at most
       // ceil((W + block_size - 2) / block_size) + 1 consecutive blocks.
       const int64_t ring = ceil_div(spec.window + block_size_ - 2, block_size_) + 1;
       if (ring < table_blocks_) {
-        layer.slot_blocks = ring;
+        layer.seq_blocks = ring;
         layer.positions_per_pass = block_size_;
       }
     }
-    const int64_t pool_blocks = max_slots_ * layer.slot_blocks;
+    const int64_t pool_blocks = max_seqs_ * layer.seq_blocks;
     R3_CHECK(pool_blocks <= INT32_MAX, "KV cache: ", pool_blocks, " blocks exceed int32 block ids");
     layer.keys.assign(static_cast<std::size_t>(pool_blocks * block_size_ * spec.key_width), 0.0f);
     layer.values.assign(static_cast<std::size_t>(pool_blocks * block_size_ * spec.value_width), 0.0f);
-    // Today's allocator: every slot takes its blocks from the free list up front.
+    // Today's allocator: every sequence takes its blocks from the free list up front.
     std::vector<int32_t> free_list(static_cast<std::size_t>(pool_blocks));
     std::iota(free_list.begin(), free_list.end(), 0);
     if (options.shuffle_seed != 0) {
@@ -53,18 +53,18 @@ KvCache::KvCache(std::vector<CacheSpec> layers, int64_t max_slots, int64_t capac
         std::swap(free_list[i - 1], free_list[static_cast<std::size_t>(rng() % i)]);
       }
     }
-    layer.tables.resize(static_cast<std::size_t>(max_slots_ * table_blocks_));
-    for (int64_t s = 0; s < max_slots_; ++s) {
+    layer.tables.resize(static_cast<std::size_t>(max_seqs_ * table_blocks_));
+    for (int64_t s = 0; s < max_seqs_; ++s) {
       for (int64_t i = 0; i < table_blocks_; ++i) {
-        // A ring reuses its blocks: logical block i is the slot's block i mod ring.
+        // A ring reuses its blocks: logical block i is the sequence's block i mod ring.
         layer.tables[static_cast<std::size_t>(s * table_blocks_ + i)] =
-            free_list[static_cast<std::size_t>(s * layer.slot_blocks + i % layer.slot_blocks)];
+            free_list[static_cast<std::size_t>(s * layer.seq_blocks + i % layer.seq_blocks)];
       }
     }
     layers_.push_back(std::move(layer));
   }
-  lengths_.assign(static_cast<std::size_t>(max_slots_), 0);
-  high_water_.assign(static_cast<std::size_t>(max_slots_), 0);
+  lengths_.assign(static_cast<std::size_t>(max_seqs_), 0);
+  high_water_.assign(static_cast<std::size_t>(max_seqs_), 0);
 }
 
 const KvCache::Layer& KvCache::at(int64_t layer) const {
@@ -86,24 +86,24 @@ int64_t KvCache::pool_bytes() const {
   return bytes;
 }
 
-std::span<const int32_t> KvCache::block_table(int64_t layer, int64_t slot) const {
+std::span<const int32_t> KvCache::block_table(int64_t layer, int64_t seq) const {
   const Layer& l = at(layer);
-  R3_CHECK(slot >= 0 && slot < max_slots_, "KV cache: slot ", slot, " out of range");
-  return std::span<const int32_t>(l.tables).subspan(static_cast<std::size_t>(slot * table_blocks_),
+  R3_CHECK(seq >= 0 && seq < max_seqs_, "KV cache: seq ", seq, " out of range");
+  return std::span<const int32_t>(l.tables).subspan(static_cast<std::size_t>(seq * table_blocks_),
                                                     static_cast<std::size_t>(table_blocks_));
 }
 
-ops::PagedKv KvCache::view(int64_t layer, int64_t slot) {
-  const std::span<const int32_t> table = block_table(layer, slot);
+ops::PagedKv KvCache::view(int64_t layer, int64_t seq) {
+  const std::span<const int32_t> table = block_table(layer, seq);
   Layer& l = layers_[static_cast<std::size_t>(layer)];
   return {l.keys.data(), l.values.data(), l.spec.key_width, l.spec.value_width, block_size_, table};
 }
 
-void KvCache::set_length(int64_t slot, int64_t length) {
-  R3_CHECK(slot >= 0 && slot < max_slots_, "KV cache: slot ", slot, " out of range");
+void KvCache::set_length(int64_t seq, int64_t length) {
+  R3_CHECK(seq >= 0 && seq < max_seqs_, "KV cache: seq ", seq, " out of range");
   R3_CHECK(length >= 0 && length <= capacity_, "KV cache: length ", length,
            " exceeds capacity ", capacity_, " tokens");
-  const auto s = static_cast<std::size_t>(slot);
+  const auto s = static_cast<std::size_t>(seq);
   if (length == 0) {
     high_water_[s] = 0;
   } else if (length < high_water_[s]) {
@@ -112,8 +112,8 @@ void KvCache::set_length(int64_t slot, int64_t length) {
       // The next token (at `length`) reads back to length - W + 1; positions up to
       // high_water - 1 were written since, and must not have wrapped onto those blocks.
       const int64_t oldest = std::max<int64_t>(0, length - layer.spec.window + 1);
-      R3_CHECK((high_water_[s] - 1) / block_size_ - oldest / block_size_ < layer.slot_blocks,
-               "KV cache: cannot shorten slot ", slot, " from ", high_water_[s], " to ", length,
+      R3_CHECK((high_water_[s] - 1) / block_size_ - oldest / block_size_ < layer.seq_blocks,
+               "KV cache: cannot shorten seq ", seq, " from ", high_water_[s], " to ", length,
                " positions: its sliding-window blocks have been reused since");
     }
   }

@@ -1,7 +1,7 @@
 // Key/value cache of the single-stream decoder: per layer, a pool of fixed-size blocks of
-// positions; per (layer, sequence slot), a block table. Position p of a slot lives in block
+// positions; per (layer, sequence), a block table. Position p of a sequence lives in block
 // table[p / block_size] at row p % block_size, and attention kernels reach the cache only
-// through that view (ops::PagedKv), so that how blocks are handed out (today: each slot gets its
+// through that view (ops::PagedKv), so that how blocks are handed out (today: each sequence gets its
 // blocks up front; later: a block pool with prefix sharing) is the allocator's business alone.
 // Each layer's storage follows the CacheSpec the layer declares; a sliding-window layer holds a
 // ring of blocks just large enough for its window instead of the whole capacity.
@@ -19,61 +19,61 @@ namespace r3::models {
 
 struct KvCacheOptions {
   int64_t block_size = 16;  // positions per block
-  // 0: blocks are handed out in pool order (a slot's blocks are consecutive). Otherwise the
-  // free list is shuffled with this seed, which scatters every slot's blocks across the pool
+  // 0: blocks are handed out in pool order (a sequence's blocks are consecutive). Otherwise the
+  // free list is shuffled with this seed, which scatters every sequence's blocks across the pool
   // (used by tests: results must not depend on where blocks are).
   uint64_t shuffle_seed = 0;
 };
 
 class KvCache final : public ModelCache {
  public:
-  // One CacheSpec per layer; capacity: positions per slot.
-  KvCache(std::vector<CacheSpec> layers, int64_t max_slots, int64_t capacity, KvCacheOptions options = {});
+  // One CacheSpec per layer; capacity: positions per sequence.
+  KvCache(std::vector<CacheSpec> layers, int64_t max_seqs, int64_t capacity, KvCacheOptions options = {});
 
   int64_t capacity() const override { return capacity_; }
-  int64_t max_slots() const override { return max_slots_; }
+  int64_t max_seqs() const override { return max_seqs_; }
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   int64_t block_size() const { return block_size_; }
   const CacheSpec& spec(int64_t layer) const { return at(layer).spec; }
   // Bytes one cached position costs across all layers.
   int64_t bytes_per_token() const;
-  // Blocks of the layer's pool each slot owns: enough for the capacity, or for a
+  // Blocks of the layer's pool each sequence owns: enough for the capacity, or for a
   // sliding-window layer the ring that covers its window (never more than the capacity needs).
-  int64_t blocks_per_slot(int64_t layer) const { return at(layer).slot_blocks; }
+  int64_t blocks_per_seq(int64_t layer) const { return at(layer).seq_blocks; }
   // Bytes of all blocks of all layers.
   int64_t pool_bytes() const;
-  // The most new positions of one slot an attention pass may write before it reads the cache:
+  // The most new positions of one sequence an attention pass may write before it reads the cache:
   // unlimited (the capacity) unless the layer's blocks form a ring, whose oldest blocks the
   // writes would otherwise overwrite while earlier tokens of the pass still need them.
   int64_t positions_per_pass(int64_t layer) const { return at(layer).positions_per_pass; }
 
-  // Logical block i of the slot (positions [i * block_size, (i + 1) * block_size)) is
-  // physical block block_table(layer, slot)[i] of the layer's pool.
-  std::span<const int32_t> block_table(int64_t layer, int64_t slot) const;
-  // The paged view of (layer, slot) that kernels read and write through.
-  ops::PagedKv view(int64_t layer, int64_t slot);
+  // Logical block i of the sequence (positions [i * block_size, (i + 1) * block_size)) is
+  // physical block block_table(layer, sequence)[i] of the layer's pool.
+  std::span<const int32_t> block_table(int64_t layer, int64_t seq) const;
+  // The paged view of (layer, sequence) that kernels read and write through.
+  ops::PagedKv view(int64_t layer, int64_t seq);
 
-  // Positions [0, length) of a slot hold valid rows.
-  int64_t length(int64_t slot) const override { return lengths_.at(static_cast<std::size_t>(slot)); }
-  // Shortening a slot (other than to 0) is refused when a sliding-window ring has already
+  // Positions [0, length) of a sequence hold valid rows.
+  int64_t length(int64_t seq) const override { return lengths_.at(static_cast<std::size_t>(seq)); }
+  // Shortening a sequence (other than to 0) is refused when a sliding-window ring has already
   // overwritten positions the next token's window would need.
-  void set_length(int64_t slot, int64_t length) override;
+  void set_length(int64_t seq, int64_t length) override;
 
  private:
   struct Layer {
     CacheSpec spec;
-    int64_t slot_blocks = 0;         // physical blocks per slot
+    int64_t seq_blocks = 0;         // physical blocks per sequence
     int64_t positions_per_pass = 0;
     std::vector<float> keys, values;  // pool: block b's rows at b * block_size * width
-    std::vector<int32_t> tables;      // [max_slots, table_blocks_]
+    std::vector<int32_t> tables;      // [max_seqs, table_blocks_]
   };
   const Layer& at(int64_t layer) const;
-  bool is_ring(const Layer& layer) const { return layer.slot_blocks < table_blocks_; }
+  bool is_ring(const Layer& layer) const { return layer.seq_blocks < table_blocks_; }
 
-  int64_t max_slots_, capacity_, block_size_, table_blocks_;
+  int64_t max_seqs_, capacity_, block_size_, table_blocks_;
   std::vector<Layer> layers_;
   std::vector<int64_t> lengths_;
-  std::vector<int64_t> high_water_;  // per slot: the furthest length written since it was last cleared
+  std::vector<int64_t> high_water_;  // per sequence: the furthest length written since it was last cleared
 };
 
 }  // namespace r3::models

@@ -63,10 +63,10 @@ void MlaAttention::forward(backend::Context& ctx, const Tensor& x, const Forward
   const std::span<ops::KvWrite> writes = ctx.workspace().array<ops::KvWrite>(tokens);
   const std::span<ops::KvWindow> windows = ctx.workspace().array<ops::KvWindow>(tokens);
   for (int64_t t = 0; t < tokens; ++t) {
-    if (batch.slots[t] == ForwardBatch::kPadding) continue;
+    if (batch.seqs[t] == ForwardBatch::kPadding) continue;
     const int64_t p = batch.positions[t];
     R3_CHECK(p < cache.capacity(), "sequence position ", p, " exceeds the KV cache capacity of ", cache.capacity());
-    const ops::PagedKv kv = cache.view(layer, batch.slots[t]);
+    const ops::PagedKv kv = cache.view(layer, batch.seqs[t]);
     writes[static_cast<std::size_t>(t)] = {kv, p};
     windows[static_cast<std::size_t>(t)] = {kv, 0, p + 1};
   }

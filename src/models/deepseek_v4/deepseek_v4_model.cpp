@@ -24,13 +24,13 @@ DeepseekV4Model::DeepseekV4Model(DeepseekV4Spec spec, ModelInfo info, Tensor emb
       main_rotary_(std::move(main_rotary)),
       compress_rotary_(std::move(compress_rotary)) {}
 
-std::unique_ptr<ModelCache> DeepseekV4Model::make_cache(int64_t max_slots, int64_t capacity) const {
-  return make_v4_cache(max_slots, capacity, {});
+std::unique_ptr<ModelCache> DeepseekV4Model::make_cache(int64_t max_seqs, int64_t capacity) const {
+  return make_v4_cache(max_seqs, capacity, {});
 }
 
-std::unique_ptr<V4Cache> DeepseekV4Model::make_v4_cache(int64_t max_slots, int64_t capacity,
+std::unique_ptr<V4Cache> DeepseekV4Model::make_v4_cache(int64_t max_seqs, int64_t capacity,
                                                         V4CacheOptions options) const {
-  return std::make_unique<V4Cache>(spec_, max_slots, capacity, options);
+  return std::make_unique<V4Cache>(spec_, max_seqs, capacity, options);
 }
 
 std::vector<moe::MoeBlock*> DeepseekV4Model::moe_blocks() {
@@ -106,12 +106,12 @@ void DeepseekV4Model::forward_into(backend::Context& ctx, const ForwardBatch& ba
     ops::add_rows(ctx, shared, nullptr, y);
     ops::hc_expand(ctx, mixes.post.data(), mixes.comb.data(), y, streams);
   }
-  // Each slot's new length, set once: setting every intermediate length would drop (and force
+  // Each sequence's new length, set once: setting every intermediate length would drop (and force
   // re-emitting) compressed entries whose windows' projections the cache no longer holds.
   for (int64_t t = tokens - 1; t >= 0; --t) {
-    const int32_t slot = batch.slots[t];
-    if (slot != ForwardBatch::kPadding && batch.positions[t] + 1 > cache->length(slot)) {
-      cache->set_length(slot, batch.positions[t] + 1);
+    const int32_t seq = batch.seqs[t];
+    if (seq != ForwardBatch::kPadding && batch.positions[t] + 1 > cache->length(seq)) {
+      cache->set_length(seq, batch.positions[t] + 1);
     }
   }
 

@@ -29,9 +29,9 @@ class DeepseekV4Model final : public CausalLM {
                   std::unique_ptr<ops::TrailingInterleavedRotary> compress_rotary);
 
   const ModelInfo& info() const override { return info_; }
-  std::unique_ptr<ModelCache> make_cache(int64_t max_slots, int64_t capacity) const override;
+  std::unique_ptr<ModelCache> make_cache(int64_t max_seqs, int64_t capacity) const override;
   // The same with a block size (and, for tests, scattered blocks) of the caller's choice.
-  std::unique_ptr<V4Cache> make_v4_cache(int64_t max_slots, int64_t capacity, V4CacheOptions options) const;
+  std::unique_ptr<V4Cache> make_v4_cache(int64_t max_seqs, int64_t capacity, V4CacheOptions options) const;
   void forward_into(backend::Context& ctx, const ForwardBatch& batch, ModelCache& cache, Tensor& logits) const override;
   std::vector<moe::MoeBlock*> moe_blocks() override;
 

@@ -13,21 +13,21 @@ namespace {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
-PagedRows::PagedRows(CacheSpec spec, int64_t max_slots, int64_t rows_per_slot, int64_t held_rows, int64_t block_size,
+PagedRows::PagedRows(CacheSpec spec, int64_t max_seqs, int64_t rows_per_seq, int64_t held_rows, int64_t block_size,
                      uint64_t shuffle_seed)
-    : spec_(spec), max_slots_(max_slots), block_size_(block_size) {
-  R3_CHECK(max_slots > 0 && rows_per_slot >= 0 && held_rows >= 0 && block_size > 0 && spec.key_width > 0,
-           "V4 cache: bad stream geometry (", max_slots, " slots, ", rows_per_slot, " rows, blocks of ", block_size,
+    : spec_(spec), max_seqs_(max_seqs), block_size_(block_size) {
+  R3_CHECK(max_seqs > 0 && rows_per_seq >= 0 && held_rows >= 0 && block_size > 0 && spec.key_width > 0,
+           "V4 cache: bad stream geometry (", max_seqs, " seqs, ", rows_per_seq, " rows, blocks of ", block_size,
            ")");
-  table_blocks_ = ceil_div(rows_per_slot, block_size_);
-  slot_blocks_ = table_blocks_;
+  table_blocks_ = ceil_div(rows_per_seq, block_size_);
+  seq_blocks_ = table_blocks_;
   // Any held_rows consecutive rows touch at most ceil((held_rows - 1) / B) + 1 blocks.
-  if (held_rows > 0) slot_blocks_ = std::min(slot_blocks_, ceil_div(held_rows - 1, block_size_) + 1);
-  const int64_t pool_blocks = max_slots_ * slot_blocks_;
+  if (held_rows > 0) seq_blocks_ = std::min(seq_blocks_, ceil_div(held_rows - 1, block_size_) + 1);
+  const int64_t pool_blocks = max_seqs_ * seq_blocks_;
   R3_CHECK(pool_blocks <= INT32_MAX, "V4 cache: ", pool_blocks, " blocks exceed int32 block ids");
   keys_.assign(static_cast<std::size_t>(pool_blocks * block_size_ * spec_.key_width), 0.0f);
   values_.assign(static_cast<std::size_t>(pool_blocks * block_size_ * spec_.value_width), 0.0f);
-  // Every slot takes its blocks from the free list up front (as KvCache does today).
+  // Every sequence takes its blocks from the free list up front (as KvCache does today).
   std::vector<int32_t> free_list(static_cast<std::size_t>(pool_blocks));
   std::iota(free_list.begin(), free_list.end(), 0);
   if (shuffle_seed != 0) {
@@ -36,25 +36,25 @@ PagedRows::PagedRows(CacheSpec spec, int64_t max_slots, int64_t rows_per_slot, i
       std::swap(free_list[i - 1], free_list[static_cast<std::size_t>(rng() % i)]);
     }
   }
-  tables_.resize(static_cast<std::size_t>(max_slots_ * table_blocks_));
-  for (int64_t s = 0; s < max_slots_; ++s) {
-    for (int64_t i = 0; i < table_blocks_; ++i) {  // a ring: logical block i is the slot's block i mod ring
+  tables_.resize(static_cast<std::size_t>(max_seqs_ * table_blocks_));
+  for (int64_t s = 0; s < max_seqs_; ++s) {
+    for (int64_t i = 0; i < table_blocks_; ++i) {  // a ring: logical block i is the sequence's block i mod ring
       tables_[static_cast<std::size_t>(s * table_blocks_ + i)] =
-          free_list[static_cast<std::size_t>(s * slot_blocks_ + i % slot_blocks_)];
+          free_list[static_cast<std::size_t>(s * seq_blocks_ + i % seq_blocks_)];
     }
   }
 }
 
-std::span<const int32_t> PagedRows::block_table(int64_t slot) const {
-  R3_CHECK(slot >= 0 && slot < max_slots_, "V4 cache: slot ", slot, " out of range");
-  return std::span<const int32_t>(tables_).subspan(static_cast<std::size_t>(slot * table_blocks_),
+std::span<const int32_t> PagedRows::block_table(int64_t seq) const {
+  R3_CHECK(seq >= 0 && seq < max_seqs_, "V4 cache: seq ", seq, " out of range");
+  return std::span<const int32_t>(tables_).subspan(static_cast<std::size_t>(seq * table_blocks_),
                                                    static_cast<std::size_t>(table_blocks_));
 }
 
-ops::PagedKv PagedRows::view(int64_t slot) {
+ops::PagedKv PagedRows::view(int64_t seq) {
   float* values = spec_.value_width > 0 ? values_.data() : keys_.data();
   const int64_t value_width = spec_.value_width > 0 ? spec_.value_width : spec_.key_width;
-  return {keys_.data(), values, spec_.key_width, value_width, block_size_, block_table(slot)};
+  return {keys_.data(), values, spec_.key_width, value_width, block_size_, block_table(seq)};
 }
 
 }  // namespace r3::models

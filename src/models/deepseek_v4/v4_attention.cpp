@@ -37,7 +37,7 @@ V4Attention::V4Attention(const DeepseekV4Spec& spec, int64_t layer, V4AttentionW
       compress_rotary_(compress_rotary) {}
 
 int64_t V4Attention::visible_entries(const float* index_q, const float* index_w, int64_t pos,
-                                     const CompressorSlot* index, int64_t num_entries, const Scratch& scratch,
+                                     const CompressorView* index, int64_t num_entries, const Scratch& scratch,
                                      int32_t* picked) const {
   const int64_t ready = std::min(num_entries, (pos + 1) / compressor_->rate());  // causal: complete windows
   if (kind_ != V4AttentionKind::kCompressed) {
@@ -79,30 +79,30 @@ void V4Attention::forward(backend::Context& ctx, const Tensor& x, const ForwardB
   ops::linear(ctx, x, w_.wkv, nullptr, kv);
   ops::rms_norm(ctx, kv, &w_.kv_norm, rms_eps_, kv);
 
-  // A token reads the K=V rows of its slot's earlier tokens in this step from `kv` (the cache
+  // A token reads the K=V rows of its sequence's earlier tokens in this step from `kv` (the cache
   // gets them after the attention, so its ring only has to cover the window before the step):
-  // previous[t] is the row of the same slot's previous position in this step, -1 if none.
+  // previous[t] is the row of the same sequence's previous position in this step, -1 if none.
   const std::span<int32_t> previous = ctx.workspace().array<int32_t>(tokens);
-  const std::span<int32_t> last = ctx.workspace().array<int32_t>(cache.max_slots());
+  const std::span<int32_t> last = ctx.workspace().array<int32_t>(cache.max_seqs());
   std::fill(last.begin(), last.end(), -1);
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t p = batch.positions[t];
     rotary_.apply(q.data<float>() + t * heads_ * d, heads_, d, p);
     rotary_.apply(kv.data<float>() + t * d, 1, d, p);
-    if (batch.slots[t] == ForwardBatch::kPadding) continue;
-    previous[t] = last[batch.slots[t]];
-    last[batch.slots[t]] = static_cast<int32_t>(t);
+    if (batch.seqs[t] == ForwardBatch::kPadding) continue;
+    previous[t] = last[batch.seqs[t]];
+    last[batch.seqs[t]] = static_cast<int32_t>(t);
   }
 
   // Compressed entries (and the indexer's) for every window completed by this step.
   Tensor index_q, index_w;
-  int64_t max_entries = 0;  // the most entries any slot of the step holds
+  int64_t max_entries = 0;  // the most entries any sequence of the step holds
   if (compressor_) {
     compressor_->update(ctx, x, batch, *cache.compressor(layer_));
     if (indexer_) indexer_->update(ctx, x, batch, *cache.indexer(layer_));
     for (int64_t t = 0; t < tokens; ++t) {
-      if (batch.slots[t] != ForwardBatch::kPadding) {
-        max_entries = std::max(max_entries, cache.compressor(layer_)->num_entries(batch.slots[t]));
+      if (batch.seqs[t] != ForwardBatch::kPadding) {
+        max_entries = std::max(max_entries, cache.compressor(layer_)->num_entries(batch.seqs[t]));
       }
     }
     if (indexer_) {
@@ -131,20 +131,20 @@ void V4Attention::forward(backend::Context& ctx, const Tensor& x, const ForwardB
     const std::span<float> logits = scores.mine();
     const std::span<const float*> keys = scratch.keys.mine();
     for (int64_t t = begin; t < end; ++t) {
-      if (batch.slots[t] == ForwardBatch::kPadding) continue;  // padding: zeros
-      const int32_t slot = batch.slots[t];
-      const int64_t p = batch.positions[t], step_start = cache.length(slot);
+      if (batch.seqs[t] == ForwardBatch::kPadding) continue;  // padding: zeros
+      const int32_t seq = batch.seqs[t];
+      const int64_t p = batch.positions[t], step_start = cache.length(seq);
       // The window [first, p] in position order: this step's rows, then the cached ones before them.
       const int64_t first = std::max<int64_t>(0, p - window_ + 1);
       int64_t n = p - first + 1, pos = p;
       for (int64_t row = t; pos >= std::max(first, step_start); --pos, row = previous[row]) {
         keys[pos - first] = kv.data<float>() + row * d;
       }
-      const ops::PagedKv window = cache.window(layer_).view(slot);
+      const ops::PagedKv window = cache.window(layer_).view(seq);
       for (; pos >= first; --pos) keys[pos - first] = window.key_row(pos);
       if (compressor_) {
-        const CompressorSlot comp = cache.compressor(layer_)->slot(slot);
-        const CompressorSlot index = indexer_ ? cache.indexer(layer_)->slot(slot) : CompressorSlot{};
+        const CompressorView comp = cache.compressor(layer_)->seq(seq);
+        const CompressorView index = indexer_ ? cache.indexer(layer_)->seq(seq) : CompressorView{};
         int32_t* picked = scratch.picked.mine().data();
         const int64_t visible = visible_entries(
             index_q.defined() ? index_q.data<float>() + t * index_heads_ * index_dim_ : nullptr,
@@ -164,11 +164,11 @@ void V4Attention::forward(backend::Context& ctx, const Tensor& x, const ForwardB
     }
   });
 
-  // Now the step's K=V rows join the cache (in position order per slot: the ring keeps the last).
+  // Now the step's K=V rows join the cache (in position order per sequence: the ring keeps the last).
   const auto row_bytes = sizeof(float) * static_cast<std::size_t>(d);
   for (int64_t t = 0; t < tokens; ++t) {
-    if (batch.slots[t] == ForwardBatch::kPadding) continue;
-    std::memcpy(cache.window(layer_).view(batch.slots[t]).key_row(batch.positions[t]), kv.data<float>() + t * d,
+    if (batch.seqs[t] == ForwardBatch::kPadding) continue;
+    std::memcpy(cache.window(layer_).view(batch.seqs[t]).key_row(batch.positions[t]), kv.data<float>() + t * d,
                 row_bytes);
   }
 

@@ -42,9 +42,9 @@ class V4Attention {
     backend::Context::PerThread<std::pair<double, int64_t>> topk;
     backend::Context::PerThread<int32_t> picked;     // entries one query attends to
   };
-  // Writes the compressed entries a query at `pos` may attend to (indices into its slot's
-  // entries, ascending) to picked and returns how many; index: the slot's indexer (CSA) or null.
-  int64_t visible_entries(const float* index_q, const float* index_w, int64_t pos, const CompressorSlot* index,
+  // Writes the compressed entries a query at `pos` may attend to (indices into its sequence's
+  // entries, ascending) to picked and returns how many; index: the sequence's indexer (CSA) or null.
+  int64_t visible_entries(const float* index_q, const float* index_w, int64_t pos, const CompressorView* index,
                           int64_t num_entries, const Scratch& scratch, int32_t* picked) const;
 
   int64_t layer_;

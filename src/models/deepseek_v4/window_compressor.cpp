@@ -35,23 +35,23 @@ void WindowCompressor::update(backend::Context& ctx, const Tensor& x, const Forw
   ops::linear(ctx, x, gate_proj_, nullptr, gate);
   const auto row_bytes = sizeof(float) * static_cast<std::size_t>(width_);
   for (int64_t t = 0; t < tokens; ++t) {
-    if (batch.slots[t] == ForwardBatch::kPadding) continue;
-    const CompressorSlot slot = cache.slot(batch.slots[t]);
+    if (batch.seqs[t] == ForwardBatch::kPadding) continue;
+    const CompressorView seq = cache.seq(batch.seqs[t]);
     const int64_t p = batch.positions[t];
-    std::memcpy(slot.rows.key_row(p), kv.data<float>() + t * width_, row_bytes);
-    std::memcpy(slot.rows.value_row(p), gate.data<float>() + t * width_, row_bytes);
-    emit(ctx, slot, p + 1);
+    std::memcpy(seq.rows.key_row(p), kv.data<float>() + t * width_, row_bytes);
+    std::memcpy(seq.rows.value_row(p), gate.data<float>() + t * width_, row_bytes);
+    emit(ctx, seq, p + 1);
   }
 }
 
-void WindowCompressor::emit(backend::Context& ctx, const CompressorSlot& slot, int64_t length) const {
+void WindowCompressor::emit(backend::Context& ctx, const CompressorView& seq, int64_t length) const {
   const ops::WindowPoolShape shape{rate_, dim_, width_, overlap_};
   backend::Workspace::Scope scope(ctx.workspace());
   float* pooled = ctx.workspace().array<float>(dim_).data();
-  int64_t& emitted = *slot.num_entries;
+  int64_t& emitted = *seq.num_entries;
   for (int64_t w = emitted; w < length / rate_; ++w) {
-    ops::gated_window_pool(ctx, slot.rows, position_bias_.data<float>(), shape, w, pooled);
-    float* entry = slot.entries.key_row(w);
+    ops::gated_window_pool(ctx, seq.rows, position_bias_.data<float>(), shape, w, pooled);
+    float* entry = seq.entries.key_row(w);
     ops::rms_norm_row(pooled, norm_.data<float>(), dim_, rms_eps_, entry);
     rotary_.apply(entry, 1, dim_, w * rate_);
   }

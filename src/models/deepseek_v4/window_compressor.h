@@ -23,14 +23,14 @@ class WindowCompressor {
   int64_t dim() const { return dim_; }
 
   // Projects the rows of `x` [tokens, hidden]; then, token by token in batch order, caches the
-  // token's projections at its position and emits the entry of the window it completes. A slot's
+  // token's projections at its position and emits the entry of the window it completes. A sequence's
   // tokens come in position order, so a window's rows are all cached when it completes, and the
   // ring of projections only ever drops rows whose entries have been emitted.
   void update(backend::Context& ctx, const Tensor& x, const ForwardBatch& batch, CompressorCache& cache) const;
 
  private:
   // Emits the entries of every window completed within the first `length` positions.
-  void emit(backend::Context& ctx, const CompressorSlot& slot, int64_t length) const;
+  void emit(backend::Context& ctx, const CompressorView& seq, int64_t length) const;
 
   Tensor kv_proj_, gate_proj_, position_bias_, norm_;
   int64_t rate_, dim_, width_;
