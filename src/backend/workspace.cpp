@@ -5,8 +5,8 @@
 namespace r3::backend {
 
 namespace {
-constexpr std::size_t kAlign = 64;  // a cache line; also what vector loads want
-std::size_t round_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+// Every request is rounded to whole cache lines, so each buffer starts on one (what vector loads want).
+std::size_t round_up(std::size_t n) { return (n + Workspace::kAlign - 1) / Workspace::kAlign * Workspace::kAlign; }
 }  // namespace
 
 std::size_t Workspace::capacity() const { return chunks_.empty() ? 0 : chunks_.back().begin + chunks_.back().size; }
@@ -15,7 +15,7 @@ void Workspace::add_chunk(std::size_t bytes) {
   Chunk chunk;
   chunk.size = round_up(bytes);
   chunk.begin = capacity();
-  chunk.memory.reset(new (std::align_val_t(kAlign)) std::byte[chunk.size]);
+  chunk.memory.reset(static_cast<std::byte*>(::operator new[](chunk.size, std::align_val_t(Workspace::kAlign))));
   chunks_.push_back(std::move(chunk));
   ++growths_;
 }

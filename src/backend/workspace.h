@@ -61,9 +61,16 @@ class Workspace {
   // How many times the workspace had to allocate memory (tests: stays flat once warmed up).
   int64_t growths() const { return growths_; }
 
+  // Chunks are cache-line aligned: they come from the aligned operator new[], so they must go
+  // back through the aligned operator delete[].
+  static constexpr std::size_t kAlign = 64;
+
  private:
+  struct AlignedDelete {
+    void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t(kAlign)); }
+  };
   struct Chunk {
-    std::unique_ptr<std::byte[]> memory;
+    std::unique_ptr<std::byte[], AlignedDelete> memory;
     std::size_t size = 0;
     std::size_t begin = 0;  // offset of the chunk's first byte in the workspace's address space
   };
