@@ -1,7 +1,10 @@
 #include "core/tensor.h"
 
+#include <cstdint>
 #include <cstring>
 #include <sstream>
+
+#include "core/checked.h"
 
 namespace r3 {
 
@@ -15,7 +18,12 @@ std::string shape_to_string(const Shape& shape) {
 
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape) {
+    if (__builtin_mul_overflow(n, d, &n) || d < 0) {
+      R3_CHECK(d >= 0, "negative dimension in shape ", shape_to_string(shape));
+      R3_FAIL("element count of shape ", shape_to_string(shape), " overflows");
+    }
+  }
   return n;
 }
 
@@ -30,8 +38,9 @@ Shape contiguous_strides(const Shape& shape) {
 }
 
 Tensor Tensor::empty(DType dtype, Shape shape) {
-  for (int64_t d : shape) R3_CHECK(d >= 0, "negative dimension in shape ", shape_to_string(shape));
-  std::size_t bytes = static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype);
+  const auto bytes = checked_mul(static_cast<std::size_t>(shape_numel(shape)), dtype_size(dtype),
+                                 "bytes of a tensor");  // shape_numel refuses negative and overflowing shapes
+  R3_CHECK(bytes <= static_cast<std::size_t>(PTRDIFF_MAX), "tensor of shape ", shape_to_string(shape), " is too large");
   // operator new[] with value-init gives zeroed, suitably aligned memory for every dtype.
   std::shared_ptr<unsigned char[]> storage(new unsigned char[bytes == 0 ? 1 : bytes]());
   Tensor t;

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "core/checked.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
 #include "moe/routing_rule.h"
@@ -15,11 +16,6 @@
 namespace r3::engine {
 
 namespace {
-
-// Messages quote values from the file; a huge one (a long string, a long id list) is cut short.
-std::string shortened(const std::string& text, std::size_t max_chars = 40) {
-  return text.size() <= max_chars ? text : text.substr(0, max_chars) + "...";
-}
 
 std::string brief_ids(const std::vector<int32_t>& ids, std::size_t max_ids = 8) {
   std::string out;
@@ -54,7 +50,7 @@ std::vector<int32_t> token_ids(const nlohmann::json& j, const std::string& path,
 }
 
 RoutingReplay from_json(const std::string& path, int64_t num_experts) {
-  nlohmann::json j = read_json_file(path);
+  nlohmann::json j = read_json_file(path, kMaxReplayJsonBytes, "a replay file");
   RoutingReplay r;
   if (j.is_object()) {
     R3_CHECK(j.contains("routed_experts"), path, ": JSON object without 'routed_experts'");
@@ -84,7 +80,7 @@ RoutingReplay from_json(const std::string& path, int64_t num_experts) {
         } else if (id.is_number_integer()) {
           r.ids.push_back(checked_expert_id(id.get<int64_t>(), path, row, layer, num_experts));
         } else {
-          R3_FAIL(path, ": row ", t, " MoE layer ", l, ": ", shortened(id.dump()), " is not an integer expert id");
+          R3_FAIL(path, ": row ", t, " MoE layer ", l, ": ", describe_json(id), " is not an integer expert id");
         }
       }
     }
@@ -97,7 +93,10 @@ RoutingReplay from_json(const std::string& path, int64_t num_experts) {
   return r;
 }
 
-RoutingReplay from_safetensors(const std::string& path, int64_t num_experts) {
+RoutingReplay from_safetensors(const std::string& path, int64_t num_moe_layers, int64_t top_k,
+                               int64_t num_experts) {
+  // SafetensorsFile::open refuses a shape whose byte count overflows or differs from the data it
+  // claims, so numel() of the view below is exactly what the file holds.
   auto file = SafetensorsFile::open(path);
   const SafetensorsEntry* e = file->find("topk_ids");
   R3_CHECK(e != nullptr, path, ": no 'topk_ids' tensor");
@@ -108,10 +107,21 @@ RoutingReplay from_safetensors(const std::string& path, int64_t num_experts) {
   r.rows = e->shape[0];
   r.layers = e->shape[1];
   r.top_k = e->shape[2];
+  // The layout is checked against the model before any id is read.
+  R3_CHECK(r.layers == num_moe_layers, path, ": the routing has ", r.layers, " MoE layers, the model has ",
+           num_moe_layers);
+  R3_CHECK(r.top_k == top_k, path, ": the routing has top-", r.top_k, ", the model routes top-", top_k);
   Tensor t = file->view("topk_ids");
+  const auto count = static_cast<std::size_t>(
+      checked_mul(checked_mul(r.rows, r.layers, "topk_ids rows x layers"), r.top_k, "topk_ids element count"));
+  R3_CHECK(count == static_cast<std::size_t>(t.numel()), path, ": topk_ids holds ", t.numel(), " ids, its shape ",
+           count);
+  const std::size_t width = e->dtype == DType::I32 ? 4 : 8;
+  R3_CHECK(t.nbytes() == count * width, path, ": topk_ids is ", t.nbytes(), " bytes, its shape needs ", count * width);
   const auto* bytes = static_cast<const unsigned char*>(t.raw_data());
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    const int64_t row = i / (r.layers * r.top_k), layer = i / r.top_k % r.layers;
+  r.ids.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto row = static_cast<int64_t>(i) / (r.layers * r.top_k), layer = static_cast<int64_t>(i) / r.top_k % r.layers;
     if (e->dtype == DType::I32) {
       int32_t v;
       std::memcpy(&v, bytes + 4 * i, 4);
@@ -152,7 +162,8 @@ void RoutingReplay::check_inputs(const std::vector<int32_t>& inputs) const {
 RoutingReplay load_routing_replay(const std::string& path, int64_t num_moe_layers, int64_t top_k,
                                   int64_t num_experts) {
   const bool is_safetensors = path.size() >= 12 && path.substr(path.size() - 12) == ".safetensors";
-  RoutingReplay r = is_safetensors ? from_safetensors(path, num_experts) : from_json(path, num_experts);
+  RoutingReplay r = is_safetensors ? from_safetensors(path, num_moe_layers, top_k, num_experts)
+                                   : from_json(path, num_experts);
   r.path = path;
   R3_CHECK(r.layers == num_moe_layers, path, ": the routing has ", r.layers,
            " MoE layers, the model has ", num_moe_layers);

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "io/json_file.h"
+#include "io/input_file.h"
 #include "io/mapped_file.h"
 
 namespace r3 {
@@ -12,17 +13,38 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// A shard named by the index must be a file inside the model folder: a relative path with no
+// '..' component (symlinks inside the folder are followed, as the Hugging Face cache uses them).
+bool stays_inside(const std::string& shard) {
+  const fs::path p(shard);
+  if (shard.empty() || p.is_absolute() || p.has_root_name() || p.has_root_directory()) return false;
+  for (const auto& part : p) {
+    if (part == "..") return false;
+  }
+  return p.has_filename();
+}
+
 std::map<std::string, std::string> read_index(const fs::path& index_path) {
-  const nlohmann::json j = read_json_file(index_path.string());
-  R3_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
-           index_path.string(), ": missing object 'weight_map'");
+  const std::string ip = index_path.string();
+  const nlohmann::json j = read_json_file(ip, kMaxIndexBytes, "a checkpoint index");
+  R3_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), ip,
+           ": missing object 'weight_map'");
   std::map<std::string, std::string> map;
   for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-    R3_CHECK(it.value().is_string(), index_path.string(), ": weight_map['", it.key(),
-             "'] is not a file name");
-    map[it.key()] = it.value().get<std::string>();
+    R3_CHECK(it.value().is_string(), ip, ": weight_map['", brief(it.key()), "'] is not a file name");
+    const auto& shard = it.value().get_ref<const std::string&>();
+    R3_CHECK(stays_inside(shard), ip, ": weight_map['", brief(it.key()), "']: shard path '", brief(shard),
+             "' is not a file name inside the model folder");
+    map[it.key()] = shard;
   }
   return map;
+}
+
+// Whether `p` names something (a dangling or looping symlink does too: opening it says why it
+// cannot be read). Never throws, unlike fs::exists on a symlink loop.
+bool present(const fs::path& p) {
+  std::error_code ec;
+  return fs::symlink_status(p, ec).type() != fs::file_type::not_found && !ec;
 }
 
 }  // namespace
@@ -31,26 +53,27 @@ Checkpoint Checkpoint::open(const std::string& dir) {
   Checkpoint ckpt;
   ckpt.dir_ = dir;
   const fs::path root(dir);
-  R3_CHECK(fs::is_directory(root), "model folder ", dir, " does not exist or is not a folder");
+  std::error_code ec;
+  R3_CHECK(fs::is_directory(root, ec), "model folder ", dir, " does not exist or is not a folder");
   const fs::path index = root / "model.safetensors.index.json";
   const fs::path single = root / "model.safetensors";
 
-  if (fs::exists(index)) {
+  if (present(index)) {
     std::map<std::string, std::shared_ptr<const SafetensorsFile>> shards;
     for (const auto& [name, shard] : read_index(index)) {
       auto& file = shards[shard];
       if (!file) {
         const fs::path shard_path = root / shard;
-        R3_CHECK(fs::exists(shard_path), index.string(), " lists shard ", shard,
-                 " (for tensor '", name, "') but the file is missing");
+        R3_CHECK(present(shard_path), index.string(), " lists shard ", brief(shard), " (for tensor '", brief(name),
+                 "') but the file is missing");
         file = SafetensorsFile::open(shard_path.string());
         ckpt.files_.push_back(file);
       }
-      R3_CHECK(file->find(name) != nullptr, index.string(), " maps tensor '", name, "' to ", shard,
+      R3_CHECK(file->find(name) != nullptr, index.string(), " maps tensor '", brief(name), "' to ", brief(shard),
                " but that shard does not contain it");
       ckpt.where_[name] = file.get();
     }
-  } else if (fs::exists(single)) {
+  } else if (present(single)) {
     auto file = SafetensorsFile::open(single.string());
     for (const auto& [name, e] : file->entries()) ckpt.where_[name] = file.get();
     ckpt.files_.push_back(std::move(file));

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "io/input_file.h"
 
 namespace r3 {
 
@@ -30,22 +31,12 @@ void prefetch(const void* data, std::size_t bytes) {
 }
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  R3_CHECK(fd >= 0, "cannot open ", path, ": ", std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    R3_FAIL("cannot read ", path, ": not a regular file");
-  }
-  size_ = static_cast<std::size_t>(st.st_size);
+  const InputFile file(path, kNoSizeLimit, "a mapped file");  // regular files only, without blocking
+  size_ = static_cast<std::size_t>(file.size());
   if (size_ > 0) {
-    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    int err = errno;
-    ::close(fd);
-    R3_CHECK(p != MAP_FAILED, "cannot map ", path, ": ", std::strerror(err));
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, file.fd(), 0);
+    R3_CHECK(p != MAP_FAILED, "cannot map ", path, ": ", std::strerror(errno));
     data_ = static_cast<const uint8_t*>(p);
-  } else {
-    ::close(fd);
   }
 }
 

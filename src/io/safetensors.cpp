@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/json_file.h"
+
 namespace r3 {
 
 namespace {
@@ -23,7 +25,7 @@ uint64_t read_u64_le(const uint8_t* p) {
 
 SafetensorsEntry parse_entry(const std::string& path, const std::string& name, const json& j) {
   auto bad = [&](const std::string& what) {
-    R3_FAIL(path, ": tensor '", name, "': ", what);
+    R3_FAIL(path, ": tensor '", brief(name), "': ", what);
   };
   if (!j.is_object()) bad("header entry is not an object");
   if (!j.contains("dtype") || !j["dtype"].is_string()) bad("missing string 'dtype'");
@@ -38,13 +40,21 @@ SafetensorsEntry parse_entry(const std::string& path, const std::string& name, c
   } catch (const Error& err) {
     bad(err.what());
   }
-  uint64_t numel = 1;
   for (const json& d : j["shape"]) {
     if (!d.is_number_unsigned()) bad("shape has a non-integer or negative dimension");
-    uint64_t dim = d.get<uint64_t>();
-    if (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / 4 / dim) bad("shape too large");
-    numel *= dim;
+    const uint64_t dim = d.get<uint64_t>();
+    if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      bad(detail::concat("shape dimension ", dim, " is out of range"));
+    }
     e.shape.push_back(static_cast<int64_t>(dim));
+  }
+  // Bytes the shape needs, in any dtype: an overflow anywhere (element count or bytes) refuses the
+  // tensor, so numel() and nbytes() of its view can never wrap.
+  uint64_t expected = dtype_size(e.dtype);
+  bool overflow = false;
+  for (int64_t dim : e.shape) overflow = overflow || __builtin_mul_overflow(expected, static_cast<uint64_t>(dim), &expected);
+  if (overflow || expected > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    bad(detail::concat("shape ", shape_to_string(e.shape), " of ", dtype_name(e.dtype), " is too large"));
   }
   for (const json& o : j["data_offsets"]) {
     if (!o.is_number_unsigned()) bad("data_offsets must be non-negative integers");
@@ -52,7 +62,6 @@ SafetensorsEntry parse_entry(const std::string& path, const std::string& name, c
   e.begin = j["data_offsets"][0].get<uint64_t>();
   e.end = j["data_offsets"][1].get<uint64_t>();
   if (e.end < e.begin) bad("data_offsets end before begin");
-  uint64_t expected = numel * dtype_size(e.dtype);
   if (e.end - e.begin != expected) {
     bad(detail::concat("data_offsets span ", e.end - e.begin, " bytes but ", dtype_name(e.dtype),
                        " ", shape_to_string(e.shape), " needs ", expected));
@@ -79,38 +88,45 @@ void SafetensorsFile::parse() {
   R3_CHECK(header_len <= size - 8, p, ": truncated file: header claims ", header_len,
            " bytes, only ", size - 8, " follow");
   const char* header = reinterpret_cast<const char*>(file_->data() + 8);
-  json j;
-  try {
-    j = json::parse(header, header + header_len);
-  } catch (const json::exception& e) {
-    R3_FAIL(p, ": malformed JSON header: ", e.what());
-  }
+  // Duplicate names are refused while parsing (a JSON object would keep only the last).
+  const json j = parse_json(std::string_view(header, header_len), p + ": header", {.unique_keys = true});
   R3_CHECK(j.is_object(), p, ": header is not a JSON object");
 
   data_section_ = file_->data() + 8 + header_len;
   const uint64_t data_size = size - 8 - header_len;
-  std::vector<const SafetensorsEntry*> by_offset;
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (it.key() == "__metadata__") {
       R3_CHECK(it.value().is_object(), p, ": __metadata__ is not an object");
       for (auto m = it.value().begin(); m != it.value().end(); ++m) {
-        R3_CHECK(m.value().is_string(), p, ": __metadata__ value '", m.key(), "' is not a string");
+        R3_CHECK(m.value().is_string(), p, ": __metadata__ value '", brief(m.key()), "' is not a string");
         metadata_[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
     SafetensorsEntry e = parse_entry(p, it.key(), it.value());
-    R3_CHECK(e.end <= data_size, p, ": truncated file: tensor '", e.name, "' ends at byte ", e.end,
+    R3_CHECK(e.end <= data_size, p, ": truncated file: tensor '", brief(e.name), "' ends at byte ", e.end,
              " of a data section of ", data_size, " bytes");
     entries_[e.name] = std::move(e);
   }
+  // The data section starts right after the header and the tensors tile it exactly: no gap (the
+  // format forbids them), no overlap, nothing after the last one. A header length that is off by
+  // a byte shifts the data section, and this is where it shows.
+  std::vector<const SafetensorsEntry*> by_offset;
   for (const auto& [name, e] : entries_) by_offset.push_back(&e);
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](auto* a, auto* b) { return a->begin < b->begin; });
-  for (std::size_t i = 1; i < by_offset.size(); ++i) {
-    R3_CHECK(by_offset[i]->begin >= by_offset[i - 1]->end, p, ": tensors '", by_offset[i - 1]->name,
-             "' and '", by_offset[i]->name, "' overlap");
+  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  uint64_t covered = 0;
+  const SafetensorsEntry* last = nullptr;
+  for (const SafetensorsEntry* e : by_offset) {
+    R3_CHECK(e->begin <= covered, p, ": bytes [", covered, ", ", e->begin,
+             ") of the data section belong to no tensor (before tensor '", brief(e->name), "')");
+    R3_CHECK(e->begin == covered, p, ": tensors '", brief(last->name), "' and '", brief(e->name), "' overlap");
+    covered = e->end;
+    if (e->end > e->begin) last = e;
   }
+  R3_CHECK(covered == data_size, p, ": data section is ", data_size, " bytes but the tensors cover ", covered,
+           " (is the header length right?)");
 }
 
 const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {

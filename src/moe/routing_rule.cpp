@@ -1,10 +1,13 @@
 #include "moe/routing_rule.h"
 
+#include "core/checked.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "core/check.h"
+#include "core/checked.h"
 #include "ops/topk.h"
 
 namespace r3::moe {
@@ -182,14 +185,21 @@ void TopKSoftmax::route_row(std::span<float> logits, int32_t, std::span<const in
 
 SqrtSoftplusHash::SqrtSoftplusHash(const Tensor& table, int64_t num_experts, float scaling) : scaling_(scaling) {
   R3_CHECK(table.rank() == 2, "hash routing table must be [vocab, top_k]");
+  R3_CHECK(table.dtype() == DType::I64 || table.dtype() == DType::I32, "hash routing table must be I64 or I32");
+  R3_CHECK(table.is_contiguous(), "hash routing table must be contiguous");
   k_ = table.dim(1);
+  // The element count and byte size, checked: the table's bytes are exactly numel * width.
+  const int64_t count = checked_mul(table.dim(0), k_, "hash routing table (tid2eid) size");
+  const std::size_t width = table.dtype() == DType::I64 ? 8 : 4;
+  R3_CHECK(checked_mul(static_cast<std::size_t>(count), width, "hash routing table (tid2eid) bytes") == table.nbytes(),
+           "hash routing table (tid2eid): ", table.nbytes(), " bytes for ", count, " entries");
   const auto* bytes = static_cast<const unsigned char*>(table.raw_data());
-  for (int64_t i = 0; i < table.numel(); ++i) {
+  table_.reserve(static_cast<std::size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
     int64_t id = 0;
     if (table.dtype() == DType::I64) {
       std::memcpy(&id, bytes + 8 * i, 8);
     } else {
-      R3_CHECK(table.dtype() == DType::I32, "hash routing table must be I64 or I32");
       int32_t v;
       std::memcpy(&v, bytes + 4 * i, 4);
       id = v;
