@@ -6,6 +6,7 @@
 #include "cli/option_checks.h"
 #include "core/check.h"
 #include "io/json_file.h"
+#include "moe/eplb/eplb_controller.h"
 #include "moe/eplb/expert_placement.h"
 #include "moe/eplb/rebalance.h"
 
@@ -50,6 +51,9 @@ int run_eplb_plan(const EplbPlanOptions& options) {
   for (std::size_t l = 0; l < layers.size(); ++l) {
     const auto& load = layers[l];
     const auto experts = static_cast<int64_t>(load.size());
+    R3_CHECK(options.redundant <= moe::kMaxReplicaFactor * experts, "--redundant-experts must be at most ",
+             moe::kMaxReplicaFactor, " x the ", experts, " experts of the load file (", moe::kMaxReplicaFactor * experts,
+             "), got ", options.redundant);
     const int64_t physical = experts + options.redundant;
     const moe::EplbPlan plan = moe::plan_placement(load, physical, options.topology);
     const auto before = moe::placement_balance(

@@ -41,6 +41,9 @@ int run_forward(const ForwardOptions& options) {
     replay.check_inputs(ids);
     forced = replay.slice(0, tokens);
   }
+  R3_CHECK(model->info().max_position_embeddings <= 0 || tokens <= model->info().max_position_embeddings,
+           "--ids has ", tokens, " tokens, more than the model's max_position_embeddings of ",
+           model->info().max_position_embeddings);
   auto cache = model->make_cache(1, tokens);
   engine::StepRunner runner(*model, *ctx, *cache, tokens, /*keep_weights=*/true);
   engine::RoutedExperts routed(layers, k);

@@ -44,6 +44,12 @@ int run_generate(GenerateCommandOptions& options) {
   auto model = options.model.load();
   auto ctx = options.model.make_context();
   const auto& info = model->info();
+  // Checked here with the options' names; the engine checks again with its own.
+  const auto prompt_len = static_cast<int64_t>(prompt.size());
+  const int64_t max_new = options.generate.max_new_tokens;
+  R3_CHECK(info.max_position_embeddings <= 0 || max_new <= info.max_position_embeddings - prompt_len,
+           "--ids has ", prompt_len, " tokens and --max-new-tokens is ", max_new, ": more than the model's ",
+           "max_position_embeddings of ", info.max_position_embeddings, " positions");
   if (!options.ignore_eos) options.generate.stop_token_ids = info.eos_token_ids;
   engine::RoutingReplay replay;
   if (!options.replay.empty()) {

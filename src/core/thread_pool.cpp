@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <system_error>
+
+#include "core/check.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -32,24 +35,36 @@ bool spin_until(Done done) {
 
 ThreadPool::ThreadPool(int threads) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  workers_.reserve(static_cast<std::size_t>(threads - 1));
   for (int i = 1; i < threads; ++i) {
-    workers_.emplace_back([this, i] {
-      this_thread_index = i;
-      worker_loop();
-    });
+    try {
+      workers_.emplace_back([this, i] {
+        this_thread_index = i;
+        worker_loop();
+      });
+    } catch (const std::system_error& e) {
+      // The process may not start that many threads (ulimit -u, address space): stop the ones
+      // already running, which wait for work that will never come, and say so.
+      stop_and_join();
+      R3_FAIL("--threads ", threads, ": could not start thread ", i + 1, " (", e.what(),
+              "); the process limits allow fewer threads");
+    }
   }
 }
 
-int ThreadPool::thread_index() { return this_thread_index; }
-
-ThreadPool::~ThreadPool() {
+void ThreadPool::stop_and_join() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
   }
   work_ready_.notify_all();
   for (auto& t : workers_) t.join();
+  workers_.clear();
 }
+
+int ThreadPool::thread_index() { return this_thread_index; }
+
+ThreadPool::~ThreadPool() { stop_and_join(); }
 
 void ThreadPool::run_chunks() {
   for (;;) {

@@ -42,6 +42,7 @@ class ThreadPool {
   void parallel_for(int64_t n, int64_t grain, RangeFn fn);
 
  private:
+  void stop_and_join();
   void worker_loop();
   void run_chunks();
 

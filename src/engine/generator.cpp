@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <span>
+
+#include "core/checked.h"
 
 #include "engine/step_runner.h"
 
@@ -21,6 +24,11 @@ GenerateResult generate(models::CausalLM& model, backend::Context& ctx, const st
   R3_CHECK(options.max_new_tokens >= 1, "max new tokens must be >= 1, got ", options.max_new_tokens);
   options.sampling.validate();
   const auto prompt_len = static_cast<int64_t>(prompt.size());
+  // The cache is sized for the whole run up front: bound it by the positions the model has.
+  const int64_t total = checked_add(prompt_len, options.max_new_tokens, "prompt + max new tokens");
+  R3_CHECK(info.max_position_embeddings <= 0 || total <= info.max_position_embeddings, "a prompt of ", prompt_len,
+           " tokens + ", options.max_new_tokens, " new tokens exceeds the model's max_position_embeddings of ",
+           info.max_position_embeddings);
   const RoutingReplay* replay = options.replay;
   if (replay != nullptr) {
     // Only the prompt's rows are certainly needed: a replayed run that stopped at EOS has
@@ -34,7 +42,7 @@ GenerateResult generate(models::CausalLM& model, backend::Context& ctx, const st
              options.max_new_tokens, " new tokens can use (prompt + max-new-tokens - 1)");
   }
 
-  auto cache = model.make_cache(1, prompt_len + options.max_new_tokens);
+  auto cache = model.make_cache(1, total);
   StepRunner runner(model, ctx, *cache, prompt_len);
   Sampler sampler(options.sampling);
   GenerateResult result{prompt, {}, RoutedExperts(static_cast<int64_t>(info.moe_layers.size()), info.top_k), {}};
@@ -49,6 +57,15 @@ GenerateResult generate(models::CausalLM& model, backend::Context& ctx, const st
 
   start = std::chrono::steady_clock::now();
   for (;;) {
+    // NaN weights (or activations that overflow) make NaN logits, and sampling them would
+    // return a meaningless token with exit 0: fail the run instead. One pass over V floats.
+    const float* scores = logits.data<float>();
+    const auto vocab = logits.dim(1);
+    for (int64_t v = 0; v < vocab; ++v) {
+      R3_CHECK(std::isfinite(scores[v]), "the model produced a non-finite logit (", scores[v], ") for token ", v,
+               " after ", prompt_len + static_cast<int64_t>(result.output_ids.size()),
+               " tokens: the checkpoint holds NaN or infinite weights, or activations overflowed");
+    }
     const int32_t token =
         sampler.next(std::span<const float>(logits.data<float>(), static_cast<std::size_t>(logits.dim(1))));
     result.output_ids.push_back(token);

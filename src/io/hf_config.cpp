@@ -43,19 +43,42 @@ const json& HfConfig::at(const std::string& key) const {
   return (*json_)[key];
 }
 
-int64_t HfConfig::get_int(const std::string& key) const {
+namespace {
+
+// What a value is, for a message: its JSON type, never the value itself (it may be huge).
+std::string kind_of(const json& v) {
+  if (v.is_number_unsigned()) return "an integer beyond int64";
+  return std::string("a ") + v.type_name();
+}
+
+}  // namespace
+
+int64_t HfConfig::get_int64(const std::string& key) const {
   const json& v = at(key);
-  R3_CHECK(v.is_number_integer(), source_, ": '", key, "' must be an integer, found ", v.dump());
+  R3_CHECK(v.is_number_integer(), source_, ": '", key, "' must be an integer, found ", kind_of(v));
+  // nlohmann keeps integers above int64 as uint64; get<int64_t>() would wrap them.
+  R3_CHECK(!v.is_number_unsigned() || v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX), source_, ": '", key,
+           "' = ", v.get<uint64_t>(), " is out of range (larger than int64)");
   return v.get<int64_t>();
 }
 
-int64_t HfConfig::get_int(const std::string& key, int64_t fallback) const {
-  return has(key) ? get_int(key) : fallback;
+void HfConfig::out_of_range(const std::string& key, int64_t value, int64_t min, uint64_t max) const {
+  R3_FAIL(source_, ": '", key, "' = ", value, " is out of range [", min, ", ", max, "]");
+}
+
+int64_t HfConfig::get_int_in(const std::string& key, int64_t min, int64_t max) const {
+  const int64_t v = get_int64(key);
+  if (v < min || v > max) out_of_range(key, v, min, static_cast<uint64_t>(max));
+  return v;
+}
+
+int64_t HfConfig::get_int_in(const std::string& key, int64_t min, int64_t max, int64_t fallback) const {
+  return has(key) ? get_int_in(key, min, max) : fallback;
 }
 
 double HfConfig::get_double(const std::string& key) const {
   const json& v = at(key);
-  R3_CHECK(v.is_number(), source_, ": '", key, "' must be a number, found ", v.dump());
+  R3_CHECK(v.is_number(), source_, ": '", key, "' must be a number, found ", kind_of(v));
   return v.get<double>();
 }
 
@@ -66,39 +89,48 @@ double HfConfig::get_double(const std::string& key, double fallback) const {
 bool HfConfig::get_bool(const std::string& key, bool fallback) const {
   if (!has(key)) return fallback;
   const json& v = at(key);
-  R3_CHECK(v.is_boolean(), source_, ": '", key, "' must be true or false, found ", v.dump());
+  R3_CHECK(v.is_boolean(), source_, ": '", key, "' must be true or false, found ", kind_of(v));
   return v.get<bool>();
 }
 
 std::string HfConfig::get_string(const std::string& key, const std::string& fallback) const {
   if (!has(key)) return fallback;
   const json& v = at(key);
-  R3_CHECK(v.is_string(), source_, ": '", key, "' must be a string, found ", v.dump());
+  R3_CHECK(v.is_string(), source_, ": '", key, "' must be a string, found ", kind_of(v));
   return v.get<std::string>();
 }
 
-std::vector<int64_t> HfConfig::get_int_list(const std::string& key,
-                                            const std::vector<int64_t>& fallback) const {
-  if (!has(key)) return fallback;
+std::vector<int64_t> HfConfig::get_int64_list(const std::string& key) const {
   const json& v = at(key);
-  R3_CHECK(v.is_array(), source_, ": '", key, "' must be a list of integers, found ", v.dump());
+  R3_CHECK(v.is_array(), source_, ": '", key, "' must be a list of integers, found ", kind_of(v));
   std::vector<int64_t> out;
   for (const json& x : v) {
-    R3_CHECK(x.is_number_integer(), source_, ": '", key, "' must hold integers, found ", x.dump());
+    R3_CHECK(x.is_number_integer(), source_, ": '", key, "' must hold integers, found ", kind_of(x));
+    R3_CHECK(!x.is_number_unsigned() || x.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX), source_, ": '", key,
+             "' holds ", x.get<uint64_t>(), ", out of range (larger than int64)");
     out.push_back(x.get<int64_t>());
   }
   return out;
 }
 
-std::vector<int64_t> HfConfig::get_int_or_list(const std::string& key) const {
-  if (!has(key)) return {};
-  if (at(key).is_array()) return get_int_list(key, {});
-  return {get_int(key)};
+bool HfConfig::is_list(const std::string& key) const { return at(key).is_array(); }
+
+std::vector<std::string> HfConfig::get_string_list(const std::string& key,
+                                                   const std::vector<std::string>& fallback) const {
+  if (!has(key)) return fallback;
+  const json& v = at(key);
+  R3_CHECK(v.is_array(), source_, ": '", key, "' must be a list of strings, found ", kind_of(v));
+  std::vector<std::string> out;
+  for (const json& x : v) {
+    R3_CHECK(x.is_string(), source_, ": '", key, "' must hold strings, found ", kind_of(x));
+    out.push_back(x.get<std::string>());
+  }
+  return out;
 }
 
-int64_t HfConfig::get_int_any(const std::vector<std::string>& keys) const {
+const std::string& HfConfig::first_present(const std::vector<std::string>& keys) const {
   for (const auto& k : keys) {
-    if (has(k)) return get_int(k);
+    if (has(k)) return k;
   }
   std::string names;
   for (const auto& k : keys) names += (names.empty() ? "'" : " or '") + k + "'";
@@ -108,7 +140,7 @@ int64_t HfConfig::get_int_any(const std::vector<std::string>& keys) const {
 std::optional<HfConfig> HfConfig::get_object(const std::string& key) const {
   if (!has(key)) return std::nullopt;
   const json& v = at(key);
-  R3_CHECK(v.is_object(), source_, ": '", key, "' must be an object, found ", v.dump());
+  R3_CHECK(v.is_object(), source_, ": '", key, "' must be an object, found ", kind_of(v));
   HfConfig c;
   c.source_ = source_ + " (" + key + ")";
   c.json_ = std::make_shared<json>(v);

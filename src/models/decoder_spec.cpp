@@ -1,6 +1,7 @@
 #include "models/decoder_spec.h"
 
 #include "core/check.h"
+#include "core/checked.h"
 
 namespace r3::models {
 
@@ -22,6 +23,13 @@ void DecoderSpec::validate() const {
   positive(attention.num_heads, "num_attention_heads");
   positive(attention.num_kv_heads, "num_key_value_heads");
   positive(attention.head_dim, "head_dim");
+  // Projection widths: checked, not wrapped, whatever the config holds.
+  const std::string what = family + " config: num_attention_heads x head_dim";
+  checked_mul(attention.num_heads, attention.head_dim, what.c_str());
+  if (attention.kind == AttentionKind::kLatent) {
+    const std::string v = family + " config: num_attention_heads x v_head_dim";
+    checked_mul(attention.num_heads, attention.latent.v_head_dim, v.c_str());
+  }
   R3_CHECK(attention.num_heads % attention.num_kv_heads == 0, family, " config: ",
            attention.num_heads, " attention heads not divisible by ", attention.num_kv_heads,
            " key/value heads");

@@ -5,7 +5,10 @@
 #include <random>
 #include <utility>
 
+#include <unistd.h>
+
 #include "core/check.h"
+#include "core/checked.h"
 
 namespace r3::models {
 
@@ -15,11 +18,21 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
+void check_cache_memory(int64_t bytes, int64_t capacity, const char* what) {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return;  // unknown: the allocation itself is the check
+  const int64_t memory = static_cast<int64_t>(pages) * page;
+  R3_CHECK(bytes <= memory, what, " for ", capacity, " tokens needs ", bytes, " bytes, more than the machine's memory of ",
+           memory, " bytes");
+}
+
 KvCache::KvCache(std::vector<CacheSpec> layers, int64_t max_seqs, int64_t capacity, KvCacheOptions options)
     : max_seqs_(max_seqs), capacity_(capacity), block_size_(options.block_size) {
   R3_CHECK(!layers.empty() && max_seqs > 0 && capacity > 0 && block_size_ > 0,
            "KV cache: layers, seqs, capacity and block size must be positive");
   table_blocks_ = ceil_div(capacity_, block_size_);
+  int64_t total_bytes = 0;  // every layer's pool, checked before any is allocated
+  for (std::size_t pass = 0; pass < 2; ++pass) {
   for (std::size_t l = 0; l < layers.size(); ++l) {
     const CacheSpec& spec = layers[l];
     R3_CHECK(spec.key_width > 0 && spec.value_width > 0, "KV cache: layer ", l, " caches rows of width ",
@@ -40,8 +53,16 @@ KvCache::KvCache(std::vector<CacheSpec> layers, int64_t max_seqs, int64_t capaci
         layer.positions_per_pass = block_size_;
       }
     }
-    const int64_t pool_blocks = max_seqs_ * layer.seq_blocks;
+    const int64_t pool_blocks = checked_mul(max_seqs_, layer.seq_blocks, "KV cache: seqs x blocks");
     R3_CHECK(pool_blocks <= INT32_MAX, "KV cache: ", pool_blocks, " blocks exceed int32 block ids");
+    if (pass == 0) {
+      const int64_t rows = checked_mul(pool_blocks, block_size_, "KV cache: blocks x block size");
+      const int64_t width = checked_add(spec.key_width, spec.value_width, "KV cache: key + value width");
+      const int64_t bytes = checked_mul(checked_mul(rows, width, "KV cache: rows x width"),
+                                        static_cast<int64_t>(sizeof(float)), "KV cache: bytes");
+      total_bytes = checked_add(total_bytes, bytes, "KV cache: bytes");
+      continue;
+    }
     layer.keys.assign(static_cast<std::size_t>(pool_blocks * block_size_ * spec.key_width), 0.0f);
     layer.values.assign(static_cast<std::size_t>(pool_blocks * block_size_ * spec.value_width), 0.0f);
     // Today's allocator: every sequence takes its blocks from the free list up front.
@@ -62,6 +83,8 @@ KvCache::KvCache(std::vector<CacheSpec> layers, int64_t max_seqs, int64_t capaci
       }
     }
     layers_.push_back(std::move(layer));
+  }
+  if (pass == 0) check_cache_memory(total_bytes, capacity_, "the KV cache");
   }
   lengths_.assign(static_cast<std::size_t>(max_seqs_), 0);
   high_water_.assign(static_cast<std::size_t>(max_seqs_), 0);

@@ -17,6 +17,11 @@
 
 namespace r3::models {
 
+// Refuses a cache of `bytes` (computed with checked arithmetic) larger than the machine's
+// physical memory, naming `what`, the capacity in tokens and both sizes: a cache that cannot fit
+// would otherwise be a bad_alloc or the OOM killer, after minutes of swapping.
+void check_cache_memory(int64_t bytes, int64_t capacity, const char* what);
+
 struct KvCacheOptions {
   int64_t block_size = 16;  // positions per block
   // 0: blocks are handed out in pool order (a sequence's blocks are consecutive). Otherwise the

@@ -6,6 +6,8 @@
 #include <utility>
 
 #include "core/check.h"
+#include "core/checked.h"
+#include "models/kv_cache.h"
 
 namespace r3::models {
 
@@ -23,8 +25,14 @@ PagedRows::PagedRows(CacheSpec spec, int64_t max_seqs, int64_t rows_per_seq, int
   seq_blocks_ = table_blocks_;
   // Any held_rows consecutive rows touch at most ceil((held_rows - 1) / B) + 1 blocks.
   if (held_rows > 0) seq_blocks_ = std::min(seq_blocks_, ceil_div(held_rows - 1, block_size_) + 1);
-  const int64_t pool_blocks = max_seqs_ * seq_blocks_;
+  const int64_t pool_blocks = checked_mul(max_seqs_, seq_blocks_, "V4 cache: seqs x blocks");
   R3_CHECK(pool_blocks <= INT32_MAX, "V4 cache: ", pool_blocks, " blocks exceed int32 block ids");
+  {
+    const int64_t rows = checked_mul(pool_blocks, block_size_, "V4 cache: blocks x block size");
+    const int64_t width = checked_add(spec_.key_width, spec_.value_width, "V4 cache: key + value width");
+    check_cache_memory(checked_mul(checked_mul(rows, width, "V4 cache: rows x width"), int64_t{4}, "V4 cache: bytes"),
+                       rows, "the V4 KV cache");
+  }
   keys_.assign(static_cast<std::size_t>(pool_blocks * block_size_ * spec_.key_width), 0.0f);
   values_.assign(static_cast<std::size_t>(pool_blocks * block_size_ * spec_.value_width), 0.0f);
   // Every sequence takes its blocks from the free list up front (as KvCache does today).

@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "core/checked.h"
+#include "models/families/common_config.h"
 
 namespace r3::models {
 
@@ -41,7 +43,7 @@ ops::RopeScaling read_scaling(const HfConfig& config, const HfConfig& p, const s
            "' is not supported for deepseek_v4 (default, yarn)");
   s.kind = ops::RopeScaling::Kind::kYarn;
   R3_CHECK(p.raw().contains("factor"), config.source(), ": ", what, " YaRN needs 'factor'");
-  s.original_max_position_embeddings = p.get_int("original_max_position_embeddings", max_position_embeddings);
+  s.original_max_position_embeddings = p.get_int<int32_t>("original_max_position_embeddings", static_cast<int32_t>(max_position_embeddings));
   R3_CHECK(s.original_max_position_embeddings > 0, config.source(), ": ", what,
            " original_max_position_embeddings must be positive");
   s.factor = p.has("factor") ? p.get_double("factor")
@@ -69,6 +71,9 @@ std::pair<RopeRead, RopeRead> read_ropes(const HfConfig& c, double partial, int6
   main.theta = rope_theta;
   main.partial = compress.partial = partial;
   compress.theta = c.get_double("compress_rope_theta", 160000.0);
+  // theta <= 0 gives NaN or infinite frequencies: every logit would be NaN.
+  R3_CHECK(rope_theta > 0, c.source(), ": 'rope_theta' must be positive, got ", rope_theta);
+  R3_CHECK(compress.theta > 0, c.source(), ": 'compress_rope_theta' must be positive, got ", compress.theta);
   std::optional<HfConfig> params = c.get_object("rope_scaling");
   if (!params || params->raw().empty()) params = c.get_object("rope_parameters");
   if (!params) return {main, compress};
@@ -82,6 +87,7 @@ std::pair<RopeRead, RopeRead> read_ropes(const HfConfig& c, double partial, int6
   auto read_typed = [&](const std::string& name, RopeRead& out) {
     const HfConfig typed = *params->get_object(name);
     out.theta = typed.get_double("rope_theta", rope_theta);
+    R3_CHECK(out.theta > 0, c.source(), ": rope_parameters.", name, " 'rope_theta' must be positive, got ", out.theta);
     out.partial = typed.get_double("partial_rotary_factor", partial);
     out.scaling = read_scaling(c, typed, "rope_parameters." + name, false, max_position_embeddings);
   };
@@ -105,23 +111,24 @@ std::string layer_type_of_ratio(const HfConfig& c, int64_t ratio) {
 DeepseekV4Spec DeepseekV4Spec::parse(const HfConfig& c) {
   DeepseekV4Spec s;
   s.architecture = c.architecture();
-  s.vocab_size = c.get_int("vocab_size");
-  s.hidden_size = c.get_int("hidden_size");
-  s.num_layers = c.get_int("num_hidden_layers");
-  s.max_position_embeddings = c.get_int("max_position_embeddings", 1048576);  // transformers' default
+  s.vocab_size = c.get_int<int32_t>("vocab_size");
+  s.hidden_size = c.get_int<int32_t>("hidden_size");
+  s.num_layers = c.get_int_in("num_hidden_layers", 1, kMaxLayers);
+  s.max_position_embeddings = c.get_int<int32_t>("max_position_embeddings", 1048576);  // transformers' default
   s.rms_norm_eps = c.get_double("rms_norm_eps", 1e-6);
+  R3_CHECK(s.rms_norm_eps >= 0, c.source(), ": 'rms_norm_eps' must be >= 0, got ", s.rms_norm_eps);
   s.tie_word_embeddings = c.get_bool("tie_word_embeddings", false);
-  for (int64_t id : c.get_int_or_list("eos_token_id")) s.eos_token_ids.push_back(static_cast<int32_t>(id));
+  s.eos_token_ids = c.get_int_or_list<int32_t>("eos_token_id");
 
-  s.num_heads = c.get_int("num_attention_heads");
-  R3_CHECK(c.get_int("num_key_value_heads", 1) == 1, c.source(), ": deepseek_v4 attention has one shared KV head");
-  s.head_dim = c.get_int("head_dim");
-  s.q_lora_rank = c.get_int("q_lora_rank");
-  s.o_groups = c.get_int("o_groups");
-  s.o_lora_rank = c.get_int("o_lora_rank");
-  s.sliding_window = c.get_int("sliding_window");
+  s.num_heads = c.get_int<int32_t>("num_attention_heads");
+  R3_CHECK(c.get_int<int32_t>("num_key_value_heads", 1) == 1, c.source(), ": deepseek_v4 attention has one shared KV head");
+  s.head_dim = c.get_int<int32_t>("head_dim");
+  s.q_lora_rank = c.get_int<int32_t>("q_lora_rank");
+  s.o_groups = c.get_int<int32_t>("o_groups");
+  s.o_lora_rank = c.get_int<int32_t>("o_lora_rank");
+  s.sliding_window = c.get_int<int32_t>("sliding_window");
   double partial = c.get_double("partial_rotary_factor",
-                                c.has("qk_rope_head_dim") ? static_cast<double>(c.get_int("qk_rope_head_dim")) /
+                                c.has("qk_rope_head_dim") ? static_cast<double>(c.get_int<int32_t>("qk_rope_head_dim")) /
                                                                 static_cast<double>(s.head_dim)
                                                           : 64.0 / 512.0);
   const auto [main, compress] = read_ropes(c, partial, s.max_position_embeddings);
@@ -137,13 +144,9 @@ DeepseekV4Spec DeepseekV4Spec::parse(const HfConfig& c) {
   const std::vector<std::string> kinds = [&] {
     std::vector<std::string> out;
     if (c.has("layer_types")) {
-      R3_CHECK(c.raw()["layer_types"].is_array(), c.source(), ": 'layer_types' must be a list");
-      for (const auto& v : c.raw()["layer_types"]) {
-        R3_CHECK(v.is_string(), c.source(), ": 'layer_types' must hold strings");
-        out.push_back(v.get<std::string>());
-      }
+      out = c.get_string_list("layer_types", {});
     } else if (c.has("compress_ratios")) {
-      for (int64_t r : c.get_int_list("compress_ratios", {})) out.push_back(layer_type_of_ratio(c, r));
+      for (int64_t r : c.get_int_list<int32_t>("compress_ratios", {})) out.push_back(layer_type_of_ratio(c, r));
     } else {
       for (int64_t l = 0; l < s.num_layers; ++l) {
         out.push_back(l >= 2 && (l - 2) % 2 == 1 ? "compressed_sparse_attention" : "heavily_compressed_attention");
@@ -151,8 +154,8 @@ DeepseekV4Spec DeepseekV4Spec::parse(const HfConfig& c) {
     }
     return out;
   }();
-  R3_CHECK(static_cast<int64_t>(kinds.size()) >= s.num_layers, c.source(), ": layer_types lists ", kinds.size(),
-           " layers, the model has ", s.num_layers);
+  R3_CHECK(static_cast<int64_t>(kinds.size()) >= s.num_layers, c.source(), ": 'layer_types' lists ", kinds.size(),
+           " layers, 'num_hidden_layers' is ", s.num_layers);
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const std::string& k = kinds[static_cast<std::size_t>(l)];
     if (k == "sliding_attention") {
@@ -166,22 +169,25 @@ DeepseekV4Spec DeepseekV4Spec::parse(const HfConfig& c) {
     }
   }
   if (auto rates = c.get_object("compress_rates")) {
-    s.csa_rate = rates->get_int("compressed_sparse_attention", 4);
-    s.hca_rate = rates->get_int("heavily_compressed_attention", 128);
+    s.csa_rate = rates->get_int<int32_t>("compressed_sparse_attention", 4);
+    s.hca_rate = rates->get_int<int32_t>("heavily_compressed_attention", 128);
   }
-  s.csa_rate = c.get_int("compress_rate_csa", s.csa_rate);  // legacy top-level overrides
-  s.hca_rate = c.get_int("compress_rate_hca", s.hca_rate);
-  s.index_heads = c.get_int("index_n_heads");
-  s.index_head_dim = c.get_int("index_head_dim");
-  s.index_topk = c.get_int("index_topk");
+  s.csa_rate = c.get_int<int32_t>("compress_rate_csa", static_cast<int32_t>(s.csa_rate));  // legacy top-level overrides
+  s.hca_rate = c.get_int<int32_t>("compress_rate_hca", static_cast<int32_t>(s.hca_rate));
+  s.index_heads = c.get_int<int32_t>("index_n_heads");
+  s.index_head_dim = c.get_int<int32_t>("index_head_dim");
+  s.index_topk = c.get_int<int32_t>("index_topk");
 
-  s.hc_mult = c.get_int("hc_mult", 1);
-  s.hc_sinkhorn_iters = c.get_int("hc_sinkhorn_iters", 20);
+  // Released checkpoints use 4 streams and 20 Sinkhorn iterations. Each iteration normalises an
+  // hc_mult x hc_mult matrix per token and layer, and converges in a few tens of iterations: 1000
+  // is far past any useful count while a hostile 1e12 would never finish.
+  s.hc_mult = c.get_int_in("hc_mult", 1, kMaxHcMult, 1);
+  s.hc_sinkhorn_iters = c.get_int_in("hc_sinkhorn_iters", 1, kMaxSinkhornIters, 20);
   s.hc_eps = c.get_double("hc_eps", 1e-6);
 
-  s.num_experts = c.get_int_any({"n_routed_experts", "num_local_experts"});
-  s.top_k = c.get_int("num_experts_per_tok");
-  s.moe_intermediate = c.get_int("moe_intermediate_size");
+  s.num_experts = c.get_int_any<int32_t>({"n_routed_experts", "num_local_experts"});
+  s.top_k = c.get_int<int32_t>("num_experts_per_tok");
+  s.moe_intermediate = c.get_int<int32_t>("moe_intermediate_size");
   s.routed_scaling_factor = c.get_double("routed_scaling_factor", 1.0);
   s.swiglu_limit = c.get_double("swiglu_limit", 0.0);
   const std::string scoring = c.get_string("scoring_func", "sqrtsoftplus");
@@ -189,12 +195,13 @@ DeepseekV4Spec DeepseekV4Spec::parse(const HfConfig& c) {
            "' is not supported for deepseek_v4 yet (only 'sqrtsoftplus')");
   std::vector<std::string> mlp_types;
   if (c.has("mlp_layer_types")) {
-    for (const auto& v : c.raw()["mlp_layer_types"]) mlp_types.push_back(v.get<std::string>());
+    mlp_types = c.get_string_list("mlp_layer_types", {});
   } else {
-    const int64_t hash_layers = c.get_int("num_hash_layers", 3);
+    const int64_t hash_layers = c.get_int<int32_t>("num_hash_layers", 3);
     for (int64_t l = 0; l < s.num_layers; ++l) mlp_types.push_back(l < hash_layers ? "hash_moe" : "moe");
   }
-  R3_CHECK(static_cast<int64_t>(mlp_types.size()) >= s.num_layers, c.source(), ": mlp_layer_types too short");
+  R3_CHECK(static_cast<int64_t>(mlp_types.size()) >= s.num_layers, c.source(), ": 'mlp_layer_types' lists ",
+           mlp_types.size(), " layers, 'num_hidden_layers' is ", s.num_layers);
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const std::string& t = mlp_types[static_cast<std::size_t>(l)];
     R3_CHECK(t == "moe" || t == "hash_moe", c.source(), ": unknown mlp layer type '", t, "'");
@@ -204,10 +211,10 @@ DeepseekV4Spec DeepseekV4Spec::parse(const HfConfig& c) {
   R3_CHECK(s.num_heads > 0 && s.head_dim > 0 && s.hidden_size > 0, c.source(), ": sizes must be positive");
   R3_CHECK(s.rope_dim > 0 && s.rope_dim % 2 == 0 && s.rope_dim <= s.head_dim && s.rope_dim <= s.index_head_dim,
            c.source(), ": rotary dim ", s.rope_dim, " must be even and fit head_dim and index_head_dim");
-  R3_CHECK(s.o_groups > 0 && (s.num_heads * s.head_dim) % s.o_groups == 0, c.source(),
+  const int64_t q_width = checked_mul(s.num_heads, s.head_dim, (c.source() + ": num_attention_heads x head_dim").c_str());
+  R3_CHECK(s.o_groups > 0 && q_width % s.o_groups == 0, c.source(),
            ": heads * head_dim must split into o_groups");
   R3_CHECK(s.top_k >= 1 && s.top_k <= s.num_experts, c.source(), ": num_experts_per_tok must be in [1, n_routed_experts]");
-  R3_CHECK(s.hc_mult >= 1 && s.hc_sinkhorn_iters >= 1, c.source(), ": hc_mult and hc_sinkhorn_iters must be >= 1");
   R3_CHECK(s.sliding_window >= 1 && s.csa_rate >= 1 && s.hca_rate >= 1, c.source(),
            ": sliding_window and compress rates must be >= 1");
   return s;

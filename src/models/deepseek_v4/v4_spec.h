@@ -16,6 +16,10 @@ enum class V4AttentionKind {
   kHeavy,       // "heavily_compressed_attention" (HCA): + non-overlapping compressor
 };
 
+// Bounds on the hyper-connection fields (see parse for why).
+inline constexpr int64_t kMaxHcMult = 64;
+inline constexpr int64_t kMaxSinkhornIters = 1000;
+
 struct DeepseekV4Spec {
   std::string architecture;
   int64_t vocab_size = 0, hidden_size = 0, num_layers = 0, max_position_embeddings = 0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "core/checked.h"
 
 namespace r3::models {
 
@@ -18,7 +19,8 @@ ops::RopeScaling read_rope_scaling(const HfConfig& config, const HfConfig& param
            "' is not supported yet (default, yarn)");
   s.kind = ops::RopeScaling::Kind::kYarn;
   s.factor = params.get_double("factor");
-  s.original_max_position_embeddings = params.get_int("original_max_position_embeddings", 0);
+  R3_CHECK(s.factor > 0, config.source(), ": rope scaling 'factor' must be positive, got ", s.factor);
+  s.original_max_position_embeddings = params.get_int<int32_t>("original_max_position_embeddings", 0);
   s.beta_fast = params.get_double("beta_fast", 32.0);
   s.beta_slow = params.get_double("beta_slow", 1.0);
   s.truncate = params.get_bool("truncate", true);
@@ -29,32 +31,38 @@ ops::RopeScaling read_rope_scaling(const HfConfig& config, const HfConfig& param
 }
 
 double read_rope(const HfConfig& config, ops::RopeScaling& scaling) {
+  double theta = config.get_double("rope_theta", 10000.0);
   if (auto params = config.get_object("rope_parameters")) {
     scaling = read_rope_scaling(config, *params);
-    return params->get_double("rope_theta", config.get_double("rope_theta", 10000.0));
+    theta = params->get_double("rope_theta", theta);
+  } else if (auto legacy = config.get_object("rope_scaling")) {
+    scaling = read_rope_scaling(config, *legacy);
   }
-  if (auto legacy = config.get_object("rope_scaling")) scaling = read_rope_scaling(config, *legacy);
-  return config.get_double("rope_theta", 10000.0);
+  // theta <= 0 gives NaN or infinite frequencies: every logit would be NaN.
+  R3_CHECK(theta > 0, config.source(), ": 'rope_theta' must be positive, got ", theta);
+  return theta;
 }
 
 }  // namespace
 
 void read_common_decoder_config(const HfConfig& config, DecoderSpec& spec) {
   spec.architecture = config.architecture();
-  spec.vocab_size = config.get_int("vocab_size");
-  spec.hidden_size = config.get_int("hidden_size");
-  spec.num_layers = config.get_int("num_hidden_layers");
-  spec.max_position_embeddings = config.get_int("max_position_embeddings", 0);
+  spec.vocab_size = config.get_int<int32_t>("vocab_size");
+  spec.hidden_size = config.get_int<int32_t>("hidden_size");
+  spec.num_layers = config.get_int_in("num_hidden_layers", 1, kMaxLayers);
+  spec.max_position_embeddings = config.get_int<int32_t>("max_position_embeddings", 0);
   spec.rms_norm_eps = config.get_double("rms_norm_eps", 1e-6);
+  // A negative epsilon makes the norm of a small row the root of a negative number: NaN logits.
+  R3_CHECK(spec.rms_norm_eps >= 0, config.source(), ": 'rms_norm_eps' must be >= 0, got ", spec.rms_norm_eps);
   spec.tie_word_embeddings = config.get_bool("tie_word_embeddings", false);
-  spec.dense_intermediate = config.get_int("intermediate_size", 0);
-  for (int64_t id : config.get_int_or_list("eos_token_id")) spec.eos_token_ids.push_back(static_cast<int32_t>(id));
+  spec.dense_intermediate = config.get_int<int32_t>("intermediate_size", 0);
+  spec.eos_token_ids = config.get_int_or_list<int32_t>("eos_token_id");
 
   AttentionSpec& a = spec.attention;
-  a.num_heads = config.get_int("num_attention_heads");
-  a.num_kv_heads = config.get_int("num_key_value_heads", a.num_heads);
+  a.num_heads = config.get_int<int32_t>("num_attention_heads");
+  a.num_kv_heads = config.get_int<int32_t>("num_key_value_heads", static_cast<int32_t>(a.num_heads));
   R3_CHECK(a.num_heads > 0, config.source(), ": num_attention_heads must be positive");
-  a.head_dim = config.get_int("head_dim", spec.hidden_size / a.num_heads);
+  a.head_dim = config.get_int<int32_t>("head_dim", static_cast<int32_t>(spec.hidden_size / a.num_heads));
   a.rope_theta = read_rope(config, a.rope_scaling);
   // Partial rotary (GLM-4.5): the leading head_dim * factor channels rotate.
   double partial = config.get_double("partial_rotary_factor", 1.0);
@@ -62,7 +70,7 @@ void read_common_decoder_config(const HfConfig& config, DecoderSpec& spec) {
   R3_CHECK(partial > 0 && partial <= 1, config.source(), ": partial_rotary_factor must be in (0, 1], got ", partial);
   a.rotary_dim = static_cast<int64_t>(static_cast<double>(a.head_dim) * partial);
 
-  spec.moe.top_k = config.get_int("num_experts_per_tok", 0);
+  spec.moe.top_k = config.get_int<int32_t>("num_experts_per_tok", 0);
   spec.moe.normalize_topk = config.get_bool("norm_topk_prob", false);
 }
 
@@ -71,13 +79,14 @@ void read_deepseek_common(const HfConfig& config, DecoderSpec& spec) {
   AttentionSpec& a = spec.attention;
   a.kind = AttentionKind::kLatent;
   LatentAttentionSpec& m = a.latent;
-  m.q_lora_rank = config.get_int("q_lora_rank", 0);
-  m.kv_lora_rank = config.get_int("kv_lora_rank");
-  m.qk_nope_head_dim = config.get_int("qk_nope_head_dim");
-  m.qk_rope_head_dim = config.get_int("qk_rope_head_dim");
-  m.v_head_dim = config.get_int("v_head_dim");
+  m.q_lora_rank = config.get_int<int32_t>("q_lora_rank", 0);
+  m.kv_lora_rank = config.get_int<int32_t>("kv_lora_rank");
+  m.qk_nope_head_dim = config.get_int<int32_t>("qk_nope_head_dim");
+  m.qk_rope_head_dim = config.get_int<int32_t>("qk_rope_head_dim");
+  m.v_head_dim = config.get_int<int32_t>("v_head_dim");
   a.num_kv_heads = a.num_heads;  // every head reads the shared latent
-  a.head_dim = m.qk_nope_head_dim + m.qk_rope_head_dim;
+  a.head_dim = checked_add(m.qk_nope_head_dim, m.qk_rope_head_dim,
+                           (config.source() + ": qk_nope_head_dim + qk_rope_head_dim").c_str());
   a.rotary_dim = 0;
   a.qkv_bias = a.o_bias = config.get_bool("attention_bias", false);
   R3_CHECK(config.get_bool("rope_interleave", true), config.source(),
@@ -91,21 +100,24 @@ void read_deepseek_common(const HfConfig& config, DecoderSpec& spec) {
 
 void read_deepseek_style_moe(const HfConfig& config, int64_t default_shared_experts, DecoderSpec& spec) {
   MoeSpec& moe = spec.moe;
-  moe.num_experts = config.get_int_any({"n_routed_experts", "num_local_experts"});
-  moe.expert_intermediate = config.get_int("moe_intermediate_size");
-  moe.shared_expert_intermediate =
-      moe.expert_intermediate * config.get_int("n_shared_experts", default_shared_experts);
-  moe.num_groups = config.get_int("n_group", 1);
-  moe.topk_groups = config.get_int("topk_group", 1);
+  moe.num_experts = config.get_int_any<int32_t>({"n_routed_experts", "num_local_experts"});
+  moe.expert_intermediate = config.get_int<int32_t>("moe_intermediate_size");
+  // Shared experts run as one MLP of moe_intermediate_size x n_shared_experts: a product that
+  // wrapped (to 0, say) would silently drop them.
+  const int64_t shared = config.get_int_in("n_shared_experts", 0, kMaxExperts, default_shared_experts);
+  moe.shared_expert_intermediate = checked_mul(
+      moe.expert_intermediate, shared, (config.source() + ": moe_intermediate_size x n_shared_experts").c_str());
+  moe.num_groups = config.get_int<int32_t>("n_group", 1);
+  moe.topk_groups = config.get_int<int32_t>("topk_group", 1);
   moe.routed_scaling_factor = config.get_double("routed_scaling_factor", 1.0);
-  const int64_t dense = config.get_int("first_k_dense_replace", 0);
+  const int64_t dense = config.get_int<int32_t>("first_k_dense_replace", 0);
   for (int64_t i = 0; i < spec.num_layers; ++i) spec.layer_is_moe.push_back(i >= dense);
   spec.names.shared_expert = "shared_experts.";
 }
 
 std::vector<bool> sparse_step_moe_layers(const HfConfig& config, int64_t num_layers,
                                          int64_t num_experts) {
-  const int64_t step = config.get_int("decoder_sparse_step", 1);
+  const int64_t step = config.get_int<int32_t>("decoder_sparse_step", 1);
   R3_CHECK(step >= 1, config.source(), ": decoder_sparse_step must be >= 1, got ", step);
   const std::vector<int64_t> mlp_only = config.get_int_list("mlp_only_layers", {});
   std::vector<bool> is_moe(static_cast<std::size_t>(num_layers));

@@ -6,6 +6,13 @@
 
 namespace r3::models {
 
+// Bounds on config counts that size loops and per-layer tables before any tensor is checked.
+// The largest published MoE models have under 100 layers (DeepSeek-V3: 61, Qwen3-235B: 94) and
+// at most a few hundred routed experts (Kimi K2: 384); the bounds leave ample headroom while
+// keeping a hostile config from looping 2^33 times or sizing tables by it.
+inline constexpr int64_t kMaxLayers = 4096;
+inline constexpr int64_t kMaxExperts = 65536;
+
 // Fills the fields every family reads the same way; family files then add their own.
 void read_common_decoder_config(const HfConfig& config, DecoderSpec& spec);
 

@@ -12,8 +12,13 @@ namespace r3::models {
 
 std::unique_ptr<CausalLM> load_deepseek_v4(const HfConfig& config, const Checkpoint& ckpt, const LoadOptions& options) {
   const DeepseekV4Spec s = DeepseekV4Spec::parse(config);
-  options.eplb.validate();
-  const int64_t h = s.hidden_size, d = s.head_dim, hc = s.hc_mult, mix = (2 + hc) * hc;
+  options.eplb.validate(s.num_experts);
+  // The layer count comes from config.json: check the checkpoint has the last layer before
+  // loading that many.
+  const std::string last_layer = "model.layers." + std::to_string(s.num_layers - 1) + ".attn_norm.weight";
+  R3_CHECK(ckpt.contains(last_layer), config.source(), ": 'num_hidden_layers' is ", s.num_layers,
+           " but the checkpoint has no tensor '", last_layer, "'");
+  const int64_t h = s.hidden_size, d = s.head_dim, hc = s.hc_mult, mix = (2 + hc) * hc;  // bounded in parse
   const float eps = static_cast<float>(s.rms_norm_eps), hc_eps = static_cast<float>(s.hc_eps);
   // Plain RoPE or YaRN (frequencies and cos/sin scaling) for each of the two rotaries.
   auto make_rotary = [&](const ops::RopeFrequencies& f) {

@@ -5,8 +5,6 @@
 #include "models/families/common_config.h"
 #include "models/families/families.h"
 
-#include <nlohmann/json.hpp>
-
 #include "core/check.h"
 
 namespace r3::models {
@@ -17,21 +15,21 @@ DecoderSpec parse_gpt_oss(const HfConfig& config) {
   read_common_decoder_config(config, spec);
   spec.attention.qkv_bias = spec.attention.o_bias = config.get_bool("attention_bias", true);
   spec.attention.sinks = true;
-  spec.attention.sliding_window = config.get_int("sliding_window", 0);
+  spec.attention.sliding_window = config.get_int<int32_t>("sliding_window", 0);
   if (config.has("layer_types")) {
-    R3_CHECK(config.raw()["layer_types"].is_array() &&
-                 static_cast<int64_t>(config.raw()["layer_types"].size()) >= spec.num_layers,
-             config.source(), ": layer_types must list every layer");
+    const std::vector<std::string> types = config.get_string_list("layer_types", {});
+    R3_CHECK(static_cast<int64_t>(types.size()) >= spec.num_layers, config.source(),
+             ": 'layer_types' must list every layer");
     for (int64_t i = 0; i < spec.num_layers; ++i) {
-      const auto type = config.raw()["layer_types"][static_cast<std::size_t>(i)].get<std::string>();
+      const std::string& type = types[static_cast<std::size_t>(i)];
       R3_CHECK(type == "sliding_attention" || type == "full_attention", config.source(), ": unknown layer type '",
-               type, "'");
+               type, "' in 'layer_types'");
       spec.layer_sliding.push_back(type == "sliding_attention");
     }
   }
   MoeSpec& m = spec.moe;
-  m.num_experts = config.get_int_any({"num_local_experts", "num_experts"});
-  m.expert_intermediate = config.get_int("intermediate_size");
+  m.num_experts = config.get_int_any<int32_t>({"num_local_experts", "num_experts"});
+  m.expert_intermediate = config.get_int<int32_t>("intermediate_size");
   m.router = RouterKind::kTopKSoftmax;
   m.router_has_bias = true;
   m.expert_layout = ExpertLayout::kGptOssFused;

@@ -16,8 +16,8 @@ DecoderSpec parse_qwen3_moe(const HfConfig& config) {
   spec.attention.qkv_bias = spec.attention.o_bias = config.get_bool("attention_bias", false);
   spec.attention.qk_norm = QkNorm::kPerHead;
   // transformers 5 names the expert count num_experts; some configs say num_local_experts.
-  spec.moe.num_experts = config.get_int_any({"num_experts", "num_local_experts"});
-  spec.moe.expert_intermediate = config.get_int("moe_intermediate_size");
+  spec.moe.num_experts = config.get_int_any<int32_t>({"num_experts", "num_local_experts"});
+  spec.moe.expert_intermediate = config.get_int<int32_t>("moe_intermediate_size");
   spec.layer_is_moe = sparse_step_moe_layers(config, spec.num_layers, spec.moe.num_experts);
   return spec;
 }

@@ -8,8 +8,16 @@ namespace r3::moe {
 
 void EplbOptions::validate() const {
   R3_CHECK(redundant_experts >= 0, "--eplb-redundant-experts must be >= 0, got ", redundant_experts);
-  R3_CHECK(window_steps >= 1, "--eplb-window must be >= 1, got ", window_steps);
+  R3_CHECK(window_steps >= 1 && window_steps <= kMaxWindowSteps, "--eplb-window must be in [1, ", kMaxWindowSteps,
+           "] steps, got ", window_steps);
   R3_CHECK(rebalance_every >= 0, "--eplb-rebalance-every must be >= 0, got ", rebalance_every);
+}
+
+void EplbOptions::validate(int64_t num_experts) const {
+  validate();
+  R3_CHECK(redundant_experts <= kMaxReplicaFactor * num_experts, "--eplb-redundant-experts must be at most ",
+           kMaxReplicaFactor, " x the model's ", num_experts, " experts (", kMaxReplicaFactor * num_experts,
+           "), got ", redundant_experts);
 }
 
 EplbController::EplbController(EplbOptions options, std::vector<PhysicalExperts*> layers)

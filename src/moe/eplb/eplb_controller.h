@@ -13,13 +13,23 @@
 
 namespace r3::moe {
 
+// A load window keeps one count per physical expert, step and MoE layer; vLLM's default window
+// is 1000 steps.
+inline constexpr int64_t kMaxWindowSteps = 100000;
+// Replicas beyond a few per expert balance nothing more (a replica halves at most its expert's
+// load) and each one is a copy of the expert's weights in memory.
+inline constexpr int64_t kMaxReplicaFactor = 4;
+
 struct EplbOptions {
   int64_t redundant_experts = 0;  // extra physical experts (replicas) per MoE layer
   int64_t window_steps = 10;      // load window
   int64_t rebalance_every = 0;    // steps; 0 = never
   EplbTopology topology;
 
+  // The window is at most kMaxWindowSteps; with the model's experts: redundant_experts at most
+  // kMaxReplicaFactor x num_experts.
   void validate() const;
+  void validate(int64_t num_experts) const;
   // Replicas or rebalancing asked for.
   bool active() const { return redundant_experts > 0 || rebalance_every > 0; }
 };
