@@ -5,12 +5,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include "io/hf_config.h"
@@ -197,6 +200,51 @@ TEST(MalformedConfig, NanMakingConfigsAreRefused) {
   expect_refused(generate_with("deepseek_v4", "rms_norm_eps", "-1"), "'rms_norm_eps'");
   expect_refused(generate_with("deepseek_v4", "rope_theta", "0"), "'rope_theta'");
   expect_refused(generate_with("deepseek_v4", "compress_rope_theta", "-1"), "'compress_rope_theta'");
+}
+
+}  // namespace
+}  // namespace r3::test
+
+// --- config.json through the one file reader -------------------------------------------------
+namespace r3::test {
+namespace {
+
+// A copy of the qwen3_moe fixture whose config.json text is `config_text`.
+std::string model_with_config_text(const TempDir& dir, const std::string& config_text) {
+  const std::string to = dir.path("m");
+  std::filesystem::copy(family_dir("qwen3_moe"), to, std::filesystem::copy_options::recursive);
+  std::ofstream(to + "/config.json") << config_text;
+  return to;
+}
+
+// 500k levels of nesting used to overflow the stack (SIGSEGV) while parsing or printing.
+TEST(MalformedConfig, DeeplyNestedConfigIsRefusedAtParseTime) {
+  TempDir dir;
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(family_dir("qwen3_moe") + "/config.json"));
+  config.erase("hidden_size");
+  std::string text = config.dump();
+  text.pop_back();  // the closing brace: hidden_size goes in as raw text
+  const int levels = 500000;
+  text += ", \"hidden_size\": " + std::string(levels, '[') + "1" + std::string(levels, ']') + "}";
+  const std::string model = model_with_config_text(dir, text);
+  expect_refused(run_r3(generate_args(model, "--max-new-tokens 2")),
+                 model + "/config.json: JSON nested deeper than 64 levels");
+}
+
+// A FIFO as config.json used to block in open() forever.
+TEST(MalformedConfig, FifoAsConfigIsRefusedWithoutBlocking) {
+  TempDir dir;
+  const std::string model = model_with_config_text(dir, "{}");
+  std::filesystem::remove(model + "/config.json");
+  ASSERT_EQ(::mkfifo((model + "/config.json").c_str(), 0600), 0);
+  const std::string cmd = "timeout 30 " + r3_binary() + " " + generate_args(model, "--max-new-tokens 2") +
+                          " >/dev/null 2>" + dir.path("err") + " </dev/null";
+  const int status = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1) << "124 means it blocked until the timeout";
+  std::stringstream err;
+  err << std::ifstream(dir.path("err")).rdbuf();
+  EXPECT_EQ(err.str(), "r3: error: cannot read " + model + "/config.json: not a regular file\n");
 }
 
 }  // namespace

@@ -1,35 +1,30 @@
 #include "io/hf_config.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "io/input_file.h"
+#include "io/json_file.h"
 
 namespace r3 {
 
 using json = nlohmann::json;
 
 HfConfig HfConfig::load(const std::string& model_dir) {
-  const auto path = std::filesystem::path(model_dir) / "config.json";
-  std::ifstream in(path);
-  R3_CHECK(in.good(), "cannot read ", path.string(), ": is ", model_dir,
+  const auto path = (std::filesystem::path(model_dir) / "config.json").string();
+  std::error_code missing;
+  R3_CHECK(std::filesystem::exists(path, missing), "cannot read ", path, ": is ", model_dir,
            " a Hugging Face model folder?");
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse(text.str(), path.string());
+  // Through the one file reader: a regular file of at most kMaxConfigBytes (a FIFO does not block).
+  return parse(read_input_file(path, kMaxConfigBytes, "a config file"), path);
 }
 
 HfConfig HfConfig::parse(const std::string& text, const std::string& source) {
   HfConfig c;
   c.source_ = source;
-  try {
-    c.json_ = std::make_shared<json>(json::parse(text));
-  } catch (const json::exception& e) {
-    R3_FAIL(source, ": malformed JSON: ", e.what());
-  }
+  c.json_ = std::make_shared<json>(parse_json(text, source));  // depth-limited
   R3_CHECK(c.json_->is_object(), source, ": top level is not a JSON object");
   return c;
 }
