@@ -10,6 +10,7 @@ packages=(
   libspdlog-dev        # logging, progress and timing lines on stderr
   libgtest-dev libgmock-dev  # unit and parity tests (CTest via gtest_discover_tests)
   libbenchmark-dev     # bench/ micro-benchmarks
+  clang libclang-rt-dev  # libFuzzer for `make fuzz` (fuzz/)
 )
 
 missing=()

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include <sys/stat.h>
+#include <unistd.h>
 #include <sys/wait.h>
 
 #include "io/hf_config.h"
@@ -120,13 +121,15 @@ TEST(MalformedConfig, HugeSinkhornIterationsAreRefused) {
 }
 
 TEST(MalformedConfig, ThreadCreationFailureIsAnErrorNotADeadlock) {
-  // Address space for the model but not for 512 thread stacks: thread creation fails part way
-  // (ulimit -u would do the same for another user; root ignores it). `timeout` ends a hang.
+  // A process limit of 20 threads for the user: thread creation fails part way through the pool.
+  // Root ignores RLIMIT_NPROC, so as root the command runs as `nobody` (setpriv). An address-space
+  // limit would do it too, but the sanitizer build cannot run under one. `timeout` ends a hang.
   TempDir tmp;
-  const std::string cmd = "ulimit -v 1000000; timeout 60 " + r3_binary() + " generate -q --model " +
-                          family_dir("qwen3_moe") + " --ids 17,42,7 --max-new-tokens 1 --threads 512 >/dev/null 2>" +
-                          tmp.path("err");
-  const int status = std::system(("bash -c '" + cmd + "'").c_str());
+  std::filesystem::permissions(tmp.path(), std::filesystem::perms::all);  // `nobody` writes err here
+  const std::string as_user = ::geteuid() == 0 ? "setpriv --reuid=65534 --regid=65534 --clear-groups " : "";
+  const std::string cmd = "ulimit -u 20; timeout 60 " + r3_binary() + " generate -q --model " + family_dir("qwen3_moe") +
+                          " --ids 17,42,7 --max-new-tokens 1 --threads 512 >/dev/null 2>" + tmp.path("err");
+  const int status = std::system((as_user + "bash -c '" + cmd + "'").c_str());
   CommandResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   std::ifstream in(tmp.path("err"));

@@ -34,7 +34,7 @@ std::vector<float> widened(const Tensor& t) {
   return out;
 }
 
-std::vector<float> values(const Tensor& t) { return {t.data<float>(), t.data<float>() + t.numel()}; }
+using test::float_values;
 
 class MatmulDtype : public ::testing::TestWithParam<DType> {};
 
@@ -84,11 +84,11 @@ TEST_P(MatmulDtype, RowsDoNotDependOnOtherRowsOrThreads) {
   Tensor all = Tensor::empty(DType::F32, {40, 50}), all3 = Tensor::empty(DType::F32, {40, 50});
   linear(two, x, w, nullptr, all);
   linear(three, x, w, nullptr, all3);
-  EXPECT_EQ(values(all), values(all3));
+  EXPECT_EQ(float_values(all), float_values(all3));
   Tensor one = Tensor::empty(DType::F32, {1, 50});
   for (int64_t r : {0, 17, 38, 39}) {
     linear(two, x.rows(r, r + 1), w, nullptr, one);
-    EXPECT_EQ(values(one), std::vector<float>(all.data<float>() + r * 50, all.data<float>() + r * 50 + 50)) << "row " << r;
+    EXPECT_EQ(float_values(one), std::vector<float>(all.data<float>() + r * 50, all.data<float>() + r * 50 + 50)) << "row " << r;
   }
 }
 

@@ -22,7 +22,7 @@
 namespace r3::ops {
 namespace {
 
-std::vector<float> values(const Tensor& t) { return {t.data<float>(), t.data<float>() + t.numel()}; }
+using test::float_values;
 
 void expect_close(const Tensor& got, const std::vector<double>& want, double tol) {
   ASSERT_EQ(static_cast<std::size_t>(got.numel()), want.size());
@@ -48,8 +48,8 @@ TEST(Ops, LinearMatchesNaiveLoopAndIgnoresThreadCount) {
       Tensor y = Tensor::empty(DType::F32, {m, n});
       linear(ctx, x, w, &b, y);
       expect_close(y, want, 1e-5);
-      if (first.empty()) first = values(y);
-      EXPECT_EQ(values(y), first) << threads << " threads";
+      if (first.empty()) first = float_values(y);
+      EXPECT_EQ(float_values(y), first) << threads << " threads";
     }
   }
 }
@@ -63,7 +63,7 @@ TEST(Ops, LinearRowsDoNotDependOnOtherRows) {
     Tensor row = Tensor::empty(DType::F32, {1, 96});
     std::copy_n(x.data<float>() + r * 96, 96, row.data<float>());
     linear(ctx, row, w, nullptr, one);
-    EXPECT_EQ(values(one), std::vector<float>(all.data<float>() + r * 50, all.data<float>() + r * 50 + 50));
+    EXPECT_EQ(float_values(one), std::vector<float>(all.data<float>() + r * 50, all.data<float>() + r * 50 + 50));
   }
 }
 
@@ -123,7 +123,7 @@ TEST(Ops, HyperConnectionCollapseAndExpandMatchDoubleLoops) {
   const Tensor comb = test::random_normal({tokens, hc, hc}, 35);
   Tensor x = Tensor::empty(DType::F32, {tokens, hidden});
   hc_collapse(streams, pre.data<float>(), x);
-  const std::vector<float> before = values(streams);
+  const std::vector<float> before = float_values(streams);
   hc_expand(post.data<float>(), comb.data<float>(), y, streams);
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t d = 0; d < hidden; ++d) {
@@ -222,7 +222,7 @@ TEST(Ops, RmsNormMatchesNaiveLoop) {
 TEST(Ops, RotaryMatchesNaiveRotateHalf) {
   const int64_t tokens = 3, heads = 2, dim = 8;
   Tensor x = test::random_normal({tokens, heads, dim}, 8);
-  const std::vector<float> before = values(x);
+  const std::vector<float> before = float_values(x);
   const std::vector<int32_t> positions = {0, 5, 31};
   backend::Context ctx(1);
   Rotary(dim, 10000.0).apply(ctx, x, positions);
@@ -280,8 +280,8 @@ TEST(Ops, AttentionMatchesNaiveGroupedQueryAttention) {
       }
     }
     expect_close(out, want, 1e-5);
-    if (first.empty()) first = values(out);
-    EXPECT_EQ(values(out), first);
+    if (first.empty()) first = float_values(out);
+    EXPECT_EQ(float_values(out), first);
   }
 }
 

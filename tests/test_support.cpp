@@ -160,6 +160,8 @@ Tensor forward_captured(models::CausalLM& model, backend::Context& ctx, models::
   return logits;
 }
 
+std::vector<float> float_values(const Tensor& t) { return {t.data<float>(), t.data<float>() + t.numel()}; }
+
 Tensor random_normal(Shape shape, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.0f, 1.0f);

@@ -61,6 +61,9 @@ Reference load_reference(const std::string& family, int index);
 Tensor forward_captured(models::CausalLM& model, backend::Context& ctx, models::ForwardBatch batch,
                         models::ModelCache& cache);
 
+// The values of an F32 tensor, in order.
+std::vector<float> float_values(const Tensor& t);
+
 // F32 tensor of N(0, 1) values from mt19937(seed).
 Tensor random_normal(Shape shape, uint32_t seed);
 

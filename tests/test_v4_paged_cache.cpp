@@ -31,7 +31,7 @@ using models::V4CacheOptions;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-std::vector<int32_t> reference_ids(const std::string& family, int index) {
+std::vector<int32_t> v4_reference_ids(const std::string& family, int index) {
   const Reference ref = load_reference(family, index);
   return {ref.input_ids.begin(), ref.input_ids.end()};
 }
@@ -54,7 +54,7 @@ V4Model load_v4(const std::string& family) {
 // ---------------------------------------------------------------------------------------------
 // Whole models: scattered blocks and rings against one block per sequence (the unpaged layout).
 
-struct Run {
+struct V4Run {
   std::vector<std::vector<float>> logits;    // per step, every row
   std::vector<std::vector<int32_t>> routed;  // per sequence
 };
@@ -62,7 +62,7 @@ struct Run {
 // Three sequences sharing steps: sequence 0's prompt in two chunks (`first` and `second` tokens, which
 // the caller picks to cross compressor windows), sequence 1 in chunks around it, sequence 2 joining
 // late, then single-token decode steps.
-Run run_schedule(models::DeepseekV4Model& model, int64_t capacity, V4CacheOptions options, int64_t first,
+V4Run run_v4_schedule(models::DeepseekV4Model& model, int64_t capacity, V4CacheOptions options, int64_t first,
                  int64_t second, const std::vector<int32_t>& ids0, const std::vector<int32_t>& ids1) {
   backend::Context ctx(2);
   auto cache = model.make_v4_cache(3, capacity, options);
@@ -78,7 +78,7 @@ Run run_schedule(models::DeepseekV4Model& model, int64_t capacity, V4CacheOption
       {{0, 1}, {2, 9}, {1, 1}},  // sequence 2 joins
       {{0, 1}, {1, 1}, {2, 1}}, {{2, 3}, {0, 1}}, {{0, 1}, {1, 2}}, {{0, 1}}, {{0, 1}, {1, 1}, {2, 1}}};
   std::vector<int64_t> done(3, 0);
-  Run run;
+  V4Run run;
   for (std::size_t s = 0; s < schedule.size(); ++s) {
     std::vector<engine::StepSequence> step;
     for (auto [seq, n] : schedule[s]) {
@@ -100,12 +100,12 @@ void expect_scattered_blocks_change_nothing(const std::string& family, int64_t c
                                             int64_t second) {
   V4Model m = load_v4(family);
   ASSERT_NE(m.model, nullptr) << family;
-  const auto ids0 = reference_ids(family, 0);
-  std::vector<int32_t> ids1 = reference_ids(family, 1);
+  const auto ids0 = v4_reference_ids(family, 0);
+  std::vector<int32_t> ids1 = v4_reference_ids(family, 1);
   ids1.insert(ids1.end(), ids0.rbegin(), ids0.rend());
   // One block per sequence: every stream is contiguous and nothing is a ring.
   const V4CacheOptions whole{capacity, 0};
-  const Run contiguous = run_schedule(*m.model, capacity, whole, first, second, ids0, ids1);
+  const V4Run contiguous = run_v4_schedule(*m.model, capacity, whole, first, second, ids0, ids1);
   bool some_ring = false, some_scattered = false;
   for (const V4CacheOptions options : {V4CacheOptions{16, 0}, V4CacheOptions{16, 3}, V4CacheOptions{4, 7},
                                        V4CacheOptions{2, 9}, V4CacheOptions{1, 13}, V4CacheOptions{5, 0}}) {
@@ -119,7 +119,7 @@ void expect_scattered_blocks_change_nothing(const std::string& family, int64_t c
       const auto table = probe->compressor(l) ? probe->compressor(l)->entries().block_table(0) : window.block_table(0);
       for (std::size_t i = 1; i < table.size(); ++i) some_scattered = some_scattered || table[i] != table[i - 1] + 1;
     }
-    const Run got = run_schedule(*m.model, capacity, options, first, second, ids0, ids1);
+    const V4Run got = run_v4_schedule(*m.model, capacity, options, first, second, ids0, ids1);
     ASSERT_EQ(got.logits.size(), contiguous.logits.size()) << what;
     for (std::size_t s = 0; s < got.logits.size(); ++s) EXPECT_EQ(got.logits[s], contiguous.logits[s]) << what << " step " << s;
     EXPECT_EQ(got.routed, contiguous.routed) << what;
@@ -249,7 +249,7 @@ std::vector<float> decode(engine::StepRunner& runner, const std::vector<int32_t>
 
 TEST(V4PagedCache, ShorteningResumesExactlyOrIsRefused) {
   V4Model m = load_v4("deepseek_v4");  // window 8, CSA rate 4 with overlap, HCA rate 8
-  const auto ids = reference_ids("deepseek_v4", 0);  // 20 tokens
+  const auto ids = v4_reference_ids("deepseek_v4", 0);  // 20 tokens
   backend::Context ctx(2);
   auto run_and_rewind = [&](V4CacheOptions options, int64_t rewind_to) {
     auto cache = m.model->make_v4_cache(1, 24, options);

@@ -5,7 +5,7 @@
 #include "cli/commands.h"
 #include "cli/option_checks.h"
 #include "core/check.h"
-#include "io/json_file.h"
+#include "io/expert_load_file.h"
 #include "moe/eplb/eplb_controller.h"
 #include "moe/eplb/expert_placement.h"
 #include "moe/eplb/rebalance.h"
@@ -21,32 +21,8 @@ struct EplbPlanOptions {
   bool json = false;
 };
 
-// Loads: one list of per-expert loads, a list of such lists (one per MoE layer), or an object
-// with the same under "load".
-std::vector<std::vector<double>> read_loads(const std::string& path) {
-  nlohmann::json j = read_json_file(path, kMaxLoadBytes, "a load file");
-  if (j.is_object() && j.contains("load")) j = j["load"];
-  R3_CHECK(j.is_array() && !j.empty(), path, ": expected a list of expert loads or a list of such lists");
-  if (!j[0].is_array()) j = nlohmann::json::array({j});
-  std::vector<std::vector<double>> layers;
-  for (std::size_t l = 0; l < j.size(); ++l) {
-    R3_CHECK(j[l].is_array() && !j[l].empty(), path, ": layer ", l, " is not a list of loads");
-    std::vector<double> loads;
-    for (std::size_t e = 0; e < j[l].size(); ++e) {
-      const auto& v = j[l][e];
-      R3_CHECK(v.is_number() && v.get<double>() >= 0, path, ": layer ", l, ": load ", e, " (", describe_json(v),
-               ") is not a non-negative number");
-      loads.push_back(v.get<double>());
-    }
-    R3_CHECK(layers.empty() || loads.size() == layers[0].size(), path,
-             ": layers have different expert counts");
-    layers.push_back(std::move(loads));
-  }
-  return layers;
-}
-
 int run_eplb_plan(const EplbPlanOptions& options) {
-  const auto layers = read_loads(options.load_file);
+  const auto layers = read_expert_loads(options.load_file);
   nlohmann::json out = nlohmann::json::array();
   for (std::size_t l = 0; l < layers.size(); ++l) {
     const auto& load = layers[l];
