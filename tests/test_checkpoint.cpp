@@ -17,14 +17,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // All tensors of a fixture checkpoint, each converted to `dtype` (float types only).
 std::vector<NamedTensor> fixture_tensors(const std::string& family, DType dtype) {

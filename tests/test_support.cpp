@@ -160,6 +160,15 @@ Tensor forward_captured(models::CausalLM& model, backend::Context& ctx, models::
   return logits;
 }
 
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 std::vector<float> float_values(const Tensor& t) { return {t.data<float>(), t.data<float>() + t.numel()}; }
 
 Tensor random_normal(Shape shape, uint32_t seed) {

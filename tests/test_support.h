@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,9 @@ Reference load_reference(const std::string& family, int index);
 // captured routing is dropped.
 Tensor forward_captured(models::CausalLM& model, backend::Context& ctx, models::ForwardBatch batch,
                         models::ModelCache& cache);
+
+// The message of the r3::Error that fn() throws, or "" when it throws none.
+std::string error_of(const std::function<void()>& fn);
 
 // The values of an F32 tensor, in order.
 std::vector<float> float_values(const Tensor& t);

@@ -24,6 +24,12 @@ int64_t logit_row_count(const ForwardBatch& batch) {
   return batch.logit_rows.empty() ? batch.size() : static_cast<int64_t>(batch.logit_rows.size());
 }
 
+void check_logits_shape(const ForwardBatch& batch, const ModelInfo& info, const Tensor& logits) {
+  R3_CHECK(logits.dtype() == DType::F32 && logits.shape() == Shape({logit_row_count(batch), info.vocab_size}),
+           "forward: logits must be F32 [", logit_row_count(batch), ", ", info.vocab_size, "], got ",
+           shape_to_string(logits.shape()));
+}
+
 void validate_batch(backend::Workspace& workspace, const ForwardBatch& batch, const ModelCache& cache,
                     const ModelInfo& info) {
   backend::Workspace::Scope scope(workspace);

@@ -52,5 +52,7 @@ void validate_batch(backend::Workspace& workspace, const ForwardBatch& batch, co
 
 // Rows of logits a step computes: batch.logit_rows, or every row when that is empty.
 int64_t logit_row_count(const ForwardBatch& batch);
+// Checks that `logits` is the F32 [logit_row_count(batch), vocab] tensor forward_into writes.
+void check_logits_shape(const ForwardBatch& batch, const ModelInfo& info, const Tensor& logits);
 
 }  // namespace r3::models

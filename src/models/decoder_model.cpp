@@ -40,9 +40,7 @@ std::vector<moe::MoeBlock*> DecoderModel::moe_blocks() {
 void DecoderModel::forward_into(backend::Context& ctx, const ForwardBatch& batch, ModelCache& model_cache,
                                 Tensor& logits) const {
   validate_batch(ctx.workspace(), batch, model_cache, info_);
-  R3_CHECK(logits.dtype() == DType::F32 && logits.shape() == Shape({logit_row_count(batch), info_.vocab_size}),
-           "forward: logits must be F32 [", logit_row_count(batch), ", ", info_.vocab_size, "], got ",
-           shape_to_string(logits.shape()));
+  check_logits_shape(batch, info_, logits);
   auto* kv = dynamic_cast<KvCache*>(&model_cache);
   R3_CHECK(kv != nullptr && kv->num_layers() == static_cast<int64_t>(layers_.size()),
            "forward: the cache was not made by this model");

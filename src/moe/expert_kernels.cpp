@@ -33,24 +33,41 @@ void gate_up_panel(const ExpertBank& bank, const ExpertActivation& act, int32_t 
   }
 }
 
+// What both kernels start from, in the step workspace (inside the caller's scope): the pairs
+// dispatched by physical expert, and buffers for their activations and outputs.
+struct ExpertsStep {
+  ExpertsStep(backend::Context& ctx, const Tensor& hidden, const PhysicalRouting& routing,
+              const PhysicalExperts& experts, const Dispatcher& dispatcher)
+      : h(experts.hidden_size()),
+        width(experts.intermediate_size()),
+        d(dispatcher.dispatch(ctx, hidden, routing, experts.num_physical())),
+        pairs(d.rows.dim(0)),
+        activated(ctx.scratch(DType::F32, {pairs, width})),
+        expert_out(ctx.scratch(DType::F32, {pairs, h})) {}
+
+  int64_t h, width;
+  Dispatch d;
+  int64_t pairs;
+  Tensor activated;   // [pairs, width]
+  Tensor expert_out;  // [pairs, h]
+};
+
 }  // namespace
 
 void grouped_experts(backend::Context& ctx, const Tensor& hidden, const PhysicalRouting& routing,
                      const PhysicalExperts& experts, Tensor& out, const Dispatcher& dispatcher) {
   check_shapes(hidden, routing, experts, out);
   backend::Workspace::Scope scope(ctx.workspace());
-  const int64_t h = experts.hidden_size(), width = experts.intermediate_size();
-  const Dispatch d = dispatcher.dispatch(ctx, hidden, routing, experts.num_physical());
-  const int64_t pairs = d.rows.dim(0);
-  Tensor activated = ctx.scratch(DType::F32, {pairs, width});
-  Tensor expert_out = ctx.scratch(DType::F32, {pairs, h});
+  ExpertsStep step(ctx, hidden, routing, experts, dispatcher);
+  const int64_t h = step.h, width = step.width;
+  const Dispatch& d = step.d;
   const ExpertBank& bank = experts.bank();
-  auto gate_up = ctx.per_thread<float>(2 * kPanel * pairs);
+  auto gate_up = ctx.per_thread<float>(2 * kPanel * step.pairs);
   for (int32_t e = 0; e < experts.num_physical(); ++e) {
     const int64_t rows = d.group_rows(e), row0 = d.group_start[static_cast<std::size_t>(e)];
     if (rows == 0) continue;
     const float* x = d.rows.data<float>() + row0 * h;
-    float* a = activated.data<float>() + row0 * width;
+    float* a = step.activated.data<float>() + row0 * width;
     const int64_t gate_panels = (width + kPanel - 1) / kPanel;
     ctx.parallel_for(gate_panels, 1, [&](int64_t begin, int64_t end) {
       const std::span<float> scratch = gate_up.mine();
@@ -64,23 +81,23 @@ void grouped_experts(backend::Context& ctx, const Tensor& hidden, const Physical
     ctx.parallel_for(down_panels, 1, [&](int64_t begin, int64_t end) {
       const int64_t n0 = begin * ops::kMatmulPanelRows, n1 = std::min(h, end * ops::kMatmulPanelRows);
       ops::matmul_rows(a, rows, width, bank.down[static_cast<std::size_t>(e)], n0, n1,
-                       bank.down_bias[static_cast<std::size_t>(e)], expert_out.data<float>() + row0 * h + n0, h);
+                       bank.down_bias[static_cast<std::size_t>(e)], step.expert_out.data<float>() + row0 * h + n0, h);
     });
   }
-  dispatcher.combine(ctx, d, expert_out, routing, out);
+  dispatcher.combine(ctx, d, step.expert_out, routing, out);
 }
 
 void fused_experts(backend::Context& ctx, const Tensor& hidden, const PhysicalRouting& routing,
                    const PhysicalExperts& experts, Tensor& out, const Dispatcher& dispatcher) {
   check_shapes(hidden, routing, experts, out);
   backend::Workspace::Scope scope(ctx.workspace());
-  const int64_t h = experts.hidden_size(), width = experts.intermediate_size();
   // Dispatch: every expert multiplies all its rows at once and reads its weights once per step,
   // however many tokens chose it.
-  const Dispatch d = dispatcher.dispatch(ctx, hidden, routing, experts.num_physical());
-  const int64_t pairs = d.rows.dim(0);
-  Tensor activated = ctx.scratch(DType::F32, {pairs, width});
-  Tensor expert_out = ctx.scratch(DType::F32, {pairs, h});
+  ExpertsStep step(ctx, hidden, routing, experts, dispatcher);
+  const int64_t h = step.h, width = step.width, pairs = step.pairs;
+  const Dispatch& d = step.d;
+  Tensor& activated = step.activated;
+  Tensor& expert_out = step.expert_out;
   const ExpertBank& bank = experts.bank();
   // Work items: (expert, panel of output rows), for both GEMMs.
   const int64_t gate_panels = (width + kPanel - 1) / kPanel, down_panels = (h + kPanel - 1) / kPanel;

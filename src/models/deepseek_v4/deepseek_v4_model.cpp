@@ -66,9 +66,7 @@ Mixes mix_all(backend::Context& ctx, const HyperConnection& hc_module, const Ten
 void DeepseekV4Model::forward_into(backend::Context& ctx, const ForwardBatch& batch, ModelCache& model_cache,
                                    Tensor& logits) const {
   validate_batch(ctx.workspace(), batch, model_cache, info_);
-  R3_CHECK(logits.dtype() == DType::F32 && logits.shape() == Shape({logit_row_count(batch), info_.vocab_size}),
-           "forward: logits must be F32 [", logit_row_count(batch), ", ", info_.vocab_size, "], got ",
-           shape_to_string(logits.shape()));
+  check_logits_shape(batch, info_, logits);
   auto* cache = dynamic_cast<V4Cache*>(&model_cache);
   R3_CHECK(cache != nullptr, "forward: the cache was not made by this model");
   backend::Workspace::Scope scope(ctx.workspace());
