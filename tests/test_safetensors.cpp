@@ -30,7 +30,7 @@ void write_raw(const std::string& path, const std::string& header, std::size_t d
   write_bytes(path, bytes);
 }
 
-std::string error_of(const std::string& path) {
+std::string open_error(const std::string& path) {
   try {
     SafetensorsFile::open(path);
   } catch (const Error& e) {
@@ -67,7 +67,7 @@ TEST(Safetensors, EveryTruncationIsAClearError) {
   const std::string cut = tmp.path("cut.safetensors");
   for (std::size_t len = 0; len < bytes.size(); ++len) {
     write_bytes(cut, bytes.substr(0, len));
-    const std::string err = error_of(cut);
+    const std::string err = open_error(cut);
     EXPECT_FALSE(err.empty()) << "truncated to " << len << " bytes was accepted";
     EXPECT_NE(err.find(cut), std::string::npos) << "error does not name the file: " << err;
   }
@@ -97,14 +97,14 @@ TEST(Safetensors, MalformedHeadersAreClearErrors) {
   };
   for (const Bad& bad : cases) {
     write_raw(p, bad.header, bad.data);
-    const std::string err = error_of(p);
+    const std::string err = open_error(p);
     EXPECT_NE(err.find(bad.expected), std::string::npos)
         << "header " << bad.header << " gave: '" << err << "'";
   }
   // A header length beyond the file.
   write_bytes(p, std::string("\xff\xff\xff\x00\x00\x00\x00\x00{}", 10));
-  EXPECT_NE(error_of(p).find("truncated"), std::string::npos);
-  EXPECT_NE(error_of(tmp.path("absent.safetensors"))
+  EXPECT_NE(open_error(p).find("truncated"), std::string::npos);
+  EXPECT_NE(open_error(tmp.path("absent.safetensors"))
                 .find("cannot read " + tmp.path("absent.safetensors") + ": No such file or directory"),
             std::string::npos);
 }
