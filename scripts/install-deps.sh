@@ -11,6 +11,7 @@ packages=(
   libgtest-dev libgmock-dev  # unit and parity tests (CTest via gtest_discover_tests)
   libbenchmark-dev     # bench/ micro-benchmarks
   clang libclang-rt-dev  # libFuzzer for `make fuzz` (fuzz/)
+  python3              # tools/: writes the malformed-input suite and checks it in `make test`
 )
 
 missing=()

@@ -46,16 +46,27 @@ std::string slurp(const std::string& path) {
 }
 }  // namespace
 
-CommandResult run_r3(const std::string& args) {
+CommandResult run_r3(const std::string& args, int timeout_s) {
   TempDir tmp;
   const std::string out = tmp.path("out"), err = tmp.path("err");
-  const std::string cmd = r3_binary() + " " + args + " >" + out + " 2>" + err + " </dev/null";
+  const std::string limit = timeout_s > 0 ? "timeout -k 5 " + std::to_string(timeout_s) + " " : "";
+  const std::string cmd = limit + r3_binary() + " " + args + " >" + out + " 2>" + err + " </dev/null";
   const int status = std::system(cmd.c_str());
   CommandResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   r.out = slurp(out);
   r.err = slurp(err);
   return r;
+}
+
+testing::AssertionResult refused_with(const CommandResult& r, const std::string& needle) {
+  const auto lines = std::count(r.err.begin(), r.err.end(), '\n');
+  if (r.exit_code == 1 && r.err.rfind("r3: error: ", 0) == 0 && lines == 1 && r.err.back() == '\n' &&
+      r.err.find(needle) != std::string::npos) {
+    return testing::AssertionSuccess();
+  }
+  return testing::AssertionFailure() << "expected exit 1 and one line 'r3: error: ...' containing '" << needle
+                                     << "'; got exit " << r.exit_code << " and stderr: " << r.err;
 }
 
 std::vector<double> read_as_f64(const SafetensorsFile& file, const std::string& name) {

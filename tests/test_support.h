@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "backend/context.h"
 #include "io/safetensors.h"
 #include "models/causal_lm.h"
@@ -36,8 +38,13 @@ struct CommandResult {
   std::string out;
   std::string err;
 };
-// Runs `r3 <args>` (args already shell-quoted where needed).
-CommandResult run_r3(const std::string& args);
+// Runs `r3 <args>` (args already shell-quoted where needed) with stdin empty. With timeout_s > 0
+// it is killed after that many seconds and exits 124 (a refusal that blocks shows up as that).
+CommandResult run_r3(const std::string& args, int timeout_s = 0);
+
+// A refusal as the CLI must give one: exit status 1 and standard error exactly one line
+// `r3: error: ...` that contains `needle`.
+testing::AssertionResult refused_with(const CommandResult& r, const std::string& needle);
 
 // Tensor `name` of a safetensors file, converted to double / int64 whatever its stored dtype.
 std::vector<double> read_as_f64(const SafetensorsFile& file, const std::string& name);

@@ -7,6 +7,7 @@
 #include "cli/model_options.h"
 #include "cli/routing_table.h"
 #include "cli/token_ids.h"
+#include "engine/finite_logits.h"
 #include "engine/sampler.h"
 #include "engine/routing_replay.h"
 #include "engine/step_runner.h"
@@ -51,6 +52,7 @@ int run_forward(const ForwardOptions& options) {
   Tensor logits = runner.run({{0, ids, &routed, forced}}, 0, /*all_logits=*/true);
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  engine::check_finite_logits(logits, 0);
   spdlog::info("prefill {} tokens in {:.2f} ms ({:.0f} tokens/s, {} threads)", tokens, ms,
                1e3 * static_cast<double>(tokens) / ms, ctx->threads().size());
 

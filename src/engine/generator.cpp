@@ -7,6 +7,7 @@
 
 #include "core/checked.h"
 
+#include "engine/finite_logits.h"
 #include "engine/step_runner.h"
 
 namespace r3::engine {
@@ -57,15 +58,7 @@ GenerateResult generate(models::CausalLM& model, backend::Context& ctx, const st
 
   start = std::chrono::steady_clock::now();
   for (;;) {
-    // NaN weights (or activations that overflow) make NaN logits, and sampling them would
-    // return a meaningless token with exit 0: fail the run instead. One pass over V floats.
-    const float* scores = logits.data<float>();
-    const auto vocab = logits.dim(1);
-    for (int64_t v = 0; v < vocab; ++v) {
-      R3_CHECK(std::isfinite(scores[v]), "the model produced a non-finite logit (", scores[v], ") for token ", v,
-               " after ", prompt_len + static_cast<int64_t>(result.output_ids.size()),
-               " tokens: the checkpoint holds NaN or infinite weights, or activations overflowed");
-    }
+    check_finite_logits(logits, prompt_len + static_cast<int64_t>(result.output_ids.size()) - 1);
     const int32_t token =
         sampler.next(std::span<const float>(logits.data<float>(), static_cast<std::size_t>(logits.dim(1))));
     result.output_ids.push_back(token);

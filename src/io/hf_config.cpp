@@ -42,7 +42,8 @@ namespace {
 
 // What a value is, for a message: its JSON type, never the value itself (it may be huge).
 std::string kind_of(const json& v) {
-  if (v.is_number_unsigned()) return "an integer beyond int64";
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) return "an integer beyond int64";
+  if (v.is_number_integer()) return "an integer";
   return std::string("a ") + v.type_name();
 }
 

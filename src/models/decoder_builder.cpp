@@ -190,7 +190,7 @@ std::unique_ptr<DecoderModel> build_decoder(const DecoderSpec& spec, const Check
   // The layer count comes from config.json: check the checkpoint has the last layer before
   // loading (and sizing anything by) that many.
   const std::string last_layer = expand_name(spec.names.layer + spec.names.input_norm, spec.num_layers - 1);
-  R3_CHECK(ckpt.contains(last_layer), "config.json: 'num_hidden_layers' is ", spec.num_layers,
+  R3_CHECK(ckpt.contains(last_layer), ckpt.dir(), "/config.json: 'num_hidden_layers' is ", spec.num_layers,
            " but the checkpoint has no tensor '", last_layer, "'");
   const int64_t h = spec.hidden_size;
   Tensor embed = ckpt.load_weight(spec.names.embed, {spec.vocab_size, h});

@@ -183,16 +183,19 @@ void TopKSoftmax::route_row(std::span<float> logits, int32_t, std::span<const in
   ops::softmax({weights, static_cast<std::size_t>(k_)});
 }
 
-SqrtSoftplusHash::SqrtSoftplusHash(const Tensor& table, int64_t num_experts, float scaling) : scaling_(scaling) {
-  R3_CHECK(table.rank() == 2, "hash routing table must be [vocab, top_k]");
-  R3_CHECK(table.dtype() == DType::I64 || table.dtype() == DType::I32, "hash routing table must be I64 or I32");
-  R3_CHECK(table.is_contiguous(), "hash routing table must be contiguous");
+SqrtSoftplusHash::SqrtSoftplusHash(const Tensor& table, int64_t num_experts, float scaling,
+                                   const std::string& table_name)
+    : scaling_(scaling) {
+  const std::string what = "hash routing table '" + table_name + "'";
+  R3_CHECK(table.rank() == 2, what, " must be [vocab, top_k]");
+  R3_CHECK(table.dtype() == DType::I64 || table.dtype() == DType::I32, what, " must be I64 or I32");
+  R3_CHECK(table.is_contiguous(), what, " must be contiguous");
   k_ = table.dim(1);
   // The element count and byte size, checked: the table's bytes are exactly numel * width.
-  const int64_t count = checked_mul(table.dim(0), k_, "hash routing table (tid2eid) size");
+  const int64_t count = checked_mul(table.dim(0), k_, "hash routing table size");
   const std::size_t width = table.dtype() == DType::I64 ? 8 : 4;
-  R3_CHECK(checked_mul(static_cast<std::size_t>(count), width, "hash routing table (tid2eid) bytes") == table.nbytes(),
-           "hash routing table (tid2eid): ", table.nbytes(), " bytes for ", count, " entries");
+  R3_CHECK(checked_mul(static_cast<std::size_t>(count), width, "hash routing table bytes") == table.nbytes(),
+           what, ": ", table.nbytes(), " bytes for ", count, " entries");
   const auto* bytes = static_cast<const unsigned char*>(table.raw_data());
   table_.reserve(static_cast<std::size_t>(count));
   for (int64_t i = 0; i < count; ++i) {
@@ -204,8 +207,8 @@ SqrtSoftplusHash::SqrtSoftplusHash(const Tensor& table, int64_t num_experts, flo
       std::memcpy(&v, bytes + 4 * i, 4);
       id = v;
     }
-    R3_CHECK(id >= 0 && id < num_experts, "hash routing table entry ", id, " (token ", i / k_,
-             ") is not an expert id in [0, ", num_experts, ")");
+    R3_CHECK(id >= 0 && id < num_experts, what, ": token ", i / k_, " lists ", id,
+             ", not an expert id in [0, ", num_experts, ")");
     table_.push_back(static_cast<int32_t>(id));
   }
   // A token's experts must be distinct: a repeated one would run twice for that token, and
@@ -213,8 +216,7 @@ SqrtSoftplusHash::SqrtSoftplusHash(const Tensor& table, int64_t num_experts, flo
   for (int64_t token = 0; token < table.dim(0); ++token) {
     const auto first = table_.begin() + token * k_, last = first + k_;
     for (auto it = first; it != last; ++it) {
-      R3_CHECK(std::find(first, it, *it) == it, "hash routing table (tid2eid): token ", token, " lists expert ",
-               *it, " twice");
+      R3_CHECK(std::find(first, it, *it) == it, what, ": token ", token, " lists expert ", *it, " twice");
     }
   }
 }

@@ -102,8 +102,9 @@ class SqrtSoftplusTopK final : public PerTokenRule<SqrtSoftplusTopK> {
 // SqrtSoftplusTopK.
 class SqrtSoftplusHash final : public PerTokenRule<SqrtSoftplusHash> {
  public:
-  // table: [vocab, k] expert ids (I64 or I32).
-  SqrtSoftplusHash(const Tensor& table, int64_t num_experts, float scaling);
+  // table: [vocab, k] expert ids (I64 or I32); table_name names it in errors.
+  SqrtSoftplusHash(const Tensor& table, int64_t num_experts, float scaling,
+                   const std::string& table_name = "tid2eid");
   std::string name() const override { return "sqrtsoftplus-hash"; }
   int64_t top_k() const override { return k_; }
   void route_row(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,

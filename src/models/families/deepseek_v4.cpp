@@ -81,8 +81,9 @@ std::unique_ptr<CausalLM> load_deepseek_v4(const HfConfig& config, const Checkpo
     std::shared_ptr<moe::RoutingRule> rule;
     const auto scaling = static_cast<float>(s.routed_scaling_factor);
     if (s.hash_layer[static_cast<std::size_t>(l)]) {
-      rule = std::make_shared<moe::SqrtSoftplusHash>(ckpt.load_raw(p + "ffn.gate.tid2eid", {s.vocab_size, s.top_k}),
-                                                     s.num_experts, scaling);
+      const std::string table = p + "ffn.gate.tid2eid";
+      rule = std::make_shared<moe::SqrtSoftplusHash>(ckpt.load_raw(table, {s.vocab_size, s.top_k}), s.num_experts,
+                                                     scaling, table);
     } else {
       Tensor bias = load("ffn.gate.bias", {s.num_experts});
       rule = std::make_shared<moe::SqrtSoftplusTopK>(
