@@ -14,11 +14,24 @@ void SamplingParams::validate() const {
            temperature);
   R3_CHECK(top_p > 0 && top_p <= 1, "top-p must be in (0, 1], got ", top_p);
   R3_CHECK(top_k >= 0, "top-k must be >= 0, got ", top_k);
+  R3_CHECK(min_p >= 0 && min_p <= 1, "min-p must be in [0, 1], got ", min_p);
 }
 
 int32_t argmax(std::span<const float> logits) {
   R3_CHECK(!logits.empty(), "argmax of empty logits");
   return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+uint64_t sample_seed(uint64_t seed, int64_t index) {
+  R3_CHECK(index >= 0, "sample index must be >= 0, got ", index);
+  if (index == 0) return seed;
+  // The index-th output of a splitmix64 stream started at seed: the odd increment makes the
+  // states distinct for distinct indices and the finaliser is a bijection, so no two indices >= 1
+  // share a seed.
+  uint64_t z = seed + static_cast<uint64_t>(index) * 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
 }
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
@@ -54,6 +67,12 @@ int32_t Sampler::next(std::span<const float> logits) {
       keep = i + 1;
       break;
     }
+  }
+  // Min-p: probs are sorted, so the tokens under min_p * probs[0] are a tail of the kept prefix.
+  // Skipped at 0 so that the draw stays exactly what it was before min-p existed.
+  if (params_.min_p > 0) {
+    const double threshold = params_.min_p * probs[0];
+    while (keep > 1 && probs[keep - 1] < threshold) --keep;
   }
   double kept_mass = 0;
   for (std::size_t i = 0; i < keep; ++i) kept_mass += probs[i];

@@ -1,5 +1,6 @@
-// Next-token choice from logits: greedy at temperature 0, otherwise temperature, top-k and
-// top-p (nucleus) filtering and a draw from a seeded generator (same seed, same tokens).
+// Next-token choice from logits: greedy at temperature 0, otherwise the filters in this order --
+// temperature, top-k, top-p (nucleus), min-p -- and a draw from a seeded generator (same seed,
+// same tokens).
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,7 @@ struct SamplingParams {
   double temperature = 0.0;  // 0: greedy
   double top_p = 1.0;        // (0, 1]
   int64_t top_k = 0;         // 0: no limit
+  double min_p = 0.0;        // [0, 1]; drops tokens below min_p * the largest probability; 0: off
   uint64_t seed = 0;
 
   void validate() const;  // throws r3::Error on out-of-range values
@@ -19,6 +21,11 @@ struct SamplingParams {
 
 // Greedy choice: the largest logit, the lowest id on ties.
 int32_t argmax(std::span<const float> logits);
+
+// Seed of the index-th of n samples of one request. Index 0 is the seed itself, so a single
+// sample draws what it always did; the others are splitmix64 outputs, well apart from each other
+// and the same on every platform (plain 64-bit integer arithmetic).
+uint64_t sample_seed(uint64_t seed, int64_t index);
 
 class Sampler {
  public:
