@@ -2,7 +2,14 @@
 
 #include <algorithm>
 
+#include "core/check.h"
+
 namespace r3::models {
+
+void ModelCache::set_block_table(int64_t seq, std::span<const int32_t> blocks) {
+  (void)blocks;
+  R3_FAIL("this cache's blocks are fixed per sequence: no block table can be set (sequence ", seq, ")");
+}
 
 void CausalLM::set_eplb_options(const moe::EplbOptions& options) {
   options.validate();

@@ -22,6 +22,15 @@ class CausalLM {
   virtual const ModelInfo& info() const = 0;
   // A cache for `max_seqs` sequences of up to `capacity` tokens.
   virtual std::unique_ptr<ModelCache> make_cache(int64_t max_seqs, int64_t capacity) const = 0;
+  // A cache whose blocks the engine hands out (ModelCache::set_block_table): a pool of
+  // `pool_blocks` blocks of `block_size` positions. A family whose cache cannot be paged that way
+  // returns make_cache's (pool_blocks() == 0 then), and the engine only counts blocks for it.
+  virtual std::unique_ptr<ModelCache> make_paged_cache(int64_t max_seqs, int64_t capacity, int64_t pool_blocks,
+                                                       int64_t block_size) const {
+    (void)pool_blocks;
+    (void)block_size;
+    return make_cache(max_seqs, capacity);
+  }
   // Runs one step and writes logits F32 [rows, vocab] for batch.logit_rows (all rows if empty)
   // into `logits`. Every MoE layer records its routing in batch.capture (moe/capture.h) and
   // counts its tokens in batch.loads. Updates the cache lengths of the sequences in the batch.

@@ -24,6 +24,11 @@ std::unique_ptr<ModelCache> DecoderModel::make_cache(int64_t max_seqs, int64_t c
   return make_kv_cache(max_seqs, capacity, {});
 }
 
+std::unique_ptr<ModelCache> DecoderModel::make_paged_cache(int64_t max_seqs, int64_t capacity, int64_t pool_blocks,
+                                                           int64_t block_size) const {
+  return make_kv_cache(max_seqs, capacity, {block_size, 0, pool_blocks});
+}
+
 std::unique_ptr<KvCache> DecoderModel::make_kv_cache(int64_t max_seqs, int64_t capacity,
                                                      KvCacheOptions options) const {
   return std::make_unique<KvCache>(cache_specs_, max_seqs, capacity, options);
@@ -49,6 +54,12 @@ void DecoderModel::forward_into(backend::Context& ctx, const ForwardBatch& batch
              " does not hold what the layer caches");
   }
   KvCache& cache = *kv;
+  for (int64_t t = 0; t < batch.size(); ++t) {
+    const int32_t seq = batch.seqs[static_cast<std::size_t>(t)];
+    R3_CHECK(seq == ForwardBatch::kPadding || cache.covers(seq, batch.positions[static_cast<std::size_t>(t)]),
+             "forward: position ", batch.positions[static_cast<std::size_t>(t)], " of sequence ", seq,
+             " has no KV block (the engine must assign blocks before the step)");
+  }
   const int64_t tokens = batch.size(), hidden = info_.hidden_size;
   backend::Workspace::Scope step(ctx.workspace());
   Tensor residual = ctx.scratch(DType::F32, {tokens, hidden});

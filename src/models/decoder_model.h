@@ -27,6 +27,8 @@ class DecoderModel final : public CausalLM {
   const ModelInfo& info() const override { return info_; }
   // A KvCache built from the layers' cache specs, with default options (blocks of 16 positions).
   std::unique_ptr<ModelCache> make_cache(int64_t max_seqs, int64_t capacity) const override;
+  std::unique_ptr<ModelCache> make_paged_cache(int64_t max_seqs, int64_t capacity, int64_t pool_blocks,
+                                               int64_t block_size) const override;
   std::unique_ptr<KvCache> make_kv_cache(int64_t max_seqs, int64_t capacity, KvCacheOptions options) const;
   // What each layer caches per position, in layer order.
   const std::vector<CacheSpec>& cache_specs() const { return cache_specs_; }

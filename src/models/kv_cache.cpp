@@ -27,8 +27,9 @@ void check_cache_memory(int64_t bytes, int64_t capacity, const char* what) {
 }
 
 KvCache::KvCache(std::vector<CacheSpec> layers, int64_t max_seqs, int64_t capacity, KvCacheOptions options)
-    : max_seqs_(max_seqs), capacity_(capacity), block_size_(options.block_size) {
-  R3_CHECK(!layers.empty() && max_seqs > 0 && capacity > 0 && block_size_ > 0,
+    : max_seqs_(max_seqs), capacity_(capacity), block_size_(options.block_size),
+      engine_pool_blocks_(options.pool_blocks) {
+  R3_CHECK(!layers.empty() && max_seqs > 0 && capacity > 0 && block_size_ > 0 && engine_pool_blocks_ >= 0,
            "KV cache: layers, seqs, capacity and block size must be positive");
   table_blocks_ = ceil_div(capacity_, block_size_);
   int64_t total_bytes = 0;  // every layer's pool, checked before any is allocated
@@ -41,7 +42,7 @@ KvCache::KvCache(std::vector<CacheSpec> layers, int64_t max_seqs, int64_t capaci
     layer.spec = spec;
     layer.seq_blocks = table_blocks_;
     layer.positions_per_pass = capacity_;
-    if (spec.kind == CacheSpec::Kind::kSlidingWindowKv) {
+    if (spec.kind == CacheSpec::Kind::kSlidingWindowKv && engine_pool_blocks_ == 0) {
       R3_CHECK(spec.window > 0, "KV cache: layer ", l, " has a sliding window of ", spec.window);
       // A pass writes at most block_size new positions of a sequence before reading; the token at p
       // then needs [p - W + 1, p] while positions up to p + block_size - 1 may be written: a
@@ -53,7 +54,8 @@ KvCache::KvCache(std::vector<CacheSpec> layers, int64_t max_seqs, int64_t capaci
         layer.positions_per_pass = block_size_;
       }
     }
-    const int64_t pool_blocks = checked_mul(max_seqs_, layer.seq_blocks, "KV cache: seqs x blocks");
+    const int64_t pool_blocks =
+        engine_pool_blocks_ > 0 ? engine_pool_blocks_ : checked_mul(max_seqs_, layer.seq_blocks, "KV cache: seqs x blocks");
     R3_CHECK(pool_blocks <= INT32_MAX, "KV cache: ", pool_blocks, " blocks exceed int32 block ids");
     if (pass == 0) {
       const int64_t rows = checked_mul(pool_blocks, block_size_, "KV cache: blocks x block size");
@@ -74,8 +76,8 @@ KvCache::KvCache(std::vector<CacheSpec> layers, int64_t max_seqs, int64_t capaci
         std::swap(free_list[i - 1], free_list[static_cast<std::size_t>(rng() % i)]);
       }
     }
-    layer.tables.resize(static_cast<std::size_t>(max_seqs_ * table_blocks_));
-    for (int64_t s = 0; s < max_seqs_; ++s) {
+    layer.tables.assign(static_cast<std::size_t>(max_seqs_ * table_blocks_), -1);
+    for (int64_t s = 0; s < max_seqs_ && engine_pool_blocks_ == 0; ++s) {
       for (int64_t i = 0; i < table_blocks_; ++i) {
         // A ring reuses its blocks: logical block i is the sequence's block i mod ring.
         layer.tables[static_cast<std::size_t>(s * table_blocks_ + i)] =
@@ -120,6 +122,25 @@ ops::PagedKv KvCache::view(int64_t layer, int64_t seq) {
   const std::span<const int32_t> table = block_table(layer, seq);
   Layer& l = layers_[static_cast<std::size_t>(layer)];
   return {l.keys.data(), l.values.data(), l.spec.key_width, l.spec.value_width, block_size_, table};
+}
+
+void KvCache::set_block_table(int64_t seq, std::span<const int32_t> blocks) {
+  R3_CHECK(engine_pool_blocks_ > 0, "KV cache: block tables are fixed (made without pool_blocks)");
+  R3_CHECK(seq >= 0 && seq < max_seqs_, "KV cache: seq ", seq, " out of range");
+  R3_CHECK(static_cast<int64_t>(blocks.size()) <= table_blocks_, "KV cache: ", blocks.size(),
+           " blocks for seq ", seq, ", more than the ", table_blocks_, " its capacity needs");
+  for (const int32_t b : blocks) {
+    R3_CHECK(b >= 0 && b < engine_pool_blocks_, "KV cache: block ", b, " outside the pool of ", engine_pool_blocks_);
+  }
+  for (Layer& layer : layers_) {
+    const auto row = layer.tables.begin() + seq * table_blocks_;
+    std::fill(std::copy(blocks.begin(), blocks.end(), row), row + table_blocks_, -1);
+  }
+}
+
+bool KvCache::covers(int64_t seq, int64_t pos) const {
+  if (pos < 0 || pos >= capacity_) return false;
+  return layers_.front().tables[static_cast<std::size_t>(seq * table_blocks_ + pos / block_size_)] >= 0;
 }
 
 void KvCache::set_length(int64_t seq, int64_t length) {

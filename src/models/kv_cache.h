@@ -28,6 +28,10 @@ struct KvCacheOptions {
   // free list is shuffled with this seed, which scatters every sequence's blocks across the pool
   // (used by tests: results must not depend on where blocks are).
   uint64_t shuffle_seed = 0;
+  // > 0: engine-managed (ModelCache::set_block_table): every layer holds this many blocks, tables
+  // start empty, and sliding-window layers keep every position instead of a ring (a block may
+  // then be shared by sequences whose prefixes agree, which a ring's reuse would break).
+  int64_t pool_blocks = 0;
 };
 
 class KvCache final : public ModelCache {
@@ -38,7 +42,14 @@ class KvCache final : public ModelCache {
   int64_t capacity() const override { return capacity_; }
   int64_t max_seqs() const override { return max_seqs_; }
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
-  int64_t block_size() const { return block_size_; }
+  int64_t block_size() const override { return block_size_; }
+  int64_t pool_blocks() const override { return engine_pool_blocks_; }
+  void set_block_table(int64_t seq, std::span<const int32_t> blocks) override;
+  std::string prefix_sharing_unsupported() const override {
+    return engine_pool_blocks_ > 0 ? "" : "its blocks are fixed per sequence (made without pool_blocks)";
+  }
+  // Whether position `pos` of the sequence has a block to live in (always, unless engine-managed).
+  bool covers(int64_t seq, int64_t pos) const;
   const CacheSpec& spec(int64_t layer) const { return at(layer).spec; }
   // Bytes one cached position costs across all layers.
   int64_t bytes_per_token() const;
@@ -76,6 +87,7 @@ class KvCache final : public ModelCache {
   bool is_ring(const Layer& layer) const { return layer.seq_blocks < table_blocks_; }
 
   int64_t max_seqs_, capacity_, block_size_, table_blocks_;
+  int64_t engine_pool_blocks_ = 0;
   std::vector<Layer> layers_;
   std::vector<int64_t> lengths_;
   std::vector<int64_t> high_water_;  // per sequence: the furthest length written since it was last cleared

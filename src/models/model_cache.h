@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <string>
 
 namespace r3::models {
 
@@ -16,6 +18,19 @@ class ModelCache {
   virtual int64_t length(int64_t seq) const = 0;
   virtual void set_length(int64_t seq, int64_t length) = 0;
   void clear(int64_t seq) { set_length(seq, 0); }
+
+  // Engine-managed blocks. A paged cache holds one pool of pool_blocks() blocks of block_size()
+  // positions in every layer, and the engine gives each sequence its block table (one table for
+  // all layers: block b is row range b of every layer's pool). Tables may share blocks (prefix
+  // caching) as long as no shared block is written. pool_blocks() == 0: the cache's memory is
+  // fixed per sequence and set_block_table is not available.
+  virtual int64_t pool_blocks() const { return 0; }
+  virtual int64_t block_size() const { return 0; }
+  // Sequence `seq` reads and writes position p in block blocks[p / block_size()].
+  virtual void set_block_table(int64_t seq, std::span<const int32_t> blocks);
+  // Why a block filled by one sequence cannot be reused by another with the same token prefix
+  // (prefix caching), or empty when it can.
+  virtual std::string prefix_sharing_unsupported() const { return "its memory is fixed per sequence"; }
 };
 
 }  // namespace r3::models

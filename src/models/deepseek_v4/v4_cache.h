@@ -74,6 +74,10 @@ class V4Cache final : public ModelCache {
   // Shortening a sequence (other than to 0) is refused when a ring has already overwritten rows the
   // next token would need (the window's K=V rows, or an incomplete window's projections).
   void set_length(int64_t seq, int64_t length) override;
+  std::string prefix_sharing_unsupported() const override {
+    return "DeepSeek-V4's caches (sliding K=V rings, compressor rows, compressed and indexer entries) are "
+           "per-sequence rings and running state, not yet blocks one sequence can hand to another";
+  }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   const V4CacheSpecs& specs(int64_t layer) const { return at(layer).specs; }
