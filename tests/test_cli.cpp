@@ -31,7 +31,7 @@ TEST(Cli, BadArgumentsGiveOneLineErrorAndNonZeroExit) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"", "subcommand"},
       {"frobnicate", "frobnicate"},
-      {"generate" + model, "--ids is required"},
+      {"generate" + model, "give a prompt: --ids 3,17,42 (repeatable) or --ids-file FILE"},
       {"generate --ids 1,2", "--model is required"},
       {"generate" + model + " --ids 1,x,3", "bad token id 'x'"},
       {"generate" + model + " --ids ''", "bad token id ''"},
@@ -213,4 +213,51 @@ TEST(Cli, MoeBackendIsAnAliasOfMoePath) {
   EXPECT_NE(loaded.err.find("MoE path mega"), std::string::npos) << loaded.err;
 }
 
+}  // namespace r3::test
+
+namespace r3::test {
+namespace {
+
+// Several prompts run together through the engine: one JSON line each, in input order, equal to
+// the run of that prompt alone; --ids-file gives the same prompts line by line.
+TEST(CliPrompts, SeveralPromptsEqualTheirSingleRuns) {
+  const std::string gen = "generate -q --json --ignore-eos --max-new-tokens 5 --model " + family_dir("qwen3_moe");
+  const std::vector<std::string> prompts = {"17,42,7", "3,1,4,1,5,9,2,6", "99"};
+  std::string together_args = gen, expected;
+  for (const auto& p : prompts) {
+    const CommandResult alone = run_r3(gen + " --ids " + p);
+    ASSERT_EQ(alone.exit_code, 0) << alone.err;
+    expected += alone.out;
+    together_args += " --ids " + p;
+  }
+  const CommandResult together = run_r3(together_args + " --max-running 2 --max-chunk 3");
+  ASSERT_EQ(together.exit_code, 0) << together.err;
+  EXPECT_EQ(together.out, expected);
+
+  TempDir tmp;
+  std::ofstream(tmp.path("prompts.txt")) << prompts[0] << "\n" << prompts[1] << "\r\n" << prompts[2] << "\n";
+  const CommandResult from_file = run_r3(gen + " --ids-file " + tmp.path("prompts.txt"));
+  ASSERT_EQ(from_file.exit_code, 0) << from_file.err;
+  EXPECT_EQ(from_file.out, expected);
+}
+
+TEST(CliPrompts, BadPromptsFilesAndReplayOfSeveralAreRefused) {
+  const std::string gen = "generate -q --model " + family_dir("qwen3_moe");
+  TempDir tmp;
+  std::ofstream(tmp.path("bad.txt")) << "1,2\n\n3\n";
+  EXPECT_TRUE(refused_with(run_r3(gen + " --ids-file " + tmp.path("bad.txt")), tmp.path("bad.txt") + ":2 is empty"));
+  std::ofstream(tmp.path("bad.txt")) << "1,2\n3,x\n";
+  EXPECT_TRUE(refused_with(run_r3(gen + " --ids-file " + tmp.path("bad.txt")),
+                           "bad token id 'x' in " + tmp.path("bad.txt") + ":2"));
+  std::ofstream(tmp.path("empty.txt")) << "";
+  EXPECT_TRUE(refused_with(run_r3(gen + " --ids-file " + tmp.path("empty.txt")), "holds no prompt"));
+  std::ofstream(tmp.path("r.json")) << "[]";
+  EXPECT_TRUE(refused_with(run_r3(gen + " --ids 1,2 --ids 3 --replay " + tmp.path("r.json")),
+                           "--replay replays one prompt's routing; 2 prompts were given"));
+  std::ofstream(tmp.path("good.txt")) << "5,6,7\n";
+  EXPECT_TRUE(refused_with(run_r3(gen + " --ids 1,2 --ids-file " + tmp.path("good.txt") + " --max-new-tokens 254"),
+                           tmp.path("good.txt") + ":1 has 3 tokens and --max-new-tokens is 254"));
+}
+
+}  // namespace
 }  // namespace r3::test

@@ -7,7 +7,7 @@
 
 namespace r3::cli {
 
-std::vector<int32_t> parse_token_ids(const std::string& text) {
+std::vector<int32_t> parse_token_ids(const std::string& text, const std::string& source) {
   std::vector<int32_t> ids;
   std::size_t start = 0;
   while (start <= text.size()) {
@@ -20,11 +20,11 @@ std::vector<int32_t> parse_token_ids(const std::string& text) {
     auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), value);
     R3_CHECK(!item.empty() && ec == std::errc() && ptr == item.data() + item.size() && value >= 0 &&
                  value <= std::numeric_limits<int32_t>::max(),
-             "bad token id '", item, "' in --ids (expected comma-separated non-negative integers)");
+             "bad token id '", item, "' in ", source, " (expected comma-separated non-negative integers)");
     ids.push_back(static_cast<int32_t>(value));
     start = end + 1;
   }
-  R3_CHECK(!ids.empty(), "--ids is empty");
+  R3_CHECK(!ids.empty(), source, " is empty");
   return ids;
 }
 

@@ -7,8 +7,7 @@
 
 #include "core/checked.h"
 
-#include "engine/finite_logits.h"
-#include "engine/step_runner.h"
+#include "engine/engine.h"
 
 namespace r3::engine {
 
@@ -43,35 +42,46 @@ GenerateResult generate(models::CausalLM& model, backend::Context& ctx, const st
              options.max_new_tokens, " new tokens can use (prompt + max-new-tokens - 1)");
   }
 
-  auto cache = model.make_cache(1, total);
-  StepRunner runner(model, ctx, *cache, prompt_len);
-  Sampler sampler(options.sampling);
+  // One request through the engine: the whole prompt in one step (its split would otherwise
+  // depend on the step budget, and DeepSeek-V4's rows can depend on the split).
+  EngineOptions engine_options;
+  engine_options.max_model_len = total;
+  engine_options.scheduler.max_running = 1;
+  engine_options.scheduler.max_step_tokens = std::max<int64_t>(prompt_len, 1);
+  engine_options.prefix_caching = false;
+  Engine engine(model, ctx, engine_options);
+  RequestParams request;
+  request.prompt = prompt;
+  request.sampling = options.sampling;
+  request.max_new_tokens = options.max_new_tokens;
+  request.stop_token_ids = options.stop_token_ids;
+  request.ignore_eos = true;  // the caller's stop ids are the whole stop rule
+  request.return_routed_experts = true;
+  if (replay != nullptr) request.forced_routing = replay->ids;
+  engine.submit(std::move(request));
+
   GenerateResult result{prompt, {}, RoutedExperts(static_cast<int64_t>(info.moe_layers.size()), info.top_k), {}};
-  auto forced_rows = [&](int64_t first, int64_t count) {
-    return replay ? replay->slice(first, count) : std::vector<int32_t>{};
-  };
-
   auto start = std::chrono::steady_clock::now();
-  Tensor logits = runner.run({{0, prompt, &result.routed_experts, forced_rows(0, prompt_len)}});
-  result.timings.prefill_seconds = seconds_since(start);
-  result.timings.prefill_tokens = prompt_len;
-
-  start = std::chrono::steady_clock::now();
-  for (;;) {
-    check_finite_logits(logits, prompt_len + static_cast<int64_t>(result.output_ids.size()) - 1);
-    const int32_t token =
-        sampler.next(std::span<const float>(logits.data<float>(), static_cast<std::size_t>(logits.dim(1))));
-    result.output_ids.push_back(token);
-    const bool stop = std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), token) !=
-                      options.stop_token_ids.end();
-    if (stop || static_cast<int64_t>(result.output_ids.size()) >= options.max_new_tokens) break;
-    // Decode: the new token is the next input; its routing is the next row.
-    const int64_t row = prompt_len + static_cast<int64_t>(result.output_ids.size()) - 1;
-    R3_CHECK(replay == nullptr || row < replay->rows, replay->path,
-             ": generation went past the replayed routing: token ", row, " needs row ", row,
-             ", the replay has ", replay->rows, " rows (the replayed run ended there, e.g. at EOS)");
-    logits = runner.run({{0, {token}, &result.routed_experts, forced_rows(row, 1)}});
-    ++result.timings.decode_steps;
+  bool first = true;
+  while (engine.has_work()) {
+    for (const RequestOutput& out : engine.step()) {
+      for (const SampleOutput& s : out.samples) {
+        result.output_ids.insert(result.output_ids.end(), s.token_ids.begin(), s.token_ids.end());
+        if (s.finish == FinishReason::kAbort) {
+          R3_FAIL(replay != nullptr && s.abort_message.rfind("generation went past", 0) == 0 ? replay->path + ": " : "",
+                  s.abort_message);
+        }
+        if (s.finish != FinishReason::kNone) result.routed_experts.assign(s.routed_experts);
+      }
+    }
+    if (first) {
+      result.timings.prefill_seconds = seconds_since(start);
+      result.timings.prefill_tokens = prompt_len;
+      start = std::chrono::steady_clock::now();
+      first = false;
+    } else {
+      ++result.timings.decode_steps;
+    }
   }
   result.timings.decode_seconds = seconds_since(start);
   return result;

@@ -24,6 +24,8 @@ class RoutedExperts {
   int32_t at(int64_t row, int64_t layer, int64_t choice) const;
   const std::vector<int32_t>& flat() const { return ids_; }
 
+  // Replaces the rows by `ids` ([rows, MoE layers, top_k] flattened).
+  void assign(std::vector<int32_t> ids);
   // Appends the captured row of the last step's token `row`.
   void append(const moe::RoutingCapturer& capturer, int64_t row);
 

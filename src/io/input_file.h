@@ -13,6 +13,7 @@ inline constexpr uint64_t kMaxConfigBytes = uint64_t{4} << 20;        // config.
 inline constexpr uint64_t kMaxIndexBytes = uint64_t{64} << 20;       // model.safetensors.index.json
 inline constexpr uint64_t kMaxReplayJsonBytes = uint64_t{256} << 20;  // --replay JSON
 inline constexpr uint64_t kMaxLoadBytes = uint64_t{64} << 20;         // eplb-plan --load
+inline constexpr uint64_t kMaxPromptsBytes = uint64_t{256} << 20;     // generate --ids-file
 inline constexpr uint64_t kNoSizeLimit = UINT64_MAX;
 
 // An open, readable regular file (RAII). Throws r3::Error:
