@@ -75,4 +75,12 @@ inline CLI::Validator in_open_closed(double lo, double hi) {
                           [lo, hi](double v) { return v > lo && v <= hi; });
 }
 
+// A number in [lo, hi].
+inline CLI::Validator in_closed(double lo, double hi) {
+  namespace d = option_checks_detail;
+  const std::string range = "[" + d::format(lo) + ", " + d::format(hi) + "]";
+  return d::check<double>("a number in " + range, "[" + d::format(lo) + "," + d::format(hi) + "]",
+                          [lo, hi](double v) { return v >= lo && v <= hi; });
+}
+
 }  // namespace r3::cli
