@@ -160,9 +160,25 @@ TEST(Progress, NotATerminalPrintsAtMostOneLinePerQuarter) {
   const std::string text = log.text();
   EXPECT_LE(count_lines(text), 4) << text;
   EXPECT_GE(count_lines(text), 2) << text;
-  EXPECT_NE(text.find("loading many: 25% (250.0/1000.0 MB"), std::string::npos) << text;
-  EXPECT_NE(text.find("loading many: 100% (1000.0/1000.0 MB"), std::string::npos) << text;
+  EXPECT_NE(text.find("loading many: 25% (250/1000 MB"), std::string::npos) << text;
+  EXPECT_NE(text.find("loading many: 100% (1000/1000 MB"), std::string::npos) << text;
   EXPECT_EQ(text.find("loading many: 100%"), text.rfind("loading many: 100%")) << "one final line: " << text;
+}
+
+// A count (unit scale 1) is shown whole, and the caller's detail text follows the time.
+TEST(Progress, CountsAreWholeAndDetailFollowsTheTime) {
+  LogCapture log;
+  {
+    Progress p("bench", 12, "requests", 1.0, std::chrono::milliseconds(0), std::chrono::milliseconds(0),
+               /*terminal=*/nullptr);
+    p.set_detail("850 output tokens/s");
+    p.advance(6);
+    p.advance(6);
+  }
+  const std::string text = log.text();
+  EXPECT_NE(text.find("bench: 50% (6/12 requests, "), std::string::npos) << text;
+  EXPECT_NE(text.find(" s, 850 output tokens/s)"), std::string::npos) << text;
+  EXPECT_NE(text.find("bench: 100% (12/12 requests, "), std::string::npos) << text;
 }
 
 // On a terminal: one line redrawn in place (carriage returns), one newline at the very end,
@@ -192,7 +208,7 @@ TEST(Progress, OnATerminalOneLineIsRedrawnInPlace) {
   EXPECT_EQ(text.back(), '\n');
   EXPECT_GT(std::count(text.begin(), text.end(), '\r'), 100);  // redrawn on every advance here
   const std::string last = text.substr(text.rfind('\r'));
-  EXPECT_NE(last.find("loading many: 100% (1000.0/1000.0 MB"), std::string::npos) << last;
+  EXPECT_NE(last.find("loading many: 100% (1000/1000 MB"), std::string::npos) << last;
   EXPECT_NE(last.find(" done"), std::string::npos) << last;
   EXPECT_EQ(drawn(spdlog::level::warn), "");
 }

@@ -13,5 +13,6 @@ using Command = std::function<int()>;
 Command add_forward_command(CLI::App& app);
 Command add_generate_command(CLI::App& app);
 Command add_eplb_plan_command(CLI::App& app);
+Command add_bench_command(CLI::App& app);
 
 }  // namespace r3::cli

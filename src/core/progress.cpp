@@ -45,9 +45,11 @@ void Progress::advance(uint64_t amount) {
 std::string Progress::text(bool final_line) const {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   const double pct = total_ ? 100.0 * static_cast<double>(done_) / static_cast<double>(total_) : 100.0;
-  return fmt::format("{}: {:.0f}% ({:.1f}/{:.1f} {}, {:.1f} s){}", label_, pct,
-                     static_cast<double>(done_) / unit_scale_, static_cast<double>(total_) / unit_scale_,
-                     unit_, seconds, final_line ? " done" : "");
+  // Unscaled units are counts (requests, files): whole numbers.
+  const int decimals = unit_scale_ == 1.0 ? 0 : 1;
+  return fmt::format("{}: {:.0f}% ({:.{}f}/{:.{}f} {}, {:.1f} s{}{}){}", label_, pct,
+                     static_cast<double>(done_) / unit_scale_, decimals, static_cast<double>(total_) / unit_scale_,
+                     decimals, unit_, seconds, detail_.empty() ? "" : ", ", detail_, final_line ? " done" : "");
 }
 
 void Progress::show(bool final_line) {

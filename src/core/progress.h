@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 
 namespace r3 {
 
@@ -23,6 +24,8 @@ class Progress {
   ~Progress();  // shows the final line if anything was shown before
 
   void advance(uint64_t amount);
+  // Text shown after the counts and time from the next line on, e.g. a rate ("850 tokens/s").
+  void set_detail(std::string detail) { detail_ = std::move(detail); }
 
   static std::FILE* stderr_if_terminal();  // stderr when it is a terminal, else nullptr
 
@@ -37,6 +40,7 @@ class Progress {
   double unit_scale_;
   std::chrono::milliseconds quiet_period_;
   std::chrono::milliseconds print_interval_;
+  std::string detail_;
   std::FILE* terminal_;
   std::chrono::steady_clock::time_point start_;
   std::chrono::steady_clock::time_point last_print_;

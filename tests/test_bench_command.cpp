@@ -1,0 +1,111 @@
+// `r3 bench` on the fixtures: the counts it reports are the run's, the prefix cache and
+// preemption show up where the options call for them, and bad sizes are refused up front.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "test_support.h"
+
+namespace r3::test {
+namespace {
+
+// 12 prompts of 40 tokens, 8 outputs each, in blocks of 4 positions, at most 4 running.
+const std::string kBenchSize = " --num-prompts 12 --prompt-len 40 --output-len 8 --block-size 4 --max-running 4";
+
+nlohmann::json bench_json(const std::string& family, const std::string& extra) {
+  const CommandResult r = run_r3("bench -q --json --model " + family_dir(family) + kBenchSize + extra);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "");  // -q: no progress line, no log
+  return nlohmann::json::parse(r.out);
+}
+
+void bench_expect_counts(const nlohmann::json& j) {
+  EXPECT_EQ(j.at("requests").get<int>(), 12) << j;
+  EXPECT_EQ(j.at("prompt_tokens").get<int>(), 12 * 40) << j;
+  EXPECT_EQ(j.at("output_tokens").get<int>(), 12 * 8) << j;  // ignore_eos: every request runs to the end
+  EXPECT_GT(j.at("total_tokens_per_second").get<double>(), 0) << j;
+  EXPECT_GT(j.at("output_tokens_per_second").get<double>(), 0) << j;
+  EXPECT_LE(j.at("peak_kv_blocks_in_use").get<int>(), j.at("kv_blocks_total").get<int>()) << j;
+  EXPECT_GT(j.at("peak_kv_blocks_in_use").get<int>(), 0) << j;
+  EXPECT_LE(j.at("max_sequences_per_step").get<int>(), 4) << j;
+  EXPECT_LE(j.at("mean_ttft_seconds").get<double>(), j.at("mean_latency_seconds").get<double>()) << j;
+  // Computed plus cached prompt tokens cover every prompt (more when preemption recomputed some).
+  EXPECT_GE(j.at("prompt_tokens_computed").get<int>() + j.at("prompt_tokens_cached").get<int>(), 12 * 40) << j;
+}
+
+TEST(BenchCommand, SharedPrefixHitsThePrefixCache) {
+  const auto j = bench_json("qwen3_moe", " --shared-prefix 0.5");
+  bench_expect_counts(j);
+  EXPECT_GT(j.at("prefix_hit_rate").get<double>(), 0) << j;
+  EXPECT_GT(j.at("prompt_tokens_cached").get<int>(), 0) << j;
+  EXPECT_LT(j.at("prompt_tokens_computed").get<int>(), 12 * 40) << j;
+  EXPECT_GE(j.at("routed_share").get<double>(), 0) << j;
+  EXPECT_LT(j.at("routed_share").get<double>(), 1) << j;
+}
+
+TEST(BenchCommand, NoPrefixCachingMeansNoHits) {
+  const auto j = bench_json("qwen3_moe", " --shared-prefix 0.5 --no-prefix-caching");
+  bench_expect_counts(j);
+  EXPECT_EQ(j.at("prefix_hit_rate").get<double>(), 0) << j;
+  EXPECT_EQ(j.at("prompt_tokens_cached").get<int>(), 0) << j;
+}
+
+// 4 running sequences of 48 positions need 48 blocks of 4; 30 make the scheduler preempt.
+TEST(BenchCommand, SmallKvPoolPreempts) {
+  const auto j = bench_json("qwen3_moe", " --kv-blocks 30");
+  bench_expect_counts(j);
+  EXPECT_GT(j.at("preemptions").get<int>(), 0) << j;
+  EXPECT_EQ(j.at("kv_blocks_total").get<int>(), 30) << j;
+}
+
+// DeepSeek-V4's cache cannot share prefixes: the engine turns caching off and the run goes on.
+TEST(BenchCommand, DeepSeekV4RunsWithoutPrefixCaching) {
+  const auto j = bench_json("deepseek_v4", " --shared-prefix 0.5");
+  bench_expect_counts(j);
+  EXPECT_EQ(j.at("prefix_hit_rate").get<double>(), 0) << j;
+  EXPECT_EQ(j.at("prompt_tokens_cached").get<int>(), 0) << j;
+}
+
+TEST(BenchCommand, TextReport) {
+  const CommandResult r = run_r3("bench --model " + family_dir("qwen3_moe") + kBenchSize + " --shared-prefix 0.5");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const std::string line :
+       {"requests:              12\n", "prompt tokens:         480\n", "output tokens:         96\n", "prefill:",
+        "prefix-hit rate", "wall time:", "tokens/s total", "steps:", "preemptions:", "peak KV blocks in use:",
+        "routed-experts share:", "mean time to first token:", "mean request latency:"}) {
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+  }
+  EXPECT_NE(r.err.find("bench: 12 prompts of 40 tokens (20 shared)"), std::string::npos) << r.err;
+  EXPECT_NE(run_r3("bench --help").out.find("--shared-prefix"), std::string::npos);
+}
+
+TEST(BenchCommand, BadSizesAreRefused) {
+  const std::string bench = "bench -q --model " + family_dir("qwen3_moe");
+  // The fixture's max_position_embeddings is 256.
+  EXPECT_TRUE(refused_with(run_r3(bench + " --prompt-len 200 --output-len 57"),
+                           "--prompt-len 200 + --output-len 57 exceeds the model's max_position_embeddings of 256"));
+  EXPECT_TRUE(refused_with(run_r3(bench + " --prompt-len 40 --output-len 8 --block-size 4 --kv-blocks 11"),
+                           "need 12 KV blocks of --block-size 4, more than the 11 of --kv-blocks"));
+  // Range checks of the options themselves are usage errors (exit 2), as for every command.
+  for (const auto& [args, expected] : std::vector<std::pair<std::string, std::string>>{
+           {" --shared-prefix 1.5", "--shared-prefix: must be a number in [0, 1], got 1.5"},
+           {" --shared-prefix -0.1", "--shared-prefix: must be a number in [0, 1], got -0.1"},
+           {" --num-prompts 0", "--num-prompts: must be an integer >= 1, got 0"},
+           {" --prompt-len 0", "--prompt-len: must be an integer >= 1, got 0"},
+           {" --output-len 0", "--output-len: must be an integer >= 1, got 0"},
+       }) {
+    const CommandResult r = run_r3(bench + args);
+    EXPECT_EQ(r.exit_code, 2) << args;
+    EXPECT_EQ(r.out, "") << args;
+    EXPECT_NE(r.err.find(expected), std::string::npos) << args << "\n" << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << "\n" << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace r3::test
