@@ -387,3 +387,50 @@ TEST(EngineResources, BadRequestsAreRefusedWithAReason) {
 
 }  // namespace
 }  // namespace r3::test
+
+namespace r3::test {
+namespace {
+
+// A stop id ends the sample with kStop naming it; routed experts from a start row are the tail
+// of the full rows.
+TEST(EngineRequests, StopIdsAndRoutedExpertsStart) {
+  auto model = models::load_model(family_dir("qwen3_moe"));
+  backend::Context ctx(2);
+  const std::vector<int32_t> prompt = {17, 42, 7};
+  Engine free_run(*model, ctx, {});
+  free_run.submit(greedy_request(prompt, 8));
+  const EngineResult full = engine_run_all(free_run).begin()->second;
+  ASSERT_EQ(full.tokens.size(), 8u);
+  // Stop at the first token that appears at output index >= 2 for the first time.
+  std::size_t at = 2;
+  while (std::find(full.tokens.begin(), full.tokens.begin() + static_cast<std::ptrdiff_t>(at), full.tokens[at]) !=
+         full.tokens.begin() + static_cast<std::ptrdiff_t>(at)) {
+    ++at;
+    ASSERT_LT(at, full.tokens.size()) << "no fresh token to stop at";
+  }
+  RequestParams p = greedy_request(prompt, 8);
+  p.stop_token_ids = {full.tokens[at]};
+  p.routed_experts_start = 2;
+  Engine e(*model, ctx, {});
+  const RequestId id = e.submit(p);
+  std::vector<engine::SampleOutput> finals;
+  while (e.has_work()) {
+    for (const auto& out : e.step()) {
+      for (const auto& s : out.samples) {
+        if (s.finish != FinishReason::kNone) finals.push_back(s);
+      }
+      EXPECT_EQ(out.id, id);
+    }
+  }
+  ASSERT_EQ(finals.size(), 1u);
+  EXPECT_EQ(finals[0].finish, FinishReason::kStop);
+  EXPECT_EQ(finals[0].matched_stop, full.tokens[at]);
+  const int64_t rows = static_cast<int64_t>(prompt.size() + at + 1) - 1;  // prompt + outputs - 1
+  EXPECT_EQ(finals[0].routed_rows, rows - 2);
+  const auto per_row = static_cast<std::ptrdiff_t>(model->info().moe_layers.size()) * model->info().top_k;
+  EXPECT_EQ(finals[0].routed_experts,
+            std::vector<int32_t>(full.routed.begin() + 2 * per_row, full.routed.begin() + rows * per_row));
+}
+
+}  // namespace
+}  // namespace r3::test
