@@ -1,7 +1,7 @@
 // The execution context: everything a kernel needs besides its operands. On the CPU that is the
-// thread pool and the step workspace; the CUDA context will add its stream, cuBLASLt handle and
-// device workspace. Ops and models take a Context instead of reaching for a device themselves,
-// so a step runs wherever its context says.
+// thread pool and the step workspace; a CUDA context adds its device, stream and cuBLASLt handle
+// with its workspace (backend/cuda/state.h). Ops and models take a Context instead of reaching
+// for a device themselves, so a step runs wherever its context says.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,10 @@
 
 namespace r3::backend {
 
+namespace cuda {
+struct State;  // backend/cuda/state.h: device, stream, cuBLASLt handle (CUDA builds only)
+}
+
 class Context {
  public:
   // A CPU context over `threads` (shared with whoever else uses the pool).
@@ -22,8 +26,18 @@ class Context {
   explicit Context(int threads) : owned_threads_(std::make_unique<ThreadPool>(threads)), threads_(owned_threads_.get()) {}
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
+  ~Context();
 
-  Device device() const { return Device::kCpu; }
+  // A context on CUDA device `index` (its stream, cuBLASLt handle and workspace), with a
+  // one-thread pool for host-side work. Throws when this build has no CUDA backend or the
+  // machine no such device.
+  static std::unique_ptr<Context> cuda(int index = 0);
+  // Whether this build has the CUDA backend and the machine a CUDA device.
+  static bool cuda_available();
+
+  Device device() const { return device_; }
+  // The CUDA state of a CUDA context (throws on a CPU context).
+  cuda::State& cuda_state() const;
   ThreadPool& threads() const { return *threads_; }
   void parallel_for(int64_t n, int64_t grain, ThreadPool::RangeFn fn) const { threads_->parallel_for(n, grain, fn); }
 
@@ -50,6 +64,8 @@ class Context {
   std::unique_ptr<ThreadPool> owned_threads_;
   ThreadPool* threads_;
   Workspace workspace_;
+  Device device_ = Device::kCpu;
+  std::unique_ptr<cuda::State, void (*)(cuda::State*)> cuda_{nullptr, nullptr};
 };
 
 }  // namespace r3::backend

@@ -1,7 +1,8 @@
 // How an op reaches its implementation for the context's device (in the manner of CTranslate2's
 // device dispatch): an op's header declares ops::cpu::name (ops/cpu/name.cpp) and defines the op
-// as R3_DISPATCH(ctx, name, args...). The CUDA backend adds its case here (ops::cuda::name in
-// ops/cuda/sm90_name.cu), so no model or layer ever names a device.
+// as R3_DISPATCH(ctx, name, args...). An op that also has a CUDA implementation (ops::cuda::name
+// in ops/cuda/sm90_name.cu, declared under R3_WITH_CUDA) uses R3_DISPATCH_GPU instead, so no
+// model or layer ever names a device; ops without one refuse a CUDA context by name.
 #pragma once
 
 #include "backend/context.h"
@@ -25,3 +26,18 @@ namespace r3::backend {
         ::r3::backend::unsupported_device((ctx).device(), #name);                \
     }                                                                            \
   } while (false)
+
+#if R3_WITH_CUDA
+#define R3_DISPATCH_GPU(ctx, name, ...)                                          \
+  do {                                                                           \
+    switch ((ctx).device()) {                                                    \
+      case ::r3::Device::kCpu:                                                   \
+        return cpu::name(__VA_ARGS__);                                           \
+      case ::r3::Device::kCuda:                                                  \
+        return cuda::name(__VA_ARGS__);                                          \
+    }                                                                            \
+    ::r3::backend::unsupported_device((ctx).device(), #name);                    \
+  } while (false)
+#else
+#define R3_DISPATCH_GPU(ctx, name, ...) R3_DISPATCH(ctx, name, __VA_ARGS__)
+#endif

@@ -21,13 +21,18 @@ inline float clamped_swiglu(float gate, float up, float limit) {
 }
 
 namespace cpu {
-void silu_and_mul(const Tensor& gate, const Tensor& up, Tensor& out, float limit);
+void silu_and_mul(backend::Context& ctx, const Tensor& gate, const Tensor& up, Tensor& out, float limit);
 }
+#if R3_WITH_CUDA
+namespace cuda {  // ops/cuda/sm90_activation.cu
+void silu_and_mul(backend::Context& ctx, const Tensor& gate, const Tensor& up, Tensor& out, float limit);
+}
+#endif
 
 // out[r, i] = clamped_swiglu(gate[r, i], up[r, i], limit); all F32 [rows, width] contiguous.
 inline void silu_and_mul(backend::Context& ctx, const Tensor& gate, const Tensor& up, Tensor& out,
                          float limit = INFINITY) {
-  R3_DISPATCH(ctx, silu_and_mul, gate, up, out, limit);
+  R3_DISPATCH_GPU(ctx, silu_and_mul, ctx, gate, up, out, limit);
 }
 
 }  // namespace r3::ops

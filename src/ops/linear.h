@@ -12,10 +12,15 @@ namespace r3::ops {
 namespace cpu {
 void linear(backend::Context& ctx, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
 }
+#if R3_WITH_CUDA
+namespace cuda {  // ops/cuda/sm90_linear.cpp: cuBLASLt, float32 for now
+void linear(backend::Context& ctx, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
+}
+#endif
 
 // x: F32 [M, K] contiguous; w: F32/BF16/F16 [N, K]; bias: F32 [N] or nullptr; y: F32 [M, N].
 inline void linear(backend::Context& ctx, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
-  R3_DISPATCH(ctx, linear, ctx, x, w, bias, y);
+  R3_DISPATCH_GPU(ctx, linear, ctx, x, w, bias, y);
 }
 
 }  // namespace r3::ops

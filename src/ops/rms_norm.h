@@ -9,10 +9,15 @@ namespace r3::ops {
 namespace cpu {
 void rms_norm(backend::Context& ctx, const Tensor& x, const Tensor* weight, float eps, Tensor& y);
 }
+#if R3_WITH_CUDA
+namespace cuda {  // ops/cuda/sm90_rms_norm.cu
+void rms_norm(backend::Context& ctx, const Tensor& x, const Tensor* weight, float eps, Tensor& y);
+}
+#endif
 
 // x, y: F32 [rows, D] contiguous (y may alias x); weight: F32 [D], or nullptr for no weight.
 inline void rms_norm(backend::Context& ctx, const Tensor& x, const Tensor* weight, float eps, Tensor& y) {
-  R3_DISPATCH(ctx, rms_norm, ctx, x, weight, eps, y);
+  R3_DISPATCH_GPU(ctx, rms_norm, ctx, x, weight, eps, y);
 }
 // One row of d floats (y may alias x): the same arithmetic, for callers inside their own loops.
 void rms_norm_row(const float* x, const float* weight, int64_t d, float eps, float* y);

@@ -8,7 +8,7 @@ float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 float silu(float x) { return x * sigmoid(x); }
 
-void cpu::silu_and_mul(const Tensor& gate, const Tensor& up, Tensor& out, float limit) {
+void cpu::silu_and_mul(backend::Context&, const Tensor& gate, const Tensor& up, Tensor& out, float limit) {
   R3_CHECK(gate.shape() == up.shape() && gate.shape() == out.shape(), "silu_and_mul: gate ",
            shape_to_string(gate.shape()), " up ", shape_to_string(up.shape()), " out ",
            shape_to_string(out.shape()));

@@ -1,0 +1,17 @@
+#include "backend/context.h"
+
+#include "core/check.h"
+
+namespace r3::backend {
+
+Context::~Context() = default;
+
+#if !R3_WITH_CUDA
+std::unique_ptr<Context> Context::cuda(int index) {
+  R3_FAIL("--device cuda (device ", index, "): this build has no CUDA backend (nvcc was not found when it was configured)");
+}
+bool Context::cuda_available() { return false; }
+cuda::State& Context::cuda_state() const { R3_FAIL("not a CUDA context"); }
+#endif
+
+}  // namespace r3::backend

@@ -1,0 +1,44 @@
+// Device allocations and host<->device copies on a CUDA context's stream.
+#include <cstring>
+#include <memory>
+
+#include "backend/context.h"
+#include "backend/cuda/state.h"
+#include "core/checked.h"
+#include "core/tensor.h"
+
+namespace r3::backend::cuda {
+
+Tensor empty(Context& ctx, DType dtype, Shape shape) {
+  State& s = ctx.cuda_state();
+  const int64_t count = shape_numel(shape);
+  const std::size_t bytes = checked_mul(static_cast<std::size_t>(count), dtype_size(dtype), "device tensor bytes");
+  void* data = nullptr;
+  R3_CUDA_CHECK(cudaSetDevice(s.device));
+  R3_CUDA_CHECK(cudaMalloc(&data, bytes == 0 ? 1 : bytes));
+  std::shared_ptr<const void> owner(data, [](const void* p) { cudaFree(const_cast<void*>(p)); });
+  R3_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, s.stream));
+  return Tensor::view(dtype, std::move(shape), data, std::move(owner), Storage::kOwned, Device::kCuda);
+}
+
+Tensor upload(Context& ctx, const Tensor& host) {
+  Tensor t = empty(ctx, host.dtype(), host.shape());
+  State& s = ctx.cuda_state();
+  R3_CUDA_CHECK(cudaMemcpyAsync(t.raw_data(), host.raw_data(), host.nbytes(), cudaMemcpyHostToDevice, s.stream));
+  // The host tensor may be freed when this returns: the copy must have read it.
+  R3_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  return t;
+}
+
+Tensor download(Context& ctx, const Tensor& t) {
+  R3_CHECK(t.is_contiguous(), "to_host: needs a contiguous tensor");
+  State& s = ctx.cuda_state();
+  Tensor host = Tensor::empty(t.dtype(), t.shape());
+  R3_CUDA_CHECK(cudaMemcpyAsync(host.raw_data(), t.raw_data(), t.nbytes(), cudaMemcpyDeviceToHost, s.stream));
+  R3_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  return host;
+}
+
+void synchronize(Context& ctx) { R3_CUDA_CHECK(cudaStreamSynchronize(ctx.cuda_state().stream)); }
+
+}  // namespace r3::backend::cuda

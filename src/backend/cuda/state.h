@@ -1,0 +1,29 @@
+// What a CUDA context holds: its device, its stream (every kernel and copy of the context runs on
+// it, in order) and a cuBLASLt handle with the workspace its GEMMs may use. Included only by
+// CUDA code (src/backend/cuda, src/ops/cuda).
+#pragma once
+
+#include <cstddef>
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include "core/check.h"
+
+namespace r3::backend::cuda {
+
+struct State {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  void* lt_workspace = nullptr;
+  std::size_t lt_workspace_bytes = 0;
+};
+
+// Throws r3::Error naming the call and CUDA's message.
+void check(cudaError_t status, const char* what);
+void check(cublasStatus_t status, const char* what);
+
+}  // namespace r3::backend::cuda
+
+#define R3_CUDA_CHECK(call) ::r3::backend::cuda::check((call), #call)

@@ -1,0 +1,46 @@
+#include "backend/device_memory.h"
+
+#include "core/check.h"
+
+namespace r3::backend {
+
+#if R3_WITH_CUDA
+namespace cuda {
+Tensor empty(Context& ctx, DType dtype, Shape shape);
+Tensor upload(Context& ctx, const Tensor& host);
+Tensor download(Context& ctx, const Tensor& t);
+void synchronize(Context& ctx);
+}  // namespace cuda
+#endif
+
+Tensor device_empty(Context& ctx, DType dtype, Shape shape) {
+#if R3_WITH_CUDA
+  if (ctx.device() == Device::kCuda) return cuda::empty(ctx, dtype, std::move(shape));
+#endif
+  return Tensor::empty(dtype, std::move(shape));
+}
+
+Tensor to_device(Context& ctx, const Tensor& host) {
+  R3_CHECK(host.device() == Device::kCpu && host.is_contiguous(), "to_device: needs a contiguous host tensor");
+#if R3_WITH_CUDA
+  if (ctx.device() == Device::kCuda) return cuda::upload(ctx, host);
+#endif
+  return host;
+}
+
+Tensor to_host(Context& ctx, const Tensor& t) {
+#if R3_WITH_CUDA
+  if (t.device() == Device::kCuda) return cuda::download(ctx, t);
+#endif
+  (void)ctx;
+  return t;
+}
+
+void synchronize(Context& ctx) {
+#if R3_WITH_CUDA
+  if (ctx.device() == Device::kCuda) cuda::synchronize(ctx);
+#endif
+  (void)ctx;
+}
+
+}  // namespace r3::backend

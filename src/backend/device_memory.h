@@ -1,0 +1,19 @@
+// Tensors on a context's device: allocation, and copies between the host and the device. On a
+// CPU context these are host tensors and the copies are the tensors themselves.
+#pragma once
+
+#include "backend/context.h"
+#include "core/tensor.h"
+
+namespace r3::backend {
+
+// A zero-filled tensor on ctx's device, freed with its last copy.
+Tensor device_empty(Context& ctx, DType dtype, Shape shape);
+// A contiguous host tensor on ctx's device (a copy on CUDA; `host` itself on the CPU).
+Tensor to_device(Context& ctx, const Tensor& host);
+// A tensor of ctx's device on the host (waits for the context's work to finish).
+Tensor to_host(Context& ctx, const Tensor& t);
+// Waits for every kernel and copy queued on ctx (a no-op on the CPU).
+void synchronize(Context& ctx);
+
+}  // namespace r3::backend
