@@ -434,3 +434,47 @@ TEST(EngineRequests, StopIdsAndRoutedExpertsStart) {
 
 }  // namespace
 }  // namespace r3::test
+
+namespace r3::test {
+namespace {
+
+// Replay under serving: a request that replays another's captured routing, batched with free
+// requests, in small chunks and under preemption, reproduces that request's tokens and rows.
+TEST(EngineReplay, ReplayedRequestsReproduceTheirRunUnderServing) {
+  for (const std::string family : {"qwen3_moe", "deepseek_v3", "gpt_oss"}) {
+    SCOPED_TRACE(family);
+    auto model = models::load_model(family_dir(family));
+    backend::Context ctx(2);
+    const auto prompts = engine_prompts(6, model->info().vocab_size, 21);
+    std::vector<EngineResult> originals;
+    for (const auto& p : prompts) {
+      Engine e(*model, ctx, {});
+      e.submit(greedy_request(p, 6));
+      originals.push_back(engine_run_all(e).begin()->second);
+    }
+    EngineOptions busy;
+    busy.block_size = 4;
+    busy.kv_blocks = 20;
+    busy.scheduler.max_chunk = 3;
+    Engine e(*model, ctx, busy);
+    std::vector<RequestId> replays;
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      RequestParams replay = greedy_request(prompts[i], 6);
+      replay.forced_routing = originals[i].routed;
+      replays.push_back(e.submit(replay));
+      e.submit(greedy_request(engine_prompts(1, model->info().vocab_size, 100 + static_cast<uint32_t>(i))[0], 4));
+    }
+    const EngineResults results = engine_run_all(e);
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      const EngineResult& r = results.at({replays[i], 0});
+      EXPECT_EQ(r.finish, FinishReason::kLength) << r.abort_message;
+      EXPECT_EQ(r.tokens, originals[i].tokens) << "request " << i;
+      EXPECT_EQ(r.routed, originals[i].routed) << "request " << i;
+    }
+    EXPECT_GT(e.stats().preemptions, 0);
+    EXPECT_EQ(e.stats().kv_blocks_free, e.stats().kv_blocks_total);
+  }
+}
+
+}  // namespace
+}  // namespace r3::test

@@ -17,6 +17,7 @@ Tensor device_empty(Context& ctx, DType dtype, Shape shape) {
 #if R3_WITH_CUDA
   if (ctx.device() == Device::kCuda) return cuda::empty(ctx, dtype, std::move(shape));
 #endif
+  (void)ctx;
   return Tensor::empty(dtype, std::move(shape));
 }
 
@@ -25,6 +26,7 @@ Tensor to_device(Context& ctx, const Tensor& host) {
 #if R3_WITH_CUDA
   if (ctx.device() == Device::kCuda) return cuda::upload(ctx, host);
 #endif
+  (void)ctx;
   return host;
 }
 
