@@ -129,9 +129,10 @@ int run_generate(const GenerateCommandOptions& options) {
   std::map<engine::RequestId, Generated> results;
   for (const auto id : ids) results.emplace(id, Generated{{}, engine::RoutedExperts(static_cast<int64_t>(info.moe_layers.size()), info.top_k)});
 
+  // Prefill: the steps until the first token (a long prompt runs in several chunks); decode: the rest.
   const auto start = std::chrono::steady_clock::now();
-  double first_step_seconds = 0;
-  int64_t steps = 0;
+  double first_token_seconds = 0;
+  int64_t steps = 0, prefill_steps = 0;
   while (engine.has_work()) {
     for (const engine::RequestOutput& out : engine.step()) {
       Generated& g = results.at(out.id);
@@ -144,7 +145,11 @@ int run_generate(const GenerateCommandOptions& options) {
         if (s.finish != engine::FinishReason::kNone) g.routed.assign(s.routed_experts);
       }
     }
-    if (++steps == 1) first_step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ++steps;
+    if (prefill_steps == 0 && !results.at(ids.front()).output_ids.empty()) {
+      prefill_steps = steps;
+      first_token_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   int64_t prompt_tokens = 0, output_tokens = 0;
@@ -153,12 +158,13 @@ int run_generate(const GenerateCommandOptions& options) {
     output_tokens += static_cast<int64_t>(results.at(ids[i]).output_ids.size());
   }
   if (prompts.size() == 1) {
-    const double decode_seconds = seconds - first_step_seconds;
+    const double decode_seconds = seconds - first_token_seconds;
+    const int64_t decode_steps = steps - prefill_steps;
     spdlog::info("prefill {} tokens in {:.2f} ms ({:.0f} tokens/s); decode {} steps in {:.2f} ms "
                  "({:.0f} tokens/s); {} threads",
-                 prompt_tokens, 1e3 * first_step_seconds, static_cast<double>(prompt_tokens) / first_step_seconds,
-                 steps - 1, 1e3 * decode_seconds,
-                 steps > 1 ? static_cast<double>(steps - 1) / decode_seconds : 0.0, ctx->threads().size());
+                 prompt_tokens, 1e3 * first_token_seconds, static_cast<double>(prompt_tokens) / first_token_seconds,
+                 decode_steps, 1e3 * decode_seconds,
+                 decode_steps > 0 ? static_cast<double>(decode_steps) / decode_seconds : 0.0, ctx->threads().size());
   } else {
     const engine::EngineStats stats = engine.stats();
     spdlog::info("{} prompts: {} prompt tokens and {} generated tokens in {:.2f} ms ({:.0f} tokens/s), {} steps "
