@@ -478,3 +478,44 @@ TEST(EngineReplay, ReplayedRequestsReproduceTheirRunUnderServing) {
 
 }  // namespace
 }  // namespace r3::test
+
+namespace r3::test {
+namespace {
+
+// Aborting a request that waits for admission (while the running ones preempt each other) ends it at
+// the next step with kAbort; the others finish as they would have; every block comes back.
+TEST(EngineResources, AbortWhileWaitingAmidPreemption) {
+  auto model = models::load_model(family_dir("qwen3_moe"));
+  backend::Context ctx(2);
+  EngineOptions options;
+  options.scheduler.max_running = 2;
+  options.block_size = 4;
+  options.kv_blocks = 7;  // 28 positions: a and b need 14 each by the end, so growth preempts
+  Engine e(*model, ctx, options);
+  const RequestId a = e.submit(greedy_request({1, 2, 3, 4, 5}, 9));
+  const RequestId b = e.submit(greedy_request({6, 7, 8, 9, 10}, 9));
+  const RequestId c = e.submit(greedy_request({11, 12}, 3));
+  e.step();
+  e.abort(c, "never ran");
+  std::map<RequestId, engine::SampleOutput> finals;
+  int64_t c_tokens = 0;
+  for (int guard = 0; e.has_work() && guard < 1000; ++guard) {
+    for (const auto& out : e.step()) {
+      for (const auto& s : out.samples) {
+        if (out.id == c) c_tokens += static_cast<int64_t>(s.token_ids.size());
+        if (s.finish != FinishReason::kNone) finals[out.id] = s;
+      }
+    }
+  }
+  ASSERT_EQ(finals.size(), 3u);
+  EXPECT_EQ(finals[c].finish, FinishReason::kAbort);
+  EXPECT_EQ(finals[c].abort_message, "never ran");
+  EXPECT_EQ(c_tokens, 0);
+  EXPECT_EQ(finals[a].finish, FinishReason::kLength);
+  EXPECT_EQ(finals[b].finish, FinishReason::kLength);
+  EXPECT_GT(e.stats().preemptions, 0);
+  EXPECT_EQ(e.stats().kv_blocks_free, e.stats().kv_blocks_total);
+}
+
+}  // namespace
+}  // namespace r3::test
