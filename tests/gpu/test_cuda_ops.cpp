@@ -11,6 +11,7 @@
 #include "backend/device_memory.h"
 #include "ops/activation.h"
 #include "ops/elementwise.h"
+#include "ops/embedding.h"
 #include "ops/linear.h"
 #include "ops/rms_norm.h"
 
@@ -23,6 +24,13 @@ Tensor gpu_random(Shape shape, uint32_t seed, float scale = 1.0f) {
   std::normal_distribution<float> normal(0.0f, scale);
   for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = normal(rng);
   return t;
+}
+
+// A host copy of a host tensor.
+Tensor gpu_host_copy(const Tensor& t) {
+  Tensor c = Tensor::empty(t.dtype(), t.shape());
+  std::memcpy(c.raw_data(), t.raw_data(), t.nbytes());
+  return c;
 }
 
 // Largest |a - b| over the largest |b|: a relative error of the whole tensor.
@@ -87,15 +95,35 @@ TEST_F(CudaOps, LinearMatchesTheCpu) {
   }
 }
 
+TEST_F(CudaOps, ResidualAddAndClampMatchTheCpu) {
+  const Tensor x = gpu_random({21, 300}, 9, 2.0f), gate = gpu_random({21}, 10, 3.0f), base = gpu_random({21, 300}, 11);
+  for (const bool gated : {false, true}) {
+    Tensor want = gpu_host_copy(base);
+    ops::add_rows(cpu_, x, gated ? &gate : nullptr, want);
+    Tensor y = backend::to_device(*gpu_, base);
+    const Tensor gd = backend::to_device(*gpu_, gate);
+    ops::add_rows(*gpu_, backend::to_device(*gpu_, x), gated ? &gd : nullptr, y);
+    EXPECT_LT(gpu_relative_error(backend::to_host(*gpu_, y), want), 1e-6) << (gated ? "gated" : "plain");
+  }
+  Tensor want = gpu_host_copy(x);
+  ops::clamp(cpu_, want, 1.5f);
+  Tensor xd = backend::to_device(*gpu_, x);
+  ops::clamp(*gpu_, xd, 1.5f);
+  const Tensor got = backend::to_host(*gpu_, xd);
+  EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), want.nbytes()), 0);
+}
+
 TEST_F(CudaOps, OpsWithoutACudaImplementationSayWhichOp) {
-  Tensor x = backend::device_empty(*gpu_, DType::F32, {2, 4});
+  const Tensor table = backend::device_empty(*gpu_, DType::F32, {8, 4});
+  Tensor out = backend::device_empty(*gpu_, DType::F32, {2, 4});
+  const std::vector<int32_t> ids = {1, 2};
   std::string message;
   try {
-    ops::clamp(*gpu_, x, 1.0f);
+    ops::embedding(*gpu_, table, ids, out);
   } catch (const Error& e) {
     message = e.what();
   }
-  EXPECT_NE(message.find("op 'clamp' has no implementation for device cuda"), std::string::npos) << message;
+  EXPECT_NE(message.find("op 'embedding' has no implementation for device cuda"), std::string::npos) << message;
 }
 
 }  // namespace

@@ -6,7 +6,7 @@
 
 namespace r3::ops::cpu {
 
-void add_rows(const Tensor& x, const Tensor* gate, Tensor& y) {
+void add_rows(backend::Context&, const Tensor& x, const Tensor* gate, Tensor& y) {
   R3_CHECK(x.rank() == 2 && x.shape() == y.shape() && x.is_contiguous() && y.is_contiguous(), "add_rows: x ",
            shape_to_string(x.shape()), " y ", shape_to_string(y.shape()));
   R3_CHECK(gate == nullptr || (gate->numel() == x.dim(0)), "add_rows: one gate per row");
@@ -23,7 +23,7 @@ void add_rows(const Tensor& x, const Tensor* gate, Tensor& y) {
   }
 }
 
-void clamp(Tensor& x, float limit) {
+void clamp(backend::Context&, Tensor& x, float limit) {
   R3_CHECK(x.is_contiguous(), "clamp: contiguous tensor expected");
   float* p = x.data<float>();
   for (int64_t i = 0, n = x.numel(); i < n; ++i) p[i] = std::clamp(p[i], -limit, limit);
