@@ -31,6 +31,7 @@ struct EngineResult {
   std::vector<int32_t> routed;
   int64_t routed_rows = 0;
   FinishReason finish = FinishReason::kNone;
+  int32_t matched_stop = -1;
   int64_t cached_prompt_tokens = 0;
   std::string abort_message;
 };
@@ -53,6 +54,7 @@ EngineResults engine_run_all(Engine& e) {
           r.finish = s.finish;
           r.routed = s.routed_experts;
           r.routed_rows = s.routed_rows;
+          r.matched_stop = s.matched_stop;
           r.cached_prompt_tokens = s.cached_prompt_tokens;
           r.abort_message = s.abort_message;
         }
@@ -413,22 +415,16 @@ TEST(EngineRequests, StopIdsAndRoutedExpertsStart) {
   p.routed_experts_start = 2;
   Engine e(*model, ctx, {});
   const RequestId id = e.submit(p);
-  std::vector<engine::SampleOutput> finals;
-  while (e.has_work()) {
-    for (const auto& out : e.step()) {
-      for (const auto& s : out.samples) {
-        if (s.finish != FinishReason::kNone) finals.push_back(s);
-      }
-      EXPECT_EQ(out.id, id);
-    }
-  }
-  ASSERT_EQ(finals.size(), 1u);
-  EXPECT_EQ(finals[0].finish, FinishReason::kStop);
-  EXPECT_EQ(finals[0].matched_stop, full.tokens[at]);
+  const EngineResults results = engine_run_all(e);
+  ASSERT_EQ(results.size(), 1u);
+  const EngineResult& stopped = results.at({id, 0});
+  EXPECT_EQ(stopped.finish, FinishReason::kStop);
+  EXPECT_EQ(stopped.matched_stop, full.tokens[at]);
+  EXPECT_EQ(stopped.tokens, std::vector<int32_t>(full.tokens.begin(), full.tokens.begin() + static_cast<std::ptrdiff_t>(at) + 1));
   const int64_t rows = static_cast<int64_t>(prompt.size() + at + 1) - 1;  // prompt + outputs - 1
-  EXPECT_EQ(finals[0].routed_rows, rows - 2);
+  EXPECT_EQ(stopped.routed_rows, rows - 2);
   const auto per_row = static_cast<std::ptrdiff_t>(model->info().moe_layers.size()) * model->info().top_k;
-  EXPECT_EQ(finals[0].routed_experts,
+  EXPECT_EQ(stopped.routed,
             std::vector<int32_t>(full.routed.begin() + 2 * per_row, full.routed.begin() + rows * per_row));
 }
 
@@ -497,22 +493,13 @@ TEST(EngineResources, AbortWhileWaitingAmidPreemption) {
   const RequestId c = e.submit(greedy_request({11, 12}, 3));
   e.step();
   e.abort(c, "never ran");
-  std::map<RequestId, engine::SampleOutput> finals;
-  int64_t c_tokens = 0;
-  for (int guard = 0; e.has_work() && guard < 1000; ++guard) {
-    for (const auto& out : e.step()) {
-      for (const auto& s : out.samples) {
-        if (out.id == c) c_tokens += static_cast<int64_t>(s.token_ids.size());
-        if (s.finish != FinishReason::kNone) finals[out.id] = s;
-      }
-    }
-  }
+  const EngineResults finals = engine_run_all(e);
   ASSERT_EQ(finals.size(), 3u);
-  EXPECT_EQ(finals[c].finish, FinishReason::kAbort);
-  EXPECT_EQ(finals[c].abort_message, "never ran");
-  EXPECT_EQ(c_tokens, 0);
-  EXPECT_EQ(finals[a].finish, FinishReason::kLength);
-  EXPECT_EQ(finals[b].finish, FinishReason::kLength);
+  EXPECT_EQ(finals.at({c, 0}).finish, FinishReason::kAbort);
+  EXPECT_EQ(finals.at({c, 0}).abort_message, "never ran");
+  EXPECT_TRUE(finals.at({c, 0}).tokens.empty());
+  EXPECT_EQ(finals.at({a, 0}).finish, FinishReason::kLength);
+  EXPECT_EQ(finals.at({b, 0}).finish, FinishReason::kLength);
   EXPECT_GT(e.stats().preemptions, 0);
   EXPECT_EQ(e.stats().kv_blocks_free, e.stats().kv_blocks_total);
 }
