@@ -387,11 +387,6 @@ TEST(EngineResources, BadRequestsAreRefusedWithAReason) {
   EXPECT_FALSE(e.has_work());
 }
 
-}  // namespace
-}  // namespace r3::test
-
-namespace r3::test {
-namespace {
 
 // A stop id ends the sample with kStop naming it; routed experts from a start row are the tail
 // of the full rows.
@@ -428,11 +423,6 @@ TEST(EngineRequests, StopIdsAndRoutedExpertsStart) {
             std::vector<int32_t>(full.routed.begin() + 2 * per_row, full.routed.begin() + rows * per_row));
 }
 
-}  // namespace
-}  // namespace r3::test
-
-namespace r3::test {
-namespace {
 
 // Replay under serving: a request that replays another's captured routing, batched with free
 // requests, in small chunks and under preemption, reproduces that request's tokens and rows.
@@ -472,11 +462,6 @@ TEST(EngineReplay, ReplayedRequestsReproduceTheirRunUnderServing) {
   }
 }
 
-}  // namespace
-}  // namespace r3::test
-
-namespace r3::test {
-namespace {
 
 // Aborting a request that waits for admission (while the running ones preempt each other) ends it at
 // the next step with kAbort; the others finish as they would have; every block comes back.
