@@ -4,11 +4,13 @@
 //                          [--prefix 1024] [--reps 3]
 //
 // Per repetition (after one untimed warm-up that touches every weight page), one JSON line:
-// - single: one request, decode tokens/s (steps after its first token).
 // - batched: `batch` requests submitted together, aggregate decode tokens/s over the steps after
 //   every request has its first token; with the bytes such a step moves (the non-expert weights
 //   once, plus each distinct (layer, expert) the batch's tokens routed to, measured from the
 //   captured routing) and the ratio to the single request's rate.
+// - single: one request at a time (a new one when it finishes), decode tokens/s over its steps
+//   after its first token, measured in quarter-second slices taking turns with the batch, so both
+//   rates come from the same seconds of a machine whose bandwidth drifts.
 // - prefix: time to first token of a request with a `prefix`-token prompt head, then of a second
 //   request sharing that head (its blocks come from the prefix cache), and their ratio.
 // Prompts are the peer benchmark's LCG token sequence (../shared/peer-llamacpp), offset per request.
@@ -51,44 +53,70 @@ engine::RequestParams request(std::vector<int32_t> prompt, int64_t gen) {
   return p;
 }
 
-struct BatchRun {
-  double decode_tok_s = 0;
-  std::vector<std::vector<int32_t>> routed;  // per request
-  double first_token_s = 0;                  // time to first token of the first request
-};
+// One engine and its requests, stepped from outside so that two of them can take turns. A
+// step's time counts as decode time when every request then running had its first token before
+// it began (prefill steps are not timed).
+class TimedEngine {
+ public:
+  TimedEngine(models::CausalLM& model, backend::Context& ctx, int64_t max_running, engine::EngineOptions options)
+      : engine_(model, ctx, [&] {
+          options.scheduler.max_running = max_running;
+          return options;
+        }()) {}
 
-// Submits `prompts` together; decode rate over the steps after every request has a token.
-BatchRun run_batch(models::CausalLM& model, backend::Context& ctx, const std::vector<std::vector<int32_t>>& prompts,
-                   int64_t gen, engine::EngineOptions options) {
-  options.scheduler.max_running = static_cast<int64_t>(prompts.size());
-  engine::Engine e(model, ctx, options);
-  std::vector<engine::RequestId> ids;
-  const auto start = Clock::now();
-  for (const auto& p : prompts) ids.push_back(e.submit(request(p, gen)));
-  BatchRun run;
-  run.routed.resize(prompts.size());
-  std::vector<int64_t> produced(prompts.size(), 0);
-  int64_t with_token = 0, tokens_after = 0;
-  Clock::time_point decode_start;
-  while (e.has_work()) {
-    const auto outputs = e.step();
-    const auto now = Clock::now();
+  void submit(std::vector<int32_t> prompt, int64_t gen) {
+    const engine::RequestId id = engine_.submit(request(std::move(prompt), gen));
+    if (first_id_ < 0) first_id_ = id;
+    produced_.push_back(0);
+    routed_.emplace_back();
+    ++unfinished_;
+  }
+
+  bool has_work() const { return engine_.has_work(); }
+
+  void step() {
+    const bool decoding = without_token_ == 0;
+    const auto start = Clock::now();
+    const auto outputs = engine_.step();
+    const double took = seconds(start, Clock::now());
     for (const auto& out : outputs) {
+      const auto r = static_cast<std::size_t>(out.id - first_id_);
       for (const auto& s : out.samples) {
-        auto& n = produced[static_cast<std::size_t>(out.id - ids.front())];
-        if (n == 0 && !s.token_ids.empty()) {
-          if (run.first_token_s == 0) run.first_token_s = seconds(start, now);
-          if (++with_token == static_cast<int64_t>(prompts.size())) decode_start = now;
-        } else if (with_token == static_cast<int64_t>(prompts.size())) {
-          tokens_after += static_cast<int64_t>(s.token_ids.size());
+        const auto n = static_cast<int64_t>(s.token_ids.size());
+        if (decoding) decode_tokens_ += n;
+        produced_[r] += n;
+        if (s.finish != engine::FinishReason::kNone) {
+          routed_[r] = s.routed_experts;
+          --unfinished_;
         }
-        n += static_cast<int64_t>(s.token_ids.size());
-        if (s.finish != engine::FinishReason::kNone) run.routed[static_cast<std::size_t>(out.id - ids.front())] = s.routed_experts;
       }
     }
+    without_token_ = 0;
+    for (std::size_t r = 0; r < produced_.size(); ++r) without_token_ += produced_[r] == 0 ? 1 : 0;
+    if (decoding) decode_s_ += took;
   }
-  run.decode_tok_s = static_cast<double>(tokens_after) / seconds(decode_start, Clock::now());
-  return run;
+
+  double decode_tok_s() const { return static_cast<double>(decode_tokens_) / decode_s_; }
+  const std::vector<std::vector<int32_t>>& routed() const { return routed_; }  // per request
+
+ private:
+  engine::Engine engine_;
+  engine::RequestId first_id_ = -1;
+  std::vector<int64_t> produced_;
+  std::vector<std::vector<int32_t>> routed_;
+  int64_t unfinished_ = 0, without_token_ = 1, decode_tokens_ = 0;
+  double decode_s_ = 0;
+};
+
+// Runs `engine` until `slice_s` seconds have passed or it has no work; true if it had any.
+bool run_slice(TimedEngine& engine, double slice_s) {
+  const auto start = Clock::now();
+  bool any = false;
+  while (engine.has_work() && seconds(start, Clock::now()) < slice_s) {
+    engine.step();
+    any = true;
+  }
+  return any;
 }
 
 int run(const std::string& dir, int threads, int64_t batch, int64_t prompt_len, int64_t gen, int64_t prefix, int reps) {
@@ -112,14 +140,29 @@ int run(const std::string& dir, int threads, int64_t batch, int64_t prompt_len, 
   std::vector<std::vector<int32_t>> prompts;
   for (int64_t r = 0; r < batch; ++r) prompts.push_back(lcg_prompt(prompt_len, info.vocab_size, static_cast<uint64_t>(r)));
   for (int rep = -1; rep < reps; ++rep) {
-    const BatchRun single = run_batch(*model, ctx, {prompts[0]}, gen, options);
-    const BatchRun together = run_batch(*model, ctx, prompts, gen, options);
+    // The single request and the batch take turns in slices of a quarter second (a new single
+    // request starts whenever one finishes) until the batch is done, so that both rates are
+    // measured over the same seconds: this machine's memory bandwidth, shared with other
+    // tenants, drifts by tens of percent within minutes, and runs one after the other compared
+    // different machines (single-request rates from 57 to 82 tok/s). Slices, not alternate
+    // steps, so that neither engine's step starts on caches the other just filled.
+    constexpr double kSlice = 0.25;
+    TimedEngine single(*model, ctx, 1, options), together(*model, ctx, batch, options);
+    for (const auto& p : prompts) together.submit(p, gen);
+    for (uint64_t next_single = 0; together.has_work();) {
+      run_slice(together, kSlice);
+      const auto start = Clock::now();
+      while (seconds(start, Clock::now()) < kSlice) {
+        if (!single.has_work()) single.submit(lcg_prompt(prompt_len, info.vocab_size, 5000 + next_single++), gen);
+        run_slice(single, kSlice - seconds(start, Clock::now()));
+      }
+    }
     if (rep < 0) continue;
     // Distinct experts of a decode step: the rows the batch computed at the same output index.
     double distinct_sum = 0;
     for (int64_t i = 1; i < gen; ++i) {
       std::set<std::pair<int64_t, int32_t>> touched;
-      for (const auto& routed : together.routed) {
+      for (const auto& routed : together.routed()) {
         const int64_t row = prompt_len + i - 1;
         for (int64_t c = 0; c < per_row; ++c) touched.insert({c / info.top_k, routed[static_cast<std::size_t>(row * per_row + c)]});
       }
@@ -152,8 +195,8 @@ int run(const std::string& dir, int threads, int64_t batch, int64_t prompt_len, 
         "\"batched_distinct_experts_per_step\":{:.1f},\"batched_MB_per_step\":{:.1f},"
         "\"bandwidth_bound_ratio\":{:.3f},\"prefix\":{},\"ttft_first_ms\":{:.2f},\"ttft_shared_ms\":{:.2f},"
         "\"ttft_ratio\":{:.4f},\"prefix_blocks_hit\":{}}}\n",
-        rep, ctx.threads().size(), batch, prompt_len, gen, single.decode_tok_s, together.decode_tok_s,
-        together.decode_tok_s / single.decode_tok_s, single_bytes / 1e6, distinct, batch_bytes / 1e6,
+        rep, ctx.threads().size(), batch, prompt_len, gen, single.decode_tok_s(), together.decode_tok_s(),
+        together.decode_tok_s() / single.decode_tok_s(), single_bytes / 1e6, distinct, batch_bytes / 1e6,
         static_cast<double>(batch) * single_bytes / batch_bytes, prefix, 1e3 * ttft[0], 1e3 * ttft[1], ttft[1] / ttft[0],
         e.stats().prefix_blocks_hit);
     std::fflush(stdout);

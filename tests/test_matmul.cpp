@@ -9,6 +9,7 @@
 
 #include "backend/context.h"
 #include "test_support.h"
+#include "ops/dot.h"
 #include "ops/embedding.h"
 #include "ops/linear.h"
 #include "ops/matmul.h"
@@ -35,6 +36,45 @@ std::vector<float> widened(const Tensor& t) {
 }
 
 using test::float_values;
+
+// The fixed-order dot product and scaled add (ops/dot.h) that attention runs on, row by row and
+// over runs of rows: the dispatched variant equals the portable definition bit for bit at every
+// tail length.
+TEST(FixedOrderVectors, DispatchedEqualsPortableBitForBit) {
+  RecordProperty("kernel", cpu_has_avx512() ? "avx512" : "portable");
+  for (int64_t n : {0, 1, 7, 15, 16, 17, 31, 32, 33, 64, 100, 512, 513}) {
+    const Tensor a = test::random_normal({n + 1}, 21), b = test::random_normal({n + 1}, 22);
+    ASSERT_EQ(std::bit_cast<uint32_t>(dot(a.data<float>(), b.data<float>(), n)),
+              std::bit_cast<uint32_t>(dot_portable(a.data<float>(), b.data<float>(), n)))
+        << "dot of length " << n;
+    std::vector<float> fast(b.data<float>(), b.data<float>() + n + 1), portable = fast;
+    add_scaled(0.37f, a.data<float>(), fast.data(), n);
+    add_scaled_portable(0.37f, a.data<float>(), portable.data(), n);
+    for (std::size_t i = 0; i < fast.size(); ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(fast[i]), std::bit_cast<uint32_t>(portable[i]))
+          << "add_scaled of length " << n << ", element " << i;
+    }
+  }
+  // Runs of rows as attention reads them: 5 rows of d floats, `stride` apart.
+  for (int64_t d : {1, 16, 33, 64, 128}) {
+    const int64_t rows = 5, stride = d + 7;
+    const Tensor q = test::random_normal({d}, 23), kv = test::random_normal({rows * stride}, 24),
+                 p = test::random_normal({rows}, 25);
+    std::vector<float> fast(rows), portable(rows);
+    dot_rows(q.data<float>(), kv.data<float>(), stride, rows, d, 0.125f, fast.data());
+    dot_rows_portable(q.data<float>(), kv.data<float>(), stride, rows, d, 0.125f, portable.data());
+    for (std::size_t i = 0; i < fast.size(); ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(fast[i]), std::bit_cast<uint32_t>(portable[i])) << "dot_rows d " << d << " row " << i;
+    }
+    std::vector<float> out_fast(q.data<float>(), q.data<float>() + d), out_portable = out_fast;
+    add_scaled_rows(p.data<float>(), kv.data<float>(), stride, rows, d, out_fast.data());
+    add_scaled_rows_portable(p.data<float>(), kv.data<float>(), stride, rows, d, out_portable.data());
+    for (std::size_t i = 0; i < out_fast.size(); ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(out_fast[i]), std::bit_cast<uint32_t>(out_portable[i]))
+          << "add_scaled_rows d " << d << " element " << i;
+    }
+  }
+}
 
 class MatmulDtype : public ::testing::TestWithParam<DType> {};
 

@@ -14,28 +14,29 @@
 
 namespace r3::ops {
 
-// rows(fn) calls fn(j, key, value) for the n rows j = 0..n-1 in order (key and value: d floats).
+// runs(fn) calls fn(j, count, keys, values, stride) for consecutive runs of the n rows in order:
+// rows j .. j + count - 1, the i-th at keys + i * stride and values + i * stride (d floats each).
 // scores: scratch of at least n floats. out: d floats.
-template <typename Rows>
-void softmax_attention_head(const float* q, int64_t d, float scale, const float* sink, int64_t n, Rows&& rows,
+template <typename Runs>
+void softmax_attention_head(const float* q, int64_t d, float scale, const float* sink, int64_t n, Runs&& runs,
                             std::span<float> scores, float* out) {
   scores = scores.first(static_cast<std::size_t>(n));
-  float max_score = sink ? *sink : -INFINITY;
-  rows([&](int64_t j, const float* key, const float*) {
-    scores[static_cast<std::size_t>(j)] = dot(q, key, d) * scale;
-    max_score = std::max(max_score, scores[static_cast<std::size_t>(j)]);
+  runs([&](int64_t j, int64_t count, const float* keys, const float*, int64_t stride) {
+    dot_rows(q, keys, stride, count, d, scale, scores.data() + j);
   });
+  float max_score = sink ? *sink : -INFINITY;
+  for (const float s : scores) max_score = std::max(max_score, s);
   float denom = sink ? std::exp(*sink - max_score) : 0.0f;
   for (float& s : scores) {
     s = std::exp(s - max_score);
     denom += s;
   }
+  // Each row's weight, as the sum below uses it.
+  for (float& s : scores) s /= denom;
   std::fill(out, out + d, 0.0f);
-  rows([&](int64_t j, const float*, const float* value) {
-    const float p = scores[static_cast<std::size_t>(j)] / denom;
-    for (int64_t c = 0; c < d; ++c) out[c] += p * value[c];
+  runs([&](int64_t j, int64_t count, const float*, const float* values, int64_t stride) {
+    add_scaled_rows(scores.data() + j, values, stride, count, d, out);
   });
 }
-
 
 }  // namespace r3::ops

@@ -152,12 +152,12 @@ void V4Attention::forward(backend::Context& ctx, const Tensor& x, const ForwardB
             *comp.num_entries, scratch, picked);
         for (int64_t i = 0; i < visible; ++i) keys[n++] = comp.entries.key_row(picked[i]);
       }
-      auto rows = [&](auto&& fn) {
-        for (int64_t j = 0; j < n; ++j) fn(j, keys[j], keys[j]);  // K = V
+      auto runs = [&](auto&& fn) {
+        for (int64_t j = 0; j < n; ++j) fn(j, 1, keys[j], keys[j], d);  // K = V, gathered row by row
       };
       for (int64_t h = 0; h < heads_; ++h) {
         ops::softmax_attention_head(q.data<float>() + (t * heads_ + h) * d, d, scale, w_.sinks.data<float>() + h, n,
-                                    rows, logits, attended.data<float>() + (t * heads_ + h) * d);
+                                    runs, logits, attended.data<float>() + (t * heads_ + h) * d);
       }
       // K = V carried rotary into the output: rotate back at the query's position.
       rotary_.apply(attended.data<float>() + t * heads_ * d, heads_, d, p, /*conjugate=*/true);

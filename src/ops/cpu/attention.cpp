@@ -42,14 +42,12 @@ void attention(backend::Context& ctx, const Tensor& q, std::span<const KvWindow>
         continue;
       }
       const int64_t kv_offset = (h / group) * head_dim, stride = w.kv.key_width;
-      auto rows = [&](auto&& fn) {
+      auto runs = [&](auto&& fn) {
         w.kv.for_each_run(w.begin, w.end, [&](int64_t p, int64_t n, const float* keys, const float* values) {
-          for (int64_t i = 0; i < n; ++i) {
-            fn(p - w.begin + i, keys + i * stride + kv_offset, values + i * stride + kv_offset);
-          }
+          fn(p - w.begin, n, keys + kv_offset, values + kv_offset, stride);
         });
       };
-      softmax_attention_head(qp + th * head_dim, head_dim, scale, sinks ? sinks + h : nullptr, w.length(), rows,
+      softmax_attention_head(qp + th * head_dim, head_dim, scale, sinks ? sinks + h : nullptr, w.length(), runs,
                              scores.mine(), ov);
     }
   });

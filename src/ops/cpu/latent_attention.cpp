@@ -45,9 +45,7 @@ void latent_attention(backend::Context& ctx, const Tensor& q, const Tensor& kv_b
       const float* w_v = w_k + s.nope * s.lora;                         // rows: this head's value part
       // q_nope through W_k into the latent space.
       std::fill(q_latent.begin(), q_latent.end(), 0.0f);
-      for (int64_t i = 0; i < s.nope; ++i) {
-        for (int64_t c = 0; c < s.lora; ++c) q_latent[c] += qh[i] * w_k[i * s.lora + c];
-      }
+      for (int64_t i = 0; i < s.nope; ++i) add_scaled(qh[i], w_k + i * s.lora, q_latent.data(), s.lora);
       const std::span<float> scores = mine.subspan(static_cast<std::size_t>(2 * s.lora), static_cast<std::size_t>(window.length()));
       float max_score = -INFINITY;
       window.kv.for_each_run(window.begin, window.end, [&](int64_t first, int64_t n, const float* latents,
@@ -64,10 +62,7 @@ void latent_attention(backend::Context& ctx, const Tensor& q, const Tensor& kv_b
       std::fill(out_latent.begin(), out_latent.end(), 0.0f);
       window.kv.for_each_run(window.begin, window.end, [&](int64_t first, int64_t n, const float* latents, const float*) {
         const float* sc = scores.data() + (first - window.begin);
-        for (int64_t j = 0; j < n; ++j) {
-          const float pj = sc[j] / denom;
-          for (int64_t c = 0; c < s.lora; ++c) out_latent[c] += pj * latents[j * s.lora + c];
-        }
+        for (int64_t j = 0; j < n; ++j) add_scaled(sc[j] / denom, latents + j * s.lora, out_latent.data(), s.lora);
       });
       for (int64_t i = 0; i < s.value; ++i) o[i] = dot(w_v + i * s.lora, out_latent.data(), s.lora);
     }

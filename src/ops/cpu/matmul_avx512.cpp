@@ -16,17 +16,10 @@
 #include <array>
 #include <utility>
 
+#include "ops/cpu/avx512_target.h"
 #include "ops/cpu/matmul_kernels.h"
 
-#define R3_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
-
 namespace r3::ops {
-
-bool cpu_has_avx512() {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl");
-  return has;
-}
 
 namespace {
 
@@ -54,20 +47,11 @@ template <> struct WeightLoad<DType::F16> {
   R3_AVX512 static __m512 masked(const T* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
 };
 
-// Lanes added pairwise (l + 8, l + 4, l + 2, l + 1), as the portable definition does.
-R3_AVX512 inline float reduce_lanes(__m512 acc) {
-  const __m256 lo = _mm512_castps512_ps256(acc);
-  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
-  const __m256 s8 = _mm256_add_ps(lo, hi);
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-  return _mm_cvtss_f32(s1);
-}
-
 // `next`: the weight rows of the tile that follows (or nullptr). Interleaved rows are a poor
 // pattern for the hardware prefetchers, so each step also prefetches the next tile's rows at the
-// same offset: they arrive while this tile computes.
+// same offset: they arrive while this tile computes. Into L2, not L1: fetched into L1 they evict
+// the x rows and the panel being reused (4x4 tiles ran at 40-65% of their L2-hint speed with
+// from-memory weights on the benchmark machine: 1 to 4 x rows over a 1024 x 32000 bf16 matrix).
 template <DType D, int MR, int NR>
 R3_AVX512 void micro_tile(const float* x, int64_t ldx, const typename WeightLoad<D>::T* w, int64_t k,
                           const float* bias, float* y, int64_t ldy, const typename WeightLoad<D>::T* next) {
@@ -83,7 +67,7 @@ R3_AVX512 void micro_tile(const float* x, int64_t ldx, const typename WeightLoad
   for (; c + kMatmulLanes <= k; c += kMatmulLanes) {
     if (next != nullptr && c % kLine == 0) {
 #pragma GCC unroll 4
-      for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(next + j * k + c), _MM_HINT_T0);
+      for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(next + j * k + c), _MM_HINT_T1);
     }
     __m512 wv[NR];
 #pragma GCC unroll 4
@@ -115,7 +99,7 @@ R3_AVX512 void micro_tile(const float* x, int64_t ldx, const typename WeightLoad
   for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 4
     for (int j = 0; j < NR; ++j) {
-      const float v = reduce_lanes(acc[i][j]);
+      const float v = reduce_lanes_pairwise(acc[i][j]);
       y[i * ldy + j] = bias ? v + bias[j] : v;
     }
   }
@@ -123,13 +107,14 @@ R3_AVX512 void micro_tile(const float* x, int64_t ldx, const typename WeightLoad
 
 constexpr int kTileRows = 4;     // MR: x rows per micro-tile
 constexpr int kTileWeights = 4;  // NR: weight rows per micro-tile
-// With this few x rows (decode, and the experts of a batched decode step, which get 1 to 4 tokens
-// each at batch 16) the weights are streamed one row after another instead: each thread then
-// reads one sequential stream, which the hardware prefetchers follow; 4 interleaved rows measured
-// half the bandwidth at batch 1, and streaming up to 4 rows (instead of 2) made batch-16 decode of
-// the benchmark model about 14% faster. With more rows, 4x4 tiles reuse each loaded weight vector
-// 4 times, and their 16 independent accumulators hide the FMA latency.
-constexpr int64_t kStreamingRows = 4;
+// A single x row (batch-1 decode) streams the weights one row after another: one sequential
+// stream, which the hardware prefetchers follow, and nothing to reuse a weight vector for. From
+// 2 rows on (the experts of a batched decode step get 1 to 4 tokens each at batch 16) the tiles
+// pay: each x vector is loaded once for NR weight rows, where one row at a time needed MR + 1
+// loads per MR FMAs and ran at half the FMA rate even from cache (2 to 4 rows: 1.6 against 3.2
+// G FMA/s per core); with the next tile prefetched into L2, 4 rows over a 1024 x 32000 bf16
+// matrix took 4.0-4.3 ms against 6.3-8.2 ms streamed.
+constexpr int64_t kStreamingRows = 1;
 
 template <DType D>
 using TileFn = void (*)(const float*, int64_t, const typename WeightLoad<D>::T*, int64_t, const float*, float*, int64_t,
