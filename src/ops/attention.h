@@ -12,6 +12,7 @@
 
 #include "backend/dispatch.h"
 #include "core/tensor.h"
+#include "ops/device_step.h"
 
 namespace r3::ops {
 
@@ -61,6 +62,15 @@ namespace cpu {
 void attention(backend::Context& ctx, const Tensor& q, std::span<const KvWindow> kv, int64_t num_kv_heads,
                float scale, Tensor& out, const float* sinks);
 }
+#if R3_WITH_CUDA
+namespace cuda {  // ops/cuda/sm90_paged_attention.cu
+// The same attention over a device pool, each token's window derived from the step metadata:
+// positions [pos - sliding_window + 1, pos] of its sequence (all up to pos when sliding_window is 0).
+// q, out: device [tokens, num_heads, head_dim]; sinks: device [num_heads] or nullptr.
+void paged_attention(backend::Context& ctx, const Tensor& q, const DeviceStep& step, const DeviceKvPool& pool,
+                     int64_t num_kv_heads, float scale, int64_t sliding_window, const float* sinks, Tensor& out);
+}
+#endif
 inline void attention(backend::Context& ctx, const Tensor& q, std::span<const KvWindow> kv, int64_t num_kv_heads,
                       float scale, Tensor& out, const float* sinks = nullptr) {
   R3_DISPATCH(ctx, attention, ctx, q, kv, num_kv_heads, scale, out, sinks);

@@ -20,6 +20,14 @@ namespace cpu {
 void write_kv(const float* keys, int64_t key_stride, const float* values, int64_t value_stride,
               std::span<const KvWrite> writes);
 }
+#if R3_WITH_CUDA
+namespace cuda {  // ops/cuda/sm90_paged_attention.cu
+// Row t (device pointers, strides in floats) to position positions[t] of sequence seqs[t] in the
+// device pool, through the step's block tables; padding rows (seq -1) write nothing.
+void write_kv_paged(backend::Context& ctx, const float* keys, int64_t key_stride, const float* values,
+                    int64_t value_stride, const DeviceStep& step, const DeviceKvPool& pool);
+}
+#endif
 
 // Row t's key is kv.key_width floats at keys + t * key_stride, its value kv.value_width floats at
 // values + t * value_stride.

@@ -14,6 +14,12 @@ class Rotary;
 namespace cpu {
 void rotary(const Rotary& rotary, Tensor& x, std::span<const int32_t> positions);
 }
+#if R3_WITH_CUDA
+namespace cuda {  // ops/cuda/sm90_rotary.cu
+// The same rotation of a device tensor, with the positions on the device.
+void rotary_positions_on_device(backend::Context& ctx, const Rotary& rotary, Tensor& x, const int32_t* positions);
+}
+#endif
 
 class Rotary {
  public:

@@ -10,10 +10,13 @@
 #include "backend/context.h"
 #include "backend/device_memory.h"
 #include "ops/activation.h"
+#include "ops/attention.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
+#include "ops/kv_write.h"
 #include "ops/linear.h"
 #include "ops/rms_norm.h"
+#include "ops/rotary.h"
 
 namespace r3::test {
 namespace {
@@ -111,6 +114,98 @@ TEST_F(CudaOps, ResidualAddAndClampMatchTheCpu) {
   ops::clamp(*gpu_, xd, 1.5f);
   const Tensor got = backend::to_host(*gpu_, xd);
   EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), want.nbytes()), 0);
+}
+
+// Host int32 values as a device tensor (kept alive by the caller).
+Tensor gpu_ints(backend::Context& gpu, const std::vector<int32_t>& values) {
+  return backend::to_device(gpu, Tensor::from(values, {static_cast<int64_t>(values.size())}));
+}
+
+TEST_F(CudaOps, EmbeddingOfDeviceIdsMatchesTheCpu) {
+  const Tensor f32 = gpu_random({50, 96}, 12);
+  Tensor bf16 = Tensor::empty(DType::BF16, {50, 96});
+  auto* bits = static_cast<uint16_t*>(bf16.raw_data());
+  for (int64_t i = 0; i < f32.numel(); ++i) bits[i] = f32_to_bf16(f32.data<float>()[i]);
+  const std::vector<int32_t> ids = {3, 0, 49, 3, 17};
+  for (const Tensor* table : {&f32, static_cast<const Tensor*>(&bf16)}) {
+    Tensor want = Tensor::empty(DType::F32, {5, 96});
+    ops::embedding(cpu_, *table, ids, want);
+    const Tensor ids_d = gpu_ints(*gpu_, ids);
+    Tensor out = backend::device_empty(*gpu_, DType::F32, {5, 96});
+    ops::cuda::embedding_ids_on_device(*gpu_, backend::to_device(*gpu_, *table), ids_d.data<int32_t>(), 5, out);
+    const Tensor got = backend::to_host(*gpu_, out);
+    EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), want.nbytes()), 0) << dtype_name(table->dtype());
+  }
+}
+
+TEST_F(CudaOps, RotaryOfDevicePositionsMatchesTheCpu) {
+  const std::vector<int32_t> positions = {0, 1, 7, 4095, 100000, 33};
+  for (const int64_t rotary_dim : {64, 32}) {  // full and partial (head_dim 64)
+    const ops::Rotary rotary(rotary_dim, 1e6);
+    Tensor want = gpu_random({6, 4, 64}, 13, 2.0f);
+    Tensor x = backend::to_device(*gpu_, want);
+    rotary.apply(cpu_, want, positions);
+    const Tensor pos_d = gpu_ints(*gpu_, positions);
+    ops::cuda::rotary_positions_on_device(*gpu_, rotary, x, pos_d.data<int32_t>());
+    const Tensor got = backend::to_host(*gpu_, x);
+    int64_t unequal = 0;
+    for (int64_t i = 0; i < got.numel(); ++i) unequal += got.data<float>()[i] != want.data<float>()[i] ? 1 : 0;
+    RecordProperty("rotary_dim_" + std::to_string(rotary_dim) + "_unequal_elements", static_cast<int>(unequal));
+    EXPECT_LT(gpu_relative_error(got, want), 1e-6) << "rotary dim " << rotary_dim;
+  }
+}
+
+// Three sequences with cached positions, a step mixing decode tokens, a prefill chunk and a padding
+// row: the device write puts every row where the CPU's does, and the device attention matches the
+// CPU's over the same block tables, for GQA head sizes 64 and 128, with and without sinks and a
+// sliding window.
+TEST_F(CudaOps, PagedKvWriteAndAttentionMatchTheCpu) {
+  struct Case { int64_t heads, kv_heads, d, window; bool sinks; };
+  for (const Case c : {Case{8, 2, 64, 0, false}, Case{4, 4, 128, 0, true}, Case{8, 1, 64, 20, true},
+                       Case{16, 4, 128, 7, false}}) {
+    const int64_t block = 16, pool_blocks = 40, width = c.kv_heads * c.d, stride = 8;
+    // Block tables: distinct blocks, deliberately out of order.
+    const std::vector<std::vector<int32_t>> tables = {{5, 9, 2, 30}, {11}, {0, 39, 7, 8, 21, 22, 23}};
+    std::vector<int32_t> flat(tables.size() * stride, -1);
+    for (std::size_t s = 0; s < tables.size(); ++s) std::copy(tables[s].begin(), tables[s].end(), flat.begin() + s * stride);
+    // Step: seq 0 decodes at 37, seq 1 prefills 5..8, a padding row, seq 2 decodes at 100.
+    const std::vector<int32_t> seqs = {0, 1, 1, 1, 1, -1, 2}, positions = {37, 5, 6, 7, 8, 0, 100};
+    const auto tokens = static_cast<int64_t>(seqs.size());
+    Tensor keys = gpu_random({pool_blocks * block, width}, 14), values = gpu_random({pool_blocks * block, width}, 15);
+    const Tensor k = gpu_random({tokens, width}, 16), v = gpu_random({tokens, width}, 17);
+    const Tensor q = gpu_random({tokens, c.heads, c.d}, 18), sinks = gpu_random({c.heads}, 19);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+
+    // Device side first (the host pool is updated in place by the CPU ops below).
+    Tensor keys_d = backend::to_device(*gpu_, keys), values_d = backend::to_device(*gpu_, values);
+    const Tensor seqs_d = gpu_ints(*gpu_, seqs), positions_d = gpu_ints(*gpu_, positions), tables_d = gpu_ints(*gpu_, flat);
+    const ops::DeviceStep step{tokens, nullptr, positions_d.data<int32_t>(), seqs_d.data<int32_t>(), tables_d.data<int32_t>(), stride};
+    const ops::DeviceKvPool pool{keys_d.data<float>(), values_d.data<float>(), width, width, block, pool_blocks};
+    const Tensor k_d = backend::to_device(*gpu_, k), v_d = backend::to_device(*gpu_, v), q_d = backend::to_device(*gpu_, q);
+    const Tensor sinks_d = backend::to_device(*gpu_, sinks);
+    Tensor out_d = backend::device_empty(*gpu_, DType::F32, {tokens, c.heads, c.d});
+    ops::cuda::write_kv_paged(*gpu_, k_d.data<float>(), width, v_d.data<float>(), width, step, pool);
+    ops::cuda::paged_attention(*gpu_, q_d, step, pool, c.kv_heads, scale, c.window,
+                               c.sinks ? sinks_d.data<float>() : nullptr, out_d);
+
+    std::vector<ops::KvWrite> writes(static_cast<std::size_t>(tokens));
+    std::vector<ops::KvWindow> windows(static_cast<std::size_t>(tokens));
+    for (int64_t t = 0; t < tokens; ++t) {
+      if (seqs[t] < 0) continue;
+      const ops::PagedKv kv{keys.data<float>(), values.data<float>(), width, width, block, tables[seqs[t]]};
+      writes[t] = {kv, positions[t]};
+      windows[t] = {kv, c.window > 0 ? std::max<int64_t>(0, positions[t] - c.window + 1) : 0, positions[t] + 1};
+    }
+    ops::write_kv(cpu_, k.data<float>(), width, v.data<float>(), width, writes);
+    Tensor want = Tensor::empty(DType::F32, {tokens, c.heads, c.d});
+    ops::attention(cpu_, q, windows, c.kv_heads, scale, want, c.sinks ? sinks.data<float>() : nullptr);
+
+    const Tensor keys_back = backend::to_host(*gpu_, keys_d), values_back = backend::to_host(*gpu_, values_d);
+    EXPECT_EQ(std::memcmp(keys_back.raw_data(), keys.raw_data(), keys.nbytes()), 0) << "key pool, d " << c.d;
+    EXPECT_EQ(std::memcmp(values_back.raw_data(), values.raw_data(), values.nbytes()), 0) << "value pool, d " << c.d;
+    EXPECT_LT(gpu_relative_error(backend::to_host(*gpu_, out_d), want), 1e-5)
+        << c.heads << " heads over " << c.kv_heads << " of " << c.d << ", window " << c.window << (c.sinks ? ", sinks" : "");
+  }
 }
 
 TEST_F(CudaOps, OpsWithoutACudaImplementationSayWhichOp) {

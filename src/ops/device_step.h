@@ -1,0 +1,33 @@
+// What the CUDA kernels know about a step, as device pointers: the step's per-token metadata and
+// the sequences' block tables are uploaded once per step and shared by every layer, and each
+// layer's KV block pool lives on the device. The kernels derive each token's cache row and
+// attention window from these (row = block_tables[seq][pos / block_size] * block_size +
+// pos % block_size; window = the last `sliding_window` positions up to pos, or all of them), so
+// no layer uploads anything of its own.
+#pragma once
+
+#include <cstdint>
+
+namespace r3::ops {
+
+struct DeviceStep {
+  int64_t tokens = 0;
+  const int32_t* token_ids = nullptr;     // [tokens]
+  const int32_t* positions = nullptr;     // [tokens]
+  const int32_t* seqs = nullptr;          // [tokens]: sequence slot, or -1 for a padding row
+  const int32_t* block_tables = nullptr;  // [slots, table_stride]: block ids, row-major
+  int64_t table_stride = 0;               // blocks per sequence slot in block_tables
+};
+
+// One layer's paged cache on the device: blocks of block_size rows of key_width / value_width
+// floats, block b's rows starting at keys + b * block_size * key_width (values likewise).
+struct DeviceKvPool {
+  float* keys = nullptr;
+  float* values = nullptr;
+  int64_t key_width = 0;
+  int64_t value_width = 0;
+  int64_t block_size = 0;
+  int64_t blocks = 0;  // pool size, for the kernels' bounds checks
+};
+
+}  // namespace r3::ops
