@@ -9,6 +9,9 @@
 
 #include "backend/context.h"
 #include "backend/device_memory.h"
+#include "moe/device_experts.h"
+#include "moe/device_routing.h"
+#include "moe/routing_rule.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/elementwise.h"
@@ -205,6 +208,152 @@ TEST_F(CudaOps, PagedKvWriteAndAttentionMatchTheCpu) {
     EXPECT_EQ(std::memcmp(values_back.raw_data(), values.raw_data(), values.nbytes()), 0) << "value pool, d " << c.d;
     EXPECT_LT(gpu_relative_error(backend::to_host(*gpu_, out_d), want), 1e-5)
         << c.heads << " heads over " << c.kv_heads << " of " << c.d << ", window " << c.window << (c.sinks ? ", sinks" : "");
+  }
+}
+
+// The routing kernel against the CPU rules it stands for, on random logits with some rows
+// replaying a forced routing: ids equal on every row, weights within one rounding (and counted
+// when not bit-identical), and the capture rows, written at the layer's place in a [tokens,
+// layers, k] buffer, equal to the ids.
+TEST_F(CudaOps, RoutingWithCaptureMatchesTheCpuRules) {
+  using Kind = moe::DeviceRoutingRule::Kind;
+  struct Case {
+    const char* name;
+    int64_t experts;
+    int32_t k;
+    std::shared_ptr<const moe::RoutingRule> cpu;
+    moe::DeviceRoutingRule device;
+  };
+  std::vector<float> bias(256);
+  std::mt19937 rng(20);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  for (float& b : bias) b = normal(rng);
+  const Tensor bias_d = backend::to_device(*gpu_, Tensor::from(bias, {256}));
+  const std::vector<Case> cases = {
+      {"softmax-topk, renormalised", 64, 8, std::make_shared<moe::SoftmaxTopK>(8, true), {Kind::kSoftmaxTopK, 8, true}},
+      {"softmax-topk", 60, 4, std::make_shared<moe::SoftmaxTopK>(4, false), {Kind::kSoftmaxTopK, 4, false}},
+      {"sigmoid-group-topk", 256, 8, std::make_shared<moe::SigmoidGroupTopK>(8, bias, 8, 4, true, 2.5f),
+       {Kind::kSigmoidGroupTopK, 8, true, 8, 4, 2.5f, bias_d.data<float>()}},
+      {"sigmoid-group-topk, no renormalisation", 256, 6, std::make_shared<moe::SigmoidGroupTopK>(6, bias, 1, 1, false, 1.5f),
+       {Kind::kSigmoidGroupTopK, 6, false, 1, 1, 1.5f, bias_d.data<float>()}},
+      {"topk-softmax", 32, 4, std::make_shared<moe::TopKSoftmax>(4), {Kind::kTopKSoftmax, 4}},
+  };
+  const int64_t tokens = 97, layers = 3, layer = 1;
+  for (const Case& c : cases) {
+    const Tensor logits = gpu_random({tokens, c.experts}, 21, 2.0f);
+    // Every third row replays a forced routing: the k last experts, in reverse order.
+    std::vector<int32_t> forced(static_cast<std::size_t>(tokens * c.k));
+    std::vector<uint8_t> replayed(static_cast<std::size_t>(tokens));
+    for (int64_t t = 0; t < tokens; ++t) {
+      replayed[t] = t % 3 == 0 ? 1 : 0;
+      for (int32_t j = 0; j < c.k; ++j) forced[t * c.k + j] = static_cast<int32_t>(c.experts - 1 - j);
+    }
+    std::vector<int32_t> want_ids(forced.size());
+    std::vector<float> want_weights(forced.size());
+    std::vector<float> scratch(logits.data<float>(), logits.data<float>() + logits.numel());
+    const std::vector<int32_t> token_ids(static_cast<std::size_t>(tokens), 0);
+    c.cpu->route_rows({scratch, c.experts, token_ids, forced, replayed, want_ids.data(), want_weights.data()}, 0, tokens);
+
+    const Tensor logits_d = backend::to_device(*gpu_, logits), forced_d = gpu_ints(*gpu_, forced);
+    const Tensor replayed_d = backend::to_device(*gpu_, Tensor::from(replayed, {tokens}));
+    Tensor ids_d = backend::device_empty(*gpu_, DType::I32, {tokens, c.k});
+    Tensor weights_d = backend::device_empty(*gpu_, DType::F32, {tokens, c.k});
+    Tensor capture_d = backend::device_empty(*gpu_, DType::I32, {tokens, layers, c.k});
+    moe::route_on_device(*gpu_, logits_d, c.device, forced_d.data<int32_t>(), replayed_d.data<uint8_t>(),
+                         ids_d.data<int32_t>(), weights_d.data<float>(),
+                         {capture_d.data<int32_t>() + layer * c.k, layers * c.k});
+    const Tensor ids = backend::to_host(*gpu_, ids_d), weights = backend::to_host(*gpu_, weights_d);
+    const Tensor captured = backend::to_host(*gpu_, capture_d);
+    int64_t inexact = 0;
+    for (int64_t i = 0; i < tokens * c.k; ++i) {
+      ASSERT_EQ(ids.data<int32_t>()[i], want_ids[i]) << c.name << ", token " << i / c.k << " choice " << i % c.k;
+      const float w = weights.data<float>()[i];
+      EXPECT_NEAR(w, want_weights[i], 1e-6f * std::abs(want_weights[i])) << c.name << ", weight " << i;
+      inexact += w != want_weights[i] ? 1 : 0;
+      const int64_t t = i / c.k, j = i % c.k;
+      ASSERT_EQ(captured.data<int32_t>()[(t * layers + layer) * c.k + j], want_ids[i]) << c.name << ", capture row " << t;
+      ASSERT_EQ(captured.data<int32_t>()[(t * layers + 0) * c.k + j], 0) << c.name << ": another layer's row was written";
+    }
+    RecordProperty(std::string(c.name) + " weights not bit-identical", static_cast<int>(inexact));
+    std::printf("%s: %lld of %lld weights not bit-identical to the CPU\n", c.name, static_cast<long long>(inexact),
+                static_cast<long long>(tokens * c.k));
+  }
+}
+
+// The fused experts kernels against a double-precision evaluation of the same experts (the
+// CPU's activation per element): float32 and bf16 weights, SwiGLU and GPT-OSS's clamped
+// activation with biases, tokens choosing overlapping experts.
+TEST_F(CudaOps, FusedExpertsMatchADoubleEvaluation) {
+  const int64_t experts = 6, h = 96, inter = 40, tokens = 5, k = 3;
+  const std::vector<int32_t> ids = {0, 5, 2, 2, 0, 1, 5, 4, 3, 1, 2, 0, 4, 5, 3};
+  const std::vector<float> weights = {0.5f, 0.3f, 0.2f, 0.9f, 0.05f, 0.05f, 0.4f, 0.4f, 0.2f, 1.0f, 0.0f, 0.0f, 0.25f, 0.5f, 0.25f};
+  const Tensor x = gpu_random({tokens, h}, 30), gate = gpu_random({experts, inter, h}, 31, 0.2f),
+               up = gpu_random({experts, inter, h}, 32, 0.2f), down = gpu_random({experts, h, inter}, 33, 0.2f);
+  const Tensor gate_b = gpu_random({experts, inter}, 34), up_b = gpu_random({experts, inter}, 35),
+               down_b = gpu_random({experts, h}, 36);
+  auto bf16_of = [](const Tensor& t) {
+    Tensor b = Tensor::empty(DType::BF16, t.shape());
+    auto* bits = static_cast<uint16_t*>(b.raw_data());
+    for (int64_t i = 0; i < t.numel(); ++i) bits[i] = f32_to_bf16(t.data<float>()[i]);
+    return b;
+  };
+  auto widened = [](const Tensor& t) {
+    std::vector<float> v(static_cast<std::size_t>(t.numel()));
+    convert_to_f32(t.raw_data(), t.dtype(), v.size(), v.data());
+    return v;
+  };
+  const moe::ExpertActivation swiglu{}, gpt_oss{moe::ExpertActivation::Kind::kGptOss, 7.0f, 1.702f};
+  for (const bool bf16 : {false, true}) {
+    for (const bool oss : {false, true}) {
+      moe::DeviceExperts dev;
+      const Tensor g = bf16 ? bf16_of(gate) : gate, u = bf16 ? bf16_of(up) : up, d = bf16 ? bf16_of(down) : down;
+      dev.gate = backend::to_device(*gpu_, g);
+      dev.up = backend::to_device(*gpu_, u);
+      dev.down = backend::to_device(*gpu_, d);
+      if (oss) {
+        dev.gate_bias = backend::to_device(*gpu_, gate_b);
+        dev.up_bias = backend::to_device(*gpu_, up_b);
+        dev.down_bias = backend::to_device(*gpu_, down_b);
+      }
+      dev.activation = oss ? gpt_oss : swiglu;
+      // The oracle, from the same (rounded) weights.
+      const std::vector<float> gw = widened(g), uw = widened(u), dw = widened(d);
+      Tensor want = Tensor::empty(DType::F32, {tokens, h});
+      for (int64_t t = 0; t < tokens; ++t) {
+        std::vector<double> acc(static_cast<std::size_t>(h), 0.0);
+        for (int64_t j = 0; j < k; ++j) {
+          const int64_t e = ids[t * k + j];
+          std::vector<float> a(static_cast<std::size_t>(inter));
+          for (int64_t i = 0; i < inter; ++i) {
+            double gs = 0, us = 0;
+            for (int64_t c = 0; c < h; ++c) {
+              gs += static_cast<double>(x.data<float>()[t * h + c]) * gw[(e * inter + i) * h + c];
+              us += static_cast<double>(x.data<float>()[t * h + c]) * uw[(e * inter + i) * h + c];
+            }
+            if (oss) {
+              gs += gate_b.data<float>()[e * inter + i];
+              us += up_b.data<float>()[e * inter + i];
+            }
+            a[i] = dev.activation(static_cast<float>(gs), static_cast<float>(us));
+          }
+          for (int64_t c = 0; c < h; ++c) {
+            double y = 0;
+            for (int64_t i = 0; i < inter; ++i) y += static_cast<double>(a[i]) * dw[(e * h + c) * inter + i];
+            if (oss) y += down_b.data<float>()[e * h + c];
+            acc[c] += weights[t * k + j] * y;
+          }
+        }
+        for (int64_t c = 0; c < h; ++c) want.data<float>()[t * h + c] = static_cast<float>(acc[c]);
+      }
+      const Tensor ids_d = gpu_ints(*gpu_, ids), weights_d = backend::to_device(*gpu_, Tensor::from(weights, {tokens, k}));
+      Tensor activated = backend::device_empty(*gpu_, DType::F32, {tokens * k, inter});
+      Tensor expert_out = backend::device_empty(*gpu_, DType::F32, {tokens * k, h});
+      Tensor out = backend::device_empty(*gpu_, DType::F32, {tokens, h});
+      moe::fused_experts_on_device(*gpu_, backend::to_device(*gpu_, x), ids_d.data<int32_t>(), weights_d.data<float>(), k,
+                                   dev, activated, expert_out, out);
+      EXPECT_LT(gpu_relative_error(backend::to_host(*gpu_, out), want), 1e-5)
+          << (bf16 ? "bf16" : "f32") << (oss ? ", GPT-OSS activation with biases" : ", SwiGLU");
+    }
   }
 }
 
