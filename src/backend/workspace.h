@@ -8,7 +8,9 @@
 // the chunks are merged into one of the high-water size. reserve() sizes it up front.
 //
 // One workspace belongs to one execution context and is used by the thread that runs the step;
-// worker threads of the pool write into buffers taken before the parallel loop.
+// worker threads of the pool write into buffers taken before the parallel loop. On a CUDA
+// context the tensors come from device memory, the arrays (step metadata built on the host)
+// from host memory; one Scope releases both.
 #pragma once
 
 #include <cstddef>
@@ -22,67 +24,108 @@
 
 namespace r3::backend {
 
+// Where the memory of an Arena comes from: the host heap by default; a CUDA context gives its
+// workspace's tensors device memory through these (backend/cuda), keeping this file free of CUDA.
+struct ArenaMemory {
+  Device device = Device::kCpu;
+  void* (*allocate)(std::size_t bytes, void* state) = nullptr;  // nullptr: the host heap
+  void (*free)(void* p, void* state) = nullptr;
+  void (*zero)(void* p, std::size_t bytes, void* state) = nullptr;  // e.g. a memset queued on a stream
+  void* state = nullptr;
+};
+
+// One bump-allocated stack of chunks (the mechanism behind Workspace).
+class Arena {
+ public:
+  explicit Arena(ArenaMemory memory = {}) : memory_(memory) {}
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  ~Arena();
+
+  void* take(std::size_t bytes);  // zero-filled, kAlign-aligned
+  std::size_t mark() const { return top_; }
+  void release(std::size_t mark);
+  void reserve(std::size_t bytes);
+  std::size_t capacity() const;
+  std::size_t high_water() const { return high_water_; }
+  int64_t growths() const { return growths_; }
+  Device device() const { return memory_.device; }
+
+  // Chunks are cache-line aligned (device allocations are at least that).
+  static constexpr std::size_t kAlign = 64;
+
+ private:
+  struct Chunk {
+    std::byte* memory = nullptr;
+    std::size_t size = 0;
+    std::size_t begin = 0;  // offset of the chunk's first byte in the arena's address space
+  };
+  void add_chunk(std::size_t bytes);
+  void free_chunks();
+
+  ArenaMemory memory_;
+  std::vector<Chunk> chunks_;
+  std::size_t top_ = 0;  // bytes in use, in the concatenated address space of the chunks
+  std::size_t high_water_ = 0;
+  int64_t growths_ = 0;
+};
+
 class Workspace {
  public:
   Workspace() = default;
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
 
-  // A zero-filled contiguous host tensor, valid until the innermost open Scope ends.
+  // Tensors from now on live on `memory.device` (a CUDA context calls this once, idle); arrays
+  // stay on the host, where the step's metadata is built.
+  void place_tensors(ArenaMemory memory);
+
+  // A zero-filled contiguous tensor on the workspace's tensor device, valid until the innermost
+  // open Scope ends.
   Tensor tensor(DType dtype, Shape shape);
-  // An array of n value-initialised (zero) values, valid as long as a tensor would be. Nothing
-  // runs at release, so T must be trivially destructible.
+  // A host array of n value-initialised (zero) values, valid as long as a tensor would be.
+  // Nothing runs at release, so T must be trivially destructible.
   template <typename T>
   std::span<T> array(int64_t n) {
     static_assert(std::is_trivially_destructible_v<T>, "workspace arrays are released without destructors");
     R3_CHECK(n >= 0, "workspace: negative array size ", n);
-    T* p = static_cast<T*>(take(static_cast<std::size_t>(n) * sizeof(T)));
+    T* p = static_cast<T*>(host_.take(static_cast<std::size_t>(n) * sizeof(T)));
     std::uninitialized_value_construct_n(p, n);
     return {p, static_cast<std::size_t>(n)};
   }
 
-  // Releases everything taken since it was opened.
+  // Releases everything taken since it was opened (host arrays and tensors alike).
   class Scope {
    public:
-    explicit Scope(Workspace& workspace) : workspace_(workspace), mark_(workspace.mark()) {}
-    ~Scope() { workspace_.release(mark_); }
+    explicit Scope(Workspace& workspace)
+        : workspace_(workspace), host_mark_(workspace.host_.mark()), tensor_mark_(workspace.tensor_arena().mark()) {}
+    ~Scope() {
+      workspace_.host_.release(host_mark_);
+      workspace_.tensor_arena().release(tensor_mark_);
+    }
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
 
    private:
     Workspace& workspace_;
-    std::size_t mark_;
+    std::size_t host_mark_, tensor_mark_;
   };
 
-  // Makes the next `bytes` of requests (from idle) come without growing.
-  void reserve(std::size_t bytes);
-  std::size_t capacity() const;
-  std::size_t high_water() const { return high_water_; }
-  // How many times the workspace had to allocate memory (tests: stays flat once warmed up).
-  int64_t growths() const { return growths_; }
+  // Host memory: makes the next `bytes` of requests (from idle) come without growing.
+  void reserve(std::size_t bytes) { host_.reserve(bytes); }
+  std::size_t capacity() const { return host_.capacity(); }
+  std::size_t high_water() const { return host_.high_water(); }
+  // How many times the workspace had to allocate memory, host and device (tests: stays flat
+  // once warmed up).
+  int64_t growths() const { return host_.growths() + (device_ ? device_->growths() : 0); }
 
-  // Chunks are cache-line aligned: they come from the aligned operator new[], so they must go
-  // back through the aligned operator delete[].
-  static constexpr std::size_t kAlign = 64;
+  static constexpr std::size_t kAlign = Arena::kAlign;
 
  private:
-  struct AlignedDelete {
-    void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t(kAlign)); }
-  };
-  struct Chunk {
-    std::unique_ptr<std::byte[], AlignedDelete> memory;
-    std::size_t size = 0;
-    std::size_t begin = 0;  // offset of the chunk's first byte in the workspace's address space
-  };
-  void* take(std::size_t bytes);
-  std::size_t mark() const { return top_; }
-  void release(std::size_t mark);
-  void add_chunk(std::size_t bytes);
+  Arena& tensor_arena() { return device_ ? *device_ : host_; }
 
-  std::vector<Chunk> chunks_;
-  std::size_t top_ = 0;  // bytes in use, in the concatenated address space of the chunks
-  std::size_t high_water_ = 0;
-  int64_t growths_ = 0;
+  Arena host_;
+  std::unique_ptr<Arena> device_;  // tensors' memory when placed on a device
 };
 
 }  // namespace r3::backend

@@ -9,6 +9,8 @@
 
 #include "backend/context.h"
 #include "backend/device_memory.h"
+#include "models/device_step_builder.h"
+#include "moe/device_capture.h"
 #include "moe/device_experts.h"
 #include "moe/device_routing.h"
 #include "moe/routing_rule.h"
@@ -63,6 +65,30 @@ TEST_F(CudaOps, DeviceMemoryRoundTrip) {
   EXPECT_EQ(std::memcmp(back.raw_data(), host.raw_data(), host.nbytes()), 0);
   const Tensor zeros = backend::to_host(*gpu_, backend::device_empty(*gpu_, DType::F32, {3, 5}));
   for (int64_t i = 0; i < 15; ++i) EXPECT_EQ(zeros.data<float>()[i], 0.0f);
+}
+
+// A CUDA context's step workspace hands out device tensors (zeroed, released by scopes, no
+// growth once the largest step has run) and keeps its arrays on the host for step metadata.
+TEST_F(CudaOps, WorkspaceTensorsLiveOnTheDevice) {
+  backend::Workspace& ws = gpu_->workspace();
+  auto step = [&](int64_t rows) {
+    backend::Workspace::Scope scope(ws);
+    Tensor a = gpu_->scratch(DType::F32, {rows, 256});
+    EXPECT_EQ(a.device(), Device::kCuda);
+    const std::span<int32_t> meta = ws.array<int32_t>(rows);
+    meta[0] = 1;  // host memory: writable here
+    ops::rms_norm(*gpu_, a, nullptr, 1e-6f, a);  // a kernel over it: zeros stay zeros
+    const Tensor back = backend::to_host(*gpu_, a);
+    for (int64_t i = 0; i < back.numel(); ++i) ASSERT_EQ(back.data<float>()[i], 0.0f);
+    Tensor b = gpu_->scratch(DType::F32, {rows, 256});
+    EXPECT_TRUE(b.data<float>() >= a.data<float>() + rows * 256 || b.data<float>() + rows * 256 <= a.data<float>())
+        << "overlapping scratch tensors";
+  };
+  step(8);
+  step(512);
+  const int64_t grown = ws.growths();
+  for (const int64_t rows : {512, 3, 100}) step(rows);
+  EXPECT_EQ(ws.growths(), grown);
 }
 
 TEST_F(CudaOps, RmsNormMatchesTheCpu) {
@@ -354,6 +380,82 @@ TEST_F(CudaOps, FusedExpertsMatchADoubleEvaluation) {
       EXPECT_LT(gpu_relative_error(backend::to_host(*gpu_, out), want), 1e-5)
           << (bf16 ? "bf16" : "f32") << (oss ? ", GPT-OSS activation with biases" : ", SwiGLU");
     }
+  }
+}
+
+// The step's device capture buffer: two steps of two MoE layers routed on the device; after each
+// step the rows reach the host through the side-stream copy, complete and in [token, layer, k]
+// order, and the second step's writes do not disturb the first step's copy.
+TEST_F(CudaOps, DeviceCaptureBufferBringsEachStepsRowsToTheHost) {
+  const int64_t layers = 2, k = 4, experts = 32;
+  moe::DeviceCaptureBuffer buffer(*gpu_, 64, layers, k);
+  const moe::DeviceRoutingRule rule{moe::DeviceRoutingRule::Kind::kSoftmaxTopK, static_cast<int32_t>(k), true};
+  for (const int64_t tokens : {37, 5}) {
+    buffer.begin_step();
+    std::vector<std::vector<int32_t>> want(layers);
+    for (int64_t l = 0; l < layers; ++l) {
+      const Tensor logits = gpu_random({tokens, experts}, static_cast<uint32_t>(40 + 10 * tokens + l));
+      const Tensor logits_d = backend::to_device(*gpu_, logits);
+      Tensor ids = backend::device_empty(*gpu_, DType::I32, {tokens, k});
+      Tensor weights = backend::device_empty(*gpu_, DType::F32, {tokens, k});
+      moe::route_on_device(*gpu_, logits_d, rule, nullptr, nullptr, ids.data<int32_t>(), weights.data<float>(),
+                           buffer.layer_rows(l));
+      const Tensor host_ids = backend::to_host(*gpu_, ids);
+      want[l].assign(host_ids.data<int32_t>(), host_ids.data<int32_t>() + tokens * k);
+    }
+    buffer.end_step(tokens);
+    const std::span<const int32_t> rows = buffer.collect();
+    ASSERT_EQ(static_cast<int64_t>(rows.size()), tokens * layers * k);
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t l = 0; l < layers; ++l) {
+        for (int64_t j = 0; j < k; ++j) {
+          ASSERT_EQ(rows[(t * layers + l) * k + j], want[l][t * k + j]) << "step of " << tokens << ", token " << t;
+        }
+      }
+    }
+  }
+}
+
+// Step metadata built once on the host and uploaded in one copy: three consecutive steps (the
+// staging buffers alternate) feed the embedding, the rotary and the paged attention kernels,
+// whose results equal those from the CPU ops given the same host metadata.
+TEST_F(CudaOps, DeviceStepBuilderFeedsTheKernels) {
+  models::DeviceStepBuilder builder(*gpu_, 16, 4, 8);
+  const Tensor table = gpu_random({40, 64}, 50);
+  const Tensor table_d = backend::to_device(*gpu_, table);
+  const int64_t block = 4, width = 64;
+  Tensor keys = gpu_random({32 * block, width}, 51), values = gpu_random({32 * block, width}, 52);
+  Tensor keys_d = backend::to_device(*gpu_, keys), values_d = backend::to_device(*gpu_, values);
+  const std::vector<std::vector<int32_t>> tables = {{3, 7, 1}, {}, {30, 2, 9, 10, 11}};
+  std::vector<std::span<const int32_t>> spans(tables.begin(), tables.end());
+  const ops::Rotary rotary(64, 1e4);
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<int32_t> ids = {static_cast<int32_t>(step), 39, 12}, positions = {11 - step, 0, 17 + step},
+                               seqs = {0, -1, 2};
+    const ops::DeviceStep dev = builder.build(ids, positions, seqs, spans);
+    ASSERT_EQ(dev.tokens, 3);
+    Tensor want = Tensor::empty(DType::F32, {3, 64});
+    ops::embedding(cpu_, table, ids, want);
+    Tensor got = backend::device_empty(*gpu_, DType::F32, {3, 64});
+    ops::cuda::embedding_ids_on_device(*gpu_, table_d, dev.token_ids, 3, got);
+    // Rotary over the embedded rows as [3 tokens, 1 head, 64].
+    Tensor want_r = want.reshaped({3, 1, 64});
+    rotary.apply(cpu_, want_r, positions);
+    Tensor got_r = got.reshaped({3, 1, 64});
+    ops::cuda::rotary_positions_on_device(*gpu_, rotary, got_r, dev.positions);
+    EXPECT_LT(gpu_relative_error(backend::to_host(*gpu_, got), want), 1e-6) << "step " << step;
+    // Attention of the rotated rows as queries (1 head of 64) over the pool, via the tables.
+    std::vector<ops::KvWindow> windows(3);
+    for (int64_t t = 0; t < 3; ++t) {
+      if (seqs[t] < 0) continue;
+      windows[t] = {{keys.data<float>(), values.data<float>(), width, width, block, tables[seqs[t]]}, 0, positions[t] + 1};
+    }
+    Tensor want_a = Tensor::empty(DType::F32, {3, 1, 64});
+    ops::attention(cpu_, want_r, windows, 1, 0.125f, want_a);
+    Tensor got_a = backend::device_empty(*gpu_, DType::F32, {3, 1, 64});
+    const ops::DeviceKvPool pool{keys_d.data<float>(), values_d.data<float>(), width, width, block, 32};
+    ops::cuda::paged_attention(*gpu_, got_r, dev, pool, 1, 0.125f, 0, nullptr, got_a);
+    EXPECT_LT(gpu_relative_error(backend::to_host(*gpu_, got_a), want_a), 1e-5) << "step " << step;
   }
 }
 

@@ -20,6 +20,18 @@ namespace {
 // 32 MiB: what cuBLASLt's heuristics ask for at most on Hopper for the GEMM shapes r3 runs.
 constexpr std::size_t kLtWorkspaceBytes = std::size_t{32} << 20;
 
+// The workspace's tensors in device memory: allocated and freed with the runtime, zeroed by a
+// memset queued on the context's stream (ordered before the kernels that use them).
+void* allocate_device(std::size_t bytes, void*) {
+  void* p = nullptr;
+  R3_CUDA_CHECK(cudaMalloc(&p, bytes));
+  return p;
+}
+void free_device(void* p, void*) { cudaFree(p); }
+void zero_device(void* p, std::size_t bytes, void* state) {
+  R3_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, static_cast<State*>(state)->stream));
+}
+
 void destroy(State* s) {
   if (s == nullptr) return;
   cudaSetDevice(s->device);
@@ -53,6 +65,7 @@ std::unique_ptr<Context> Context::cuda(int index) {
   R3_CUDA_CHECK(cublasLtCreate(&s.lt));
   R3_CUDA_CHECK(cudaMalloc(&s.lt_workspace, cuda::kLtWorkspaceBytes));
   s.lt_workspace_bytes = cuda::kLtWorkspaceBytes;
+  ctx->workspace_.place_tensors({Device::kCuda, &cuda::allocate_device, &cuda::free_device, &cuda::zero_device, &s});
   return ctx;
 }
 
