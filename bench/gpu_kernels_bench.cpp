@@ -1,0 +1,139 @@
+// GPU kernel timings against the bandwidth floor, at the shape of the issue's benchmark model
+// (Qwen3-30B-A3B: hidden 2048, 128 experts of intermediate 768, top-8; 32 query heads and 4 KV
+// heads of 128). Run on the GPU machine by bench/gpu.sh; one JSON line per measurement.
+//
+// - moe_layer: routing with capture + fused experts for one MoE layer, bf16 expert weights,
+//   at batch 1, 8 and 64. Bytes: the distinct experts the batch routed to (measured from the
+//   routing) times one expert's weights; floor = bytes / 4.26 TB/s (the H200's measured copy
+//   bandwidth, the issue's yardstick).
+// - attention: paged GQA decode over a 1024-token context per sequence, float32 cache, at batch
+//   1, 8 and 64. Bytes: every sequence's keys and values for one layer.
+// Each measurement: 5 warm-up calls, then the mean of 50 timed with CUDA events.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "backend/context.h"
+#include "backend/cuda/state.h"
+#include "backend/device_memory.h"
+#include "moe/device_capture.h"
+#include "moe/device_experts.h"
+#include "moe/device_routing.h"
+#include "ops/attention.h"
+
+namespace r3 {
+namespace {
+
+constexpr double kCopyBandwidth = 4.26e12;  // bytes/s, H200 copy bandwidth measured for the issue
+
+Tensor random_host(DType dtype, Shape shape, uint32_t seed, float scale) {
+  Tensor t = Tensor::empty(dtype, std::move(shape));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  if (dtype == DType::F32) {
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = normal(rng);
+  } else {
+    auto* bits = static_cast<uint16_t*>(t.raw_data());
+    for (int64_t i = 0; i < t.numel(); ++i) bits[i] = f32_to_bf16(normal(rng));
+  }
+  return t;
+}
+
+template <typename Fn>
+double mean_ms(backend::Context& gpu, Fn&& fn) {
+  for (int i = 0; i < 5; ++i) fn();
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  const cudaStream_t stream = gpu.cuda_state().stream;
+  cudaEventRecord(start, stream);
+  constexpr int kReps = 50;
+  for (int i = 0; i < kReps; ++i) fn();
+  cudaEventRecord(stop, stream);
+  cudaEventSynchronize(stop);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms / kReps;
+}
+
+void moe_layer(backend::Context& gpu) {
+  const int64_t h = 2048, inter = 768, experts = 128, k = 8;
+  moe::DeviceExperts dev;
+  dev.gate = backend::to_device(gpu, random_host(DType::BF16, {experts, inter, h}, 1, 0.02f));
+  dev.up = backend::to_device(gpu, random_host(DType::BF16, {experts, inter, h}, 2, 0.02f));
+  dev.down = backend::to_device(gpu, random_host(DType::BF16, {experts, h, inter}, 3, 0.02f));
+  const double expert_bytes = 3.0 * static_cast<double>(inter * h) * 2;
+  moe::DeviceCaptureBuffer capture(gpu, 64, 1, k);
+  const moe::DeviceRoutingRule rule{moe::DeviceRoutingRule::Kind::kSoftmaxTopK, static_cast<int32_t>(k), true};
+  for (const int64_t batch : {1, 8, 64}) {
+    const Tensor x = backend::to_device(gpu, random_host(DType::F32, {batch, h}, 4, 1.0f));
+    const Tensor logits = backend::to_device(gpu, random_host(DType::F32, {batch, experts}, 5, 1.0f));
+    Tensor ids = backend::device_empty(gpu, DType::I32, {batch, k}), weights = backend::device_empty(gpu, DType::F32, {batch, k});
+    Tensor activated = backend::device_empty(gpu, DType::F32, {batch * k, inter});
+    Tensor expert_out = backend::device_empty(gpu, DType::F32, {batch * k, h});
+    Tensor out = backend::device_empty(gpu, DType::F32, {batch, h});
+    const double ms = mean_ms(gpu, [&] {
+      moe::route_on_device(gpu, logits, rule, nullptr, nullptr, ids.data<int32_t>(), weights.data<float>(),
+                           capture.layer_rows(0));
+      moe::fused_experts_on_device(gpu, x, ids.data<int32_t>(), weights.data<float>(), k, dev, activated, expert_out, out);
+    });
+    const double route_ms = mean_ms(gpu, [&] {
+      moe::route_on_device(gpu, logits, rule, nullptr, nullptr, ids.data<int32_t>(), weights.data<float>(),
+                           capture.layer_rows(0));
+    });
+    const Tensor host_ids = backend::to_host(gpu, ids);
+    const std::set<int32_t> distinct(host_ids.data<int32_t>(), host_ids.data<int32_t>() + batch * k);
+    const double bytes = static_cast<double>(distinct.size()) * expert_bytes;
+    const double floor_ms = bytes / kCopyBandwidth * 1e3;
+    std::printf("{\"bench\":\"moe_layer\",\"batch\":%lld,\"distinct_experts\":%zu,\"MB\":%.1f,\"ms\":%.4f,"
+                "\"routing_with_capture_ms\":%.4f,\"floor_ms\":%.4f,\"of_floor\":%.3f}\n",
+                static_cast<long long>(batch), distinct.size(), bytes / 1e6, ms, route_ms, floor_ms, floor_ms / ms);
+  }
+}
+
+void attention(backend::Context& gpu) {
+  const int64_t heads = 32, kv_heads = 4, d = 128, context = 1024, block = 16, width = kv_heads * d;
+  for (const int64_t batch : {1, 8, 64}) {
+    const int64_t blocks_per_seq = context / block, pool_blocks = batch * blocks_per_seq;
+    Tensor keys = backend::to_device(gpu, random_host(DType::F32, {pool_blocks * block, width}, 6, 1.0f));
+    Tensor values = backend::to_device(gpu, random_host(DType::F32, {pool_blocks * block, width}, 7, 1.0f));
+    std::vector<int32_t> tables(static_cast<std::size_t>(pool_blocks)), seqs(static_cast<std::size_t>(batch)),
+        positions(static_cast<std::size_t>(batch), static_cast<int32_t>(context - 1));
+    for (int64_t i = 0; i < pool_blocks; ++i) tables[static_cast<std::size_t>(i)] = static_cast<int32_t>(i);
+    for (int64_t s = 0; s < batch; ++s) seqs[static_cast<std::size_t>(s)] = static_cast<int32_t>(s);
+    const Tensor tables_d = backend::to_device(gpu, Tensor::from(tables, {pool_blocks}));
+    const Tensor seqs_d = backend::to_device(gpu, Tensor::from(seqs, {batch}));
+    const Tensor positions_d = backend::to_device(gpu, Tensor::from(positions, {batch}));
+    const ops::DeviceStep step{batch, nullptr, positions_d.data<int32_t>(), seqs_d.data<int32_t>(), tables_d.data<int32_t>(),
+                               blocks_per_seq};
+    const ops::DeviceKvPool pool{keys.data<float>(), values.data<float>(), width, width, block, pool_blocks};
+    const Tensor q = backend::to_device(gpu, random_host(DType::F32, {batch, heads, d}, 8, 1.0f));
+    Tensor out = backend::device_empty(gpu, DType::F32, {batch, heads, d});
+    const double ms = mean_ms(gpu, [&] { ops::cuda::paged_attention(gpu, q, step, pool, kv_heads, 0.088f, 0, nullptr, out); });
+    const double bytes = 2.0 * static_cast<double>(batch * context * width) * 4;
+    const double floor_ms = bytes / kCopyBandwidth * 1e3;
+    std::printf("{\"bench\":\"attention_decode\",\"batch\":%lld,\"context\":%lld,\"MB\":%.1f,\"ms\":%.4f,\"floor_ms\":%.4f,"
+                "\"of_floor\":%.3f}\n",
+                static_cast<long long>(batch), static_cast<long long>(context), bytes / 1e6, ms, floor_ms, floor_ms / ms);
+  }
+}
+
+}  // namespace
+}  // namespace r3
+
+int main() {
+  try {
+    auto gpu = r3::backend::Context::cuda(0);
+    r3::moe_layer(*gpu);
+    r3::attention(*gpu);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "r3_gpu_kernels_bench: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
