@@ -74,13 +74,14 @@ void moe_layer(backend::Context& gpu) {
     const Tensor x = backend::to_device(gpu, random_host(DType::F32, {batch, h}, 4, 1.0f));
     const Tensor logits = backend::to_device(gpu, random_host(DType::F32, {batch, experts}, 5, 1.0f));
     Tensor ids = backend::device_empty(gpu, DType::I32, {batch, k}), weights = backend::device_empty(gpu, DType::F32, {batch, k});
+    Tensor grouping = backend::device_empty(gpu, DType::I32, {moe::grouping_ints(experts, batch * k)});
     Tensor activated = backend::device_empty(gpu, DType::F32, {batch * k, inter});
     Tensor expert_out = backend::device_empty(gpu, DType::F32, {batch * k, h});
     Tensor out = backend::device_empty(gpu, DType::F32, {batch, h});
     const double ms = mean_ms(gpu, [&] {
       moe::route_on_device(gpu, logits, rule, nullptr, nullptr, ids.data<int32_t>(), weights.data<float>(),
                            capture.layer_rows(0));
-      moe::fused_experts_on_device(gpu, x, ids.data<int32_t>(), weights.data<float>(), k, dev, activated, expert_out, out);
+      moe::fused_experts_on_device(gpu, x, ids.data<int32_t>(), weights.data<float>(), k, dev, grouping, activated, expert_out, out);
     });
     const double route_ms = mean_ms(gpu, [&] {
       moe::route_on_device(gpu, logits, rule, nullptr, nullptr, ids.data<int32_t>(), weights.data<float>(),

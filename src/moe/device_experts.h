@@ -1,9 +1,8 @@
 // The routed experts on the GPU, the analogue of the `mega` path: one call takes the step's
-// top-k ids and weights (as the routing kernel left them, on the device) and runs dispatch, the
-// gate/up GEMVs with the activation, the down GEMV and the weighted combine, with no host
-// round trip. This first version gives every (token, choice) pair its own warps over the
-// expert's rows, so an expert chosen by several tokens is read once per token: correct for
-// every batch, bandwidth-optimal only at batch 1 (grouping pairs by expert comes next).
+// top-k ids and weights (as the routing kernel left them, on the device) and runs dispatch (the
+// pairs grouped by expert on the device), the gate/up GEMVs with the activation, the down GEMV
+// and the weighted combine, with no host round trip. Each used expert's weights are read once
+// per step, however many tokens chose it.
 #pragma once
 
 #include <cstdint>
@@ -23,13 +22,16 @@ struct DeviceExperts {
   ExpertActivation activation;
 };
 
+// Ints of scratch the pairs' grouping by expert takes: offsets, order, used experts, their count.
+constexpr int64_t grouping_ints(int64_t experts, int64_t pairs) { return 2 * experts + pairs + 2; }
+
 #if R3_WITH_CUDA
 // hidden: device F32 [tokens, H]; ids, weights: device [tokens, k] (physical ids); out: device F32
-// [tokens, H] (overwritten); activated [tokens * k, I] and expert_out [tokens * k, H]: device F32
-// scratch.
+// [tokens, H] (overwritten). Device scratch: grouping I32 of grouping_ints(experts, tokens * k),
+// activated F32 [tokens * k, I], expert_out F32 [tokens * k, H].
 void fused_experts_on_device(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, const float* weights,
-                             int64_t k, const DeviceExperts& experts, Tensor& activated, Tensor& expert_out,
-                             Tensor& out);
+                             int64_t k, const DeviceExperts& experts, Tensor& grouping, Tensor& activated,
+                             Tensor& expert_out, Tensor& out);
 #endif
 
 }  // namespace r3::moe

@@ -310,75 +310,88 @@ TEST_F(CudaOps, RoutingWithCaptureMatchesTheCpuRules) {
 // CPU's activation per element): float32 and bf16 weights, SwiGLU and GPT-OSS's clamped
 // activation with biases, tokens choosing overlapping experts.
 TEST_F(CudaOps, FusedExpertsMatchADoubleEvaluation) {
-  const int64_t experts = 6, h = 96, inter = 40, tokens = 5, k = 3;
-  const std::vector<int32_t> ids = {0, 5, 2, 2, 0, 1, 5, 4, 3, 1, 2, 0, 4, 5, 3};
-  const std::vector<float> weights = {0.5f, 0.3f, 0.2f, 0.9f, 0.05f, 0.05f, 0.4f, 0.4f, 0.2f, 1.0f, 0.0f, 0.0f, 0.25f, 0.5f, 0.25f};
-  const Tensor x = gpu_random({tokens, h}, 30), gate = gpu_random({experts, inter, h}, 31, 0.2f),
-               up = gpu_random({experts, inter, h}, 32, 0.2f), down = gpu_random({experts, h, inter}, 33, 0.2f);
-  const Tensor gate_b = gpu_random({experts, inter}, 34), up_b = gpu_random({experts, inter}, 35),
-               down_b = gpu_random({experts, h}, 36);
-  auto bf16_of = [](const Tensor& t) {
-    Tensor b = Tensor::empty(DType::BF16, t.shape());
-    auto* bits = static_cast<uint16_t*>(b.raw_data());
-    for (int64_t i = 0; i < t.numel(); ++i) bits[i] = f32_to_bf16(t.data<float>()[i]);
-    return b;
-  };
-  auto widened = [](const Tensor& t) {
-    std::vector<float> v(static_cast<std::size_t>(t.numel()));
-    convert_to_f32(t.raw_data(), t.dtype(), v.size(), v.data());
-    return v;
-  };
-  const moe::ExpertActivation swiglu{}, gpt_oss{moe::ExpertActivation::Kind::kGptOss, 7.0f, 1.702f};
-  for (const bool bf16 : {false, true}) {
-    for (const bool oss : {false, true}) {
-      moe::DeviceExperts dev;
-      const Tensor g = bf16 ? bf16_of(gate) : gate, u = bf16 ? bf16_of(up) : up, d = bf16 ? bf16_of(down) : down;
-      dev.gate = backend::to_device(*gpu_, g);
-      dev.up = backend::to_device(*gpu_, u);
-      dev.down = backend::to_device(*gpu_, d);
-      if (oss) {
-        dev.gate_bias = backend::to_device(*gpu_, gate_b);
-        dev.up_bias = backend::to_device(*gpu_, up_b);
-        dev.down_bias = backend::to_device(*gpu_, down_b);
-      }
-      dev.activation = oss ? gpt_oss : swiglu;
-      // The oracle, from the same (rounded) weights.
-      const std::vector<float> gw = widened(g), uw = widened(u), dw = widened(d);
-      Tensor want = Tensor::empty(DType::F32, {tokens, h});
+  const int64_t experts = 6, h = 96, inter = 40, k = 3;
+  // Two routings: 5 tokens over overlapping experts; 20 tokens all on experts 1, 2 and 3 (more
+  // pairs per expert than one pass of the grouped kernels takes).
+  for (const int64_t tokens : {5, 20}) {
+    std::vector<int32_t> ids = {0, 5, 2, 2, 0, 1, 5, 4, 3, 1, 2, 0, 4, 5, 3};
+    std::vector<float> weights = {0.5f, 0.3f, 0.2f, 0.9f, 0.05f, 0.05f, 0.4f, 0.4f, 0.2f, 1.0f, 0.0f, 0.0f, 0.25f, 0.5f, 0.25f};
+    if (tokens == 20) {
+      ids.clear();
+      weights.clear();
       for (int64_t t = 0; t < tokens; ++t) {
-        std::vector<double> acc(static_cast<std::size_t>(h), 0.0);
-        for (int64_t j = 0; j < k; ++j) {
-          const int64_t e = ids[t * k + j];
-          std::vector<float> a(static_cast<std::size_t>(inter));
-          for (int64_t i = 0; i < inter; ++i) {
-            double gs = 0, us = 0;
-            for (int64_t c = 0; c < h; ++c) {
-              gs += static_cast<double>(x.data<float>()[t * h + c]) * gw[(e * inter + i) * h + c];
-              us += static_cast<double>(x.data<float>()[t * h + c]) * uw[(e * inter + i) * h + c];
-            }
-            if (oss) {
-              gs += gate_b.data<float>()[e * inter + i];
-              us += up_b.data<float>()[e * inter + i];
-            }
-            a[i] = dev.activation(static_cast<float>(gs), static_cast<float>(us));
-          }
-          for (int64_t c = 0; c < h; ++c) {
-            double y = 0;
-            for (int64_t i = 0; i < inter; ++i) y += static_cast<double>(a[i]) * dw[(e * h + c) * inter + i];
-            if (oss) y += down_b.data<float>()[e * h + c];
-            acc[c] += weights[t * k + j] * y;
-          }
-        }
-        for (int64_t c = 0; c < h; ++c) want.data<float>()[t * h + c] = static_cast<float>(acc[c]);
+        for (int64_t j = 0; j < k; ++j) ids.push_back(static_cast<int32_t>(1 + (t + j) % 3));
+        for (float w : {0.6f, 0.3f, 0.1f}) weights.push_back(w);
       }
-      const Tensor ids_d = gpu_ints(*gpu_, ids), weights_d = backend::to_device(*gpu_, Tensor::from(weights, {tokens, k}));
-      Tensor activated = backend::device_empty(*gpu_, DType::F32, {tokens * k, inter});
-      Tensor expert_out = backend::device_empty(*gpu_, DType::F32, {tokens * k, h});
-      Tensor out = backend::device_empty(*gpu_, DType::F32, {tokens, h});
-      moe::fused_experts_on_device(*gpu_, backend::to_device(*gpu_, x), ids_d.data<int32_t>(), weights_d.data<float>(), k,
-                                   dev, activated, expert_out, out);
-      EXPECT_LT(gpu_relative_error(backend::to_host(*gpu_, out), want), 1e-5)
-          << (bf16 ? "bf16" : "f32") << (oss ? ", GPT-OSS activation with biases" : ", SwiGLU");
+    }
+    const Tensor x = gpu_random({tokens, h}, 30), gate = gpu_random({experts, inter, h}, 31, 0.2f),
+                 up = gpu_random({experts, inter, h}, 32, 0.2f), down = gpu_random({experts, h, inter}, 33, 0.2f);
+    const Tensor gate_b = gpu_random({experts, inter}, 34), up_b = gpu_random({experts, inter}, 35),
+                 down_b = gpu_random({experts, h}, 36);
+    auto bf16_of = [](const Tensor& t) {
+      Tensor b = Tensor::empty(DType::BF16, t.shape());
+      auto* bits = static_cast<uint16_t*>(b.raw_data());
+      for (int64_t i = 0; i < t.numel(); ++i) bits[i] = f32_to_bf16(t.data<float>()[i]);
+      return b;
+    };
+    auto widened = [](const Tensor& t) {
+      std::vector<float> v(static_cast<std::size_t>(t.numel()));
+      convert_to_f32(t.raw_data(), t.dtype(), v.size(), v.data());
+      return v;
+    };
+    const moe::ExpertActivation swiglu{}, gpt_oss{moe::ExpertActivation::Kind::kGptOss, 7.0f, 1.702f};
+    for (const bool bf16 : {false, true}) {
+      for (const bool oss : {false, true}) {
+        moe::DeviceExperts dev;
+        const Tensor g = bf16 ? bf16_of(gate) : gate, u = bf16 ? bf16_of(up) : up, d = bf16 ? bf16_of(down) : down;
+        dev.gate = backend::to_device(*gpu_, g);
+        dev.up = backend::to_device(*gpu_, u);
+        dev.down = backend::to_device(*gpu_, d);
+        if (oss) {
+          dev.gate_bias = backend::to_device(*gpu_, gate_b);
+          dev.up_bias = backend::to_device(*gpu_, up_b);
+          dev.down_bias = backend::to_device(*gpu_, down_b);
+        }
+        dev.activation = oss ? gpt_oss : swiglu;
+        // The oracle, from the same (rounded) weights.
+        const std::vector<float> gw = widened(g), uw = widened(u), dw = widened(d);
+        Tensor want = Tensor::empty(DType::F32, {tokens, h});
+        for (int64_t t = 0; t < tokens; ++t) {
+          std::vector<double> acc(static_cast<std::size_t>(h), 0.0);
+          for (int64_t j = 0; j < k; ++j) {
+            const int64_t e = ids[t * k + j];
+            std::vector<float> a(static_cast<std::size_t>(inter));
+            for (int64_t i = 0; i < inter; ++i) {
+              double gs = 0, us = 0;
+              for (int64_t c = 0; c < h; ++c) {
+                gs += static_cast<double>(x.data<float>()[t * h + c]) * gw[(e * inter + i) * h + c];
+                us += static_cast<double>(x.data<float>()[t * h + c]) * uw[(e * inter + i) * h + c];
+              }
+              if (oss) {
+                gs += gate_b.data<float>()[e * inter + i];
+                us += up_b.data<float>()[e * inter + i];
+              }
+              a[i] = dev.activation(static_cast<float>(gs), static_cast<float>(us));
+            }
+            for (int64_t c = 0; c < h; ++c) {
+              double y = 0;
+              for (int64_t i = 0; i < inter; ++i) y += static_cast<double>(a[i]) * dw[(e * h + c) * inter + i];
+              if (oss) y += down_b.data<float>()[e * h + c];
+              acc[c] += weights[t * k + j] * y;
+            }
+          }
+          for (int64_t c = 0; c < h; ++c) want.data<float>()[t * h + c] = static_cast<float>(acc[c]);
+        }
+        const Tensor ids_d = gpu_ints(*gpu_, ids), weights_d = backend::to_device(*gpu_, Tensor::from(weights, {tokens, k}));
+        Tensor grouping = backend::device_empty(*gpu_, DType::I32, {moe::grouping_ints(experts, tokens * k)});
+        Tensor activated = backend::device_empty(*gpu_, DType::F32, {tokens * k, inter});
+        Tensor expert_out = backend::device_empty(*gpu_, DType::F32, {tokens * k, h});
+        Tensor out = backend::device_empty(*gpu_, DType::F32, {tokens, h});
+        moe::fused_experts_on_device(*gpu_, backend::to_device(*gpu_, x), ids_d.data<int32_t>(), weights_d.data<float>(), k,
+                                     dev, grouping, activated, expert_out, out);
+        EXPECT_LT(gpu_relative_error(backend::to_host(*gpu_, out), want), 1e-5)
+            << tokens << " tokens, " << (bf16 ? "bf16" : "f32") << (oss ? ", GPT-OSS activation with biases" : ", SwiGLU");
+      }
     }
   }
 }

@@ -1,9 +1,15 @@
-// The fused experts kernels (moe/device_experts.h). A warp computes one dot product: its lanes
-// take every 32nd element and the partial sums meet through shuffles. Three launches on the
-// context's stream: gate/up + activation per (pair, intermediate row), down per (pair, hidden
-// row), then the combine per (token, hidden element), summing the k choices in order as the CPU
-// does (each product rounded, then added).
+// The fused experts kernels (moe/device_experts.h). First the step's (token, choice) pairs are
+// grouped by expert on the device (counts, offsets, the list of used experts; the order of pairs
+// within an expert does not matter, each pair's sums are its own). Then one warp per (used
+// expert, weight row) reads that row once and multiplies it with every pair routed to the
+// expert, in groups of kPairsPerPass that keep their partial sums in registers; the lanes take
+// every 32nd element and the partial sums meet through shuffles. Gate/up + activation, then down,
+// then the combine per (token, hidden element), summing the k choices in order as the CPU does
+// (each product rounded, then added). Launches are sized for every expert being used; warps
+// past the used count return at once, so nothing is read back to the host.
 #include <cuda_bf16.h>
+
+#include <algorithm>
 
 #include "backend/cuda/state.h"
 #include "moe/device_experts.h"
@@ -18,14 +24,6 @@ constexpr int kWarpsPerBlock = 8;
 __device__ inline float load(const float* p, int64_t i) { return p[i]; }
 __device__ inline float load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
 
-template <typename W>
-__device__ inline float warp_dot(const float* x, const W* w, int64_t n, int lane) {
-  float partial = 0.0f;
-  for (int64_t i = lane; i < n; i += kWarp) partial += x[i] * load(w, i);
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) partial += __shfl_xor_sync(0xffffffffu, partial, offset);
-  return partial;
-}
-
 struct Activation {
   ExpertActivation::Kind kind;
   float limit, alpha;
@@ -38,35 +36,128 @@ struct Activation {
   }
 };
 
+constexpr int kPairsPerPass = 8;
+
+// ids [pairs] -> offsets [experts + 1], order [pairs] (pair indices grouped by expert), used
+// [experts] (the experts with pairs, ascending), used_count [1]. One block.
+__global__ void group_pairs_by_expert(const int32_t* __restrict__ ids, int64_t pairs, int64_t experts,
+                                      int32_t* __restrict__ offsets, int32_t* __restrict__ order,
+                                      int32_t* __restrict__ used, int32_t* __restrict__ used_count) {
+  extern __shared__ int32_t counts[];  // [experts] counts, then [experts] cursors
+  int32_t* cursor = counts + experts;
+  for (int64_t e = threadIdx.x; e < experts; e += blockDim.x) counts[e] = 0;
+  __syncthreads();
+  for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&counts[ids[p]], 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t total = 0, n_used = 0;
+    for (int64_t e = 0; e < experts; ++e) {
+      offsets[e] = total;
+      cursor[e] = total;
+      total += counts[e];
+      if (counts[e] > 0) used[n_used++] = static_cast<int32_t>(e);
+    }
+    offsets[experts] = total;
+    *used_count = n_used;
+  }
+  __syncthreads();
+  for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) order[atomicAdd(&cursor[ids[p]], 1)] = static_cast<int32_t>(p);
+}
+
+struct Grouping {
+  const int32_t* offsets;
+  const int32_t* order;
+  const int32_t* used;
+  const int32_t* used_count;
+};
+
 template <typename W>
-__global__ void gate_up_rows(const float* __restrict__ hidden, const int32_t* __restrict__ ids, int64_t k, int64_t pairs,
-                             const W* __restrict__ gate, const W* __restrict__ up, const float* __restrict__ gate_bias,
+__global__ void gate_up_rows(const float* __restrict__ hidden, int64_t k, Grouping g, const W* __restrict__ gate,
+                             const W* __restrict__ up, const float* __restrict__ gate_bias,
                              const float* __restrict__ up_bias, int64_t h, int64_t inter, Activation act,
                              float* __restrict__ activated) {
   const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
-  if (warp >= pairs * inter) return;
+  const int64_t slot = warp / inter, i = warp % inter;
+  if (slot >= *g.used_count) return;
   const int lane = threadIdx.x % kWarp;
-  const int64_t p = warp / inter, i = warp % inter, e = ids[p];
-  const float* x = hidden + (p / k) * h;
+  const int32_t e = g.used[slot];
   const int64_t row = e * inter + i;
-  float g = warp_dot(x, gate + row * h, h, lane), u = warp_dot(x, up + row * h, h, lane);
-  if (lane == 0) {
-    if (gate_bias) g += gate_bias[row];
-    if (up_bias) u += up_bias[row];
-    activated[p * inter + i] = act(g, u);
+  const W* gw = gate + row * h;
+  const W* uw = up + row * h;
+  for (int32_t first = g.offsets[e]; first < g.offsets[e + 1]; first += kPairsPerPass) {
+    const int32_t n = min(kPairsPerPass, g.offsets[e + 1] - first);
+    const float* x[kPairsPerPass];
+    float acc_g[kPairsPerPass], acc_u[kPairsPerPass];
+#pragma unroll
+    for (int j = 0; j < kPairsPerPass; ++j) {
+      x[j] = j < n ? hidden + (g.order[first + j] / k) * h : nullptr;
+      acc_g[j] = acc_u[j] = 0.0f;
+    }
+    for (int64_t c = lane; c < h; c += kWarp) {
+      const float wg = load(gw, c), wu = load(uw, c);
+#pragma unroll
+      for (int j = 0; j < kPairsPerPass; ++j) {
+        if (j < n) {
+          const float xv = x[j][c];
+          acc_g[j] += xv * wg;
+          acc_u[j] += xv * wu;
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kPairsPerPass; ++j) {
+      for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+        acc_g[j] += __shfl_xor_sync(0xffffffffu, acc_g[j], offset);
+        acc_u[j] += __shfl_xor_sync(0xffffffffu, acc_u[j], offset);
+      }
+    }
+    if (lane == 0) {
+      for (int j = 0; j < n; ++j) {
+        float gs = acc_g[j], us = acc_u[j];
+        if (gate_bias) gs += gate_bias[row];
+        if (up_bias) us += up_bias[row];
+        activated[static_cast<int64_t>(g.order[first + j]) * inter + i] = act(gs, us);
+      }
+    }
   }
 }
 
 template <typename W>
-__global__ void down_rows(const float* __restrict__ activated, const int32_t* __restrict__ ids, int64_t pairs,
-                          const W* __restrict__ down, const float* __restrict__ down_bias, int64_t h, int64_t inter,
-                          float* __restrict__ expert_out) {
+__global__ void down_rows(const float* __restrict__ activated, Grouping g, const W* __restrict__ down,
+                          const float* __restrict__ down_bias, int64_t h, int64_t inter, float* __restrict__ expert_out) {
   const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
-  if (warp >= pairs * h) return;
+  const int64_t slot = warp / h, d = warp % h;
+  if (slot >= *g.used_count) return;
   const int lane = threadIdx.x % kWarp;
-  const int64_t p = warp / h, d = warp % h, e = ids[p];
-  float y = warp_dot(activated + p * inter, down + (e * h + d) * inter, inter, lane);
-  if (lane == 0) expert_out[p * h + d] = down_bias ? y + down_bias[e * h + d] : y;
+  const int32_t e = g.used[slot];
+  const W* w = down + (e * h + d) * inter;
+  for (int32_t first = g.offsets[e]; first < g.offsets[e + 1]; first += kPairsPerPass) {
+    const int32_t n = min(kPairsPerPass, g.offsets[e + 1] - first);
+    const float* a[kPairsPerPass];
+    float acc[kPairsPerPass];
+#pragma unroll
+    for (int j = 0; j < kPairsPerPass; ++j) {
+      a[j] = j < n ? activated + static_cast<int64_t>(g.order[first + j]) * inter : nullptr;
+      acc[j] = 0.0f;
+    }
+    for (int64_t c = lane; c < inter; c += kWarp) {
+      const float wv = load(w, c);
+#pragma unroll
+      for (int j = 0; j < kPairsPerPass; ++j) {
+        if (j < n) acc[j] += a[j][c] * wv;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kPairsPerPass; ++j) {
+      for (int offset = kWarp / 2; offset > 0; offset /= 2) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], offset);
+    }
+    if (lane == 0) {
+      for (int j = 0; j < n; ++j) {
+        const float y = acc[j];
+        expert_out[static_cast<int64_t>(g.order[first + j]) * h + d] = down_bias ? y + down_bias[e * h + d] : y;
+      }
+    }
+  }
 }
 
 __global__ void combine_choices(const float* __restrict__ expert_out, const float* __restrict__ weights, int64_t tokens,
@@ -83,16 +174,23 @@ unsigned warp_blocks(int64_t warps) { return static_cast<unsigned>((warps + kWar
 
 template <typename W>
 void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, const float* weights, int64_t k,
-            const DeviceExperts& x, Tensor& activated, Tensor& expert_out, Tensor& out) {
+            const DeviceExperts& x, Tensor& grouping, Tensor& activated, Tensor& expert_out, Tensor& out) {
   const cudaStream_t stream = ctx.cuda_state().stream;
-  const int64_t tokens = hidden.dim(0), h = hidden.dim(1), inter = x.gate.dim(1), pairs = tokens * k;
+  const int64_t tokens = hidden.dim(0), h = hidden.dim(1), experts = x.gate.dim(0), inter = x.gate.dim(1);
+  const int64_t pairs = tokens * k;
+  int32_t* gp = grouping.data<int32_t>();
+  const Grouping g{gp, gp + experts + 1, gp + experts + 1 + pairs, gp + 2 * experts + 1 + pairs};
+  group_pairs_by_expert<<<1, 1024, 2 * experts * sizeof(int32_t), stream>>>(
+      ids, pairs, experts, gp, gp + experts + 1, gp + experts + 1 + pairs, gp + 2 * experts + 1 + pairs);
   auto bias = [](const Tensor& b) { return b.defined() ? b.data<float>() : nullptr; };
   const Activation act{x.activation.kind, x.activation.limit, x.activation.alpha};
-  gate_up_rows<<<warp_blocks(pairs * inter), kWarpsPerBlock * kWarp, 0, stream>>>(
-      hidden.data<float>(), ids, k, pairs, static_cast<const W*>(x.gate.raw_data()), static_cast<const W*>(x.up.raw_data()),
+  // Sized for every expert being used (at most `pairs` of them).
+  const int64_t slots = std::min(experts, pairs);
+  gate_up_rows<<<warp_blocks(slots * inter), kWarpsPerBlock * kWarp, 0, stream>>>(
+      hidden.data<float>(), k, g, static_cast<const W*>(x.gate.raw_data()), static_cast<const W*>(x.up.raw_data()),
       bias(x.gate_bias), bias(x.up_bias), h, inter, act, activated.data<float>());
-  down_rows<<<warp_blocks(pairs * h), kWarpsPerBlock * kWarp, 0, stream>>>(
-      activated.data<float>(), ids, pairs, static_cast<const W*>(x.down.raw_data()), bias(x.down_bias), h, inter,
+  down_rows<<<warp_blocks(slots * h), kWarpsPerBlock * kWarp, 0, stream>>>(
+      activated.data<float>(), g, static_cast<const W*>(x.down.raw_data()), bias(x.down_bias), h, inter,
       expert_out.data<float>());
   combine_choices<<<static_cast<unsigned>((tokens * h + 255) / 256), 256, 0, stream>>>(expert_out.data<float>(), weights,
                                                                                          tokens, k, h, out.data<float>());
@@ -102,8 +200,8 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
 }  // namespace
 
 void fused_experts_on_device(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, const float* weights,
-                             int64_t k, const DeviceExperts& experts, Tensor& activated, Tensor& expert_out,
-                             Tensor& out) {
+                             int64_t k, const DeviceExperts& experts, Tensor& grouping, Tensor& activated,
+                             Tensor& expert_out, Tensor& out) {
   const Tensor& g = experts.gate;
   R3_CHECK(hidden.rank() == 2 && g.rank() == 3 && experts.up.shape() == g.shape() && experts.down.rank() == 3 &&
                experts.down.dim(0) == g.dim(0) && experts.down.dim(1) == g.dim(2) &&
@@ -112,12 +210,15 @@ void fused_experts_on_device(backend::Context& ctx, const Tensor& hidden, const 
            "experts (cuda): hidden ", shape_to_string(hidden.shape()), ", gate ", shape_to_string(g.shape()), ", down ",
            shape_to_string(experts.down.shape()));
   const int64_t tokens = hidden.dim(0), pairs = tokens * k;
-  R3_CHECK(activated.numel() >= pairs * g.dim(1) && expert_out.numel() >= pairs * hidden.dim(1),
+  R3_CHECK(activated.numel() >= pairs * g.dim(1) && expert_out.numel() >= pairs * hidden.dim(1) &&
+               grouping.dtype() == DType::I32 && grouping.numel() >= grouping_ints(g.dim(0), pairs),
            "experts (cuda): scratch too small for ", pairs, " pairs");
+  R3_CHECK(g.dim(0) <= 4096, "experts (cuda): ", g.dim(0), " experts (at most 4096)");
   if (tokens == 0) return;
   switch (g.dtype()) {
-    case DType::F32: return launch<float>(ctx, hidden, ids, weights, k, experts, activated, expert_out, out);
-    case DType::BF16: return launch<__nv_bfloat16>(ctx, hidden, ids, weights, k, experts, activated, expert_out, out);
+    case DType::F32: return launch<float>(ctx, hidden, ids, weights, k, experts, grouping, activated, expert_out, out);
+    case DType::BF16:
+      return launch<__nv_bfloat16>(ctx, hidden, ids, weights, k, experts, grouping, activated, expert_out, out);
     default: R3_FAIL("experts (cuda): weights of dtype ", dtype_name(g.dtype()), " (expected F32 or BF16)");
   }
 }
