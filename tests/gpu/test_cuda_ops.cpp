@@ -13,6 +13,8 @@
 #include "moe/device_capture.h"
 #include "moe/device_experts.h"
 #include "moe/device_routing.h"
+#include "moe/eplb/expert_placement.h"
+#include "moe/physical_experts.h"
 #include "moe/routing_rule.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
@@ -469,6 +471,29 @@ TEST_F(CudaOps, DeviceStepBuilderFeedsTheKernels) {
     const ops::DeviceKvPool pool{keys_d.data<float>(), values_d.data<float>(), width, width, block, 32};
     ops::cuda::paged_attention(*gpu_, got_r, dev, pool, 1, 0.125f, 0, nullptr, got_a);
     EXPECT_LT(gpu_relative_error(backend::to_host(*gpu_, got_a), want_a), 1e-5) << "step " << step;
+  }
+}
+
+// A layer's physical experts (4 logical, 2 redundant replicas, GPT-OSS-style biases) stacked
+// onto the device: every physical expert's matrices and biases land at its index, bit for bit.
+TEST_F(CudaOps, UploadedExpertsAreThePhysicalExpertsStacked) {
+  const int64_t h = 24, inter = 10;
+  std::vector<moe::SwigluExpertWeights> logical;
+  for (uint32_t e = 0; e < 4; ++e) {
+    logical.push_back({gpu_random({inter, h}, 60 + e), gpu_random({inter, h}, 70 + e), gpu_random({h, inter}, 80 + e),
+                       gpu_random({inter}, 90 + e), gpu_random({inter}, 100 + e), gpu_random({h}, 110 + e)});
+  }
+  const moe::PhysicalExperts experts(std::move(logical), moe::ExpertPlacement::initial(4, 2));
+  const moe::DeviceExperts dev = moe::upload_experts(*gpu_, experts);
+  ASSERT_EQ(dev.gate.dim(0), experts.num_physical());
+  const Tensor gate = backend::to_host(*gpu_, dev.gate), down = backend::to_host(*gpu_, dev.down);
+  const Tensor up_bias = backend::to_host(*gpu_, dev.up_bias);
+  for (int32_t p = 0; p < experts.num_physical(); ++p) {
+    const moe::SwigluExpertWeights& w = experts.weights(p);
+    EXPECT_EQ(std::memcmp(gate.data<float>() + p * inter * h, w.gate.data<float>(), w.gate.nbytes()), 0) << "gate " << p;
+    EXPECT_EQ(std::memcmp(down.data<float>() + p * inter * h, w.down.data<float>(), w.down.nbytes()), 0) << "down " << p;
+    EXPECT_EQ(std::memcmp(up_bias.data<float>() + p * inter, w.up_bias.data<float>(), w.up_bias.nbytes()), 0)
+        << "up bias " << p;
   }
 }
 
