@@ -111,7 +111,7 @@ void attention(backend::Context& gpu) {
     const Tensor seqs_d = backend::to_device(gpu, Tensor::from(seqs, {batch}));
     const Tensor positions_d = backend::to_device(gpu, Tensor::from(positions, {batch}));
     const ops::DeviceStep step{batch, nullptr, positions_d.data<int32_t>(), seqs_d.data<int32_t>(), tables_d.data<int32_t>(),
-                               blocks_per_seq};
+                               blocks_per_seq, context};
     const ops::DeviceKvPool pool{keys.data<float>(), values.data<float>(), width, width, block, pool_blocks};
     const Tensor q = backend::to_device(gpu, random_host(DType::F32, {batch, heads, d}, 8, 1.0f));
     Tensor out = backend::device_empty(gpu, DType::F32, {batch, heads, d});

@@ -17,6 +17,7 @@ struct DeviceStep {
   const int32_t* seqs = nullptr;          // [tokens]: sequence slot, or -1 for a padding row
   const int32_t* block_tables = nullptr;  // [slots, table_stride]: block ids, row-major
   int64_t table_stride = 0;               // blocks per sequence slot in block_tables
+  int64_t max_context = 0;                // the largest position + 1 of the step (sizes split grids)
 };
 
 // One layer's paged cache on the device: blocks of block_size rows of key_width / value_width

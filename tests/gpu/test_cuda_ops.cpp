@@ -189,11 +189,11 @@ TEST_F(CudaOps, RotaryOfDevicePositionsMatchesTheCpu) {
 // Three sequences with cached positions, a step mixing decode tokens, a prefill chunk and a padding
 // row: the device write puts every row where the CPU's does, and the device attention matches the
 // CPU's over the same block tables, for GQA head sizes 64 and 128, with and without sinks and a
-// sliding window.
+// sliding window (one of 70 positions, across the kernel's 64-position chunks).
 TEST_F(CudaOps, PagedKvWriteAndAttentionMatchTheCpu) {
   struct Case { int64_t heads, kv_heads, d, window; bool sinks; };
   for (const Case c : {Case{8, 2, 64, 0, false}, Case{4, 4, 128, 0, true}, Case{8, 1, 64, 20, true},
-                       Case{16, 4, 128, 7, false}}) {
+                       Case{16, 4, 128, 7, false}, Case{8, 2, 64, 70, true}}) {
     const int64_t block = 16, pool_blocks = 40, width = c.kv_heads * c.d, stride = 8;
     // Block tables: distinct blocks, deliberately out of order.
     const std::vector<std::vector<int32_t>> tables = {{5, 9, 2, 30}, {11}, {0, 39, 7, 8, 21, 22, 23}};
@@ -210,7 +210,8 @@ TEST_F(CudaOps, PagedKvWriteAndAttentionMatchTheCpu) {
     // Device side first (the host pool is updated in place by the CPU ops below).
     Tensor keys_d = backend::to_device(*gpu_, keys), values_d = backend::to_device(*gpu_, values);
     const Tensor seqs_d = gpu_ints(*gpu_, seqs), positions_d = gpu_ints(*gpu_, positions), tables_d = gpu_ints(*gpu_, flat);
-    const ops::DeviceStep step{tokens, nullptr, positions_d.data<int32_t>(), seqs_d.data<int32_t>(), tables_d.data<int32_t>(), stride};
+    const ops::DeviceStep step{tokens, nullptr, positions_d.data<int32_t>(), seqs_d.data<int32_t>(), tables_d.data<int32_t>(),
+                               stride, 101};
     const ops::DeviceKvPool pool{keys_d.data<float>(), values_d.data<float>(), width, width, block, pool_blocks};
     const Tensor k_d = backend::to_device(*gpu_, k), v_d = backend::to_device(*gpu_, v), q_d = backend::to_device(*gpu_, q);
     const Tensor sinks_d = backend::to_device(*gpu_, sinks);

@@ -73,7 +73,11 @@ ops::DeviceStep DeviceStepBuilder::build(std::span<const int32_t> token_ids, std
   R3_CUDA_CHECK(cudaEventRecord(impl_->copied[b], stream));
   impl_->used[b] = true;
   const int32_t* d = impl_->device[b];
-  return {tokens, d, d + max_tokens_, d + 2 * max_tokens_, d + 3 * max_tokens_, stride_};
+  int64_t max_context = 0;
+  for (std::size_t t = 0; t < positions.size(); ++t) {
+    if (seqs[t] >= 0) max_context = std::max<int64_t>(max_context, positions[t] + 1);
+  }
+  return {tokens, d, d + max_tokens_, d + 2 * max_tokens_, d + 3 * max_tokens_, stride_, max_context};
 }
 
 }  // namespace r3::models

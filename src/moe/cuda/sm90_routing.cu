@@ -1,7 +1,9 @@
-// The routing kernel (moe/device_routing.h): one thread per token, walking its experts in order
-// exactly as the CPU rule does. A step routes at most a few thousand tokens over at most 512
-// experts, so one thread per token keeps the CPU's sequential selection and sums (and with them
-// its tie-breaking) at a cost of microseconds.
+// The routing kernel (moe/device_routing.h): one warp per token. The per-expert work (the
+// scores, their exp, bias) runs across the lanes into shared memory, each element with the CPU
+// rule's arithmetic; the steps whose order matters for the bits (the double sums) run on lane 0
+// in the CPU's order; the top-k selections are k rounds of a warp argmax that prefers the lower
+// id on equal values, which is the CPU's stable order. Scores must be finite (NaN logits are
+// outside the contract: the CPU and the GPU may then choose differently).
 #include "backend/cuda/state.h"
 #include "moe/device_routing.h"
 
@@ -14,33 +16,54 @@ using Kind = DeviceRoutingRule::Kind;
 // exp in double, rounded: within one rounding of the C library's float exp the CPU rule calls.
 __device__ inline float exp_rounded(float x) { return static_cast<float>(exp(static_cast<double>(x))); }
 
-// The CPU's topk_indices: insertion by value, equal values keep the lower index first.
-__device__ void topk(const float* values, int64_t n, int32_t k, int32_t* out) {
-  int32_t kept = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = values[i];
-    int32_t at = kept;
-    while (at > 0 && values[out[at - 1]] < v) --at;
-    if (at >= k) continue;
-    for (int32_t j = min(kept, k - 1); j > at; --j) out[j] = out[j - 1];
-    out[at] = static_cast<int32_t>(i);
-    kept = min(kept + 1, k);
+constexpr int kWarp = 32;
+constexpr int kWarpsPerBlock = 4;
+
+// The k best of values[0, n) in order (equal values: lower index first), as the CPU's topk_indices,
+// by the whole warp; every lane gets the same out[]. `taken` is scratch of n flags.
+__device__ void warp_topk(const float* values, int64_t n, int32_t k, int32_t* out, uint8_t* taken, int lane) {
+  for (int64_t i = lane; i < n; i += kWarp) taken[i] = 0;
+  __syncwarp();
+  for (int32_t r = 0; r < k; ++r) {
+    float best = -INFINITY;
+    int32_t best_i = -1;
+    for (int64_t i = lane; i < n; i += kWarp) {
+      if (!taken[i] && (best_i < 0 || values[i] > best)) {
+        best = values[i];
+        best_i = static_cast<int32_t>(i);
+      }
+    }
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+      const float other = __shfl_xor_sync(0xffffffffu, best, offset);
+      const int32_t other_i = __shfl_xor_sync(0xffffffffu, best_i, offset);
+      if (other_i >= 0 && (best_i < 0 || other > best || (other == best && other_i < best_i))) {
+        best = other;
+        best_i = other_i;
+      }
+    }
+    out[r] = best_i;
+    if (lane == 0) taken[best_i] = 1;
+    __syncwarp();
   }
 }
 
-// In place, as ops::softmax: max, exp(v - max), the sum in double, v / sum rounded.
-__device__ void softmax(float* v, int64_t n) {
-  float max_value = v[0];
-  for (int64_t i = 1; i < n; ++i) max_value = v[i] > max_value ? v[i] : max_value;
+// In place, as ops::softmax: max, exp(v - max), the sum in double in index order, v / sum rounded.
+__device__ void warp_softmax(float* v, int64_t n, int lane) {
+  float max_value = -INFINITY;
+  for (int64_t i = lane; i < n; i += kWarp) max_value = fmaxf(max_value, v[i]);
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) max_value = fmaxf(max_value, __shfl_xor_sync(0xffffffffu, max_value, offset));
+  for (int64_t i = lane; i < n; i += kWarp) v[i] = exp_rounded(__fsub_rn(v[i], max_value));
+  __syncwarp();
   double sum = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    v[i] = exp_rounded(__fsub_rn(v[i], max_value));
-    sum = __dadd_rn(sum, static_cast<double>(v[i]));
+  if (lane == 0) {
+    for (int64_t i = 0; i < n; ++i) sum = __dadd_rn(sum, static_cast<double>(v[i]));
   }
-  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(__ddiv_rn(static_cast<double>(v[i]), sum));
+  sum = __shfl_sync(0xffffffffu, sum, 0);
+  for (int64_t i = lane; i < n; i += kWarp) v[i] = static_cast<float>(__ddiv_rn(static_cast<double>(v[i]), sum));
+  __syncwarp();
 }
 
-// weights[j] = scores[ids[j]] / (sum + eps) * scaling, in double, as the CPU's renormalised().
+// weights[j] = scores[ids[j]] / (sum + eps) * scaling, in double, as the CPU's renormalised(). Lane 0.
 __device__ void renormalised(const float* scores, int32_t k, const int32_t* ids, float eps, float scaling,
                              float* weights) {
   double sum = 0;
@@ -52,62 +75,95 @@ __device__ void renormalised(const float* scores, int32_t k, const int32_t* ids,
   }
 }
 
+struct WarpScratch {
+  float scores[kMaxDeviceExperts];
+  float choice[kMaxDeviceExperts];
+  uint8_t taken[kMaxDeviceExperts];
+  float group_score[64];
+  int32_t ids[kMaxDeviceExperts];  // k <= experts
+  int32_t best[2];
+};
+
 __global__ void route_tokens(const float* __restrict__ logits, int64_t tokens, int64_t experts, DeviceRoutingRule rule,
                              const int32_t* __restrict__ forced, const uint8_t* __restrict__ replayed,
                              int32_t* __restrict__ ids_out, float* __restrict__ weights_out, DeviceCaptureRows capture) {
-  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  __shared__ WarpScratch scratch[kWarpsPerBlock];
+  const int lane = threadIdx.x % kWarp;
+  const int64_t t = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   if (t >= tokens) return;
-  float scores[kMaxDeviceExperts], choice[kMaxDeviceExperts];
+  WarpScratch& w = scratch[threadIdx.x / kWarp];
+  float* scores = w.scores;
+  float* choice = w.choice;
+  int32_t* ids = w.ids;
   const int32_t k = rule.k;
-  int32_t* ids = ids_out + t * k;
   float* weights = weights_out + t * k;
-  for (int64_t e = 0; e < experts; ++e) scores[e] = logits[t * experts + e];
+  for (int64_t e = lane; e < experts; e += kWarp) scores[e] = logits[t * experts + e];
+  __syncwarp();
   const bool replay = forced != nullptr && (replayed == nullptr || replayed[t] != 0);
+  auto take_forced = [&] {
+    for (int32_t j = lane; j < k; j += kWarp) ids[j] = forced[t * k + j];
+    __syncwarp();
+  };
 
   if (rule.kind == Kind::kSoftmaxTopK) {
-    softmax(scores, experts);
-    if (replay) for (int32_t j = 0; j < k; ++j) ids[j] = forced[t * k + j];
-    else topk(scores, experts, k, ids);
-    if (rule.normalize) renormalised(scores, k, ids, 0.0f, 1.0f, weights);
-    else for (int32_t j = 0; j < k; ++j) weights[j] = scores[ids[j]];
+    warp_softmax(scores, experts, lane);
+    if (replay) take_forced();
+    else warp_topk(scores, experts, k, ids, w.taken, lane);
+    if (lane == 0) {
+      if (rule.normalize) renormalised(scores, k, ids, 0.0f, 1.0f, weights);
+      else for (int32_t j = 0; j < k; ++j) weights[j] = scores[ids[j]];
+    }
   } else if (rule.kind == Kind::kSigmoidGroupTopK) {
-    for (int64_t e = 0; e < experts; ++e) {
+    for (int64_t e = lane; e < experts; e += kWarp) {
       scores[e] = __fdiv_rn(1.0f, __fadd_rn(1.0f, exp_rounded(-scores[e])));
       choice[e] = __fadd_rn(scores[e], rule.bias[e]);
     }
+    __syncwarp();
     if (replay) {
-      for (int32_t j = 0; j < k; ++j) ids[j] = forced[t * k + j];
+      take_forced();
     } else {
-      // Group score: the sum of its two best choices; groups outside the best topk_groups masked.
+      // Group score: the sum of its two best choices (best first, as the CPU adds them); the
+      // groups outside the best topk_groups are masked.
       const int64_t group_size = experts / rule.groups;
-      float group_score[64];
+      const int32_t two = group_size < 2 ? static_cast<int32_t>(group_size) : 2;
       for (int32_t g = 0; g < rule.groups; ++g) {
-        int32_t best[2];
-        const int32_t two = group_size < 2 ? static_cast<int32_t>(group_size) : 2;
-        topk(choice + g * group_size, group_size, two, best);
-        float sum = 0.0f;
-        for (int32_t i = 0; i < two; ++i) sum = __fadd_rn(sum, choice[g * group_size + best[i]]);
-        group_score[g] = sum;
+        warp_topk(choice + g * group_size, group_size, two, w.best, w.taken, lane);
+        if (lane == 0) {
+          float sum = 0.0f;
+          for (int32_t i = 0; i < two; ++i) sum = __fadd_rn(sum, choice[g * group_size + w.best[i]]);
+          w.group_score[g] = sum;
+        }
+        __syncwarp();
       }
       int32_t kept[64];
-      topk(group_score, rule.groups, rule.topk_groups, kept);
-      for (int32_t g = 0; g < rule.groups; ++g) {
+      warp_topk(w.group_score, rule.groups, rule.topk_groups, kept, w.taken, lane);
+      for (int64_t e = lane; e < experts; e += kWarp) {
+        const int64_t g = e / group_size;
         bool keep = false;
         for (int32_t i = 0; i < rule.topk_groups; ++i) keep = keep || kept[i] == g;
-        if (!keep) for (int64_t e = g * group_size; e < (g + 1) * group_size; ++e) choice[e] = -INFINITY;
+        if (!keep) choice[e] = -INFINITY;
       }
-      topk(choice, experts, k, ids);
+      __syncwarp();
+      warp_topk(choice, experts, k, ids, w.taken, lane);
     }
-    if (rule.normalize) renormalised(scores, k, ids, 1e-20f, rule.scaling, weights);
-    else for (int32_t j = 0; j < k; ++j) weights[j] = __fmul_rn(scores[ids[j]], rule.scaling);
+    if (lane == 0) {
+      if (rule.normalize) renormalised(scores, k, ids, 1e-20f, rule.scaling, weights);
+      else for (int32_t j = 0; j < k; ++j) weights[j] = __fmul_rn(scores[ids[j]], rule.scaling);
+    }
   } else {  // kTopKSoftmax
-    if (replay) for (int32_t j = 0; j < k; ++j) ids[j] = forced[t * k + j];
-    else topk(scores, experts, k, ids);
-    for (int32_t j = 0; j < k; ++j) weights[j] = scores[ids[j]];
-    softmax(weights, k);
+    if (replay) take_forced();
+    else warp_topk(scores, experts, k, ids, w.taken, lane);
+    if (lane == 0) {
+      for (int32_t j = 0; j < k; ++j) choice[j] = scores[ids[j]];
+    }
+    __syncwarp();
+    warp_softmax(choice, k, lane);
+    if (lane == 0) for (int32_t j = 0; j < k; ++j) weights[j] = choice[j];
   }
-  if (capture.capture != nullptr) {
-    for (int32_t j = 0; j < k; ++j) capture.capture[t * capture.row_stride + j] = ids[j];
+  __syncwarp();
+  for (int32_t j = lane; j < k; j += kWarp) {
+    ids_out[t * k + j] = ids[j];
+    if (capture.capture != nullptr) capture.capture[t * capture.row_stride + j] = ids[j];
   }
 }
 
@@ -125,8 +181,8 @@ void route_on_device(backend::Context& ctx, const Tensor& logits, const DeviceRo
                 rule.topk_groups >= 1 && rule.topk_groups <= rule.groups),
            "routing (cuda): grouped sigmoid routing needs a bias and 1 to 64 groups dividing ", experts, " experts");
   if (tokens == 0) return;
-  constexpr int kThreads = 64;
-  route_tokens<<<static_cast<unsigned>((tokens + kThreads - 1) / kThreads), kThreads, 0, ctx.cuda_state().stream>>>(
+  route_tokens<<<static_cast<unsigned>((tokens + kWarpsPerBlock - 1) / kWarpsPerBlock), kWarpsPerBlock * kWarp, 0,
+                 ctx.cuda_state().stream>>>(
       logits.data<float>(), tokens, experts, rule, forced, replayed, ids, weights, capture);
   R3_CUDA_CHECK(cudaGetLastError());
 }

@@ -2,12 +2,14 @@
 // attention of every token over its sequence's cached positions, both through the block tables
 // of the step (ops/device_step.h).
 //
-// Attention: one warp per (token, query head). The warp walks the window's positions in order,
-// each lane holding head_dim / 32 elements: a key's dot product is reduced across the warp, and an
-// online softmax (running max, running sum, rescaled accumulator) folds each value in, so one
-// pass reads every key and value row once. A sink (GPT-OSS) starts the running sum at
-// exp(sink - max) with no value. Scores and sums in float32, as on the CPU; the order of the
-// additions differs from the CPU's two-pass softmax, hence a tolerance in the tests.
+// Attention splits each token's window into chunks of kChunk positions (flash-decoding): one warp
+// per (token, query head, chunk) walks its chunk in order, each lane holding head_dim / 32
+// elements; a key's dot product is reduced across the warp, and an online softmax (running max,
+// running sum, rescaled accumulator) folds each value in. A second kernel merges the chunks of
+// each (token, head) in chunk order, adding a sink's exp(sink - max) to the sum (GPT-OSS). The
+// chunk size is fixed, so how a window is split depends only on its length: a token's result does
+// not depend on the batch. Scores and sums in float32; the order of the additions differs from
+// the CPU's two-pass softmax, hence a tolerance in the tests.
 #include <algorithm>
 
 #include "backend/cuda/state.h"
@@ -39,61 +41,93 @@ __global__ void write_kv_rows(const float* __restrict__ k, int64_t k_stride, con
   }
 }
 
+constexpr int64_t kChunk = 64;  // positions per warp
+
+// One warp per (token, head, chunk): partial max, sum and accumulator of its chunk (max -inf and
+// sum 0 for a chunk past the window or a padding row).
 template <int kPerLane>
-__global__ void attention_heads(const float* __restrict__ q, DeviceStep step, DeviceKvPool pool, int64_t heads,
-                                int64_t kv_heads, int64_t d, float scale, int64_t sliding_window,
-                                const float* __restrict__ sinks, float* __restrict__ out) {
+__global__ void attention_chunks(const float* __restrict__ q, DeviceStep step, DeviceKvPool pool, int64_t heads,
+                                 int64_t kv_heads, int64_t d, float scale, int64_t sliding_window, int64_t chunks,
+                                 float* __restrict__ part_max, float* __restrict__ part_sum, float* __restrict__ part_acc) {
   const int lane = threadIdx.x % kWarp;
-  const int64_t th = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
-  if (th >= step.tokens * heads) return;
+  const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
+  if (warp >= step.tokens * heads * chunks) return;
+  const int64_t th = warp / chunks, chunk = warp % chunks;
   const int64_t t = th / heads, h = th % heads;
-  float* o = out + th * d;
+  float running_max = -INFINITY, running_sum = 0.0f, acc[kPerLane];
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) acc[j] = 0.0f;
   const int32_t seq = step.seqs[t];
-  if (seq < 0) {  // a padding row attends to nothing
-    for (int64_t i = lane; i < d; i += kWarp) o[i] = 0.0f;
+  if (seq >= 0) {
+    const int64_t pos = step.positions[t];
+    const int64_t begin = sliding_window > 0 ? max(int64_t{0}, pos - sliding_window + 1) : 0;
+    const int64_t first = begin + chunk * kChunk, last = min(pos + 1, first + kChunk);
+    const int64_t kv_offset = (h / (heads / kv_heads)) * d;
+    float qv[kPerLane];
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int64_t i = lane + j * kWarp;
+      qv[j] = i < d ? q[th * d + i] : 0.0f;
+    }
+    for (int64_t p = first; p < last; ++p) {
+      const int64_t row = cache_row(step, pool, seq, p);
+      const float* key = pool.keys + row * pool.key_width + kv_offset;
+      const float* value = pool.values + row * pool.value_width + kv_offset;
+      float partial = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) {
+        const int64_t i = lane + j * kWarp;
+        if (i < d) partial += qv[j] * key[i];
+      }
+#pragma unroll
+      for (int offset = kWarp / 2; offset > 0; offset /= 2) partial += __shfl_xor_sync(0xffffffffu, partial, offset);
+      const float score = partial * scale;
+      const float new_max = fmaxf(running_max, score);
+      const float correction = expf(running_max - new_max);  // 0 when running_max is -inf
+      const float weight = expf(score - new_max);
+      running_sum = running_sum * correction + weight;
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) {
+        const int64_t i = lane + j * kWarp;
+        acc[j] = acc[j] * correction + (i < d ? weight * value[i] : 0.0f);
+      }
+      running_max = new_max;
+    }
+  }
+  if (lane == 0) {
+    part_max[warp] = running_max;
+    part_sum[warp] = running_sum;
+  }
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int64_t i = lane + j * kWarp;
+    if (i < d) part_acc[warp * d + i] = acc[j];
+  }
+}
+
+// One block of d threads per (token, head): the chunks merged in order, the sink joining the sum.
+__global__ void merge_chunks(const float* __restrict__ part_max, const float* __restrict__ part_sum,
+                             const float* __restrict__ part_acc, int64_t heads, int64_t d, int64_t chunks,
+                             const float* __restrict__ sinks, const int32_t* __restrict__ seqs, float* __restrict__ out) {
+  const int64_t th = blockIdx.x, i = threadIdx.x;
+  if (i >= d) return;
+  float* o = out + th * d;
+  if (seqs[th / heads] < 0) {  // a padding row attends to nothing
+    o[i] = 0.0f;
     return;
   }
-  const int64_t pos = step.positions[t];
-  const int64_t begin = sliding_window > 0 ? max(int64_t{0}, pos - sliding_window + 1) : 0;
-  const int64_t kv_offset = (h / (heads / kv_heads)) * d;
-  float qv[kPerLane], acc[kPerLane];
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const int64_t i = lane + j * kWarp;
-    qv[j] = i < d ? q[th * d + i] : 0.0f;
-    acc[j] = 0.0f;
+  const float* pm = part_max + th * chunks;
+  const float* ps = part_sum + th * chunks;
+  float m = sinks ? sinks[th % heads] : -INFINITY;
+  for (int64_t c = 0; c < chunks; ++c) m = fmaxf(m, pm[c]);
+  float sum = sinks ? expf(sinks[th % heads] - m) : 0.0f, acc = 0.0f;
+  for (int64_t c = 0; c < chunks; ++c) {
+    if (ps[c] == 0.0f) continue;  // an empty chunk
+    const float f = expf(pm[c] - m);
+    sum += ps[c] * f;
+    acc += part_acc[(th * chunks + c) * d + i] * f;
   }
-  float running_max = sinks ? sinks[h] : -INFINITY;
-  float running_sum = sinks ? 1.0f : 0.0f;  // exp(sink - max) with max = sink
-  for (int64_t p = begin; p <= pos; ++p) {
-    const int64_t row = cache_row(step, pool, seq, p);
-    const float* key = pool.keys + row * pool.key_width + kv_offset;
-    const float* value = pool.values + row * pool.value_width + kv_offset;
-    float partial = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      const int64_t i = lane + j * kWarp;
-      if (i < d) partial += qv[j] * key[i];
-    }
-#pragma unroll
-    for (int offset = kWarp / 2; offset > 0; offset /= 2) partial += __shfl_xor_sync(0xffffffffu, partial, offset);
-    const float score = partial * scale;
-    const float new_max = fmaxf(running_max, score);
-    const float correction = expf(running_max - new_max);  // 0 when running_max is -inf
-    const float weight = expf(score - new_max);
-    running_sum = running_sum * correction + weight;
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      const int64_t i = lane + j * kWarp;
-      acc[j] = acc[j] * correction + (i < d ? weight * value[i] : 0.0f);
-    }
-    running_max = new_max;
-  }
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const int64_t i = lane + j * kWarp;
-    if (i < d) o[i] = acc[j] / running_sum;
-  }
+  o[i] = acc / sum;
 }
 
 void check_step(const DeviceStep& step, const DeviceKvPool& pool, const char* op) {
@@ -125,17 +159,28 @@ void paged_attention(backend::Context& ctx, const Tensor& q, const DeviceStep& s
                pool.key_width >= num_kv_heads * d && pool.value_width >= num_kv_heads * d,
            "attention (cuda): ", heads, " heads of ", d, " over ", num_kv_heads, " kv heads and rows of ",
            pool.key_width, " floats (head_dim at most ", kMaxHeadDim, ")");
-  const int64_t warps = step.tokens * heads;
-  if (warps == 0) return;
+  if (step.tokens * heads == 0) return;
+  R3_CHECK(step.max_context > 0, "attention (cuda): the step's max_context is not set");
+  // Chunks: enough for the longest window of the step (the step's largest position + 1).
+  const int64_t longest = sliding_window > 0 ? std::min(step.max_context, sliding_window) : step.max_context;
+  const int64_t chunks = std::max<int64_t>(1, (longest + kChunk - 1) / kChunk);
+  const int64_t warps = step.tokens * heads * chunks;
+  backend::Workspace::Scope scope(ctx.workspace());
+  Tensor part_max = ctx.scratch(DType::F32, {warps}), part_sum = ctx.scratch(DType::F32, {warps});
+  Tensor part_acc = ctx.scratch(DType::F32, {warps, d});
   const auto blocks = static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock);
   const cudaStream_t stream = ctx.cuda_state().stream;
   auto launch = [&](auto kernel) {
     kernel<<<blocks, kWarpsPerBlock * kWarp, 0, stream>>>(q.data<float>(), step, pool, heads, num_kv_heads, d, scale,
-                                                          sliding_window, sinks, out.data<float>());
+                                                          sliding_window, chunks, part_max.data<float>(),
+                                                          part_sum.data<float>(), part_acc.data<float>());
   };
-  if (d <= 64) launch(attention_heads<2>);
-  else if (d <= 128) launch(attention_heads<4>);
-  else launch(attention_heads<8>);
+  if (d <= 64) launch(attention_chunks<2>);
+  else if (d <= 128) launch(attention_chunks<4>);
+  else launch(attention_chunks<8>);
+  merge_chunks<<<static_cast<unsigned>(step.tokens * heads), static_cast<unsigned>(d), 0, stream>>>(
+      part_max.data<float>(), part_sum.data<float>(), part_acc.data<float>(), heads, d, chunks, sinks, step.seqs,
+      out.data<float>());
   R3_CUDA_CHECK(cudaGetLastError());
 }
 
