@@ -24,6 +24,55 @@ constexpr int kWarpsPerBlock = 8;
 __device__ inline float load(const float* p, int64_t i) { return p[i]; }
 __device__ inline float load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
 
+// Eight consecutive values from 16- (bf16) or 32-byte (float) aligned memory, widened: one or two
+// 128-bit loads where element loads would take eight.
+__device__ inline void load8(const float* p, float* out) {
+  const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+  out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+  out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+}
+__device__ inline void load8(const __nv_bfloat16* p, float* out) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(pairs[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+// The dot products of one weight row w[0, n) with the rows x[j][0, n), j < count, into this lane's
+// partial sums acc[j]: element by element, or eight at a time with 128-bit loads (kVec8: n a
+// multiple of 8 and the rows aligned to 8 elements).
+template <bool kVec8, typename W, int kMax>
+__device__ inline void row_dots(const W* w, const float* const (&x)[kMax], int count, int64_t n, int lane,
+                                float (&acc)[kMax]) {
+  if constexpr (kVec8) {
+    for (int64_t c = static_cast<int64_t>(lane) * 8; c < n; c += kWarp * 8) {
+      float wv[8];
+      load8(w + c, wv);
+#pragma unroll
+      for (int j = 0; j < kMax; ++j) {
+        if (j < count) {
+          float xv[8];
+          load8(x[j] + c, xv);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[j] += xv[i] * wv[i];
+        }
+      }
+    }
+  } else {
+    for (int64_t c = lane; c < n; c += kWarp) {
+      const float wv = load(w, c);
+#pragma unroll
+      for (int j = 0; j < kMax; ++j) {
+        if (j < count) acc[j] += x[j][c] * wv;
+      }
+    }
+  }
+}
+
 struct Activation {
   ExpertActivation::Kind kind;
   float limit, alpha;
@@ -71,7 +120,7 @@ struct Grouping {
   const int32_t* used_count;
 };
 
-template <typename W>
+template <typename W, bool kVec8>
 __global__ void gate_up_rows(const float* __restrict__ hidden, int64_t k, Grouping g, const W* __restrict__ gate,
                              const W* __restrict__ up, const float* __restrict__ gate_bias,
                              const float* __restrict__ up_bias, int64_t h, int64_t inter, Activation act,
@@ -93,17 +142,8 @@ __global__ void gate_up_rows(const float* __restrict__ hidden, int64_t k, Groupi
       x[j] = j < n ? hidden + (g.order[first + j] / k) * h : nullptr;
       acc_g[j] = acc_u[j] = 0.0f;
     }
-    for (int64_t c = lane; c < h; c += kWarp) {
-      const float wg = load(gw, c), wu = load(uw, c);
-#pragma unroll
-      for (int j = 0; j < kPairsPerPass; ++j) {
-        if (j < n) {
-          const float xv = x[j][c];
-          acc_g[j] += xv * wg;
-          acc_u[j] += xv * wu;
-        }
-      }
-    }
+    row_dots<kVec8>(gw, x, n, h, lane, acc_g);
+    row_dots<kVec8>(uw, x, n, h, lane, acc_u);
 #pragma unroll
     for (int j = 0; j < kPairsPerPass; ++j) {
       for (int offset = kWarp / 2; offset > 0; offset /= 2) {
@@ -122,7 +162,7 @@ __global__ void gate_up_rows(const float* __restrict__ hidden, int64_t k, Groupi
   }
 }
 
-template <typename W>
+template <typename W, bool kVec8>
 __global__ void down_rows(const float* __restrict__ activated, Grouping g, const W* __restrict__ down,
                           const float* __restrict__ down_bias, int64_t h, int64_t inter, float* __restrict__ expert_out) {
   const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
@@ -140,13 +180,7 @@ __global__ void down_rows(const float* __restrict__ activated, Grouping g, const
       a[j] = j < n ? activated + static_cast<int64_t>(g.order[first + j]) * inter : nullptr;
       acc[j] = 0.0f;
     }
-    for (int64_t c = lane; c < inter; c += kWarp) {
-      const float wv = load(w, c);
-#pragma unroll
-      for (int j = 0; j < kPairsPerPass; ++j) {
-        if (j < n) acc[j] += a[j][c] * wv;
-      }
-    }
+    row_dots<kVec8>(w, a, n, inter, lane, acc);
 #pragma unroll
     for (int j = 0; j < kPairsPerPass; ++j) {
       for (int offset = kWarp / 2; offset > 0; offset /= 2) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], offset);
@@ -186,12 +220,24 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
   const Activation act{x.activation.kind, x.activation.limit, x.activation.alpha};
   // Sized for every expert being used (at most `pairs` of them).
   const int64_t slots = std::min(experts, pairs);
-  gate_up_rows<<<warp_blocks(slots * inter), kWarpsPerBlock * kWarp, 0, stream>>>(
-      hidden.data<float>(), k, g, static_cast<const W*>(x.gate.raw_data()), static_cast<const W*>(x.up.raw_data()),
-      bias(x.gate_bias), bias(x.up_bias), h, inter, act, activated.data<float>());
-  down_rows<<<warp_blocks(slots * h), kWarpsPerBlock * kWarp, 0, stream>>>(
-      activated.data<float>(), g, static_cast<const W*>(x.down.raw_data()), bias(x.down_bias), h, inter,
-      expert_out.data<float>());
+  // 128-bit loads when every row starts on a multiple of 8 elements (buffers are 256-byte aligned).
+  const bool vec8 = h % 8 == 0 && inter % 8 == 0;
+  const auto* gw = static_cast<const W*>(x.gate.raw_data());
+  const auto* uw = static_cast<const W*>(x.up.raw_data());
+  const auto* dw = static_cast<const W*>(x.down.raw_data());
+  const unsigned gate_blocks = warp_blocks(slots * inter), down_blocks = warp_blocks(slots * h);
+  constexpr unsigned kThreads = kWarpsPerBlock * kWarp;
+  if (vec8) {
+    gate_up_rows<W, true><<<gate_blocks, kThreads, 0, stream>>>(hidden.data<float>(), k, g, gw, uw, bias(x.gate_bias),
+                                                                bias(x.up_bias), h, inter, act, activated.data<float>());
+    down_rows<W, true><<<down_blocks, kThreads, 0, stream>>>(activated.data<float>(), g, dw, bias(x.down_bias), h, inter,
+                                                             expert_out.data<float>());
+  } else {
+    gate_up_rows<W, false><<<gate_blocks, kThreads, 0, stream>>>(hidden.data<float>(), k, g, gw, uw, bias(x.gate_bias),
+                                                                 bias(x.up_bias), h, inter, act, activated.data<float>());
+    down_rows<W, false><<<down_blocks, kThreads, 0, stream>>>(activated.data<float>(), g, dw, bias(x.down_bias), h,
+                                                              inter, expert_out.data<float>());
+  }
   combine_choices<<<static_cast<unsigned>((tokens * h + 255) / 256), 256, 0, stream>>>(expert_out.data<float>(), weights,
                                                                                          tokens, k, h, out.data<float>());
   R3_CUDA_CHECK(cudaGetLastError());
