@@ -69,7 +69,6 @@ class TimedEngine {
     if (first_id_ < 0) first_id_ = id;
     produced_.push_back(0);
     routed_.emplace_back();
-    ++unfinished_;
   }
 
   bool has_work() const { return engine_.has_work(); }
@@ -85,10 +84,7 @@ class TimedEngine {
         const auto n = static_cast<int64_t>(s.token_ids.size());
         if (decoding) decode_tokens_ += n;
         produced_[r] += n;
-        if (s.finish != engine::FinishReason::kNone) {
-          routed_[r] = s.routed_experts;
-          --unfinished_;
-        }
+        if (s.finish != engine::FinishReason::kNone) routed_[r] = s.routed_experts;
       }
     }
     without_token_ = 0;
@@ -104,19 +100,14 @@ class TimedEngine {
   engine::RequestId first_id_ = -1;
   std::vector<int64_t> produced_;
   std::vector<std::vector<int32_t>> routed_;
-  int64_t unfinished_ = 0, without_token_ = 1, decode_tokens_ = 0;
+  int64_t without_token_ = 1, decode_tokens_ = 0;
   double decode_s_ = 0;
 };
 
-// Runs `engine` until `slice_s` seconds have passed or it has no work; true if it had any.
-bool run_slice(TimedEngine& engine, double slice_s) {
+// Runs `engine` until `slice_s` seconds have passed or it has no work.
+void run_slice(TimedEngine& engine, double slice_s) {
   const auto start = Clock::now();
-  bool any = false;
-  while (engine.has_work() && seconds(start, Clock::now()) < slice_s) {
-    engine.step();
-    any = true;
-  }
-  return any;
+  while (engine.has_work() && seconds(start, Clock::now()) < slice_s) engine.step();
 }
 
 int run(const std::string& dir, int threads, int64_t batch, int64_t prompt_len, int64_t gen, int64_t prefix, int reps) {
