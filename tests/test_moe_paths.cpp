@@ -236,7 +236,12 @@ class OpaqueMoe final : public moe::MoeBlock {
                                                                 Tensor::empty(DType::F32, {1, 1})}},
                          moe::ExpertPlacement::initial(1, 0))) {}
   std::string path_name() const override { return "opaque"; }
+  Gate gate() const override { return {gate_weight_, gate_bias_, rule_}; }
   void forward(backend::Context&, const moe::MoeInput&, Tensor&) const override {}
+
+ private:
+  Tensor gate_weight_ = Tensor::empty(DType::F32, {1, 1}), gate_bias_;
+  moe::SoftmaxTopK rule_{1, false};
 };
 
 TEST(CaptureBinder, LayerWithoutRouterOrCaptureSourceFails) {

@@ -5,15 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <set>
 
-#include <nlohmann/json.hpp>
 
 #include "backend/context.h"
 #include "engine/generator.h"
 #include "engine/step_runner.h"
 #include "models/registry.h"
+#include "reference_checks.h"
 #include "test_support.h"
 
 namespace r3::test {
@@ -69,20 +68,6 @@ class ReferenceParity : public testing::TestWithParam<Case> {
  protected:
   void SetUp() override { ref_ = load_reference(GetParam().family, GetParam().index); }
 
-  std::vector<int64_t> forward_ids() const {
-    return {ref_.input_ids.begin(), ref_.input_ids.end() - 1};
-  }
-  std::vector<int64_t> prompt_ids() const {
-    return {ref_.input_ids.begin(), ref_.input_ids.begin() + ref_.prompt_len};
-  }
-  // Expert ids of reference row (t, layer) as a sorted set.
-  std::vector<int64_t> ref_set(int64_t t, int64_t layer) const {
-    auto first = ref_.topk_ids.begin() + (t * ref_.layers + layer) * ref_.top_k;
-    std::vector<int64_t> ids(first, first + ref_.top_k);
-    std::sort(ids.begin(), ids.end());
-    return ids;
-  }
-
   Reference ref_;
 };
 
@@ -90,65 +75,17 @@ TEST_P(ReferenceParity, ForwardMatchesReference) {
   TempDir tmp;
   const std::string dump = tmp.path("dump.safetensors");
   const CommandResult run = run_r3("forward -q --model " + family_dir(GetParam().family) + GetParam().flags() +
-                                   " --ids " + join(forward_ids()) + " --dump " + dump);
+                                   " --ids " + join(forward_ids(ref_)) + " --dump " + dump);
   ASSERT_EQ(run.exit_code, 0) << run.err;
-  auto file = SafetensorsFile::open(dump);
-  EXPECT_EQ(file->metadata().at("moe_layers"), join(ref_.moe_layers));
-  ASSERT_EQ(file->find("logits")->shape, Shape({ref_.tokens, ref_.vocab}));
-  ASSERT_EQ(file->find("topk_ids")->shape, Shape({ref_.tokens, ref_.layers, ref_.top_k}));
-  EXPECT_EQ(file->find("topk_ids")->dtype, DType::I32);
-  EXPECT_EQ(file->find("logits")->dtype, DType::F32);
-
-  const std::vector<double> logits = read_as_f64(*file, "logits");
-  double max_err = 0, max_ref = 0;
-  for (std::size_t i = 0; i < logits.size(); ++i) {
-    max_err = std::max(max_err, std::fabs(logits[i] - ref_.logits[i]));
-    max_ref = std::max(max_ref, std::fabs(ref_.logits[i]));
-  }
-  EXPECT_LE(max_err / max_ref, 1e-4) << "max |r3 - ref| = " << max_err << ", max |ref| = " << max_ref;
-
-  const std::vector<int64_t> ids = read_as_i64(*file, "topk_ids");
-  const std::vector<double> weights = read_as_f64(*file, "topk_weights");
-  for (int64_t t = 0; t < ref_.tokens; ++t) {
-    for (int64_t l = 0; l < ref_.layers; ++l) {
-      std::map<int64_t, double> ours, theirs;
-      for (int64_t k = 0; k < ref_.top_k; ++k) {
-        const int64_t i = (t * ref_.layers + l) * ref_.top_k + k;
-        ours[ids[i]] = weights[i];
-        theirs[ref_.topk_ids[i]] = ref_.topk_weights[i];
-      }
-      ASSERT_EQ(ours.size(), theirs.size()) << "token " << t << " layer " << l;
-      for (auto [expert, w] : theirs) {
-        ASSERT_TRUE(ours.count(expert)) << "token " << t << " MoE layer " << l << ": expert "
-                                        << expert << " missing";
-        EXPECT_NEAR(ours[expert], w, 1e-4) << "token " << t << " MoE layer " << l;
-      }
-    }
-  }
+  expect_forward_dump_matches(ref_, dump);
 }
 
 TEST_P(ReferenceParity, GenerateMatchesReference) {
-  const auto gen = static_cast<int64_t>(ref_.generated.size());
-  const CommandResult run =
-      run_r3("generate -q --json --ignore-eos --model " + family_dir(GetParam().family) + GetParam().flags() + " --ids " +
-             join(prompt_ids()) + " --max-new-tokens " + std::to_string(gen));
+  const CommandResult run = run_r3("generate -q --json --ignore-eos --model " + family_dir(GetParam().family) +
+                                   GetParam().flags() + " --ids " + join(prompt_ids(ref_)) + " --max-new-tokens " +
+                                   std::to_string(ref_.generated.size()));
   ASSERT_EQ(run.exit_code, 0) << run.err;
-  const auto out = nlohmann::json::parse(run.out);
-  EXPECT_EQ(out.at("prompt_ids").get<std::vector<int64_t>>(), prompt_ids());
-  EXPECT_EQ(out.at("output_ids").get<std::vector<int64_t>>(), ref_.generated);
-  EXPECT_EQ(out.at("moe_layers").get<std::vector<int64_t>>(), ref_.moe_layers);
-
-  // Rows: prompt + generated - 1 = every input of the reference forward.
-  const auto& routed = out.at("routed_experts");
-  ASSERT_EQ(static_cast<int64_t>(routed.size()), ref_.tokens);
-  for (int64_t t = 0; t < ref_.tokens; ++t) {
-    ASSERT_EQ(static_cast<int64_t>(routed[t].size()), ref_.layers);
-    for (int64_t l = 0; l < ref_.layers; ++l) {
-      auto ours = routed[t][l].get<std::vector<int64_t>>();
-      std::sort(ours.begin(), ours.end());
-      EXPECT_EQ(ours, ref_set(t, l)) << "row " << t << " MoE layer " << l;
-    }
-  }
+  expect_generate_output_matches(ref_, run.out);
 }
 
 // Decoding one token at a time through the KV cache gives exactly the routing (and the

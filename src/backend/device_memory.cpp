@@ -1,5 +1,7 @@
 #include "backend/device_memory.h"
 
+#include <cstring>
+
 #include "core/check.h"
 
 namespace r3::backend {
@@ -9,6 +11,7 @@ namespace cuda {
 Tensor empty(Context& ctx, DType dtype, Shape shape);
 Tensor upload(Context& ctx, const Tensor& host);
 Tensor download(Context& ctx, const Tensor& t);
+void download_into(Context& ctx, const Tensor& t, Tensor& host);
 void synchronize(Context& ctx);
 }  // namespace cuda
 #endif
@@ -36,6 +39,18 @@ Tensor to_host(Context& ctx, const Tensor& t) {
 #endif
   (void)ctx;
   return t;
+}
+
+void copy_to_host(Context& ctx, const Tensor& t, Tensor& host) {
+  R3_CHECK(host.device() == Device::kCpu && t.dtype() == host.dtype() && t.numel() == host.numel() &&
+               t.is_contiguous() && host.is_contiguous(),
+           "copy_to_host: ", dtype_name(t.dtype()), " ", shape_to_string(t.shape()), " into ", dtype_name(host.dtype()),
+           " ", shape_to_string(host.shape()));
+#if R3_WITH_CUDA
+  if (t.device() == Device::kCuda) return cuda::download_into(ctx, t, host);
+#endif
+  (void)ctx;
+  if (t.raw_data() != host.raw_data()) std::memcpy(host.raw_data(), t.raw_data(), t.nbytes());
 }
 
 void synchronize(Context& ctx) {

@@ -13,6 +13,9 @@ Tensor device_empty(Context& ctx, DType dtype, Shape shape);
 Tensor to_device(Context& ctx, const Tensor& host);
 // A tensor of ctx's device on the host (waits for the context's work to finish).
 Tensor to_host(Context& ctx, const Tensor& t);
+// Copies device (or host) tensor `t` into the host tensor `host` of the same dtype and size, and
+// waits for it.
+void copy_to_host(Context& ctx, const Tensor& t, Tensor& host);
 // Waits for every kernel and copy queued on ctx (a no-op on the CPU).
 void synchronize(Context& ctx);
 

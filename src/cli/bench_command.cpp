@@ -205,8 +205,8 @@ void print_report(const BenchResult& r) {
 }
 
 int run_bench(const BenchCommandOptions& options) {
-  auto model = options.model.load();
   auto ctx = options.model.make_context();
+  auto model = options.model.load(*ctx);
   const auto& info = model->info();
   // Checked here with the options' names; the engine checks again with its own.
   const int64_t positions_max = info.max_position_embeddings;

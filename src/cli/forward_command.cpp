@@ -30,8 +30,8 @@ std::string join_layers(const std::vector<int64_t>& layers) {
 
 int run_forward(const ForwardOptions& options) {
   const std::vector<int32_t> ids = parse_token_ids(options.ids);
-  auto model = options.model.load();
   auto ctx = options.model.make_context();
+  auto model = options.model.load(*ctx);
   const auto& info = model->info();
   const auto tokens = static_cast<int64_t>(ids.size());
 

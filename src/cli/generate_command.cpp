@@ -84,8 +84,8 @@ int run_generate(const GenerateCommandOptions& options) {
   options.sampling.validate();
   R3_CHECK(options.replay.empty() || prompts.size() == 1, "--replay replays one prompt's routing; ", prompts.size(),
            " prompts were given");
-  auto model = options.model.load();
   auto ctx = options.model.make_context();
+  auto model = options.model.load(*ctx);
   const auto& info = model->info();
   int64_t longest = 0;
   for (const Prompt& p : prompts) {

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/option_checks.h"
+#include "models/device_decoder.h"
 #include "models/registry.h"
 
 namespace r3::cli {
@@ -12,6 +13,10 @@ namespace r3::cli {
 void ModelOptions::add_to(CLI::App& command) {
   command.add_option("--model", model_dir, "Hugging Face model folder (config.json + *.safetensors)")
       ->required();
+  command.add_option("--device", device,
+                     "Where the model runs: cpu, or cuda (the first GPU; float32 weights, the parity mode)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   command.add_option("--threads", threads, "CPU threads (default: all cores)")->check(at_least(0));
   // --moe-backend is the flag's first name, kept so existing scripts run; "backend" now means the
   // device backend.
@@ -44,21 +49,27 @@ void ModelOptions::add_to(CLI::App& command) {
       ->check(at_least<int64_t>(1));
 }
 
-std::unique_ptr<models::CausalLM> ModelOptions::load() const {
+std::unique_ptr<models::CausalLM> ModelOptions::load(backend::Context& ctx) const {
   const auto start = std::chrono::steady_clock::now();
   models::LoadOptions options = load_options;
   options.moe_path = moe::parse_moe_path(moe_path);
   auto model = models::load_model(model_dir, options);
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const auto ms_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+  };
   const auto& info = model->info();
   spdlog::info("loaded {} ({}, {} layers, {} MoE layers, {} experts, top-{}, MoE path {}) in {:.1f} ms",
                model_dir, info.family, info.num_layers, info.moe_layers.size(), info.num_experts,
-               info.top_k, moe_path, ms);
+               info.top_k, moe_path, ms_since(start));
+  if (ctx.device() == Device::kCpu) return model;
+  const auto placed = std::chrono::steady_clock::now();
+  model = models::place_on_device(ctx, std::move(model));
+  spdlog::info("weights copied to the {} device in {:.1f} ms", device_name(ctx.device()), ms_since(placed));
   return model;
 }
 
 std::unique_ptr<backend::Context> ModelOptions::make_context() const {
+  if (device == "cuda") return backend::Context::cuda(0);
   return std::make_unique<backend::Context>(threads);
 }
 

@@ -1,5 +1,5 @@
-// Options every model command shares (--model, --threads) and loading the model with a timing
-// line on stderr.
+// Options every model command shares (--model, --device, --threads, the MoE path, EPLB) and
+// loading the model with a timing line on stderr.
 #pragma once
 
 #include <memory>
@@ -15,13 +15,16 @@ namespace r3::cli {
 
 struct ModelOptions {
   std::string model_dir;
+  std::string device = "cpu";
   int threads = 0;
   std::string moe_path = "monolithic";  // fastest on CPU: see README, Performance
   models::LoadOptions load_options;
 
   void add_to(CLI::App& command);
-  std::unique_ptr<models::CausalLM> load() const;  // logs load time and model summary
-  // The CPU execution context the commands run on (its thread pool has `threads` threads).
+  // The model, placed on ctx's device; logs load time and model summary.
+  std::unique_ptr<models::CausalLM> load(backend::Context& ctx) const;
+  // The execution context the commands run on: the CPU (its thread pool has `threads` threads)
+  // or CUDA device 0.
   std::unique_ptr<backend::Context> make_context() const;
 };
 

@@ -35,6 +35,13 @@ class DecoderModel final : public CausalLM {
   void forward_into(backend::Context& ctx, const ForwardBatch& batch, ModelCache& cache, Tensor& logits) const override;
   std::vector<moe::MoeBlock*> moe_blocks() override;
 
+  // What a device copy of the model reads (models/device_decoder.h).
+  float rms_eps() const { return rms_eps_; }
+  const Tensor& embed() const { return embed_; }
+  const std::vector<DecoderLayer>& layers() const { return layers_; }
+  const Tensor& final_norm() const { return final_norm_; }
+  const Tensor& lm_head() const { return lm_head_; }
+
  private:
 
   ModelInfo info_;

@@ -23,6 +23,7 @@ class DenseFeedForward final : public FeedForward {
  public:
   explicit DenseFeedForward(SwigluMlp mlp) : mlp_(std::move(mlp)) {}
   void forward(backend::Context& ctx, const moe::MoeInput& input, Tensor& out) const override;
+  const SwigluMlp& mlp() const { return mlp_; }
 
  private:
   SwigluMlp mlp_;
@@ -35,6 +36,9 @@ class MoeFeedForward final : public FeedForward {
                  Tensor shared_gate);
   void forward(backend::Context& ctx, const moe::MoeInput& input, Tensor& out) const override;
   moe::MoeBlock* moe_block() override { return moe_.get(); }
+  const moe::MoeBlock& moe() const { return *moe_; }
+  const std::optional<SwigluMlp>& shared_expert() const { return shared_expert_; }
+  const Tensor& shared_gate() const { return shared_gate_; }
 
  private:
   std::unique_ptr<moe::MoeBlock> moe_;

@@ -29,6 +29,13 @@ class GqaAttention final : public AttentionLayer {
   void forward(backend::Context& ctx, const Tensor& x, const ForwardBatch& batch, KvCache& cache,
                int64_t layer, Tensor& out) const override;
 
+  // What a device copy of the layer needs (models/device_decoder.h).
+  const AttentionSpec& spec() const { return spec_; }
+  float rms_eps() const { return rms_eps_; }
+  const GqaAttentionWeights& weights() const { return w_; }
+  const ops::Rotary& rotary() const { return rotary_; }
+  int64_t sliding_window() const { return sliding_window_; }
+
  private:
   void normalise_qk(backend::Context& ctx, Tensor& q, Tensor& k) const;
 

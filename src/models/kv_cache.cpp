@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include "backend/device_memory.h"
 #include "core/check.h"
 #include "core/checked.h"
 
@@ -28,7 +29,7 @@ void check_cache_memory(int64_t bytes, int64_t capacity, const char* what) {
 
 KvCache::KvCache(std::vector<CacheSpec> layers, int64_t max_seqs, int64_t capacity, KvCacheOptions options)
     : max_seqs_(max_seqs), capacity_(capacity), block_size_(options.block_size),
-      engine_pool_blocks_(options.pool_blocks) {
+      engine_pool_blocks_(options.pool_blocks), on_device_(options.device != nullptr) {
   R3_CHECK(!layers.empty() && max_seqs > 0 && capacity > 0 && block_size_ > 0 && engine_pool_blocks_ >= 0,
            "KV cache: layers, seqs, capacity and block size must be positive");
   table_blocks_ = ceil_div(capacity_, block_size_);
@@ -42,7 +43,9 @@ KvCache::KvCache(std::vector<CacheSpec> layers, int64_t max_seqs, int64_t capaci
     layer.spec = spec;
     layer.seq_blocks = table_blocks_;
     layer.positions_per_pass = capacity_;
-    if (spec.kind == CacheSpec::Kind::kSlidingWindowKv && engine_pool_blocks_ == 0) {
+    R3_CHECK(!on_device_ || spec.kind == CacheSpec::Kind::kFullKv || spec.kind == CacheSpec::Kind::kSlidingWindowKv,
+             "KV cache: layer ", l, "'s cache kind has no device storage yet");
+    if (spec.kind == CacheSpec::Kind::kSlidingWindowKv && engine_pool_blocks_ == 0 && !on_device_) {
       R3_CHECK(spec.window > 0, "KV cache: layer ", l, " has a sliding window of ", spec.window);
       // A pass writes at most block_size new positions of a sequence before reading; the token at p
       // then needs [p - W + 1, p] while positions up to p + block_size - 1 may be written: a
@@ -65,13 +68,19 @@ KvCache::KvCache(std::vector<CacheSpec> layers, int64_t max_seqs, int64_t capaci
       total_bytes = checked_add(total_bytes, bytes, "KV cache: bytes");
       continue;
     }
-    layer.keys.assign(static_cast<std::size_t>(pool_blocks * block_size_ * spec.key_width), 0.0f);
-    layer.values.assign(static_cast<std::size_t>(pool_blocks * block_size_ * spec.value_width), 0.0f);
+    const Shape key_shape{pool_blocks * block_size_ * spec.key_width};
+    const Shape value_shape{pool_blocks * block_size_ * spec.value_width};
+    layer.keys = on_device_ ? backend::device_empty(*options.device, DType::F32, key_shape)
+                            : Tensor::empty(DType::F32, key_shape);
+    layer.values = on_device_ ? backend::device_empty(*options.device, DType::F32, value_shape)
+                              : Tensor::empty(DType::F32, value_shape);
+    layer.pool_blocks = pool_blocks;
     // Today's allocator: every sequence takes its blocks from the free list up front.
     std::vector<int32_t> free_list(static_cast<std::size_t>(pool_blocks));
     std::iota(free_list.begin(), free_list.end(), 0);
     if (options.shuffle_seed != 0) {
-      std::mt19937_64 rng(options.shuffle_seed + l);
+      // Device pools: one shuffle for all layers (the step carries one set of tables).
+      std::mt19937_64 rng(options.shuffle_seed + (on_device_ ? 0 : l));
       for (std::size_t i = free_list.size(); i > 1; --i) {  // Fisher-Yates, the same on every platform
         std::swap(free_list[i - 1], free_list[static_cast<std::size_t>(rng() % i)]);
       }
@@ -86,7 +95,7 @@ KvCache::KvCache(std::vector<CacheSpec> layers, int64_t max_seqs, int64_t capaci
     }
     layers_.push_back(std::move(layer));
   }
-  if (pass == 0) check_cache_memory(total_bytes, capacity_, "the KV cache");
+  if (pass == 0 && !on_device_) check_cache_memory(total_bytes, capacity_, "the KV cache");
   }
   lengths_.assign(static_cast<std::size_t>(max_seqs_), 0);
   high_water_.assign(static_cast<std::size_t>(max_seqs_), 0);
@@ -106,7 +115,7 @@ int64_t KvCache::bytes_per_token() const {
 int64_t KvCache::pool_bytes() const {
   int64_t bytes = 0;
   for (const Layer& layer : layers_) {
-    bytes += static_cast<int64_t>((layer.keys.size() + layer.values.size()) * sizeof(float));
+    bytes += static_cast<int64_t>(layer.keys.nbytes() + layer.values.nbytes());
   }
   return bytes;
 }
@@ -120,8 +129,17 @@ std::span<const int32_t> KvCache::block_table(int64_t layer, int64_t seq) const 
 
 ops::PagedKv KvCache::view(int64_t layer, int64_t seq) {
   const std::span<const int32_t> table = block_table(layer, seq);
+  R3_CHECK(!on_device_, "KV cache: the pools are in device memory (use device_pool)");
   Layer& l = layers_[static_cast<std::size_t>(layer)];
-  return {l.keys.data(), l.values.data(), l.spec.key_width, l.spec.value_width, block_size_, table};
+  return {l.keys.data<float>(), l.values.data<float>(), l.spec.key_width, l.spec.value_width, block_size_, table};
+}
+
+ops::DeviceKvPool KvCache::device_pool(int64_t layer) {
+  R3_CHECK(on_device_, "KV cache: the pools are in host memory (use view)");
+  at(layer);  // range check
+  Layer& l = layers_[static_cast<std::size_t>(layer)];
+  return {l.keys.data<float>(), l.values.data<float>(), l.spec.key_width, l.spec.value_width, block_size_,
+          l.pool_blocks};
 }
 
 void KvCache::set_block_table(int64_t seq, std::span<const int32_t> blocks) {

@@ -11,9 +11,12 @@
 #include <span>
 #include <vector>
 
+#include "backend/context.h"
+#include "core/tensor.h"
 #include "models/cache_spec.h"
 #include "models/model_cache.h"
 #include "ops/attention.h"
+#include "ops/device_step.h"
 
 namespace r3::models {
 
@@ -32,6 +35,11 @@ struct KvCacheOptions {
   // start empty, and sliding-window layers keep every position instead of a ring (a block may
   // then be shared by sequences whose prefixes agree, which a ring's reuse would break).
   int64_t pool_blocks = 0;
+  // Non-null: the pools live in this CUDA context's device memory (read and written only through
+  // device_pool). Sliding-window layers then keep every position (no rings: a device step writes
+  // all its rows before any attention reads them), and every layer has the same block tables
+  // (the step uploads one set for all layers).
+  backend::Context* device = nullptr;
 };
 
 class KvCache final : public ModelCache {
@@ -66,8 +74,12 @@ class KvCache final : public ModelCache {
   // Logical block i of the sequence (positions [i * block_size, (i + 1) * block_size)) is
   // physical block block_table(layer, sequence)[i] of the layer's pool.
   std::span<const int32_t> block_table(int64_t layer, int64_t seq) const;
-  // The paged view of (layer, sequence) that kernels read and write through.
+  // The paged view of (layer, sequence) that kernels read and write through (host pools only).
   ops::PagedKv view(int64_t layer, int64_t seq);
+  // Whether the pools are in device memory (KvCacheOptions::device).
+  bool on_device() const { return on_device_; }
+  // The layer's pool as the CUDA kernels take it (device pools only).
+  ops::DeviceKvPool device_pool(int64_t layer);
 
   // Positions [0, length) of a sequence hold valid rows.
   int64_t length(int64_t seq) const override { return lengths_.at(static_cast<std::size_t>(seq)); }
@@ -80,7 +92,8 @@ class KvCache final : public ModelCache {
     CacheSpec spec;
     int64_t seq_blocks = 0;         // physical blocks per sequence
     int64_t positions_per_pass = 0;
-    std::vector<float> keys, values;  // pool: block b's rows at b * block_size * width
+    Tensor keys, values;  // pool: block b's rows at b * block_size * width (flat, host or device)
+    int64_t pool_blocks = 0;
     std::vector<int32_t> tables;      // [max_seqs, table_blocks_]
   };
   const Layer& at(int64_t layer) const;
@@ -88,6 +101,7 @@ class KvCache final : public ModelCache {
 
   int64_t max_seqs_, capacity_, block_size_, table_blocks_;
   int64_t engine_pool_blocks_ = 0;
+  bool on_device_ = false;
   std::vector<Layer> layers_;
   std::vector<int64_t> lengths_;
   std::vector<int64_t> high_water_;  // per sequence: the furthest length written since it was last cleared

@@ -15,6 +15,11 @@ class SwigluMlp {
   // x, out: F32 [tokens, hidden].
   void forward(backend::Context& ctx, const Tensor& x, Tensor& out) const;
 
+  const Tensor& gate() const { return gate_; }
+  const Tensor& up() const { return up_; }
+  const Tensor& down() const { return down_; }
+  float limit() const { return limit_; }
+
  private:
   Tensor gate_, up_, down_;
   float limit_;

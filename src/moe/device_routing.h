@@ -10,9 +10,11 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "backend/context.h"
 #include "core/tensor.h"
+#include "moe/routing_rule.h"
 
 namespace r3::moe {
 
@@ -30,6 +32,15 @@ struct DeviceRoutingRule {
   float scaling = 1.0f;
   const float* bias = nullptr;  // device [experts] (kSigmoidGroupTopK)
 };
+
+// A host rule as the device kernel takes it, with its correction bias still on the host (the
+// caller uploads it and points rule.bias at the copy). Throws for a rule without a device kernel
+// (DeepSeek-V2's group-greedy softmax, DeepSeek-V4's rules), naming it.
+struct DeviceRuleDescription {
+  DeviceRoutingRule rule;
+  std::vector<float> bias;  // empty unless rule.kind is kSigmoidGroupTopK
+};
+DeviceRuleDescription describe_for_device(const RoutingRule& rule);
 
 // Where the ids also go: row t of the step's capture buffer for this layer starts at
 // capture + t * row_stride (the buffer is [tokens, moe_layers, k]: row_stride = moe_layers * k,

@@ -28,6 +28,7 @@ class MegaMoe final : public MoeBlock {
 
   std::string path_name() const override { return "mega"; }
   CaptureSource* capture_source() override { return &mega_; }
+  Gate gate() const override { return {gate_->gate_weight(), gate_->gate_bias(), gate_->rule()}; }
   void forward(backend::Context& ctx, const MoeInput& input, Tensor& out) const override;
 
  private:

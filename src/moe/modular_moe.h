@@ -12,6 +12,7 @@ class ModularMoe final : public MoeBlock {
 
   std::string path_name() const override { return "modular"; }
   Router* capture_router() override { return router_.get(); }
+  Gate gate() const override { return {router_->gate_weight(), router_->gate_bias(), router_->rule()}; }
   void forward(backend::Context& ctx, const MoeInput& input, Tensor& out) const override;
 
  private:

@@ -40,6 +40,15 @@ class MoeBlock {
   // otherwise.
   virtual std::string non_capturing_kernel() const { return ""; }
 
+  // The layer's linear gate and routing rule, whatever path runs them: a device copy of the layer
+  // (models/device_decoder.h) routes with these.
+  struct Gate {
+    const Tensor& weight;  // F32 [experts, hidden]
+    const Tensor& bias;    // F32 [experts] or undefined
+    const RoutingRule& rule;
+  };
+  virtual Gate gate() const = 0;
+
   // out: F32 [tokens, hidden].
   virtual void forward(backend::Context& ctx, const MoeInput& input, Tensor& out) const = 0;
 

@@ -20,6 +20,7 @@ class MonolithicMoe final : public MoeBlock, public CaptureSource {
   std::string non_capturing_kernel() const override { return can_capture_ ? "" : kernel_name(); }
 
   int64_t layer_id() const override { return MoeBlock::layer_id(); }
+  Gate gate() const override { return {gate_weight_, gate_bias_, *rule_}; }
 
   void forward(backend::Context& ctx, const MoeInput& input, Tensor& out) const override;
 

@@ -45,6 +45,9 @@ class Router {
   int64_t num_experts() const { return gate_weight_.dim(0); }
   int64_t top_k() const { return rule_->top_k(); }
   std::string name() const { return rule_->name(); }
+  const Tensor& gate_weight() const { return gate_weight_; }
+  const Tensor& gate_bias() const { return gate_bias_; }  // undefined when the gate has none
+  const RoutingRule& rule() const { return *rule_; }
 
   // Forced ids replace the rule's selection (replay); weights then come from the router's own
   // scores at those ids. Checks forced ids are in range and distinct within a row. The routing

@@ -72,6 +72,7 @@ class SoftmaxTopK final : public PerTokenRule<SoftmaxTopK> {
   SoftmaxTopK(int64_t k, bool normalize) : k_(k), normalize_(normalize) {}
   std::string name() const override { return "softmax-topk"; }
   int64_t top_k() const override { return k_; }
+  bool normalize() const { return normalize_; }
   void route_row(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
                  float* weights) const;
 
@@ -126,6 +127,11 @@ class SigmoidGroupTopK final : public PerTokenRule<SigmoidGroupTopK> {
                    bool normalize, float scaling);
   std::string name() const override { return "sigmoid-group-topk"; }
   int64_t top_k() const override { return k_; }
+  const std::vector<float>& correction_bias() const { return bias_; }
+  int64_t num_groups() const { return groups_; }
+  int64_t topk_groups() const { return topk_groups_; }
+  bool normalize() const { return normalize_; }
+  float scaling() const { return scaling_; }
   void route_row(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
                  float* weights) const;
 

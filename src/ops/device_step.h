@@ -18,6 +18,12 @@ struct DeviceStep {
   const int32_t* block_tables = nullptr;  // [slots, table_stride]: block ids, row-major
   int64_t table_stride = 0;               // blocks per sequence slot in block_tables
   int64_t max_context = 0;                // the largest position + 1 of the step (sizes split grids)
+  const int32_t* logit_rows = nullptr;    // [logit_row_count]: the rows whose logits the step computes
+  int64_t logit_row_count = 0;
+  // Replayed routing, or nullptr when the step replays nothing: MoE layer j's forced ids are
+  // [tokens, k] at forced + j * tokens * k; replayed[t] = 1 where row t replays them.
+  const int32_t* forced = nullptr;
+  const uint8_t* replayed = nullptr;
 };
 
 // One layer's paged cache on the device: blocks of block_size rows of key_width / value_width

@@ -39,6 +39,12 @@ Tensor download(Context& ctx, const Tensor& t) {
   return host;
 }
 
+void download_into(Context& ctx, const Tensor& t, Tensor& host) {
+  State& s = ctx.cuda_state();
+  R3_CUDA_CHECK(cudaMemcpyAsync(host.raw_data(), t.raw_data(), t.nbytes(), cudaMemcpyDeviceToHost, s.stream));
+  R3_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+}
+
 void synchronize(Context& ctx) { R3_CUDA_CHECK(cudaStreamSynchronize(ctx.cuda_state().stream)); }
 
 }  // namespace r3::backend::cuda

@@ -8,6 +8,8 @@ namespace r3::moe {
 struct DeviceCaptureBuffer::Impl {
   int32_t* rows = nullptr;         // device [max_tokens, layers, k]
   int32_t* host = nullptr;         // pinned [max_tokens, layers, k]
+  float* weights = nullptr;        // device [layers, tokens, k] of the step (max_tokens rows of room)
+  float* host_weights = nullptr;   // pinned, the same layout
   cudaStream_t side = nullptr;     // the copy's stream
   cudaEvent_t step_done = nullptr;  // recorded on the context's stream at end_step
   cudaEvent_t copied = nullptr;     // recorded on the side stream after the copy
@@ -16,6 +18,8 @@ struct DeviceCaptureBuffer::Impl {
     if (copied) cudaEventDestroy(copied);
     if (step_done) cudaEventDestroy(step_done);
     if (side) cudaStreamDestroy(side);
+    if (host_weights) cudaFreeHost(host_weights);
+    if (weights) cudaFree(weights);
     if (host) cudaFreeHost(host);
     if (rows) cudaFree(rows);
   }
@@ -31,6 +35,9 @@ DeviceCaptureBuffer::DeviceCaptureBuffer(backend::Context& ctx, int64_t max_toke
   R3_CUDA_CHECK(cudaSetDevice(ctx.cuda_state().device));
   R3_CUDA_CHECK(cudaMalloc(&impl_->rows, bytes));
   R3_CUDA_CHECK(cudaMallocHost(&impl_->host, bytes));
+  static_assert(sizeof(float) == sizeof(int32_t));
+  R3_CUDA_CHECK(cudaMalloc(&impl_->weights, bytes));
+  R3_CUDA_CHECK(cudaMallocHost(&impl_->host_weights, bytes));
   R3_CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->side, cudaStreamNonBlocking));
   R3_CUDA_CHECK(cudaEventCreateWithFlags(&impl_->step_done, cudaEventDisableTiming));
   R3_CUDA_CHECK(cudaEventCreateWithFlags(&impl_->copied, cudaEventDisableTiming));
@@ -41,6 +48,12 @@ DeviceCaptureBuffer::~DeviceCaptureBuffer() = default;
 DeviceCaptureRows DeviceCaptureBuffer::layer_rows(int64_t moe_layer) const {
   R3_CHECK(moe_layer >= 0 && moe_layer < layers_, "device capture: MoE layer ", moe_layer, " of ", layers_);
   return {impl_->rows + moe_layer * k_, layers_ * k_};
+}
+
+float* DeviceCaptureBuffer::layer_weights(int64_t moe_layer, int64_t tokens) const {
+  R3_CHECK(moe_layer >= 0 && moe_layer < layers_ && tokens >= 0 && tokens <= max_tokens_, "device capture: MoE layer ",
+           moe_layer, " of ", layers_, ", ", tokens, " tokens (room for ", max_tokens_, ")");
+  return impl_->weights + moe_layer * tokens * k_;  // a step's layers are packed at its size
 }
 
 void DeviceCaptureBuffer::begin_step() {
@@ -55,6 +68,7 @@ void DeviceCaptureBuffer::end_step(int64_t tokens) {
   const auto bytes = static_cast<std::size_t>(tokens * layers_ * k_) * sizeof(int32_t);
   if (bytes > 0) {
     R3_CUDA_CHECK(cudaMemcpyAsync(impl_->host, impl_->rows, bytes, cudaMemcpyDeviceToHost, impl_->side));
+    R3_CUDA_CHECK(cudaMemcpyAsync(impl_->host_weights, impl_->weights, bytes, cudaMemcpyDeviceToHost, impl_->side));
   }
   R3_CUDA_CHECK(cudaEventRecord(impl_->copied, impl_->side));
   pending_tokens_ = tokens;
@@ -64,6 +78,11 @@ std::span<const int32_t> DeviceCaptureBuffer::collect() {
   R3_CHECK(pending_tokens_ >= 0, "device capture: collect() before end_step()");
   R3_CUDA_CHECK(cudaEventSynchronize(impl_->copied));
   return {impl_->host, static_cast<std::size_t>(pending_tokens_ * layers_ * k_)};
+}
+
+std::span<const float> DeviceCaptureBuffer::collected_weights() const {
+  R3_CHECK(pending_tokens_ >= 0, "device capture: collected_weights() before end_step()");
+  return {impl_->host_weights, static_cast<std::size_t>(pending_tokens_ * layers_ * k_)};
 }
 
 }  // namespace r3::moe

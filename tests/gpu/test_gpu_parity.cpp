@@ -1,0 +1,157 @@
+// The whole model on the GPU against the Hugging Face references, through the r3 command line
+// with --device cuda, with the CPU suite's oracle and tolerances (tests/reference_checks.h):
+// logits within 1e-4, every row's routed experts and weights, greedy tokens. Also: replay on the
+// GPU (the forced ids are what is captured, and the logits follow the CPU's), several prompts
+// batched in one engine, and the clear refusals for what has no CUDA kernels yet.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/context.h"
+#include "engine/step_runner.h"
+#include "models/device_decoder.h"
+#include "models/registry.h"
+#include "reference_checks.h"
+#include "test_support.h"
+
+namespace r3::test {
+namespace {
+
+struct GpuCase {
+  std::string family;
+  int index;
+};
+
+void PrintTo(const GpuCase& c, std::ostream* os) { *os << c.family << " sequence " << c.index; }
+
+std::vector<GpuCase> gpu_cases() {
+  std::vector<GpuCase> cases;
+  for (const std::string family : {"qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "glm4_moe", "gpt_oss"}) {
+    for (int index : {0, 1}) cases.push_back({family, index});
+  }
+  return cases;
+}
+
+class GpuParity : public testing::TestWithParam<GpuCase> {
+ protected:
+  void SetUp() override { ref_ = load_reference(GetParam().family, GetParam().index); }
+  std::string model_flags() const { return " --device cuda --model " + family_dir(GetParam().family); }
+  Reference ref_;
+};
+
+TEST_P(GpuParity, ForwardMatchesReference) {
+  TempDir tmp;
+  const std::string dump = tmp.path("dump.safetensors");
+  const CommandResult run =
+      run_r3("forward -q" + model_flags() + " --ids " + join(forward_ids(ref_)) + " --dump " + dump);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  expect_forward_dump_matches(ref_, dump);
+}
+
+TEST_P(GpuParity, GenerateMatchesReference) {
+  const CommandResult run = run_r3("generate -q --json --ignore-eos" + model_flags() + " --ids " +
+                                   join(prompt_ids(ref_)) + " --max-new-tokens " +
+                                   std::to_string(ref_.generated.size()));
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  expect_generate_output_matches(ref_, run.out);
+}
+
+// A routing unlike the model's own (each reference id moved to the next expert not already in
+// its row), replayed on the GPU and on the CPU: both capture exactly the forced ids, and the GPU's
+// logits follow the CPU's.
+TEST_P(GpuParity, ReplayedRoutingIsCapturedAndMatchesTheCpu) {
+  const auto model_dir = family_dir(GetParam().family);
+  const std::vector<int64_t> ids64 = forward_ids(ref_);
+  const std::vector<int32_t> ids(ids64.begin(), ids64.end());
+  const auto tokens = static_cast<int64_t>(ids.size());
+  std::vector<int32_t> forced;
+  auto host_model = models::load_model(model_dir);
+  const int64_t experts = host_model->info().num_experts;
+  for (int64_t row = 0; row < tokens * ref_.layers; ++row) {
+    std::vector<int32_t> chosen;
+    for (int64_t c = 0; c < ref_.top_k; ++c) {
+      auto e = static_cast<int32_t>((ref_.topk_ids[row * ref_.top_k + c] + 1) % experts);
+      while (std::find(chosen.begin(), chosen.end(), e) != chosen.end()) e = static_cast<int32_t>((e + 1) % experts);
+      chosen.push_back(e);
+    }
+    forced.insert(forced.end(), chosen.begin(), chosen.end());
+  }
+  auto run = [&](models::CausalLM& model, backend::Context& ctx) {
+    auto cache = model.make_cache(1, tokens);
+    engine::StepRunner runner(model, ctx, *cache, tokens);
+    engine::RoutedExperts routed(ref_.layers, ref_.top_k);
+    Tensor logits = runner.run({{0, ids, &routed, forced}}, 0, /*all_logits=*/true);
+    return std::make_pair(float_values(logits), routed.flat());
+  };
+  backend::Context cpu(2);
+  const auto [cpu_logits, cpu_routed] = run(*host_model, cpu);
+  auto gpu = backend::Context::cuda(0);
+  auto device_model = models::place_on_device(*gpu, models::load_model(model_dir));
+  const auto [gpu_logits, gpu_routed] = run(*device_model, *gpu);
+  EXPECT_EQ(cpu_routed, forced);
+  EXPECT_EQ(gpu_routed, forced);
+  double err = 0, scale = 0;
+  for (std::size_t i = 0; i < cpu_logits.size(); ++i) {
+    err = std::max(err, std::fabs(static_cast<double>(gpu_logits[i]) - cpu_logits[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(cpu_logits[i])));
+  }
+  EXPECT_LE(err / scale, 1e-4) << "max |gpu - cpu| = " << err << ", max |cpu| = " << scale;
+}
+
+std::string gpu_case_name(const testing::TestParamInfo<GpuCase>& param_info) {
+  return param_info.param.family + "_seq" + std::to_string(param_info.param.index);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, GpuParity, testing::ValuesIn(gpu_cases()), gpu_case_name);
+
+// Both reference prompts in one engine run on the GPU (batched decode steps, paged KV blocks on
+// the device): each gets the reference's greedy tokens and routed experts for the tokens both
+// references generate.
+TEST(GpuEngine, TwoPromptsBatchedMatchTheirReferences) {
+  for (const std::string family : {"qwen3_moe", "gpt_oss"}) {
+    const Reference a = load_reference(family, 0), b = load_reference(family, 1);
+    const std::size_t gen = std::min(a.generated.size(), b.generated.size());
+    const CommandResult run =
+        run_r3("generate -q --json --ignore-eos --device cuda --model " + family_dir(family) + " --ids " +
+               join(prompt_ids(a)) + " --ids " + join(prompt_ids(b)) + " --max-new-tokens " + std::to_string(gen));
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    std::istringstream lines(run.out);
+    for (const Reference* ref : {&a, &b}) {
+      std::string line;
+      ASSERT_TRUE(std::getline(lines, line)) << family;
+      const auto out = nlohmann::json::parse(line);
+      const auto output = out.at("output_ids").get<std::vector<int64_t>>();
+      EXPECT_EQ(output, std::vector<int64_t>(ref->generated.begin(), ref->generated.begin() + gen)) << family;
+      const auto& routed = out.at("routed_experts");
+      ASSERT_EQ(routed.size(), static_cast<std::size_t>(ref->prompt_len) + gen - 1) << family;
+      for (std::size_t t = 0; t < routed.size(); ++t) {
+        for (int64_t l = 0; l < ref->layers; ++l) {
+          auto ours = routed[t][static_cast<std::size_t>(l)].get<std::vector<int64_t>>();
+          auto first = ref->topk_ids.begin() + (static_cast<int64_t>(t) * ref->layers + l) * ref->top_k;
+          std::vector<int64_t> theirs(first, first + ref->top_k);
+          std::sort(ours.begin(), ours.end());
+          std::sort(theirs.begin(), theirs.end());
+          EXPECT_EQ(ours, theirs) << family << " row " << t << " MoE layer " << l;
+        }
+      }
+    }
+  }
+}
+
+TEST(GpuRefusals, WhatHasNoCudaKernelsIsRefusedByName) {
+  const std::string ids = " --ids 1,2,3";
+  EXPECT_TRUE(refused_with(run_r3("forward --device cuda --model " + family_dir("deepseek_v3") + ids),
+                           "multi-head latent attention, which has no CUDA kernels yet"));
+  EXPECT_TRUE(refused_with(run_r3("forward --device cuda --model " + family_dir("deepseek_v4") + ids),
+                           "has no CUDA kernels yet (DeepSeek-V4's compressed attention"));
+  EXPECT_TRUE(refused_with(
+      run_r3("forward --device cuda --eplb-redundant-experts 2 --model " + family_dir("qwen3_moe") + ids),
+      "EPLB"));
+}
+
+}  // namespace
+}  // namespace r3::test
