@@ -1,6 +1,9 @@
 #include "backend/device_memory.h"
 
 #include <cstring>
+#include <vector>
+
+#include "core/dtype.h"
 
 #include "core/check.h"
 
@@ -31,6 +34,29 @@ Tensor to_device(Context& ctx, const Tensor& host) {
 #endif
   (void)ctx;
   return host;
+}
+
+void convert_matrix(const Tensor& src, DType dtype, void* dst) {
+  R3_CHECK(src.device() == Device::kCpu && src.is_contiguous(), "convert: needs a contiguous host tensor");
+  R3_CHECK(dtype == DType::F32 || dtype == DType::BF16, "convert: to F32 or BF16, not ", dtype_name(dtype));
+  const auto n = static_cast<std::size_t>(src.numel());
+  if (src.dtype() == dtype) {
+    std::memcpy(dst, src.raw_data(), src.nbytes());
+  } else if (dtype == DType::F32) {
+    convert_to_f32(src.raw_data(), src.dtype(), n, static_cast<float*>(dst));
+  } else {
+    std::vector<float> wide(n);
+    convert_to_f32(src.raw_data(), src.dtype(), n, wide.data());
+    auto* out = static_cast<uint16_t*>(dst);
+    for (std::size_t i = 0; i < n; ++i) out[i] = f32_to_bf16(wide[i]);
+  }
+}
+
+Tensor to_device_as(Context& ctx, const Tensor& host, DType dtype) {
+  if (host.dtype() == dtype) return to_device(ctx, host);
+  Tensor converted = Tensor::empty(dtype, host.shape());
+  convert_matrix(host, dtype, converted.raw_data());
+  return to_device(ctx, converted);
 }
 
 Tensor to_host(Context& ctx, const Tensor& t) {

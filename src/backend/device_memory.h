@@ -11,6 +11,10 @@ namespace r3::backend {
 Tensor device_empty(Context& ctx, DType dtype, Shape shape);
 // A contiguous host tensor on ctx's device (a copy on CUDA; `host` itself on the CPU).
 Tensor to_device(Context& ctx, const Tensor& host);
+// The same as F32 or BF16: widened exactly, or rounded to the nearest bfloat16 (ties to even).
+Tensor to_device_as(Context& ctx, const Tensor& host, DType dtype);
+// Writes the contiguous host tensor `src` as numel() values of `dtype` (F32 or BF16) at `dst`.
+void convert_matrix(const Tensor& src, DType dtype, void* dst);
 // A tensor of ctx's device on the host (waits for the context's work to finish).
 Tensor to_host(Context& ctx, const Tensor& t);
 // Copies device (or host) tensor `t` into the host tensor `host` of the same dtype and size, and

@@ -17,6 +17,11 @@ void ModelOptions::add_to(CLI::App& command) {
                      "Where the model runs: cpu, or cuda (the first GPU; float32 weights, the parity mode)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  dtype_option = command.add_option("--dtype", dtype,
+                     "Weights on the GPU: bfloat16, or float32 (the parity mode); activations are float32 in "
+                     "both. The CPU runs the checkpoint's own dtypes")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"bfloat16", "float32"}));
   command.add_option("--threads", threads, "CPU threads (default: all cores)")->check(at_least(0));
   // --moe-backend is the flag's first name, kept so existing scripts run; "backend" now means the
   // device backend.
@@ -63,12 +68,15 @@ std::unique_ptr<models::CausalLM> ModelOptions::load(backend::Context& ctx) cons
                info.top_k, moe_path, ms_since(start));
   if (ctx.device() == Device::kCpu) return model;
   const auto placed = std::chrono::steady_clock::now();
-  model = models::place_on_device(ctx, std::move(model));
-  spdlog::info("weights copied to the {} device in {:.1f} ms", device_name(ctx.device()), ms_since(placed));
+  model = models::place_on_device(ctx, std::move(model), dtype == "float32" ? DType::F32 : DType::BF16);
+  spdlog::info("weights copied to the {} device as {} in {:.1f} ms", device_name(ctx.device()), dtype,
+               ms_since(placed));
   return model;
 }
 
 std::unique_ptr<backend::Context> ModelOptions::make_context() const {
+  R3_CHECK(device == "cuda" || dtype_option == nullptr || dtype_option->count() == 0,
+           "--dtype applies to --device cuda; the CPU runs the checkpoint's own dtypes");
   if (device == "cuda") return backend::Context::cuda(0);
   return std::make_unique<backend::Context>(threads);
 }

@@ -16,9 +16,11 @@ namespace r3::cli {
 struct ModelOptions {
   std::string model_dir;
   std::string device = "cpu";
+  std::string dtype = "bfloat16";  // of the weights on the GPU
   int threads = 0;
   std::string moe_path = "monolithic";  // fastest on CPU: see README, Performance
   models::LoadOptions load_options;
+  CLI::Option* dtype_option = nullptr;
 
   void add_to(CLI::App& command);
   // The model, placed on ctx's device; logs load time and model summary.

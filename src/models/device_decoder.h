@@ -7,8 +7,11 @@
 // step's host work is building its metadata (one asynchronous upload, models/device_step_builder.h);
 // the host waits once, for the logits, then collects the captured rows from pinned memory.
 //
-// Float32 weights (the parity mode; experts keep their stored dtype, which the experts kernel
-// widens exactly). What has no device kernels yet is refused by name when the model is placed:
+// Weights: the projections and experts as `weights` — float32 (the parity mode: widened exactly,
+// and dense GEMMs through cuBLASLt in float32) or bfloat16 (rounded to nearest where stored wider;
+// r3's weight-streaming kernels widen them in registers). Embedding, norms, biases, sinks and
+// router gates stay float32; activations are float32 in both modes. What has no device kernels
+// yet is refused by name when the model is placed:
 // DeepSeek-V4, multi-head latent attention (DeepSeek-V2/V3), DeepSeek-V2's routing, and EPLB
 // replicas or rebalancing.
 #pragma once
@@ -22,6 +25,7 @@ namespace r3::models {
 
 // `model` on ctx's CUDA device (ctx must outlive the result). Throws r3::Error for what the CUDA
 // backend cannot run yet, or when this build has no CUDA backend.
-std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr<CausalLM> model);
+std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr<CausalLM> model,
+                                          DType weights = DType::BF16);
 
 }  // namespace r3::models

@@ -8,19 +8,19 @@ namespace r3::moe {
 
 namespace {
 
-// [experts, rows, cols] on the device from each physical expert's matrix `pick(weights)`.
+// [experts, rows, cols] of `dtype` on the device from each physical expert's matrix `pick(weights)`.
 template <typename Pick>
-Tensor stacked(backend::Context& ctx, const PhysicalExperts& experts, Pick pick) {
+Tensor stacked(backend::Context& ctx, const PhysicalExperts& experts, DType dtype, Pick pick) {
   const Tensor& first = pick(experts.weights(0));
   const int64_t count = experts.num_physical();
-  Tensor host = Tensor::empty(first.dtype(), {count, first.dim(0), first.dim(1)});
+  Tensor host = Tensor::empty(dtype, {count, first.dim(0), first.dim(1)});
   auto* dst = static_cast<unsigned char*>(host.raw_data());
+  const std::size_t matrix_bytes = static_cast<std::size_t>(first.numel()) * dtype_size(dtype);
   for (int32_t e = 0; e < count; ++e) {
     const Tensor& m = pick(experts.weights(e));
-    R3_CHECK(m.dtype() == first.dtype() && m.shape() == first.shape() && m.is_contiguous(),
-             "experts on the device: expert ", e, " holds ", dtype_name(m.dtype()), " ", shape_to_string(m.shape()),
-             ", expert 0 ", dtype_name(first.dtype()), " ", shape_to_string(first.shape()));
-    std::memcpy(dst + static_cast<std::size_t>(e) * m.nbytes(), m.raw_data(), m.nbytes());
+    R3_CHECK(m.shape() == first.shape() && m.is_contiguous(), "experts on the device: expert ", e, " holds ",
+             shape_to_string(m.shape()), ", expert 0 ", shape_to_string(first.shape()));
+    backend::convert_matrix(m, dtype, dst + static_cast<std::size_t>(e) * matrix_bytes);
   }
   return backend::to_device(ctx, host);
 }
@@ -41,12 +41,13 @@ Tensor stacked_bias(backend::Context& ctx, const PhysicalExperts& experts, Pick 
 
 }  // namespace
 
-DeviceExperts upload_experts(backend::Context& ctx, const PhysicalExperts& experts) {
+DeviceExperts upload_experts(backend::Context& ctx, const PhysicalExperts& experts, DType dtype) {
+  R3_CHECK(dtype == DType::F32 || dtype == DType::BF16, "experts on the device: F32 or BF16, not ", dtype_name(dtype));
   R3_CHECK(experts.num_physical() > 0, "experts on the device: no experts");
   DeviceExperts d;
-  d.gate = stacked(ctx, experts, [](const SwigluExpertWeights& w) -> const Tensor& { return w.gate; });
-  d.up = stacked(ctx, experts, [](const SwigluExpertWeights& w) -> const Tensor& { return w.up; });
-  d.down = stacked(ctx, experts, [](const SwigluExpertWeights& w) -> const Tensor& { return w.down; });
+  d.gate = stacked(ctx, experts, dtype, [](const SwigluExpertWeights& w) -> const Tensor& { return w.gate; });
+  d.up = stacked(ctx, experts, dtype, [](const SwigluExpertWeights& w) -> const Tensor& { return w.up; });
+  d.down = stacked(ctx, experts, dtype, [](const SwigluExpertWeights& w) -> const Tensor& { return w.down; });
   d.gate_bias = stacked_bias(ctx, experts, [](const SwigluExpertWeights& w) -> const Tensor& { return w.gate_bias; });
   d.up_bias = stacked_bias(ctx, experts, [](const SwigluExpertWeights& w) -> const Tensor& { return w.up_bias; });
   d.down_bias = stacked_bias(ctx, experts, [](const SwigluExpertWeights& w) -> const Tensor& { return w.down_bias; });

@@ -22,9 +22,10 @@ struct DeviceExperts {
   ExpertActivation activation;
 };
 
-// The physical experts' weights, stacked and copied to ctx's device (in their stored dtype, which
-// all experts must share; biases widened to F32). Stacks one matrix kind at a time on the host.
-DeviceExperts upload_experts(backend::Context& ctx, const PhysicalExperts& experts);
+// The physical experts' weights, stacked and copied to ctx's device as `dtype` (F32: widened
+// exactly; BF16: rounded to nearest even where stored wider; biases F32). Stacks one matrix kind
+// at a time on the host.
+DeviceExperts upload_experts(backend::Context& ctx, const PhysicalExperts& experts, DType dtype);
 
 // Ints of scratch the pairs' grouping by expert takes: offsets, order, used experts, their count.
 constexpr int64_t grouping_ints(int64_t experts, int64_t pairs) { return 2 * experts + pairs + 2; }

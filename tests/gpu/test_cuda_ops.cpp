@@ -129,6 +129,25 @@ TEST_F(CudaOps, LinearMatchesTheCpu) {
   }
 }
 
+// Bfloat16 weights through the weight-streaming kernel, against the CPU's linear over the same
+// bf16 weights: the 128-bit path (k a multiple of 8), the element path (k = 1001), rows that fill
+// several passes of 8 and a partial last pass.
+TEST_F(CudaOps, LinearWithBf16WeightsMatchesTheCpu) {
+  struct Case { int64_t m, k, n; bool bias; };
+  for (const Case c : {Case{1, 2048, 768, false}, Case{8, 1024, 3072, true}, Case{19, 1001, 129, true}}) {
+    const Tensor x = gpu_random({c.m, c.k}, 16), b = gpu_random({c.n}, 18);
+    const Tensor w32 = gpu_random({c.n, c.k}, 17, 0.05f);
+    Tensor w = Tensor::empty(DType::BF16, {c.n, c.k});
+    backend::convert_matrix(w32, DType::BF16, w.raw_data());
+    Tensor want = Tensor::empty(DType::F32, {c.m, c.n});
+    ops::linear(cpu_, x, w, c.bias ? &b : nullptr, want);
+    const Tensor bd = backend::to_device(*gpu_, b);
+    Tensor y = backend::device_empty(*gpu_, DType::F32, {c.m, c.n});
+    ops::linear(*gpu_, backend::to_device(*gpu_, x), backend::to_device(*gpu_, w), c.bias ? &bd : nullptr, y);
+    EXPECT_LT(gpu_relative_error(backend::to_host(*gpu_, y), want), 1e-5) << c.m << "x" << c.k << "x" << c.n;
+  }
+}
+
 TEST_F(CudaOps, ResidualAddAndClampMatchTheCpu) {
   const Tensor x = gpu_random({21, 300}, 9, 2.0f), gate = gpu_random({21}, 10, 3.0f), base = gpu_random({21, 300}, 11);
   for (const bool gated : {false, true}) {
@@ -487,7 +506,7 @@ TEST_F(CudaOps, UploadedExpertsAreThePhysicalExpertsStacked) {
                        gpu_random({inter}, 90 + e), gpu_random({inter}, 100 + e), gpu_random({h}, 110 + e)});
   }
   const moe::PhysicalExperts experts(std::move(logical), moe::ExpertPlacement::initial(4, 2));
-  const moe::DeviceExperts dev = moe::upload_experts(*gpu_, experts);
+  const moe::DeviceExperts dev = moe::upload_experts(*gpu_, experts, DType::F32);
   ASSERT_EQ(dev.gate.dim(0), experts.num_physical());
   const Tensor gate = backend::to_host(*gpu_, dev.gate), down = backend::to_host(*gpu_, dev.down);
   const Tensor up_bias = backend::to_host(*gpu_, dev.up_bias);

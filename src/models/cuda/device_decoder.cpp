@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "backend/device_memory.h"
-#include "core/dtype.h"
 #include "models/decoder_model.h"
 #include "models/device_step_builder.h"
 #include "ops/activation.h"
@@ -27,24 +26,21 @@ namespace r3::models {
 
 namespace {
 
-// A host weight in device memory as float32 (the dense GEMMs' dtype in the parity mode), or an
-// undefined tensor for an absent optional weight.
-Tensor f32_on_device(backend::Context& ctx, const Tensor& host) {
-  if (!host.defined()) return Tensor();
-  if (host.dtype() == DType::F32) return backend::to_device(ctx, host);
-  Tensor wide = Tensor::empty(DType::F32, host.shape());
-  convert_to_f32(host.raw_data(), host.dtype(), static_cast<std::size_t>(host.numel()), wide.data<float>());
-  return backend::to_device(ctx, wide);
+// A host weight in device memory as `dtype`, or an undefined tensor for an absent optional weight.
+Tensor on_device(backend::Context& ctx, const Tensor& host, DType dtype) {
+  return host.defined() ? backend::to_device_as(ctx, host, dtype) : Tensor();
 }
+// Norms, biases, sinks, gates: always float32.
+Tensor f32_on_device(backend::Context& ctx, const Tensor& host) { return on_device(ctx, host, DType::F32); }
 
 struct DeviceMlp {
   Tensor gate, up, down;
   float limit = INFINITY;
 
-  DeviceMlp(backend::Context& ctx, const SwigluMlp& mlp)
-      : gate(f32_on_device(ctx, mlp.gate())),
-        up(f32_on_device(ctx, mlp.up())),
-        down(f32_on_device(ctx, mlp.down())),
+  DeviceMlp(backend::Context& ctx, const SwigluMlp& mlp, DType dtype)
+      : gate(on_device(ctx, mlp.gate(), dtype)),
+        up(on_device(ctx, mlp.up(), dtype)),
+        down(on_device(ctx, mlp.down(), dtype)),
         limit(mlp.limit()) {}
 
   void forward(backend::Context& ctx, const Tensor& x, Tensor& out) const {
@@ -66,13 +62,13 @@ struct DeviceAttention {
   int64_t sliding_window;
   Tensor q, k, v, o, q_bias, k_bias, v_bias, o_bias, q_norm, k_norm, sinks;
 
-  DeviceAttention(backend::Context& ctx, const GqaAttention& host)
+  DeviceAttention(backend::Context& ctx, const GqaAttention& host, DType dtype)
       : spec(host.spec()), rms_eps(host.rms_eps()), rotary(host.rotary()), sliding_window(host.sliding_window()) {
     const GqaAttentionWeights& w = host.weights();
-    q = f32_on_device(ctx, w.q);
-    k = f32_on_device(ctx, w.k);
-    v = f32_on_device(ctx, w.v);
-    o = f32_on_device(ctx, w.o);
+    q = on_device(ctx, w.q, dtype);
+    k = on_device(ctx, w.k, dtype);
+    v = on_device(ctx, w.v, dtype);
+    o = on_device(ctx, w.o, dtype);
     q_bias = f32_on_device(ctx, w.q_bias);
     k_bias = f32_on_device(ctx, w.k_bias);
     v_bias = f32_on_device(ctx, w.v_bias);
@@ -134,7 +130,7 @@ struct DeviceMoe {
   std::optional<DeviceMlp> shared_expert;
   Tensor shared_gate;
 
-  DeviceMoe(backend::Context& ctx, const MoeFeedForward& host) : layer_id(host.moe().layer_id()) {
+  DeviceMoe(backend::Context& ctx, const MoeFeedForward& host, DType dtype) : layer_id(host.moe().layer_id()) {
     const moe::MoeBlock& block = host.moe();
     const moe::PhysicalExperts& physical = block.experts();
     R3_CHECK(physical.num_physical() == physical.num_logical(), "--device cuda: MoE layer ", layer_id, " has ",
@@ -154,8 +150,8 @@ struct DeviceMoe {
     }
     gate_weight = f32_on_device(ctx, gate.weight);
     gate_bias = f32_on_device(ctx, gate.bias);
-    experts = moe::upload_experts(ctx, physical);
-    if (host.shared_expert()) shared_expert.emplace(ctx, *host.shared_expert());
+    experts = moe::upload_experts(ctx, physical, dtype);
+    if (host.shared_expert()) shared_expert.emplace(ctx, *host.shared_expert(), dtype);
     shared_gate = f32_on_device(ctx, host.shared_gate());
   }
 
@@ -198,14 +194,17 @@ struct DeviceLayer {
 
 class DeviceDecoder final : public CausalLM {
  public:
-  DeviceDecoder(backend::Context& ctx, std::unique_ptr<DecoderModel> host) : ctx_(ctx), host_(std::move(host)) {
+  DeviceDecoder(backend::Context& ctx, std::unique_ptr<DecoderModel> host, DType dtype)
+      : ctx_(ctx), host_(std::move(host)) {
+    R3_CHECK(dtype == DType::F32 || dtype == DType::BF16, "--dtype: float32 or bfloat16 weights on the GPU, not ",
+             dtype_name(dtype));
     R3_CHECK(ctx.device() == Device::kCuda, "place_on_device: not a CUDA context");
     R3_CHECK(!host_->eplb_options().active(), "--device cuda: EPLB (replicas, load windows, rebalancing) on the GPU "
                                               "is not supported yet");
-    embed_ = f32_on_device(ctx, host_->embed());
+    embed_ = on_device(ctx, host_->embed(), dtype);  // the lookup widens it exactly
     final_norm_ = f32_on_device(ctx, host_->final_norm());
     const bool tied = host_->lm_head().raw_data() == host_->embed().raw_data();
-    lm_head_ = tied ? embed_ : f32_on_device(ctx, host_->lm_head());
+    lm_head_ = tied ? embed_ : on_device(ctx, host_->lm_head(), dtype);
     for (std::size_t l = 0; l < host_->layers().size(); ++l) {
       const DecoderLayer& layer = host_->layers()[l];
       DeviceLayer d;
@@ -214,13 +213,13 @@ class DeviceDecoder final : public CausalLM {
       const auto* gqa = dynamic_cast<const GqaAttention*>(layer.attention.get());
       R3_CHECK(gqa != nullptr, "--device cuda: layer ", l,
                " uses multi-head latent attention, which has no CUDA kernels yet (DeepSeek-V2/V3, Kimi K2)");
-      d.attention.emplace(ctx, *gqa);
+      d.attention.emplace(ctx, *gqa, dtype);
       if (const auto* dense = dynamic_cast<const DenseFeedForward*>(layer.feed_forward.get())) {
-        d.dense.emplace(ctx, dense->mlp());
+        d.dense.emplace(ctx, dense->mlp(), dtype);
       } else {
         const auto* moe = dynamic_cast<const MoeFeedForward*>(layer.feed_forward.get());
         R3_CHECK(moe != nullptr, "--device cuda: layer ", l, "'s feed-forward has no CUDA kernels");
-        d.moe.emplace(ctx, *moe);
+        d.moe.emplace(ctx, *moe, dtype);
       }
       layers_.push_back(std::move(d));
     }
@@ -358,12 +357,12 @@ class DeviceDecoder final : public CausalLM {
 
 }  // namespace
 
-std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr<CausalLM> model) {
+std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr<CausalLM> model, DType weights) {
   auto* decoder = dynamic_cast<DecoderModel*>(model.get());
   R3_CHECK(decoder != nullptr, "--device cuda: ", model->info().architecture,
            " has no CUDA kernels yet (DeepSeek-V4's compressed attention comes in a later release); use --device cpu");
   model.release();
-  return std::make_unique<DeviceDecoder>(ctx, std::unique_ptr<DecoderModel>(decoder));
+  return std::make_unique<DeviceDecoder>(ctx, std::unique_ptr<DecoderModel>(decoder), weights);
 }
 
 }  // namespace r3::models

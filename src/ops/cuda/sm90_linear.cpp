@@ -1,10 +1,12 @@
-// y = x · wᵀ (+ bias) through cuBLASLt, float32 in and out with float32 accumulation and no
-// TF32 (the parity mode: weights uploaded as float32). cuBLASLt is column-major: row-major y
+// y = x · wᵀ (+ bias) on the GPU. Float32 weights (the parity mode) go through cuBLASLt, float32
+// in and out with float32 accumulation and no TF32; bfloat16 weights through r3's own
+// weight-streaming kernel (ops/cuda/linear_rows.h), which keeps the activations float32. cuBLASLt is column-major: row-major y
 // [m, n] is column-major [n, m], so it computes yᵀ = w · xᵀ with w, stored row-major [n, k], read
 // as the transpose of a column-major [k, n] matrix. The bias rides on the GEMM's epilogue.
 #include <algorithm>
 
 #include "backend/cuda/state.h"
+#include "ops/cuda/linear_rows.h"
 #include "ops/linear.h"
 
 namespace r3::ops::cuda {
@@ -32,14 +34,17 @@ void linear(backend::Context& ctx, const Tensor& x, const Tensor& w, const Tenso
   const int64_t m = x.dim(0), k = x.dim(1), n = w.dim(0);
   R3_CHECK(w.dim(1) == k && y.dim(0) == m && y.dim(1) == n, "linear (cuda): x ", shape_to_string(x.shape()), " w ",
            shape_to_string(w.shape()), " y ", shape_to_string(y.shape()));
-  R3_CHECK(x.dtype() == DType::F32 && w.dtype() == DType::F32 && y.dtype() == DType::F32,
-           "linear (cuda): float32 tensors expected (bf16 GEMMs come with the bf16 mode)");
+  R3_CHECK(x.dtype() == DType::F32 && (w.dtype() == DType::F32 || w.dtype() == DType::BF16) &&
+               y.dtype() == DType::F32,
+           "linear (cuda): float32 activations and float32 or bfloat16 weights expected, got weights of ",
+           dtype_name(w.dtype()));
   R3_CHECK(x.device() == Device::kCuda && w.device() == Device::kCuda && y.device() == Device::kCuda &&
                (bias == nullptr || bias->device() == Device::kCuda),
            "linear (cuda): tensors must be on the device");
   R3_CHECK(x.is_contiguous() && w.is_contiguous() && y.is_contiguous(), "linear (cuda): contiguous tensors expected");
   R3_CHECK(bias == nullptr || (bias->rank() == 1 && bias->dim(0) == n), "linear (cuda): bias shape");
   if (m == 0 || n == 0) return;
+  if (w.dtype() == DType::BF16) return linear_bf16_rows(ctx, x, w, bias, y);
   const auto& s = ctx.cuda_state();
   LtMatmul lt;
   R3_CUDA_CHECK(cublasLtMatmulDescCreate(&lt.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
