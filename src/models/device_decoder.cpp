@@ -1,8 +1,30 @@
 // place_on_device in a build without the CUDA backend (models/cuda/device_decoder.cpp has the real one).
 #include "models/device_decoder.h"
 
+namespace r3::models {
+
+SyntheticShape SyntheticShape::named(std::string_view name) {
+  R3_CHECK(name == "qwen3-30b-a3b", "unknown synthetic model '", name, "' (known: qwen3-30b-a3b)");
+  return {};
+}
+
+int64_t SyntheticShape::weight_bytes() const {
+  const int64_t attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2;
+  const int64_t per_layer = 2 * attention + 2 * 3 * experts * expert_width * hidden + 4 * (experts * hidden + 2 * hidden);
+  return layers * per_layer + 2 * 2 * vocab * hidden + 4 * hidden;
+}
+
+}  // namespace r3::models
+
 #if !R3_WITH_CUDA
 namespace r3::models {
+
+std::unique_ptr<CausalLM> synthetic_on_device(backend::Context& ctx, const SyntheticShape& shape, uint64_t seed) {
+  (void)ctx;
+  (void)shape;
+  (void)seed;
+  R3_FAIL("--synthetic: this build of r3 has no CUDA backend");
+}
 
 std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr<CausalLM> model, DType weights) {
   (void)ctx;

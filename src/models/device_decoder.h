@@ -17,6 +17,7 @@
 #pragma once
 
 #include <memory>
+#include <string_view>
 
 #include "backend/context.h"
 #include "models/causal_lm.h"
@@ -27,5 +28,19 @@ namespace r3::models {
 // backend cannot run yet, or when this build has no CUDA backend.
 std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr<CausalLM> model,
                                           DType weights = DType::BF16);
+
+// A decoder with random weights made on the device, for benchmarks at real shapes without a
+// checkpoint: Qwen3-MoE's architecture (grouped-query attention with per-head q/k norms, rotary
+// theta 1e6, softmax top-k routing renormalised, SwiGLU experts, every layer MoE, untied lm_head),
+// bf16 projections and experts, float32 norms and router gates.
+struct SyntheticShape {
+  int64_t layers = 48, hidden = 2048, heads = 32, kv_heads = 4, head_dim = 128;
+  int64_t experts = 128, top_k = 8, expert_width = 768, vocab = 151936;
+  // "qwen3-30b-a3b" (the defaults); throws listing the names it knows.
+  static SyntheticShape named(std::string_view name);
+  // Bytes of the weights (bf16 matrices, f32 norms and gates).
+  int64_t weight_bytes() const;
+};
+std::unique_ptr<CausalLM> synthetic_on_device(backend::Context& ctx, const SyntheticShape& shape, uint64_t seed = 1);
 
 }  // namespace r3::models

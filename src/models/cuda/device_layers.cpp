@@ -1,0 +1,151 @@
+// The layers of a decoder on the device (models/cuda/device_decoder_parts.h): the host layers'
+// steps (GqaAttention::forward, SwigluMlp::forward, MoeFeedForward::forward) with each piece
+// replaced by its device kernel and the per-token metadata read from the step's one upload.
+#include <cmath>
+
+#include "backend/device_memory.h"
+#include "models/cuda/device_decoder_parts.h"
+#include "ops/activation.h"
+#include "ops/attention.h"
+#include "ops/elementwise.h"
+#include "ops/kv_write.h"
+#include "ops/linear.h"
+#include "ops/rms_norm.h"
+
+namespace r3::models::device {
+
+namespace {
+// Norms, biases, sinks, gates: always float32.
+Tensor f32_on_device(backend::Context& ctx, const Tensor& host) { return on_device(ctx, host, DType::F32); }
+}  // namespace
+
+Tensor on_device(backend::Context& ctx, const Tensor& host, DType dtype) {
+  return host.defined() ? backend::to_device_as(ctx, host, dtype) : Tensor();
+}
+
+Mlp::Mlp(backend::Context& ctx, const SwigluMlp& host, DType dtype)
+    : gate(on_device(ctx, host.gate(), dtype)),
+      up(on_device(ctx, host.up(), dtype)),
+      down(on_device(ctx, host.down(), dtype)),
+      limit(host.limit()) {}
+
+void Mlp::forward(backend::Context& ctx, const Tensor& x, Tensor& out) const {
+  const int64_t tokens = x.dim(0), width = gate.dim(0);
+  backend::Workspace::Scope scope(ctx.workspace());
+  Tensor g = ctx.scratch(DType::F32, {tokens, width});
+  Tensor u = ctx.scratch(DType::F32, {tokens, width});
+  ops::linear(ctx, x, gate, nullptr, g);
+  ops::linear(ctx, x, up, nullptr, u);
+  ops::silu_and_mul(ctx, g, u, g, limit);
+  ops::linear(ctx, g, down, nullptr, out);
+}
+
+Attention::Attention(backend::Context& ctx, const GqaAttention& host, DType dtype)
+    : Attention(host.spec(), host.rms_eps(), host.rotary(), host.sliding_window()) {
+  const GqaAttentionWeights& w = host.weights();
+  q = on_device(ctx, w.q, dtype);
+  k = on_device(ctx, w.k, dtype);
+  v = on_device(ctx, w.v, dtype);
+  o = on_device(ctx, w.o, dtype);
+  q_bias = f32_on_device(ctx, w.q_bias);
+  k_bias = f32_on_device(ctx, w.k_bias);
+  v_bias = f32_on_device(ctx, w.v_bias);
+  o_bias = f32_on_device(ctx, w.o_bias);
+  q_norm = f32_on_device(ctx, w.q_norm);
+  k_norm = f32_on_device(ctx, w.k_norm);
+  sinks = f32_on_device(ctx, w.sinks);
+}
+
+void Attention::normalise_qk(backend::Context& ctx, Tensor& qt, Tensor& kt) const {
+  const int64_t tokens = qt.dim(0), d = spec.head_dim;
+  if (spec.qk_norm == QkNorm::kFull) {
+    ops::rms_norm(ctx, qt, &q_norm, rms_eps, qt);
+    ops::rms_norm(ctx, kt, &k_norm, rms_eps, kt);
+  } else if (spec.qk_norm == QkNorm::kPerHead) {
+    Tensor qh = qt.reshaped({tokens * spec.num_heads, d});
+    Tensor kh = kt.reshaped({tokens * spec.num_kv_heads, d});
+    ops::rms_norm(ctx, qh, &q_norm, rms_eps, qh);
+    ops::rms_norm(ctx, kh, &k_norm, rms_eps, kh);
+  }
+}
+
+void Attention::forward(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step,
+                        const ops::DeviceKvPool& pool, Tensor& out) const {
+  const int64_t tokens = x.dim(0), d = spec.head_dim;
+  const int64_t q_width = spec.num_heads * d, kv_width = spec.num_kv_heads * d;
+  backend::Workspace::Scope scope(ctx.workspace());
+  Tensor qt = ctx.scratch(DType::F32, {tokens, q_width});
+  Tensor kt = ctx.scratch(DType::F32, {tokens, kv_width});
+  Tensor vt = ctx.scratch(DType::F32, {tokens, kv_width});
+  ops::linear(ctx, x, q, q_bias.if_defined(), qt);
+  ops::linear(ctx, x, k, k_bias.if_defined(), kt);
+  ops::linear(ctx, x, v, v_bias.if_defined(), vt);
+  normalise_qk(ctx, qt, kt);
+  if (spec.clip_qkv > 0) {
+    for (Tensor* t : {&qt, &kt, &vt}) ops::clamp(ctx, *t, static_cast<float>(spec.clip_qkv));
+  }
+  Tensor qh = qt.reshaped({tokens, spec.num_heads, d});
+  Tensor kh = kt.reshaped({tokens, spec.num_kv_heads, d});
+  ops::cuda::rotary_positions_on_device(ctx, rotary, qh, step.positions);
+  ops::cuda::rotary_positions_on_device(ctx, rotary, kh, step.positions);
+  ops::cuda::write_kv_paged(ctx, kt.data<float>(), kv_width, vt.data<float>(), kv_width, step, pool);
+  Tensor attended = ctx.scratch(DType::F32, {tokens, spec.num_heads, d});
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  ops::cuda::paged_attention(ctx, qh, step, pool, spec.num_kv_heads, scale, sliding_window,
+                             sinks.defined() ? sinks.data<float>() : nullptr, attended);
+  ops::linear(ctx, attended.reshaped({tokens, q_width}), o, o_bias.if_defined(), out);
+}
+
+Moe::Moe(backend::Context& ctx, const MoeFeedForward& host, DType dtype) : layer_id(host.moe().layer_id()) {
+  const moe::MoeBlock& block = host.moe();
+  const moe::PhysicalExperts& physical = block.experts();
+  R3_CHECK(physical.num_physical() == physical.num_logical(), "--device cuda: MoE layer ", layer_id, " has ",
+           physical.num_physical() - physical.num_logical(),
+           " redundant expert replicas; EPLB on the GPU is not supported yet");
+  const moe::MoeBlock::Gate gate = block.gate();
+  num_experts = gate.weight.dim(0);
+  top_k = gate.rule.top_k();
+  R3_CHECK(num_experts <= moe::kMaxDeviceExperts, "--device cuda: MoE layer ", layer_id, " has ", num_experts,
+           " experts; the routing kernel takes at most ", moe::kMaxDeviceExperts);
+  moe::DeviceRuleDescription described = moe::describe_for_device(gate.rule);
+  rule = described.rule;
+  if (!described.bias.empty()) {
+    correction_bias =
+        backend::to_device(ctx, Tensor::from(described.bias, {static_cast<int64_t>(described.bias.size())}));
+    rule.bias = correction_bias.data<float>();
+  }
+  gate_weight = f32_on_device(ctx, gate.weight);
+  gate_bias = f32_on_device(ctx, gate.bias);
+  experts = moe::upload_experts(ctx, physical, dtype);
+  if (host.shared_expert()) shared_expert.emplace(ctx, *host.shared_expert(), dtype);
+  shared_gate = f32_on_device(ctx, host.shared_gate());
+}
+
+void Moe::forward(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step,
+                  moe::DeviceCaptureBuffer& capture, Tensor& out) const {
+  const int64_t tokens = x.dim(0), hidden = x.dim(1), pairs = tokens * top_k;
+  backend::Workspace::Scope scope(ctx.workspace());
+  Tensor logits = ctx.scratch(DType::F32, {tokens, num_experts});
+  ops::linear(ctx, x, gate_weight, gate_bias.if_defined(), logits);
+  Tensor ids = ctx.scratch(DType::I32, {tokens, top_k});
+  float* weights = capture.layer_weights(layer_id, tokens);
+  const int32_t* forced = step.forced != nullptr ? step.forced + layer_id * tokens * top_k : nullptr;
+  moe::route_on_device(ctx, logits, rule, forced, step.replayed, ids.data<int32_t>(), weights,
+                       capture.layer_rows(layer_id));
+  Tensor grouping = ctx.scratch(DType::I32, {moe::grouping_ints(experts.gate.dim(0), pairs)});
+  Tensor activated = ctx.scratch(DType::F32, {pairs, experts.gate.dim(1)});
+  Tensor expert_out = ctx.scratch(DType::F32, {pairs, hidden});
+  moe::fused_experts_on_device(ctx, x, ids.data<int32_t>(), weights, top_k, experts, grouping, activated, expert_out,
+                               out);
+  if (!shared_expert) return;
+  Tensor shared = ctx.scratch(DType::F32, {tokens, hidden});
+  shared_expert->forward(ctx, x, shared);
+  Tensor gate;
+  if (shared_gate.defined()) {  // Qwen2-MoE: out += sigmoid(x · g) * shared
+    gate = ctx.scratch(DType::F32, {tokens, 1});
+    ops::linear(ctx, x, shared_gate, nullptr, gate);
+  }
+  ops::add_rows(ctx, shared, gate.if_defined(), out);
+}
+
+}  // namespace r3::models::device

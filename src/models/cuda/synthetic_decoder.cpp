@@ -1,0 +1,91 @@
+// synthetic_on_device (models/device_decoder.h): the device decoder's parts filled with random
+// values on the device, each tensor its own seed. Weight scales keep activations of unit size:
+// projections uniform in ±sqrt(3 / fan_in), norms 1, the embedding ±1.
+#include <cmath>
+
+#include "backend/device_memory.h"
+#include "models/cuda/device_decoder_parts.h"
+#include "models/device_decoder.h"
+#include "ops/fill_random.h"
+
+namespace r3::models {
+
+namespace {
+
+class RandomWeights {
+ public:
+  RandomWeights(backend::Context& ctx, uint64_t seed) : ctx_(ctx), seed_(seed) {}
+
+  // A [rows, cols] matrix as a projection with `cols` inputs.
+  Tensor matrix(DType dtype, Shape shape) {
+    const int64_t fan_in = shape.back();
+    return make(dtype, std::move(shape), 0.0f, std::sqrt(3.0f / static_cast<float>(fan_in)));
+  }
+  Tensor ones(int64_t n) { return make(DType::F32, {n}, 1.0f, 0.0f); }
+  Tensor make(DType dtype, Shape shape, float center, float bound) {
+    Tensor t = backend::device_empty(ctx_, dtype, std::move(shape));
+    ops::cuda::fill_uniform(ctx_, t, seed_ * 1000003 + next_++, center, bound);
+    return t;
+  }
+
+ private:
+  backend::Context& ctx_;
+  uint64_t seed_;
+  uint64_t next_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<CausalLM> synthetic_on_device(backend::Context& ctx, const SyntheticShape& s, uint64_t seed) {
+  R3_CHECK(ctx.device() == Device::kCuda, "--synthetic: needs --device cuda");
+  RandomWeights random(ctx, seed);
+  device::DecoderParts parts;
+  ModelInfo& info = parts.info;
+  info.family = "synthetic";
+  info.architecture = "Qwen3MoeForCausalLM";
+  info.vocab_size = s.vocab;
+  info.hidden_size = s.hidden;
+  info.num_layers = s.layers;
+  info.max_position_embeddings = 40960;
+  for (int64_t l = 0; l < s.layers; ++l) info.moe_layers.push_back(l);
+  info.num_experts = s.experts;
+  info.top_k = s.top_k;
+  parts.rms_eps = 1e-6f;
+  const int64_t q_width = s.heads * s.head_dim, kv_width = s.kv_heads * s.head_dim;
+  parts.embed = random.make(DType::BF16, {s.vocab, s.hidden}, 0.0f, 1.0f);
+  parts.final_norm = random.ones(s.hidden);
+  parts.lm_head = random.matrix(DType::BF16, {s.vocab, s.hidden});
+  AttentionSpec attention;
+  attention.num_heads = s.heads;
+  attention.num_kv_heads = s.kv_heads;
+  attention.head_dim = s.head_dim;
+  attention.qk_norm = QkNorm::kPerHead;
+  attention.rope_theta = 1e6;
+  for (int64_t l = 0; l < s.layers; ++l) {
+    parts.cache_specs.push_back(CacheSpec::full_kv(kv_width));
+    device::Layer layer;
+    layer.input_norm = random.ones(s.hidden);
+    layer.post_attention_norm = random.ones(s.hidden);
+    device::Attention& a = layer.attention.emplace(attention, parts.rms_eps, ops::Rotary(s.head_dim, 1e6), 0);
+    a.q = random.matrix(DType::BF16, {q_width, s.hidden});
+    a.k = random.matrix(DType::BF16, {kv_width, s.hidden});
+    a.v = random.matrix(DType::BF16, {kv_width, s.hidden});
+    a.o = random.matrix(DType::BF16, {s.hidden, q_width});
+    a.q_norm = random.ones(s.head_dim);
+    a.k_norm = random.ones(s.head_dim);
+    device::Moe& m = layer.moe.emplace();
+    m.layer_id = l;
+    m.num_experts = s.experts;
+    m.top_k = s.top_k;
+    m.gate_weight = random.matrix(DType::F32, {s.experts, s.hidden});
+    m.rule = {moe::DeviceRoutingRule::Kind::kSoftmaxTopK, static_cast<int32_t>(s.top_k), true};
+    m.experts.gate = random.matrix(DType::BF16, {s.experts, s.expert_width, s.hidden});
+    m.experts.up = random.matrix(DType::BF16, {s.experts, s.expert_width, s.hidden});
+    m.experts.down = random.matrix(DType::BF16, {s.experts, s.hidden, s.expert_width});
+    parts.layers.push_back(std::move(layer));
+  }
+  backend::synchronize(ctx);
+  return std::make_unique<device::Decoder>(ctx, std::move(parts));
+}
+
+}  // namespace r3::models
