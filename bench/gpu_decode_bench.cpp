@@ -23,6 +23,7 @@
 #include "backend/cuda/state.h"
 #include "models/device_decoder.h"
 #include "moe/routing_capturer.h"
+#include "gpu_event_timer.h"
 
 namespace r3 {
 namespace {
@@ -37,22 +38,11 @@ double copy_bandwidth(backend::Context& gpu) {
   R3_CUDA_CHECK(cudaMalloc(&src, bytes));
   R3_CUDA_CHECK(cudaMalloc(&dst, bytes));
   const cudaStream_t stream = gpu.cuda_state().stream;
-  for (int i = 0; i < 3; ++i) R3_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  constexpr int kReps = 20;
-  cudaEventRecord(start, stream);
-  for (int i = 0; i < kReps; ++i) R3_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
-  cudaEventRecord(stop, stream);
-  cudaEventSynchronize(stop);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  const double ms = bench::mean_ms(
+      gpu, [&] { R3_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream)); }, 3, 20);
   cudaFree(src);
   cudaFree(dst);
-  return 2.0 * static_cast<double>(bytes) * kReps / (ms * 1e-3);
+  return 2.0 * static_cast<double>(bytes) / (ms * 1e-3);
 }
 
 int run() {

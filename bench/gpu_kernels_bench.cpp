@@ -23,6 +23,7 @@
 #include "moe/device_experts.h"
 #include "moe/device_routing.h"
 #include "ops/attention.h"
+#include "gpu_event_timer.h"
 
 namespace r3 {
 namespace {
@@ -42,24 +43,7 @@ Tensor random_host(DType dtype, Shape shape, uint32_t seed, float scale) {
   return t;
 }
 
-template <typename Fn>
-double mean_ms(backend::Context& gpu, Fn&& fn) {
-  for (int i = 0; i < 5; ++i) fn();
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  const cudaStream_t stream = gpu.cuda_state().stream;
-  cudaEventRecord(start, stream);
-  constexpr int kReps = 50;
-  for (int i = 0; i < kReps; ++i) fn();
-  cudaEventRecord(stop, stream);
-  cudaEventSynchronize(stop);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return ms / kReps;
-}
+using bench::mean_ms;
 
 void moe_layer(backend::Context& gpu) {
   const int64_t h = 2048, inter = 768, experts = 128, k = 8;

@@ -10,6 +10,11 @@
 
 namespace r3::models {
 
+// out += shared(x), or out += sigmoid(x · gate) * shared(x) when `gate` (F32 [1, hidden]) is
+// defined (Qwen2-MoE); the device layers share it.
+void add_shared_expert(backend::Context& ctx, const Tensor& x, const SwigluMlp& shared, const Tensor& gate,
+                       Tensor& out);
+
 class FeedForward {
  public:
   virtual ~FeedForward() = default;

@@ -24,20 +24,21 @@ CacheSpec GqaAttention::cache_spec() const {
   return sliding_window_ > 0 ? CacheSpec::sliding_window_kv(row, sliding_window_) : CacheSpec::full_kv(row);
 }
 
-void GqaAttention::normalise_qk(backend::Context& ctx, Tensor& q, Tensor& k) const {
-  const int64_t tokens = q.dim(0), d = spec_.head_dim;
-  switch (spec_.qk_norm) {
+void normalise_qk(backend::Context& ctx, const AttentionSpec& spec, float eps, const Tensor& q_norm,
+                  const Tensor& k_norm, Tensor& q, Tensor& k) {
+  const int64_t tokens = q.dim(0), d = spec.head_dim;
+  switch (spec.qk_norm) {
     case QkNorm::kNone:
       return;
     case QkNorm::kFull:  // over the whole projection, before splitting into heads
-      ops::rms_norm(ctx, q, &w_.q_norm, rms_eps_, q);
-      ops::rms_norm(ctx, k, &w_.k_norm, rms_eps_, k);
+      ops::rms_norm(ctx, q, &q_norm, eps, q);
+      ops::rms_norm(ctx, k, &k_norm, eps, k);
       return;
     case QkNorm::kPerHead: {  // over head_dim of every head
-      Tensor qh = q.reshaped({tokens * spec_.num_heads, d});
-      Tensor kh = k.reshaped({tokens * spec_.num_kv_heads, d});
-      ops::rms_norm(ctx, qh, &w_.q_norm, rms_eps_, qh);
-      ops::rms_norm(ctx, kh, &w_.k_norm, rms_eps_, kh);
+      Tensor qh = q.reshaped({tokens * spec.num_heads, d});
+      Tensor kh = k.reshaped({tokens * spec.num_kv_heads, d});
+      ops::rms_norm(ctx, qh, &q_norm, eps, qh);
+      ops::rms_norm(ctx, kh, &k_norm, eps, kh);
       return;
     }
   }
@@ -54,7 +55,7 @@ void GqaAttention::forward(backend::Context& ctx, const Tensor& x, const Forward
   ops::linear(ctx, x, w_.q, w_.q_bias.if_defined(), q);
   ops::linear(ctx, x, w_.k, w_.k_bias.if_defined(), k);
   ops::linear(ctx, x, w_.v, w_.v_bias.if_defined(), v);
-  normalise_qk(ctx, q, k);
+  normalise_qk(ctx, spec_, rms_eps_, w_.q_norm, w_.k_norm, q, k);
   if (spec_.clip_qkv > 0) {
     for (Tensor* t : {&q, &k, &v}) ops::clamp(ctx, *t, static_cast<float>(spec_.clip_qkv));
   }

@@ -16,6 +16,11 @@ struct GqaAttentionWeights {
   Tensor sinks;                         // [num_heads] when spec.sinks
 };
 
+// The q/k RMSNorm of spec.qk_norm on q [tokens, heads * head_dim] and k [tokens, kv_heads * head_dim]
+// in place (nothing for kNone); the device layers share it.
+void normalise_qk(backend::Context& ctx, const AttentionSpec& spec, float eps, const Tensor& q_norm,
+                  const Tensor& k_norm, Tensor& q, Tensor& k);
+
 class GqaAttention final : public AttentionLayer {
  public:
   // sliding_window: this layer's window (0: full causal attention).
@@ -37,8 +42,6 @@ class GqaAttention final : public AttentionLayer {
   int64_t sliding_window() const { return sliding_window_; }
 
  private:
-  void normalise_qk(backend::Context& ctx, Tensor& q, Tensor& k) const;
-
   AttentionSpec spec_;
   float rms_eps_;
   GqaAttentionWeights w_;

@@ -116,35 +116,24 @@ TEST_F(CudaOps, SiluAndMulMatchesTheCpuWithAndWithoutClamp) {
   }
 }
 
+// Float32 weights through cuBLASLt and bfloat16 weights through the weight-streaming kernel,
+// against the CPU's linear over the same weights: for bf16 the 128-bit path (k a multiple of 8),
+// the element path (k = 1001), rows filling several passes of 8 and a partial last pass.
 TEST_F(CudaOps, LinearMatchesTheCpu) {
-  struct Case { int64_t m, k, n; bool bias; };
-  for (const Case c : {Case{1, 2048, 768, false}, Case{16, 1024, 3072, true}, Case{257, 512, 129, true}}) {
-    const Tensor x = gpu_random({c.m, c.k}, 6), w = gpu_random({c.n, c.k}, 7, 0.05f), b = gpu_random({c.n}, 8);
+  struct Case { int64_t m, k, n; bool bias; DType weights; };
+  for (const Case c : {Case{1, 2048, 768, false, DType::F32}, Case{16, 1024, 3072, true, DType::F32},
+                       Case{257, 512, 129, true, DType::F32}, Case{1, 2048, 768, false, DType::BF16},
+                       Case{8, 1024, 3072, true, DType::BF16}, Case{19, 1001, 129, true, DType::BF16}}) {
+    const Tensor x = gpu_random({c.m, c.k}, 6), b = gpu_random({c.n}, 8);
+    Tensor w = Tensor::empty(c.weights, {c.n, c.k});
+    backend::convert_matrix(gpu_random({c.n, c.k}, 7, 0.05f), c.weights, w.raw_data());
     Tensor want = Tensor::empty(DType::F32, {c.m, c.n});
     ops::linear(cpu_, x, w, c.bias ? &b : nullptr, want);
     const Tensor bd = backend::to_device(*gpu_, b);
     Tensor y = backend::device_empty(*gpu_, DType::F32, {c.m, c.n});
     ops::linear(*gpu_, backend::to_device(*gpu_, x), backend::to_device(*gpu_, w), c.bias ? &bd : nullptr, y);
-    EXPECT_LT(gpu_relative_error(backend::to_host(*gpu_, y), want), 1e-5) << c.m << "x" << c.k << "x" << c.n;
-  }
-}
-
-// Bfloat16 weights through the weight-streaming kernel, against the CPU's linear over the same
-// bf16 weights: the 128-bit path (k a multiple of 8), the element path (k = 1001), rows that fill
-// several passes of 8 and a partial last pass.
-TEST_F(CudaOps, LinearWithBf16WeightsMatchesTheCpu) {
-  struct Case { int64_t m, k, n; bool bias; };
-  for (const Case c : {Case{1, 2048, 768, false}, Case{8, 1024, 3072, true}, Case{19, 1001, 129, true}}) {
-    const Tensor x = gpu_random({c.m, c.k}, 16), b = gpu_random({c.n}, 18);
-    const Tensor w32 = gpu_random({c.n, c.k}, 17, 0.05f);
-    Tensor w = Tensor::empty(DType::BF16, {c.n, c.k});
-    backend::convert_matrix(w32, DType::BF16, w.raw_data());
-    Tensor want = Tensor::empty(DType::F32, {c.m, c.n});
-    ops::linear(cpu_, x, w, c.bias ? &b : nullptr, want);
-    const Tensor bd = backend::to_device(*gpu_, b);
-    Tensor y = backend::device_empty(*gpu_, DType::F32, {c.m, c.n});
-    ops::linear(*gpu_, backend::to_device(*gpu_, x), backend::to_device(*gpu_, w), c.bias ? &bd : nullptr, y);
-    EXPECT_LT(gpu_relative_error(backend::to_host(*gpu_, y), want), 1e-5) << c.m << "x" << c.k << "x" << c.n;
+    EXPECT_LT(gpu_relative_error(backend::to_host(*gpu_, y), want), 1e-5)
+        << c.m << "x" << c.k << "x" << c.n << " " << dtype_name(c.weights);
   }
 }
 

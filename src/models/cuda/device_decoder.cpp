@@ -158,7 +158,7 @@ std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr
              " uses multi-head latent attention, which has no CUDA kernels yet (DeepSeek-V2/V3, Kimi K2)");
     d.attention.emplace(ctx, *gqa, weights);
     if (const auto* dense = dynamic_cast<const DenseFeedForward*>(layer.feed_forward.get())) {
-      d.dense.emplace(ctx, dense->mlp(), weights);
+      d.dense.emplace(device::mlp_on_device(ctx, dense->mlp(), weights));
     } else {
       const auto* moe = dynamic_cast<const MoeFeedForward*>(layer.feed_forward.get());
       R3_CHECK(moe != nullptr, "--device cuda: layer ", l, "'s feed-forward has no CUDA kernels");

@@ -23,14 +23,9 @@ namespace r3::models::device {
 // A host weight in device memory as `dtype`, or an undefined tensor for an absent optional weight.
 Tensor on_device(backend::Context& ctx, const Tensor& host, DType dtype);
 
-struct Mlp {
-  Tensor gate, up, down;
-  float limit = INFINITY;
-
-  Mlp() = default;
-  Mlp(backend::Context& ctx, const SwigluMlp& host, DType dtype);
-  void forward(backend::Context& ctx, const Tensor& x, Tensor& out) const;
-};
+// A host MLP with its matrices on the device as `dtype` (SwigluMlp's forward runs wherever its
+// context does).
+SwigluMlp mlp_on_device(backend::Context& ctx, const SwigluMlp& host, DType dtype);
 
 struct Attention {
   AttentionSpec spec;
@@ -46,9 +41,6 @@ struct Attention {
   // bring any number of a sequence's positions (the device pools keep every position).
   void forward(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, const ops::DeviceKvPool& pool,
                Tensor& out) const;
-
- private:
-  void normalise_qk(backend::Context& ctx, Tensor& qt, Tensor& kt) const;
 };
 
 struct Moe {
@@ -57,7 +49,7 @@ struct Moe {
   Tensor gate_weight, gate_bias, correction_bias;
   moe::DeviceRoutingRule rule;
   moe::DeviceExperts experts;
-  std::optional<Mlp> shared_expert;
+  std::optional<SwigluMlp> shared_expert;
   Tensor shared_gate;
 
   Moe() = default;
@@ -71,7 +63,7 @@ struct Moe {
 struct Layer {
   Tensor input_norm, post_attention_norm;
   std::optional<Attention> attention;
-  std::optional<Mlp> dense;
+  std::optional<SwigluMlp> dense;
   std::optional<Moe> moe;
 };
 

@@ -23,21 +23,9 @@ Tensor on_device(backend::Context& ctx, const Tensor& host, DType dtype) {
   return host.defined() ? backend::to_device_as(ctx, host, dtype) : Tensor();
 }
 
-Mlp::Mlp(backend::Context& ctx, const SwigluMlp& host, DType dtype)
-    : gate(on_device(ctx, host.gate(), dtype)),
-      up(on_device(ctx, host.up(), dtype)),
-      down(on_device(ctx, host.down(), dtype)),
-      limit(host.limit()) {}
-
-void Mlp::forward(backend::Context& ctx, const Tensor& x, Tensor& out) const {
-  const int64_t tokens = x.dim(0), width = gate.dim(0);
-  backend::Workspace::Scope scope(ctx.workspace());
-  Tensor g = ctx.scratch(DType::F32, {tokens, width});
-  Tensor u = ctx.scratch(DType::F32, {tokens, width});
-  ops::linear(ctx, x, gate, nullptr, g);
-  ops::linear(ctx, x, up, nullptr, u);
-  ops::silu_and_mul(ctx, g, u, g, limit);
-  ops::linear(ctx, g, down, nullptr, out);
+SwigluMlp mlp_on_device(backend::Context& ctx, const SwigluMlp& host, DType dtype) {
+  return SwigluMlp(on_device(ctx, host.gate(), dtype), on_device(ctx, host.up(), dtype),
+                   on_device(ctx, host.down(), dtype), host.limit());
 }
 
 Attention::Attention(backend::Context& ctx, const GqaAttention& host, DType dtype)
@@ -56,19 +44,6 @@ Attention::Attention(backend::Context& ctx, const GqaAttention& host, DType dtyp
   sinks = f32_on_device(ctx, w.sinks);
 }
 
-void Attention::normalise_qk(backend::Context& ctx, Tensor& qt, Tensor& kt) const {
-  const int64_t tokens = qt.dim(0), d = spec.head_dim;
-  if (spec.qk_norm == QkNorm::kFull) {
-    ops::rms_norm(ctx, qt, &q_norm, rms_eps, qt);
-    ops::rms_norm(ctx, kt, &k_norm, rms_eps, kt);
-  } else if (spec.qk_norm == QkNorm::kPerHead) {
-    Tensor qh = qt.reshaped({tokens * spec.num_heads, d});
-    Tensor kh = kt.reshaped({tokens * spec.num_kv_heads, d});
-    ops::rms_norm(ctx, qh, &q_norm, rms_eps, qh);
-    ops::rms_norm(ctx, kh, &k_norm, rms_eps, kh);
-  }
-}
-
 void Attention::forward(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step,
                         const ops::DeviceKvPool& pool, Tensor& out) const {
   const int64_t tokens = x.dim(0), d = spec.head_dim;
@@ -80,7 +55,7 @@ void Attention::forward(backend::Context& ctx, const Tensor& x, const ops::Devic
   ops::linear(ctx, x, q, q_bias.if_defined(), qt);
   ops::linear(ctx, x, k, k_bias.if_defined(), kt);
   ops::linear(ctx, x, v, v_bias.if_defined(), vt);
-  normalise_qk(ctx, qt, kt);
+  normalise_qk(ctx, spec, rms_eps, q_norm, k_norm, qt, kt);
   if (spec.clip_qkv > 0) {
     for (Tensor* t : {&qt, &kt, &vt}) ops::clamp(ctx, *t, static_cast<float>(spec.clip_qkv));
   }
@@ -117,7 +92,7 @@ Moe::Moe(backend::Context& ctx, const MoeFeedForward& host, DType dtype) : layer
   gate_weight = f32_on_device(ctx, gate.weight);
   gate_bias = f32_on_device(ctx, gate.bias);
   experts = moe::upload_experts(ctx, physical, dtype);
-  if (host.shared_expert()) shared_expert.emplace(ctx, *host.shared_expert(), dtype);
+  if (host.shared_expert()) shared_expert.emplace(mlp_on_device(ctx, *host.shared_expert(), dtype));
   shared_gate = f32_on_device(ctx, host.shared_gate());
 }
 
@@ -137,15 +112,7 @@ void Moe::forward(backend::Context& ctx, const Tensor& x, const ops::DeviceStep&
   Tensor expert_out = ctx.scratch(DType::F32, {pairs, hidden});
   moe::fused_experts_on_device(ctx, x, ids.data<int32_t>(), weights, top_k, experts, grouping, activated, expert_out,
                                out);
-  if (!shared_expert) return;
-  Tensor shared = ctx.scratch(DType::F32, {tokens, hidden});
-  shared_expert->forward(ctx, x, shared);
-  Tensor gate;
-  if (shared_gate.defined()) {  // Qwen2-MoE: out += sigmoid(x · g) * shared
-    gate = ctx.scratch(DType::F32, {tokens, 1});
-    ops::linear(ctx, x, shared_gate, nullptr, gate);
-  }
-  ops::add_rows(ctx, shared, gate.if_defined(), out);
+  if (shared_expert) add_shared_expert(ctx, x, *shared_expert, shared_gate, out);
 }
 
 }  // namespace r3::models::device
