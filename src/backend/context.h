@@ -59,6 +59,8 @@ class Context {
   Workspace& workspace() { return workspace_; }
   // A zero-filled step tensor from the workspace (valid until the enclosing Workspace::Scope ends).
   Tensor scratch(DType dtype, Shape shape) { return workspace_.tensor(dtype, std::move(shape)); }
+  // The same without the zero fill, for an output the next kernel writes in full.
+  Tensor scratch_for_output(DType dtype, Shape shape) { return workspace_.tensor(dtype, std::move(shape), false); }
 
  private:
   std::unique_ptr<ThreadPool> owned_threads_;

@@ -33,7 +33,7 @@ void Arena::add_chunk(std::size_t bytes) {
   ++growths_;
 }
 
-void* Arena::take(std::size_t bytes) {
+void* Arena::take(std::size_t bytes, bool zero) {
   bytes = round_up(bytes == 0 ? 1 : bytes);
   // The chunk holding `top_`; a request never straddles two chunks, so skip to the next one
   // (or a new one) when the rest of this chunk is too short.
@@ -44,6 +44,7 @@ void* Arena::take(std::size_t bytes) {
           std::byte* p = chunk.memory + (top_ - chunk.begin);
           top_ += bytes;
           high_water_ = std::max(high_water_, top_);
+          if (!zero) return p;
           if (memory_.zero != nullptr) memory_.zero(p, bytes, memory_.state);
           else std::memset(p, 0, bytes);
           return p;
@@ -77,10 +78,10 @@ void Workspace::place_tensors(ArenaMemory memory) {
   device_ = std::make_unique<Arena>(memory);
 }
 
-Tensor Workspace::tensor(DType dtype, Shape shape) {
+Tensor Workspace::tensor(DType dtype, Shape shape, bool zero) {
   for (int64_t d : shape) R3_CHECK(d >= 0, "negative dimension in shape ", shape_to_string(shape));
   Arena& arena = tensor_arena();
-  void* data = arena.take(static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype));
+  void* data = arena.take(static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype), zero);
   return Tensor::view(dtype, std::move(shape), data, nullptr, Storage::kView, arena.device());
 }
 

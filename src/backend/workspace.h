@@ -42,7 +42,7 @@ class Arena {
   Arena& operator=(const Arena&) = delete;
   ~Arena();
 
-  void* take(std::size_t bytes);  // zero-filled, kAlign-aligned
+  void* take(std::size_t bytes, bool zero = true);  // kAlign-aligned; zero-filled unless asked not to
   std::size_t mark() const { return top_; }
   void release(std::size_t mark);
   void reserve(std::size_t bytes);
@@ -81,8 +81,9 @@ class Workspace {
   void place_tensors(ArenaMemory memory);
 
   // A zero-filled contiguous tensor on the workspace's tensor device, valid until the innermost
-  // open Scope ends.
-  Tensor tensor(DType dtype, Shape shape);
+  // open Scope ends; with zero = false its values are whatever was there (for outputs a kernel
+  // writes in full: no fill to queue).
+  Tensor tensor(DType dtype, Shape shape, bool zero = true);
   // A host array of n value-initialised (zero) values, valid as long as a tensor would be.
   // Nothing runs at release, so T must be trivially destructible.
   template <typename T>

@@ -19,10 +19,12 @@ int64_t SyntheticShape::weight_bytes() const {
 #if !R3_WITH_CUDA
 namespace r3::models {
 
-std::unique_ptr<CausalLM> synthetic_on_device(backend::Context& ctx, const SyntheticShape& shape, uint64_t seed) {
+std::unique_ptr<CausalLM> synthetic_on_device(backend::Context& ctx, const SyntheticShape& shape, uint64_t seed,
+                                              bool capture_routing) {
   (void)ctx;
   (void)shape;
   (void)seed;
+  (void)capture_routing;
   R3_FAIL("--synthetic: this build of r3 has no CUDA backend");
 }
 

@@ -41,6 +41,9 @@ struct SyntheticShape {
   // Bytes of the weights (bf16 matrices, f32 norms and gates).
   int64_t weight_bytes() const;
 };
-std::unique_ptr<CausalLM> synthetic_on_device(backend::Context& ctx, const SyntheticShape& shape, uint64_t seed = 1);
+// capture_routing = false: the routing kernels write no capture rows and nothing is copied back
+// (to measure what capture costs; such a model's steps deliver no routing).
+std::unique_ptr<CausalLM> synthetic_on_device(backend::Context& ctx, const SyntheticShape& shape, uint64_t seed = 1,
+                                              bool capture_routing = true);
 
 }  // namespace r3::models

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/state.h"
 #include "backend/device_memory.h"
 #include "models/cuda/device_decoder_parts.h"
 #include "ops/elementwise.h"
@@ -17,6 +18,10 @@ namespace device {
 
 Decoder::Decoder(backend::Context& ctx, DecoderParts parts) : ctx_(ctx), p_(std::move(parts)) {
   R3_CHECK(ctx.device() == Device::kCuda, "a device decoder needs a CUDA context");
+}
+
+Decoder::~Decoder() {
+  for (auto& [key, graph] : graphs_) cudaGraphExecDestroy(graph.exec);
 }
 
 std::unique_ptr<ModelCache> Decoder::make_cache(int64_t max_seqs, int64_t capacity) const {
@@ -61,34 +66,84 @@ void Decoder::forward_into(backend::Context& ctx, const ForwardBatch& batch, Mod
   const ops::DeviceStep step = steps_->build(batch.token_ids, batch.positions, batch.seqs, tables, batch.logit_rows,
                                              {batch.forced_routing, batch.replayed});
 
-  Tensor residual = ctx.scratch(DType::F32, {tokens, hidden});
-  Tensor normed = ctx.scratch(DType::F32, {tokens, hidden});
-  Tensor branch = ctx.scratch(DType::F32, {tokens, hidden});
-  ops::cuda::embedding_ids_on_device(ctx, p_.embed, step.token_ids, tokens, residual);
-  if (capture_) capture_->begin_step();
-  for (std::size_t l = 0; l < p_.layers.size(); ++l) {
-    const Layer& layer = p_.layers[l];
-    ops::rms_norm(ctx, residual, &layer.input_norm, p_.rms_eps, normed);
-    layer.attention->forward(ctx, normed, step, kv->device_pool(static_cast<int64_t>(l)), branch);
-    ops::add_rows(ctx, branch, nullptr, residual);
-    ops::rms_norm(ctx, residual, &layer.post_attention_norm, p_.rms_eps, normed);
-    if (layer.moe) layer.moe->forward(ctx, normed, step, *capture_, branch);
-    else layer.dense->forward(ctx, normed, branch);
-    ops::add_rows(ctx, branch, nullptr, residual);
-  }
-  if (capture_) capture_->end_step(tokens);
+  StepTensors st;  // every one written in full by its first kernel: no fill needed
+  st.residual = ctx.scratch_for_output(DType::F32, {tokens, hidden});
+  st.normed = ctx.scratch_for_output(DType::F32, {tokens, hidden});
+  st.branch = ctx.scratch_for_output(DType::F32, {tokens, hidden});
+  st.selected = ctx.scratch_for_output(DType::F32, {step.logit_row_count, hidden});
+  st.logits = ctx.scratch_for_output(DType::F32, {step.logit_row_count, info.vocab_size});
+  const bool capturing = capture_ && p_.capture_routing;
+  if (capturing) capture_->begin_step();
+  if (step.forced == nullptr) run_layers_graphed(ctx, step, *kv, st);
+  else run_layers(ctx, step, *kv, st);  // replay steps run eagerly (their forced ids are optional pointers)
+  if (capturing) capture_->end_step(tokens);
+  backend::copy_to_host(ctx, st.logits, logits);  // the step's one wait
 
-  Tensor selected = ctx.scratch(DType::F32, {step.logit_row_count, hidden});
-  ops::cuda::embedding_ids_on_device(ctx, residual, step.logit_rows, step.logit_row_count, selected);
-  ops::rms_norm(ctx, selected, &p_.final_norm, p_.rms_eps, selected);
-  Tensor device_logits = ctx.scratch(DType::F32, {step.logit_row_count, info.vocab_size});
-  ops::linear(ctx, selected, p_.lm_head, nullptr, device_logits);
-  backend::copy_to_host(ctx, device_logits, logits);  // the step's one wait
-
-  if (capture_) deliver_routing(ctx, batch);
+  if (capturing) deliver_routing(ctx, batch);
   for (int64_t t = 0; t < tokens; ++t) {
     if (batch.seqs[t] != ForwardBatch::kPadding) kv->set_length(batch.seqs[t], batch.positions[t] + 1);
   }
+}
+
+void Decoder::run_layers(backend::Context& ctx, const ops::DeviceStep& step, KvCache& kv, StepTensors& t) const {
+  const int64_t tokens = step.tokens;
+  ops::cuda::embedding_ids_on_device(ctx, p_.embed, step.token_ids, tokens, t.residual);
+  for (std::size_t l = 0; l < p_.layers.size(); ++l) {
+    const Layer& layer = p_.layers[l];
+    ops::rms_norm(ctx, t.residual, &layer.input_norm, p_.rms_eps, t.normed);
+    layer.attention->forward(ctx, t.normed, step, kv.device_pool(static_cast<int64_t>(l)), t.branch);
+    ops::add_rows(ctx, t.branch, nullptr, t.residual);
+    ops::rms_norm(ctx, t.residual, &layer.post_attention_norm, p_.rms_eps, t.normed);
+    if (layer.moe) {
+      const int64_t j = layer.moe->layer_id;
+      const moe::DeviceCaptureRows rows = p_.capture_routing ? capture_->layer_rows(j) : moe::DeviceCaptureRows{};
+      layer.moe->forward(ctx, t.normed, step, capture_->layer_weights(j, tokens), rows, t.branch);
+    } else {
+      layer.dense->forward(ctx, t.normed, t.branch);
+    }
+    ops::add_rows(ctx, t.branch, nullptr, t.residual);
+  }
+  ops::cuda::embedding_ids_on_device(ctx, t.residual, step.logit_rows, step.logit_row_count, t.selected);
+  ops::rms_norm(ctx, t.selected, &p_.final_norm, p_.rms_eps, t.selected);
+  ops::linear(ctx, t.selected, p_.lm_head, nullptr, t.logits);
+}
+
+void Decoder::run_layers_graphed(backend::Context& ctx, ops::DeviceStep step, KvCache& kv, StepTensors& t) const {
+  // Attention sizes its grid by the step's longest context: in a graph, by a bucket of it (the
+  // next power of two from 64, at most the capacity); chunks past a token's window add nothing.
+  int64_t bucket = 64;
+  while (bucket < step.max_context) bucket *= 2;
+  step.max_context = std::min(bucket, std::max(step.max_context, kv.capacity()));
+  const GraphKey key{step.tokens, step.logit_row_count, step.max_context};
+  const int64_t growths = ctx.workspace().growths();
+  const cudaStream_t stream = ctx.cuda_state().stream;
+  auto found = graphs_.find(key);
+  if (found != graphs_.end() && (found->second.residual != t.residual.raw_data() || found->second.growths != growths)) {
+    cudaGraphExecDestroy(found->second.exec);  // the workspace moved: capture again
+    graphs_.erase(found);
+    found = graphs_.end();
+  }
+  if (found == graphs_.end()) {
+    if (seen_.insert(key).second) return run_layers(ctx, step, kv, t);  // first time: eager, sizes the workspace
+    cudaGraph_t graph = nullptr;
+    R3_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    try {
+      run_layers(ctx, step, kv, t);
+    } catch (...) {
+      cudaStreamEndCapture(stream, &graph);
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      throw;
+    }
+    R3_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    StepGraph captured;
+    const cudaError_t status = cudaGraphInstantiate(&captured.exec, graph, 0);
+    cudaGraphDestroy(graph);
+    R3_CUDA_CHECK(status);
+    captured.residual = t.residual.raw_data();
+    captured.growths = ctx.workspace().growths();
+    found = graphs_.emplace(key, captured).first;
+  }
+  R3_CUDA_CHECK(cudaGraphLaunch(found->second.exec, stream));
 }
 
 void Decoder::prepare(int64_t tokens, const KvCache& kv) const {

@@ -4,9 +4,14 @@
 // Internal to models/cuda.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cmath>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
+#include <tuple>
 #include <vector>
 
 #include "backend/context.h"
@@ -54,10 +59,11 @@ struct Moe {
 
   Moe() = default;
   Moe(backend::Context& ctx, const MoeFeedForward& host, DType dtype);
-  // Gate GEMM, then routing fused with the capture write (the ids reach the step's capture
-  // buffer in the same kernel that hands them to the experts), then the fused experts.
-  void forward(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, moe::DeviceCaptureBuffer& capture,
-               Tensor& out) const;
+  // Gate GEMM, then routing fused with the capture write (the ids reach `capture` rows in the
+  // same kernel that hands them to the experts; null rows: not captured), then the fused experts
+  // reading the weights the routing left at `weights` ([tokens, k] on the device).
+  void forward(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, float* weights,
+               moe::DeviceCaptureRows capture, Tensor& out) const;
 };
 
 struct Layer {
@@ -76,11 +82,15 @@ struct DecoderParts {
   Tensor embed, final_norm, lm_head;
   std::vector<Layer> layers;
   std::unique_ptr<DecoderModel> host;
+  // False: the routing kernels write no capture rows and nothing is copied back (benchmarks measure
+  // capture's cost with it; a model the engine runs always captures).
+  bool capture_routing = true;
 };
 
 class Decoder final : public CausalLM {
  public:
   Decoder(backend::Context& ctx, DecoderParts parts);
+  ~Decoder() override;
 
   const ModelInfo& info() const override { return p_.info; }
   std::unique_ptr<ModelCache> make_cache(int64_t max_seqs, int64_t capacity) const override;
@@ -92,6 +102,26 @@ class Decoder final : public CausalLM {
                     Tensor& logits) const override;
 
  private:
+  // The device tensors of a step that outlive its layers; taken first from the step's workspace
+  // scope, so a step of the same shape gets the same addresses.
+  struct StepTensors {
+    Tensor residual, normed, branch, selected, logits;
+  };
+  // Steps replayed as one CUDA graph, by (tokens, logit rows, context bucket): the step's kernels
+  // read everything that changes from one step to the next (token ids, positions, block tables,
+  // the KV pools) through fixed device addresses, so one capture serves every later step of that
+  // shape. A shape is captured the second time it is seen (the first run, eager, sizes the
+  // workspace), and again whenever the workspace has moved its memory since.
+  using GraphKey = std::tuple<int64_t, int64_t, int64_t>;
+  struct StepGraph {
+    cudaGraphExec_t exec = nullptr;
+    const void* residual = nullptr;  // where the step's tensors were when it was captured
+    int64_t growths = 0;             // the workspace's growth count then
+  };
+  // Embedding, layers, final norm and lm_head: the part of a step a graph holds.
+  void run_layers(backend::Context& ctx, const ops::DeviceStep& step, KvCache& kv, StepTensors& t) const;
+  // run_layers, from a graph of this step's shape when there is one (capturing it when due).
+  void run_layers_graphed(backend::Context& ctx, ops::DeviceStep step, KvCache& kv, StepTensors& t) const;
   // Sizes the step builder and the capture buffer for a step of `tokens` tokens over the cache's
   // slots (they only grow, so a warmed-up engine allocates nothing here).
   void prepare(int64_t tokens, const KvCache& kv) const;
@@ -104,6 +134,8 @@ class Decoder final : public CausalLM {
   mutable std::unique_ptr<DeviceStepBuilder> steps_;
   mutable std::unique_ptr<moe::DeviceCaptureBuffer> capture_;
   mutable int64_t step_room_ = 0, slot_room_ = 0, table_room_ = 0, capture_room_ = 0;
+  mutable std::map<GraphKey, StepGraph> graphs_;
+  mutable std::set<GraphKey> seen_;
 };
 
 }  // namespace r3::models::device

@@ -96,17 +96,15 @@ Moe::Moe(backend::Context& ctx, const MoeFeedForward& host, DType dtype) : layer
   shared_gate = f32_on_device(ctx, host.shared_gate());
 }
 
-void Moe::forward(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step,
-                  moe::DeviceCaptureBuffer& capture, Tensor& out) const {
+void Moe::forward(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, float* weights,
+                  moe::DeviceCaptureRows capture, Tensor& out) const {
   const int64_t tokens = x.dim(0), hidden = x.dim(1), pairs = tokens * top_k;
   backend::Workspace::Scope scope(ctx.workspace());
   Tensor logits = ctx.scratch(DType::F32, {tokens, num_experts});
   ops::linear(ctx, x, gate_weight, gate_bias.if_defined(), logits);
   Tensor ids = ctx.scratch(DType::I32, {tokens, top_k});
-  float* weights = capture.layer_weights(layer_id, tokens);
   const int32_t* forced = step.forced != nullptr ? step.forced + layer_id * tokens * top_k : nullptr;
-  moe::route_on_device(ctx, logits, rule, forced, step.replayed, ids.data<int32_t>(), weights,
-                       capture.layer_rows(layer_id));
+  moe::route_on_device(ctx, logits, rule, forced, step.replayed, ids.data<int32_t>(), weights, capture);
   Tensor grouping = ctx.scratch(DType::I32, {moe::grouping_ints(experts.gate.dim(0), pairs)});
   Tensor activated = ctx.scratch(DType::F32, {pairs, experts.gate.dim(1)});
   Tensor expert_out = ctx.scratch(DType::F32, {pairs, hidden});

@@ -11,11 +11,14 @@ namespace {
 constexpr int kBuffers = 2;
 }
 
+// Two pinned staging buffers alternate on the host; on the device there is one buffer, which every
+// step's copy overwrites after the previous step's kernels (all on the context's stream). So a
+// step's metadata always has the same device addresses, which a CUDA graph of the step can bake in.
 struct DeviceStepBuilder::Impl {
   std::size_t ints = 0;                // int32 values per buffer
   int32_t* staging[kBuffers] = {};     // pinned host
-  int32_t* device[kBuffers] = {};      // device
-  cudaEvent_t copied[kBuffers] = {};   // the buffer's last upload has been read
+  int32_t* device = nullptr;
+  cudaEvent_t copied[kBuffers] = {};   // the staging buffer's last upload has been read
   bool used[kBuffers] = {};
   int next = 0;
 
@@ -23,8 +26,8 @@ struct DeviceStepBuilder::Impl {
     for (int b = 0; b < kBuffers; ++b) {
       if (copied[b]) cudaEventDestroy(copied[b]);
       if (staging[b]) cudaFreeHost(staging[b]);
-      if (device[b]) cudaFree(device[b]);
     }
+    if (device) cudaFree(device);
   }
 };
 
@@ -46,9 +49,9 @@ DeviceStepBuilder::DeviceStepBuilder(backend::Context& ctx, int64_t max_tokens, 
   impl_->ints = static_cast<std::size_t>(4 * max_tokens + slots * max_blocks_per_slot + max_tokens * replay_width_ +
                                          (max_tokens + 3) / 4);
   R3_CUDA_CHECK(cudaSetDevice(ctx.cuda_state().device));
+  R3_CUDA_CHECK(cudaMalloc(&impl_->device, impl_->ints * sizeof(int32_t)));
   for (int b = 0; b < kBuffers; ++b) {
     R3_CUDA_CHECK(cudaMallocHost(&impl_->staging[b], impl_->ints * sizeof(int32_t)));
-    R3_CUDA_CHECK(cudaMalloc(&impl_->device[b], impl_->ints * sizeof(int32_t)));
     R3_CUDA_CHECK(cudaEventCreateWithFlags(&impl_->copied[b], cudaEventDisableTiming));
   }
 }
@@ -107,10 +110,10 @@ ops::DeviceStep DeviceStepBuilder::build(std::span<const int32_t> token_ids, std
     }
   }
   const cudaStream_t stream = ctx_.cuda_state().stream;
-  R3_CUDA_CHECK(cudaMemcpyAsync(impl_->device[b], host, impl_->ints * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  R3_CUDA_CHECK(cudaMemcpyAsync(impl_->device, host, impl_->ints * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   R3_CUDA_CHECK(cudaEventRecord(impl_->copied[b], stream));
   impl_->used[b] = true;
-  const int32_t* d = impl_->device[b];
+  const int32_t* d = impl_->device;
   int64_t max_context = 0;
   for (std::size_t t = 0; t < positions.size(); ++t) {
     if (seqs[t] >= 0) max_context = std::max<int64_t>(max_context, positions[t] + 1);

@@ -36,7 +36,8 @@ class RandomWeights {
 
 }  // namespace
 
-std::unique_ptr<CausalLM> synthetic_on_device(backend::Context& ctx, const SyntheticShape& s, uint64_t seed) {
+std::unique_ptr<CausalLM> synthetic_on_device(backend::Context& ctx, const SyntheticShape& s, uint64_t seed,
+                                              bool capture_routing) {
   R3_CHECK(ctx.device() == Device::kCuda, "--synthetic: needs --device cuda");
   RandomWeights random(ctx, seed);
   device::DecoderParts parts;
@@ -51,6 +52,7 @@ std::unique_ptr<CausalLM> synthetic_on_device(backend::Context& ctx, const Synth
   info.num_experts = s.experts;
   info.top_k = s.top_k;
   parts.rms_eps = 1e-6f;
+  parts.capture_routing = capture_routing;
   const int64_t q_width = s.heads * s.head_dim, kv_width = s.kv_heads * s.head_dim;
   parts.embed = random.make(DType::BF16, {s.vocab, s.hidden}, 0.0f, 1.0f);
   parts.final_norm = random.ones(s.hidden);
