@@ -197,7 +197,7 @@ TEST_F(CudaOps, RotaryOfDevicePositionsMatchesTheCpu) {
 // Three sequences with cached positions, a step mixing decode tokens, a prefill chunk and a padding
 // row: the device write puts every row where the CPU's does, and the device attention matches the
 // CPU's over the same block tables, for GQA head sizes 64 and 128, with and without sinks and a
-// sliding window (one of 70 positions, across the kernel's 64-position chunks).
+// sliding window (one of 70 positions, across the kernel's 16-position chunks).
 TEST_F(CudaOps, PagedKvWriteAndAttentionMatchTheCpu) {
   struct Case { int64_t heads, kv_heads, d, window; bool sinks; };
   for (const Case c : {Case{8, 2, 64, 0, false}, Case{4, 4, 128, 0, true}, Case{8, 1, 64, 20, true},

@@ -41,7 +41,10 @@ __global__ void write_kv_rows(const float* __restrict__ k, int64_t k_stride, con
   }
 }
 
-constexpr int64_t kChunk = 64;  // positions per warp
+// Positions per warp. Each position is a dependent chain (block table, key row, shuffle
+// reduction, softmax update), so a warp's time grows with its chunk: short chunks and more warps
+// keep the GPU's memory busy at small batches.
+constexpr int64_t kChunk = 16;
 
 // One warp per (token, head, chunk): partial max, sum and accumulator of its chunk (max -inf and
 // sum 0 for a chunk past the window or a padding row).
