@@ -19,6 +19,11 @@ int64_t SyntheticShape::weight_bytes() const {
 #if !R3_WITH_CUDA
 namespace r3::models {
 
+int64_t graph_replays(const CausalLM& model) {
+  (void)model;
+  return 0;
+}
+
 std::unique_ptr<CausalLM> synthetic_on_device(backend::Context& ctx, const SyntheticShape& shape, uint64_t seed,
                                               bool capture_routing) {
   (void)ctx;

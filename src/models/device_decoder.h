@@ -29,6 +29,10 @@ namespace r3::models {
 std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr<CausalLM> model,
                                           DType weights = DType::BF16);
 
+// How many steps of a device model ran as one CUDA graph launch (everything from the embedding to
+// lm_head, routing capture included); 0 for any other model.
+int64_t graph_replays(const CausalLM& model);
+
 // A decoder with random weights made on the device, for benchmarks at real shapes without a
 // checkpoint: Qwen3-MoE's architecture (grouped-query attention with per-head q/k norms, rotary
 // theta 1e6, softmax top-k routing renormalised, SwiGLU experts, every layer MoE, untied lm_head),

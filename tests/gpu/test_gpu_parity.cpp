@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/context.h"
+#include "engine/generator.h"
 #include "engine/step_runner.h"
 #include "models/device_decoder.h"
 #include "models/registry.h"
@@ -169,6 +170,37 @@ TEST(GpuEngine, TwoPromptsBatchedMatchTheirReferences) {
       }
     }
   }
+}
+
+// Decode steps replay as one CUDA graph each, capture included: of 8 greedy steps after the
+// prefill, the first runs eagerly, the second is captured and launched, and the rest are
+// launched; the tokens and routed rows are the reference's all the same.
+TEST(GpuGraphs, DecodeStepsReplayAsOneGraphWithCaptureOn) {
+  const Reference ref = load_reference("qwen3_moe", 0);
+  auto gpu = backend::Context::cuda(0);
+  auto model = models::place_on_device(*gpu, models::load_model(family_dir("qwen3_moe")), DType::F32);
+  const std::vector<int64_t> prompt64 = prompt_ids(ref);
+  const std::vector<int32_t> prompt(prompt64.begin(), prompt64.end());
+  engine::GenerateOptions options;
+  options.max_new_tokens = static_cast<int64_t>(ref.generated.size());
+  const engine::GenerateResult gen = engine::generate(*model, *gpu, prompt, options);
+  EXPECT_EQ(std::vector<int64_t>(gen.output_ids.begin(), gen.output_ids.end()), ref.generated);
+  ASSERT_EQ(gen.routed_experts.rows(), ref.tokens);
+  for (int64_t t = 0; t < ref.tokens; ++t) {
+    for (int64_t l = 0; l < ref.layers; ++l) {
+      std::vector<int64_t> ours, theirs;
+      for (int64_t c = 0; c < ref.top_k; ++c) {
+        ours.push_back(gen.routed_experts.at(t, l, c));
+        theirs.push_back(ref.topk_ids[(t * ref.layers + l) * ref.top_k + c]);
+      }
+      std::sort(ours.begin(), ours.end());
+      std::sort(theirs.begin(), theirs.end());
+      EXPECT_EQ(ours, theirs) << "row " << t << " MoE layer " << l;
+    }
+  }
+  // Decode steps: one per generated token after the first (which the prefill step produces).
+  const auto decode_steps = static_cast<int64_t>(ref.generated.size()) - 1;
+  EXPECT_EQ(models::graph_replays(*model), decode_steps - 1);
 }
 
 TEST(GpuRefusals, WhatHasNoCudaKernelsIsRefusedByName) {

@@ -144,6 +144,7 @@ void Decoder::run_layers_graphed(backend::Context& ctx, ops::DeviceStep step, Kv
     found = graphs_.emplace(key, captured).first;
   }
   R3_CUDA_CHECK(cudaGraphLaunch(found->second.exec, stream));
+  ++graph_replays_;
 }
 
 void Decoder::prepare(int64_t tokens, const KvCache& kv) const {
@@ -183,6 +184,11 @@ void Decoder::deliver_routing(backend::Context& ctx, const ForwardBatch& batch) 
 }
 
 }  // namespace device
+
+int64_t graph_replays(const CausalLM& model) {
+  const auto* decoder = dynamic_cast<const device::Decoder*>(&model);
+  return decoder != nullptr ? decoder->graph_replays() : 0;
+}
 
 std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr<CausalLM> model, DType weights) {
   auto* decoder = dynamic_cast<DecoderModel*>(model.get());

@@ -100,6 +100,7 @@ class Decoder final : public CausalLM {
   std::vector<moe::MoeBlock*> moe_blocks() override;
   void forward_into(backend::Context& ctx, const ForwardBatch& batch, ModelCache& model_cache,
                     Tensor& logits) const override;
+  int64_t graph_replays() const { return graph_replays_; }
 
  private:
   // The device tensors of a step that outlive its layers; taken first from the step's workspace
@@ -136,6 +137,7 @@ class Decoder final : public CausalLM {
   mutable int64_t step_room_ = 0, slot_room_ = 0, table_room_ = 0, capture_room_ = 0;
   mutable std::map<GraphKey, StepGraph> graphs_;
   mutable std::set<GraphKey> seen_;
+  mutable int64_t graph_replays_ = 0;
 };
 
 }  // namespace r3::models::device
