@@ -49,9 +49,10 @@ void Attention::forward(backend::Context& ctx, const Tensor& x, const ops::Devic
   const int64_t tokens = x.dim(0), d = spec.head_dim;
   const int64_t q_width = spec.num_heads * d, kv_width = spec.num_kv_heads * d;
   backend::Workspace::Scope scope(ctx.workspace());
-  Tensor qt = ctx.scratch(DType::F32, {tokens, q_width});
-  Tensor kt = ctx.scratch(DType::F32, {tokens, kv_width});
-  Tensor vt = ctx.scratch(DType::F32, {tokens, kv_width});
+  // Outputs the projections write in full: no fill.
+  Tensor qt = ctx.scratch_for_output(DType::F32, {tokens, q_width});
+  Tensor kt = ctx.scratch_for_output(DType::F32, {tokens, kv_width});
+  Tensor vt = ctx.scratch_for_output(DType::F32, {tokens, kv_width});
   ops::linear(ctx, x, q, q_bias.if_defined(), qt);
   ops::linear(ctx, x, k, k_bias.if_defined(), kt);
   ops::linear(ctx, x, v, v_bias.if_defined(), vt);
@@ -100,14 +101,16 @@ void Moe::forward(backend::Context& ctx, const Tensor& x, const ops::DeviceStep&
                   moe::DeviceCaptureRows capture, Tensor& out) const {
   const int64_t tokens = x.dim(0), hidden = x.dim(1), pairs = tokens * top_k;
   backend::Workspace::Scope scope(ctx.workspace());
-  Tensor logits = ctx.scratch(DType::F32, {tokens, num_experts});
+  // Every buffer here is written in full by the kernel that fills it (the grouping's unused tail
+  // is never read): no fills.
+  Tensor logits = ctx.scratch_for_output(DType::F32, {tokens, num_experts});
   ops::linear(ctx, x, gate_weight, gate_bias.if_defined(), logits);
-  Tensor ids = ctx.scratch(DType::I32, {tokens, top_k});
+  Tensor ids = ctx.scratch_for_output(DType::I32, {tokens, top_k});
   const int32_t* forced = step.forced != nullptr ? step.forced + layer_id * tokens * top_k : nullptr;
   moe::route_on_device(ctx, logits, rule, forced, step.replayed, ids.data<int32_t>(), weights, capture);
-  Tensor grouping = ctx.scratch(DType::I32, {moe::grouping_ints(experts.gate.dim(0), pairs)});
-  Tensor activated = ctx.scratch(DType::F32, {pairs, experts.gate.dim(1)});
-  Tensor expert_out = ctx.scratch(DType::F32, {pairs, hidden});
+  Tensor grouping = ctx.scratch_for_output(DType::I32, {moe::grouping_ints(experts.gate.dim(0), pairs)});
+  Tensor activated = ctx.scratch_for_output(DType::F32, {pairs, experts.gate.dim(1)});
+  Tensor expert_out = ctx.scratch_for_output(DType::F32, {pairs, hidden});
   moe::fused_experts_on_device(ctx, x, ids.data<int32_t>(), weights, top_k, experts, grouping, activated, expert_out,
                                out);
   if (shared_expert) add_shared_expert(ctx, x, *shared_expert, shared_gate, out);
