@@ -15,10 +15,10 @@ mkdir -p "$out"
 } > "$out/device.txt" 2>&1
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DR3_DEPS_DIR="$PWD/.gpu-deps" \
   -DR3_BUILD_BENCH=OFF > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-cmake --build build-gpu -j"$(nproc)" --target r3_gpu_tests r3_gpu_kernels_bench r3_gpu_decode_bench r3 > "$out/build.log" 2>&1 || { grep -B2 -A10 -m5 error "$out/build.log"; exit 1; }
+cmake --build build-gpu -j"$(nproc)" --target r3_gpu_tests r3_gpu_kernels_bench r3 > "$out/build.log" 2>&1 || { grep -B2 -A10 -m5 error "$out/build.log"; exit 1; }
 status=0
 ./build-gpu/r3_gpu_tests 2>&1 | tee "$out/gpu_tests.log" || status=1
 ./build-gpu/r3_gpu_kernels_bench 2>&1 | tee "$out/gpu_kernels_bench.jsonl" || status=1
-./build-gpu/r3_gpu_decode_bench 2>&1 | tee "$out/gpu_decode_bench.jsonl" || status=1
+./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --json 2>"$out/gpu_decode_bench.log" | tee "$out/gpu_decode_bench.json" || status=1
 cat "$out/device.txt"
 exit $status

@@ -15,6 +15,7 @@ Tensor empty(Context& ctx, DType dtype, Shape shape);
 Tensor upload(Context& ctx, const Tensor& host);
 Tensor download(Context& ctx, const Tensor& t);
 void download_into(Context& ctx, const Tensor& t, Tensor& host);
+double copy_bandwidth(Context& ctx);
 void synchronize(Context& ctx);
 }  // namespace cuda
 #endif
@@ -77,6 +78,14 @@ void copy_to_host(Context& ctx, const Tensor& t, Tensor& host) {
 #endif
   (void)ctx;
   if (t.raw_data() != host.raw_data()) std::memcpy(host.raw_data(), t.raw_data(), t.nbytes());
+}
+
+double measure_copy_bandwidth(Context& ctx) {
+#if R3_WITH_CUDA
+  if (ctx.device() == Device::kCuda) return cuda::copy_bandwidth(ctx);
+#endif
+  (void)ctx;
+  R3_FAIL("copy bandwidth: needs a CUDA context");
 }
 
 void synchronize(Context& ctx) {

@@ -18,6 +18,7 @@
 #include "cli/engine_options.h"
 #include "cli/model_options.h"
 #include "cli/option_checks.h"
+#include "cli/synthetic_bench.h"
 #include "core/check.h"
 #include "core/progress.h"
 #include "engine/engine.h"
@@ -41,6 +42,7 @@ struct BenchCommandOptions {
   double shared_prefix = 0;
   uint64_t seed = 0;
   bool json = false;
+  std::string synthetic;  // a model shape to make on the GPU instead of --model
 
   int64_t prefix_len() const {
     return static_cast<int64_t>(std::llround(shared_prefix * static_cast<double>(prompt_len)));
@@ -206,6 +208,8 @@ void print_report(const BenchResult& r) {
 
 int run_bench(const BenchCommandOptions& options) {
   auto ctx = options.model.make_context();
+  if (!options.synthetic.empty()) return run_synthetic_bench(*ctx, options.synthetic, options.json);
+  R3_CHECK(!options.model.model_dir.empty(), "give --model DIR (or --synthetic NAME with --device cuda)");
   auto model = options.model.load(*ctx);
   const auto& info = model->info();
   // Checked here with the options' names; the engine checks again with its own.
@@ -247,8 +251,12 @@ Command add_bench_command(CLI::App& app) {
   auto options = std::make_shared<BenchCommandOptions>();
   CLI::App* cmd = app.add_subcommand(
       "bench", "Offline throughput of the serving engine: random prompts, all at once, greedy to a fixed length");
-  options->model.add_to(*cmd);
+  options->model.add_to(*cmd, /*model_required=*/false);
   options->engine.add_to(*cmd);
+  cmd->add_option("--synthetic", options->synthetic,
+                  "Instead of --model: whole decode steps of this model shape with random weights made on the "
+                  "GPU (qwen3-30b-a3b), against the bandwidth floor (needs --device cuda)")
+      ->excludes("--model");
   cmd->add_option("--num-prompts", options->num_prompts, "Requests to run")
       ->capture_default_str()
       ->check(at_least<int64_t>(1));

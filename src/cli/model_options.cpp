@@ -10,9 +10,9 @@
 
 namespace r3::cli {
 
-void ModelOptions::add_to(CLI::App& command) {
+void ModelOptions::add_to(CLI::App& command, bool model_required) {
   command.add_option("--model", model_dir, "Hugging Face model folder (config.json + *.safetensors)")
-      ->required();
+      ->required(model_required);
   command.add_option("--device", device,
                      "Where the model runs: cpu, or cuda (the first GPU; float32 weights, the parity mode)")
       ->capture_default_str()

@@ -22,7 +22,8 @@ struct ModelOptions {
   models::LoadOptions load_options;
   CLI::Option* dtype_option = nullptr;
 
-  void add_to(CLI::App& command);
+  // model_required = false: the command checks for --model itself (r3 bench --synthetic needs none).
+  void add_to(CLI::App& command, bool model_required = true);
   // The model, placed on ctx's device; logs load time and model summary.
   std::unique_ptr<models::CausalLM> load(backend::Context& ctx) const;
   // The execution context the commands run on: the CPU (its thread pool has `threads` threads)

@@ -45,6 +45,31 @@ void download_into(Context& ctx, const Tensor& t, Tensor& host) {
   R3_CUDA_CHECK(cudaStreamSynchronize(s.stream));
 }
 
+double copy_bandwidth(Context& ctx) {
+  State& s = ctx.cuda_state();
+  const std::size_t bytes = std::size_t{2} << 30;
+  void *src = nullptr, *dst = nullptr;
+  R3_CUDA_CHECK(cudaMalloc(&src, bytes));
+  std::unique_ptr<void, void (*)(void*)> src_owner(src, [](void* p) { cudaFree(p); });
+  R3_CUDA_CHECK(cudaMalloc(&dst, bytes));
+  std::unique_ptr<void, void (*)(void*)> dst_owner(dst, [](void* p) { cudaFree(p); });
+  cudaEvent_t start = nullptr, stop = nullptr;
+  R3_CUDA_CHECK(cudaEventCreate(&start));
+  R3_CUDA_CHECK(cudaEventCreate(&stop));
+  constexpr int kWarmup = 3, kReps = 20;
+  for (int i = 0; i < kWarmup + kReps; ++i) {
+    if (i == kWarmup) R3_CUDA_CHECK(cudaEventRecord(start, s.stream));
+    R3_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s.stream));
+  }
+  R3_CUDA_CHECK(cudaEventRecord(stop, s.stream));
+  R3_CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  R3_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return 2.0 * static_cast<double>(bytes) * kReps / (static_cast<double>(ms) * 1e-3);
+}
+
 void synchronize(Context& ctx) { R3_CUDA_CHECK(cudaStreamSynchronize(ctx.cuda_state().stream)); }
 
 }  // namespace r3::backend::cuda

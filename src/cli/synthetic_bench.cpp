@@ -1,0 +1,173 @@
+// Bytes a decode step must read: the attention projections and router gates of every layer, the
+// distinct experts the step routed to (counted per layer from its captured ids), lm_head, and
+// every sequence's K/V (float32) over its context. Floor = bytes / copy bandwidth. Each figure is
+// the mean of 20 steps after 3 warm-up steps (the second captures the step's CUDA graph), on the
+// host clock around forward_into (a step ends with its logits on the host). Before each step
+// every sequence is set back to 1023 cached positions (their values do not change the time).
+#include "cli/synthetic_bench.h"
+
+#include <chrono>
+#include <set>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "backend/device_memory.h"
+#include "models/device_decoder.h"
+#include "moe/routing_capturer.h"
+
+namespace r3::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+constexpr int64_t kContext = 1024;
+constexpr int64_t kPrefillTokens = 4096;
+
+class SyntheticBench {
+ public:
+  SyntheticBench(backend::Context& ctx, models::SyntheticShape shape) : ctx_(ctx), s_(shape) {}
+
+  // Mean step time of `batch` sequences at position kContext - 1; with capture, also the step's
+  // distinct experts per layer, summed over layers.
+  double decode_ms(models::CausalLM& model, int64_t batch, bool capture, double* distinct_sum) const {
+    auto cache = model.make_cache(batch, kContext + 16);
+    models::ForwardBatch step;
+    for (int64_t b = 0; b < batch; ++b) {
+      step.token_ids.push_back(static_cast<int32_t>((b * 7919 + 11) % s_.vocab));
+      step.positions.push_back(static_cast<int32_t>(kContext - 1));
+      step.seqs.push_back(static_cast<int32_t>(b));
+    }
+    moe::RoutingCapturer capturer(batch, s_.layers, s_.top_k, s_.experts);
+    if (capture) step.capture = &capturer;
+    Tensor logits = Tensor::empty(DType::F32, {batch, s_.vocab});
+    auto run_step = [&] {
+      for (int64_t b = 0; b < batch; ++b) cache->set_length(b, kContext - 1);
+      if (capture) capturer.begin_step(batch);
+      model.forward_into(ctx_, step, *cache, logits);
+      if (capture) capturer.end_step();
+    };
+    for (int i = 0; i < 3; ++i) run_step();
+    constexpr int kSteps = 20;
+    const auto start = Clock::now();
+    for (int i = 0; i < kSteps; ++i) run_step();
+    const double ms = seconds_since(start) * 1e3 / kSteps;
+    if (distinct_sum != nullptr) {
+      *distinct_sum = 0;
+      for (int64_t l = 0; l < s_.layers; ++l) {
+        std::set<int32_t> used;
+        for (int64_t t = 0; t < batch; ++t) {
+          for (int64_t c = 0; c < s_.top_k; ++c) used.insert(capturer.id(t, l, c));
+        }
+        *distinct_sum += static_cast<double>(used.size());
+      }
+    }
+    return ms;
+  }
+
+  // Bytes a decode step of `batch` sequences must read, given its distinct experts.
+  double step_bytes(int64_t batch, double distinct_sum) const {
+    const auto f = [](int64_t v) { return static_cast<double>(v); };
+    const int64_t kv_width = s_.kv_heads * s_.head_dim;
+    const double attention = 2.0 * (2.0 * f(s_.hidden * s_.heads * s_.head_dim) + 2.0 * f(s_.hidden * kv_width));
+    const double gate = 4.0 * f(s_.experts * s_.hidden);
+    const double expert = 2.0 * 3.0 * f(s_.expert_width * s_.hidden);
+    const double lm_head = 2.0 * f(s_.vocab * s_.hidden);
+    const double kv = 2.0 * 4.0 * f(batch * kContext * kv_width) * f(s_.layers);
+    return f(s_.layers) * (attention + gate) + distinct_sum * expert + lm_head + kv;
+  }
+
+  // Best of 3 prefills of kPrefillTokens tokens in one step, in seconds.
+  double prefill_seconds(models::CausalLM& model) const {
+    auto cache = model.make_cache(1, kPrefillTokens);
+    models::ForwardBatch step;
+    for (int64_t t = 0; t < kPrefillTokens; ++t) {
+      step.token_ids.push_back(static_cast<int32_t>((t * 7919 + 11) % s_.vocab));
+      step.positions.push_back(static_cast<int32_t>(t));
+      step.seqs.push_back(0);
+    }
+    step.logit_rows = {kPrefillTokens - 1};
+    moe::RoutingCapturer capturer(kPrefillTokens, s_.layers, s_.top_k, s_.experts);
+    step.capture = &capturer;
+    Tensor logits = Tensor::empty(DType::F32, {1, s_.vocab});
+    double best = 1e30;
+    for (int i = 0; i < 3; ++i) {
+      cache->clear(0);
+      capturer.begin_step(kPrefillTokens);
+      const auto start = Clock::now();
+      model.forward_into(ctx_, step, *cache, logits);
+      best = std::min(best, seconds_since(start));
+      capturer.end_step();
+    }
+    return best;
+  }
+
+ private:
+  backend::Context& ctx_;
+  models::SyntheticShape s_;
+};
+
+}  // namespace
+
+int run_synthetic_bench(backend::Context& ctx, const std::string& name, bool json) {
+  R3_CHECK(ctx.device() == Device::kCuda, "--synthetic makes its weights on the GPU: add --device cuda");
+  const models::SyntheticShape shape = models::SyntheticShape::named(name);
+  const SyntheticBench bench(ctx, shape);
+  const auto built = Clock::now();
+  auto model = models::synthetic_on_device(ctx, shape);
+  spdlog::info("bench: synthetic {} ({:.1f} GB of random weights) made on the GPU in {:.2f} s", name,
+               static_cast<double>(shape.weight_bytes()) / 1e9, seconds_since(built));
+  const double bandwidth = backend::measure_copy_bandwidth(ctx);
+  const std::vector<int64_t> batches = {1, 8, 64, 256};
+  nlohmann::json decode = nlohmann::json::array();
+  for (const int64_t batch : batches) {
+    double distinct = 0;
+    const double ms = bench.decode_ms(*model, batch, true, &distinct);
+    const double bytes = bench.step_bytes(batch, distinct);
+    const double floor_ms = bytes / bandwidth * 1e3;
+    decode.push_back({{"batch", batch}, {"context", kContext}, {"ms", ms}, {"GB", bytes / 1e9},
+                      {"distinct_experts_per_layer", distinct / static_cast<double>(shape.layers)},
+                      {"achieved_TB_per_s", bytes / (ms * 1e-3) / 1e12}, {"floor_ms", floor_ms},
+                      {"of_floor", floor_ms / ms}});
+    spdlog::info("bench: decode at batch {}: {:.3f} ms", batch, ms);
+  }
+  const double prefill_s = bench.prefill_seconds(*model);
+  // The same steps with capture off (the same seed: the same weights and routing).
+  model.reset();
+  auto uncaptured = models::synthetic_on_device(ctx, shape, 1, /*capture_routing=*/false);
+  for (std::size_t i = 0; i < batches.size(); ++i) {
+    const double off_ms = bench.decode_ms(*uncaptured, batches[i], false, nullptr);
+    decode[i]["capture_off_ms"] = off_ms;
+    decode[i]["capture_overhead"] = decode[i]["ms"].get<double>() / off_ms - 1.0;
+  }
+  const nlohmann::json out = {{"synthetic", name},
+                              {"copy_TB_per_s", bandwidth / 1e12},
+                              {"decode", decode},
+                              {"prefill", {{"tokens", kPrefillTokens},
+                                           {"seconds", prefill_s},
+                                           {"tokens_per_s", static_cast<double>(kPrefillTokens) / prefill_s}}}};
+  if (json) {
+    fmt::print("{}\n", out.dump());
+    return 0;
+  }
+  fmt::print("synthetic {}: copy bandwidth {:.3f} TB/s; decode with a {}-token context per sequence\n", name,
+             bandwidth / 1e12, kContext);
+  fmt::print("{:>6} {:>10} {:>9} {:>8} {:>9} {:>8} {:>12} {:>9}\n", "batch", "step ms", "GB", "experts", "TB/s",
+             "floor", "capture off", "capture");
+  for (const auto& d : decode) {
+    fmt::print("{:>6} {:>10.3f} {:>9.2f} {:>8.1f} {:>9.3f} {:>7.1f}% {:>12.3f} {:>+8.2f}%\n", d["batch"].get<int64_t>(),
+               d["ms"].get<double>(), d["GB"].get<double>(), d["distinct_experts_per_layer"].get<double>(),
+               d["achieved_TB_per_s"].get<double>(), 100 * d["of_floor"].get<double>(),
+               d["capture_off_ms"].get<double>(), 100 * d["capture_overhead"].get<double>());
+  }
+  fmt::print("prefill of {} tokens: {:.3f} s ({:.0f} tokens/s)\n", kPrefillTokens, prefill_s,
+             static_cast<double>(kPrefillTokens) / prefill_s);
+  return 0;
+}
+
+}  // namespace r3::cli

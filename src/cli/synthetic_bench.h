@@ -1,0 +1,18 @@
+// `r3 bench --device cuda --synthetic NAME`: whole steps of the device model at a real model's
+// shape, with random weights made on the GPU (models/device_decoder.h), against the memory
+// bandwidth floor. No checkpoint file is read.
+#pragma once
+
+#include <string>
+
+#include "backend/context.h"
+
+namespace r3::cli {
+
+// Decode steps at batch 1, 8, 64 and 256 with a 1k context per sequence (step time, the bytes
+// the step must read, achieved bandwidth and its share of the copy bandwidth measured in the
+// same run), the same steps with routing capture off, and a 4k-token prefill. json: one JSON
+// object per line; otherwise a table.
+int run_synthetic_bench(backend::Context& ctx, const std::string& name, bool json);
+
+}  // namespace r3::cli
