@@ -197,11 +197,12 @@ TEST_F(CudaOps, RotaryOfDevicePositionsMatchesTheCpu) {
 // Three sequences with cached positions, a step mixing decode tokens, a prefill chunk and a padding
 // row: the device write puts every row where the CPU's does, and the device attention matches the
 // CPU's over the same block tables, for GQA head sizes 64 and 128, with and without sinks and a
-// sliding window (one of 70 positions, across the kernel's 16-position chunks).
+// sliding window (one of 70 positions, across the kernel's chunks of 16 or 64 positions).
 TEST_F(CudaOps, PagedKvWriteAndAttentionMatchTheCpu) {
   struct Case { int64_t heads, kv_heads, d, window; bool sinks; };
   for (const Case c : {Case{8, 2, 64, 0, false}, Case{4, 4, 128, 0, true}, Case{8, 1, 64, 20, true},
-                       Case{16, 4, 128, 7, false}, Case{8, 2, 64, 70, true}}) {
+                       Case{16, 4, 128, 7, false}, Case{8, 2, 64, 70, true},
+                       Case{64, 8, 64, 70, true}, Case{64, 8, 64, 0, false}}) {  // 448 (token, head) pairs: 64-position chunks
     const int64_t block = 16, pool_blocks = 40, width = c.kv_heads * c.d, stride = 8;
     // Block tables: distinct blocks, deliberately out of order.
     const std::vector<std::vector<int32_t>> tables = {{5, 9, 2, 30}, {11}, {0, 39, 7, 8, 21, 22, 23}};

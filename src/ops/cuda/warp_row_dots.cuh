@@ -41,9 +41,6 @@ template <bool kVec8, typename W, int kMax>
 __device__ inline void row_dots(const W* w, const float* const (&x)[kMax], int count, int64_t n, int lane,
                                 float (&acc)[kMax]) {
   if constexpr (kVec8) {
-    // Unrolled so that each lane has several 128-bit weight loads in flight: with one row per
-    // warp, the loads in flight, not the arithmetic, set the rate.
-#pragma unroll 4
     for (int64_t c = static_cast<int64_t>(lane) * 8; c < n; c += kWarp * 8) {
       float wv[8];
       load8(w + c, wv);
