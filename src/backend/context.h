@@ -36,6 +36,13 @@ class Context {
   static bool cuda_available();
 
   Device device() const { return device_; }
+  // Batch invariance: every op computes each row with a reduction order that does not depend on
+  // the other rows of the step (how many there are, or which), so a request's results are the same
+  // alone or batched. Always true of the CPU kernels; on CUDA it picks such kernels where the
+  // fastest ones are not (cuBLASLt's float32 GEMMs, attention's chunk length), at a cost the
+  // GPU benchmark measures.
+  bool batch_invariant() const { return batch_invariant_ || device_ == Device::kCpu; }
+  void set_batch_invariant(bool on) { batch_invariant_ = on; }
   // The CUDA state of a CUDA context (throws on a CPU context).
   cuda::State& cuda_state() const;
   ThreadPool& threads() const { return *threads_; }
@@ -67,6 +74,7 @@ class Context {
   ThreadPool* threads_;
   Workspace workspace_;
   Device device_ = Device::kCpu;
+  bool batch_invariant_ = false;
   std::unique_ptr<cuda::State, void (*)(cuda::State*)> cuda_{nullptr, nullptr};
 };
 

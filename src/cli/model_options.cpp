@@ -22,6 +22,9 @@ void ModelOptions::add_to(CLI::App& command, bool model_required) {
                      "both. The CPU runs the checkpoint's own dtypes")
       ->capture_default_str()
       ->check(CLI::IsMember({"bfloat16", "float32"}));
+  command.add_flag("--batch-invariant", batch_invariant,
+                   "GPU: kernels whose results for a request do not depend on the rest of the batch (its routing "
+                   "is the same alone or batched), at some speed; the CPU always is");
   command.add_option("--threads", threads, "CPU threads (default: all cores)")->check(at_least(0));
   // --moe-backend is the flag's first name, kept so existing scripts run; "backend" now means the
   // device backend.
@@ -77,7 +80,11 @@ std::unique_ptr<models::CausalLM> ModelOptions::load(backend::Context& ctx) cons
 std::unique_ptr<backend::Context> ModelOptions::make_context() const {
   R3_CHECK(device == "cuda" || dtype_option == nullptr || dtype_option->count() == 0,
            "--dtype applies to --device cuda; the CPU runs the checkpoint's own dtypes");
-  if (device == "cuda") return backend::Context::cuda(0);
+  if (device == "cuda") {
+    auto ctx = backend::Context::cuda(0);
+    ctx->set_batch_invariant(batch_invariant);
+    return ctx;
+  }
   return std::make_unique<backend::Context>(threads);
 }
 

@@ -17,6 +17,7 @@ struct ModelOptions {
   std::string model_dir;
   std::string device = "cpu";
   std::string dtype = "bfloat16";  // of the weights on the GPU
+  bool batch_invariant = false;
   int threads = 0;
   std::string moe_path = "monolithic";  // fastest on CPU: see README, Performance
   models::LoadOptions load_options;

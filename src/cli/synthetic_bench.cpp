@@ -136,6 +136,15 @@ int run_synthetic_bench(backend::Context& ctx, const std::string& name, bool jso
                       {"of_floor", floor_ms / ms}});
     spdlog::info("bench: decode at batch {}: {:.3f} ms", batch, ms);
   }
+  // The same steps with the batch-invariant kernels (attention's chunk length fixed; the bf16
+  // projections already are).
+  ctx.set_batch_invariant(true);
+  for (std::size_t i = 0; i < batches.size(); ++i) {
+    const double invariant_ms = bench.decode_ms(*model, batches[i], true, nullptr);
+    decode[i]["batch_invariant_ms"] = invariant_ms;
+    decode[i]["batch_invariant_cost"] = invariant_ms / decode[i]["ms"].get<double>() - 1.0;
+  }
+  ctx.set_batch_invariant(false);
   const double prefill_s = bench.prefill_seconds(*model);
   // The same steps with capture off (the same seed: the same weights and routing).
   model.reset();
@@ -157,13 +166,15 @@ int run_synthetic_bench(backend::Context& ctx, const std::string& name, bool jso
   }
   fmt::print("synthetic {}: copy bandwidth {:.3f} TB/s; decode with a {}-token context per sequence\n", name,
              bandwidth / 1e12, kContext);
-  fmt::print("{:>6} {:>10} {:>9} {:>8} {:>9} {:>8} {:>12} {:>9}\n", "batch", "step ms", "GB", "experts", "TB/s",
-             "floor", "capture off", "capture");
+  fmt::print("{:>6} {:>10} {:>9} {:>8} {:>9} {:>8} {:>12} {:>9} {:>16}\n", "batch", "step ms", "GB", "experts",
+             "TB/s", "floor", "capture off", "capture", "batch-invariant");
   for (const auto& d : decode) {
-    fmt::print("{:>6} {:>10.3f} {:>9.2f} {:>8.1f} {:>9.3f} {:>7.1f}% {:>12.3f} {:>+8.2f}%\n", d["batch"].get<int64_t>(),
-               d["ms"].get<double>(), d["GB"].get<double>(), d["distinct_experts_per_layer"].get<double>(),
-               d["achieved_TB_per_s"].get<double>(), 100 * d["of_floor"].get<double>(),
-               d["capture_off_ms"].get<double>(), 100 * d["capture_overhead"].get<double>());
+    fmt::print("{:>6} {:>10.3f} {:>9.2f} {:>8.1f} {:>9.3f} {:>7.1f}% {:>12.3f} {:>+8.2f}% {:>9.3f} {:>+5.1f}%\n",
+               d["batch"].get<int64_t>(), d["ms"].get<double>(), d["GB"].get<double>(),
+               d["distinct_experts_per_layer"].get<double>(), d["achieved_TB_per_s"].get<double>(),
+               100 * d["of_floor"].get<double>(), d["capture_off_ms"].get<double>(),
+               100 * d["capture_overhead"].get<double>(), d["batch_invariant_ms"].get<double>(),
+               100 * d["batch_invariant_cost"].get<double>());
   }
   fmt::print("prefill of {} tokens: {:.3f} s ({:.0f} tokens/s)\n", kPrefillTokens, prefill_s,
              static_cast<double>(kPrefillTokens) / prefill_s);

@@ -11,8 +11,8 @@ namespace r3::cli {
 
 // Decode steps at batch 1, 8, 64 and 256 with a 1k context per sequence (step time, the bytes
 // the step must read, achieved bandwidth and its share of the copy bandwidth measured in the
-// same run), the same steps with routing capture off, and a 4k-token prefill. json: one JSON
-// object per line; otherwise a table.
+// same run), the same steps with routing capture off and with the batch-invariant kernels, and a
+// 4k-token prefill. json: one JSON object; otherwise a table.
 int run_synthetic_bench(backend::Context& ctx, const std::string& name, bool json);
 
 }  // namespace r3::cli

@@ -17,6 +17,7 @@
 #include "engine/step_runner.h"
 #include "models/device_decoder.h"
 #include "models/registry.h"
+#include "engine_checks.h"
 #include "reference_checks.h"
 #include "test_support.h"
 
@@ -201,6 +202,26 @@ TEST(GpuGraphs, DecodeStepsReplayAsOneGraphWithCaptureOn) {
   // Decode steps: one per generated token after the first (which the prefill step produces).
   const auto decode_steps = static_cast<int64_t>(ref.generated.size()) - 1;
   EXPECT_EQ(models::graph_replays(*model), decode_steps - 1);
+}
+
+// The engine's serving-exactness check on the GPU with the batch-invariant kernels: 32 requests,
+// each alone and then served together (batched, small prefill chunks, without prefix caching,
+// under preemption), get the same tokens and routed experts bit for bit. Float32 weights (their
+// GEMMs leave cuBLASLt for the row kernel) and bfloat16 ones; GPT-OSS adds sinks and sliding
+// windows.
+TEST(GpuEngine, EachRequestIsBitIdenticalAloneAndServedWithBatchInvariance) {
+  for (const std::string family : {"qwen3_moe", "gpt_oss"}) {
+    for (const DType weights : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(family + " " + std::string(dtype_name(weights)));
+      auto gpu = backend::Context::cuda(0);
+      gpu->set_batch_invariant(true);
+      auto model = models::place_on_device(*gpu, models::load_model(family_dir(family)), weights);
+      const auto prompts = engine_prompts(32, model->info().vocab_size, 7);
+      std::vector<int64_t> max_new;
+      for (std::size_t i = 0; i < prompts.size(); ++i) max_new.push_back(1 + static_cast<int64_t>(i % 8));
+      expect_served_as_alone(*model, *gpu, prompts, max_new, {}, serving_cases());
+    }
+  }
 }
 
 TEST(GpuRefusals, WhatHasNoCudaKernelsIsRefusedByName) {

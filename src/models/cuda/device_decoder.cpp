@@ -114,7 +114,7 @@ void Decoder::run_layers_graphed(backend::Context& ctx, ops::DeviceStep step, Kv
   int64_t bucket = 64;
   while (bucket < step.max_context) bucket *= 2;
   step.max_context = std::min(bucket, std::max(step.max_context, kv.capacity()));
-  const GraphKey key{step.tokens, step.logit_row_count, step.max_context};
+  const GraphKey key{step.tokens, step.logit_row_count, step.max_context, ctx.batch_invariant()};
   const int64_t growths = ctx.workspace().growths();
   const cudaStream_t stream = ctx.cuda_state().stream;
   auto found = graphs_.find(key);

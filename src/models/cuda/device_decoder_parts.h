@@ -108,12 +108,13 @@ class Decoder final : public CausalLM {
   struct StepTensors {
     Tensor residual, normed, branch, selected, logits;
   };
-  // Steps replayed as one CUDA graph, by (tokens, logit rows, context bucket): the step's kernels
+  // Steps replayed as one CUDA graph, by (tokens, logit rows, context bucket, batch invariance
+  // of the context, which picks some kernels): the step's kernels
   // read everything that changes from one step to the next (token ids, positions, block tables,
   // the KV pools) through fixed device addresses, so one capture serves every later step of that
   // shape. A shape is captured the second time it is seen (the first run, eager, sizes the
   // workspace), and again whenever the workspace has moved its memory since.
-  using GraphKey = std::tuple<int64_t, int64_t, int64_t>;
+  using GraphKey = std::tuple<int64_t, int64_t, int64_t, bool>;
   struct StepGraph {
     cudaGraphExec_t exec = nullptr;
     const void* residual = nullptr;  // where the step's tensors were when it was captured

@@ -1,6 +1,7 @@
 // y = x · wᵀ (+ bias) on the GPU. Float32 weights (the parity mode) go through cuBLASLt, float32
-// in and out with float32 accumulation and no TF32; bfloat16 weights through r3's own
-// weight-streaming kernel (ops/cuda/linear_rows.h), which keeps the activations float32. cuBLASLt is column-major: row-major y
+// in and out with float32 accumulation and no TF32, unless the context is batch invariant;
+// bfloat16 weights, and float32 ones then, through r3's own weight-streaming kernel
+// (ops/cuda/linear_rows.h), which keeps the activations float32. cuBLASLt is column-major: row-major y
 // [m, n] is column-major [n, m], so it computes yᵀ = w · xᵀ with w, stored row-major [n, k], read
 // as the transpose of a column-major [k, n] matrix. The bias rides on the GEMM's epilogue.
 #include <algorithm>
@@ -44,7 +45,8 @@ void linear(backend::Context& ctx, const Tensor& x, const Tensor& w, const Tenso
   R3_CHECK(x.is_contiguous() && w.is_contiguous() && y.is_contiguous(), "linear (cuda): contiguous tensors expected");
   R3_CHECK(bias == nullptr || (bias->rank() == 1 && bias->dim(0) == n), "linear (cuda): bias shape");
   if (m == 0 || n == 0) return;
-  if (w.dtype() == DType::BF16) return linear_bf16_rows(ctx, x, w, bias, y);
+  // cuBLASLt picks its algorithm (and so its reduction order) by the matrix sizes, rows included.
+  if (w.dtype() == DType::BF16 || ctx.batch_invariant()) return linear_rows(ctx, x, w, bias, y);
   const auto& s = ctx.cuda_state();
   LtMatmul lt;
   R3_CUDA_CHECK(cublasLtMatmulDescCreate(&lt.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));

@@ -1,4 +1,4 @@
-// Weight-streaming GEMV for bfloat16 weights: one warp per weight row (output column), reading the
+// Weight-streaming GEMV: one warp per weight row (output column), reading the
 // row once per pass with 128-bit loads and multiplying it with up to kRowsPerPass activation rows
 // whose partial sums stay in registers. Decode steps have a few rows, so one pass reads every
 // weight once, which is what bounds a decode step (the weight bytes); larger steps take several
@@ -19,8 +19,8 @@ namespace {
 constexpr int kWarpsPerBlock = 8;
 constexpr int kRowsPerPass = 8;
 
-template <bool kVec8>
-__global__ void linear_rows(const float* __restrict__ x, int64_t m, int64_t k, const __nv_bfloat16* __restrict__ w,
+template <bool kVec8, typename W>
+__global__ void rows_kernel(const float* __restrict__ x, int64_t m, int64_t k, const W* __restrict__ w,
                             int64_t n, const float* __restrict__ bias, float* __restrict__ y) {
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
@@ -31,7 +31,7 @@ __global__ void linear_rows(const float* __restrict__ x, int64_t m, int64_t k, c
 #pragma unroll
   for (int j = 0; j < kRowsPerPass; ++j) rows[j] = x + (first + min(j, count - 1)) * k;
   float acc[kRowsPerPass] = {};
-  row_dots<kVec8, __nv_bfloat16, kRowsPerPass>(w + col * k, rows, count, k, lane, acc);
+  row_dots<kVec8, W, kRowsPerPass>(w + col * k, rows, count, k, lane, acc);
 #pragma unroll
   for (int j = 0; j < kRowsPerPass; ++j) {
     const float sum = warp_sum(acc[j]);
@@ -41,22 +41,29 @@ __global__ void linear_rows(const float* __restrict__ x, int64_t m, int64_t k, c
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-}  // namespace
-
-void linear_bf16_rows(backend::Context& ctx, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+template <typename W>
+void launch(cudaStream_t stream, const Tensor& x, const Tensor& w, const float* bias, Tensor& y) {
   const int64_t m = x.dim(0), k = x.dim(1), n = w.dim(0);
-  if (m == 0 || n == 0) return;
-  R3_CHECK(m <= int64_t{65535} * kRowsPerPass, "linear (cuda, bf16): ", m, " rows in one call");
   const dim3 grid(static_cast<unsigned>((n + kWarpsPerBlock - 1) / kWarpsPerBlock),
                   static_cast<unsigned>((m + kRowsPerPass - 1) / kRowsPerPass));
-  const auto* wp = static_cast<const __nv_bfloat16*>(w.raw_data());
+  const auto* wp = static_cast<const W*>(w.raw_data());
+  if (k % 8 == 0 && aligned16(x.raw_data()) && aligned16(w.raw_data())) {
+    rows_kernel<true, W><<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(x.data<float>(), m, k, wp, n, bias, y.data<float>());
+  } else {
+    rows_kernel<false, W><<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(x.data<float>(), m, k, wp, n, bias, y.data<float>());
+  }
+}
+
+}  // namespace
+
+void linear_rows(backend::Context& ctx, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+  const int64_t m = x.dim(0), n = w.dim(0);
+  if (m == 0 || n == 0) return;
+  R3_CHECK(m <= int64_t{65535} * kRowsPerPass, "linear (cuda, rows): ", m, " rows in one call");
   const float* bp = bias != nullptr ? bias->data<float>() : nullptr;
   const cudaStream_t stream = ctx.cuda_state().stream;
-  if (k % 8 == 0 && aligned16(x.raw_data()) && aligned16(w.raw_data())) {
-    linear_rows<true><<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(x.data<float>(), m, k, wp, n, bp, y.data<float>());
-  } else {
-    linear_rows<false><<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(x.data<float>(), m, k, wp, n, bp, y.data<float>());
-  }
+  if (w.dtype() == DType::BF16) launch<__nv_bfloat16>(stream, x, w, bp, y);
+  else launch<float>(stream, x, w, bp, y);
   R3_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -169,7 +169,9 @@ void paged_attention(backend::Context& ctx, const Tensor& q, const DeviceStep& s
   R3_CHECK(step.max_context > 0, "attention (cuda): the step's max_context is not set");
   // Chunks: enough for the longest window of the step (the step's largest position + 1).
   const int64_t longest = sliding_window > 0 ? std::min(step.max_context, sliding_window) : step.max_context;
-  const int64_t chunk_len = chunk_positions(step.tokens * heads);
+  // A batch-invariant context keeps one chunk length: a token's chunks, and so the order its
+  // partial softmaxes merge in, must not depend on the other tokens of the step.
+  const int64_t chunk_len = ctx.batch_invariant() ? 64 : chunk_positions(step.tokens * heads);
   const int64_t chunks = std::max<int64_t>(1, (longest + chunk_len - 1) / chunk_len);
   const int64_t warps = step.tokens * heads * chunks;
   backend::Workspace::Scope scope(ctx.workspace());
