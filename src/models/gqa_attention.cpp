@@ -24,6 +24,8 @@ CacheSpec GqaAttention::cache_spec() const {
   return sliding_window_ > 0 ? CacheSpec::sliding_window_kv(row, sliding_window_) : CacheSpec::full_kv(row);
 }
 
+namespace {
+
 void normalise_qk(backend::Context& ctx, const AttentionSpec& spec, float eps, const Tensor& q_norm,
                   const Tensor& k_norm, Tensor& q, Tensor& k) {
   const int64_t tokens = q.dim(0), d = spec.head_dim;
@@ -44,6 +46,19 @@ void normalise_qk(backend::Context& ctx, const AttentionSpec& spec, float eps, c
   }
 }
 
+}  // namespace
+
+void project_qkv(backend::Context& ctx, const AttentionSpec& spec, float eps, const GqaAttentionWeights& w,
+                 const Tensor& x, Tensor& q, Tensor& k, Tensor& v) {
+  ops::linear(ctx, x, w.q, w.q_bias.if_defined(), q);
+  ops::linear(ctx, x, w.k, w.k_bias.if_defined(), k);
+  ops::linear(ctx, x, w.v, w.v_bias.if_defined(), v);
+  normalise_qk(ctx, spec, eps, w.q_norm, w.k_norm, q, k);
+  if (spec.clip_qkv > 0) {
+    for (Tensor* t : {&q, &k, &v}) ops::clamp(ctx, *t, static_cast<float>(spec.clip_qkv));
+  }
+}
+
 void GqaAttention::forward(backend::Context& ctx, const Tensor& x, const ForwardBatch& batch,
                            KvCache& cache, int64_t layer, Tensor& out) const {
   const int64_t tokens = x.dim(0), d = spec_.head_dim;
@@ -52,13 +67,7 @@ void GqaAttention::forward(backend::Context& ctx, const Tensor& x, const Forward
   Tensor q = ctx.scratch(DType::F32, {tokens, q_width});
   Tensor k = ctx.scratch(DType::F32, {tokens, kv_width});
   Tensor v = ctx.scratch(DType::F32, {tokens, kv_width});
-  ops::linear(ctx, x, w_.q, w_.q_bias.if_defined(), q);
-  ops::linear(ctx, x, w_.k, w_.k_bias.if_defined(), k);
-  ops::linear(ctx, x, w_.v, w_.v_bias.if_defined(), v);
-  normalise_qk(ctx, spec_, rms_eps_, w_.q_norm, w_.k_norm, q, k);
-  if (spec_.clip_qkv > 0) {
-    for (Tensor* t : {&q, &k, &v}) ops::clamp(ctx, *t, static_cast<float>(spec_.clip_qkv));
-  }
+  project_qkv(ctx, spec_, rms_eps_, w_, x, q, k, v);
   Tensor qh = q.reshaped({tokens, spec_.num_heads, d});
   Tensor kh = k.reshaped({tokens, spec_.num_kv_heads, d});
   rotary_.apply(ctx, qh, batch.positions);

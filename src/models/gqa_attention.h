@@ -16,10 +16,11 @@ struct GqaAttentionWeights {
   Tensor sinks;                         // [num_heads] when spec.sinks
 };
 
-// The q/k RMSNorm of spec.qk_norm on q [tokens, heads * head_dim] and k [tokens, kv_heads * head_dim]
-// in place (nothing for kNone); the device layers share it.
-void normalise_qk(backend::Context& ctx, const AttentionSpec& spec, float eps, const Tensor& q_norm,
-                  const Tensor& k_norm, Tensor& q, Tensor& k);
+// The q, k and v of x [tokens, hidden]: the projections (with their biases), the q/k RMSNorm of
+// spec.qk_norm and spec.clip_qkv, into q [tokens, heads * head_dim] and k, v [tokens, kv_heads *
+// head_dim] (written in full). Rotary comes after, from the caller; the device layers share this.
+void project_qkv(backend::Context& ctx, const AttentionSpec& spec, float eps, const GqaAttentionWeights& w,
+                 const Tensor& x, Tensor& q, Tensor& k, Tensor& v);
 
 class GqaAttention final : public AttentionLayer {
  public:

@@ -37,7 +37,7 @@ struct Attention {
   float rms_eps;
   ops::Rotary rotary;  // frequencies, passed to the kernel by value
   int64_t sliding_window;
-  Tensor q, k, v, o, q_bias, k_bias, v_bias, o_bias, q_norm, k_norm, sinks;
+  GqaAttentionWeights w;  // on the device: projections as the model's dtype, the rest float32
 
   Attention(const AttentionSpec& attention, float eps, ops::Rotary rope, int64_t window)
       : spec(attention), rms_eps(eps), rotary(std::move(rope)), sliding_window(window) {}

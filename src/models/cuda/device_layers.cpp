@@ -5,12 +5,9 @@
 
 #include "backend/device_memory.h"
 #include "models/cuda/device_decoder_parts.h"
-#include "ops/activation.h"
 #include "ops/attention.h"
-#include "ops/elementwise.h"
 #include "ops/kv_write.h"
 #include "ops/linear.h"
-#include "ops/rms_norm.h"
 
 namespace r3::models::device {
 
@@ -30,18 +27,18 @@ SwigluMlp mlp_on_device(backend::Context& ctx, const SwigluMlp& host, DType dtyp
 
 Attention::Attention(backend::Context& ctx, const GqaAttention& host, DType dtype)
     : Attention(host.spec(), host.rms_eps(), host.rotary(), host.sliding_window()) {
-  const GqaAttentionWeights& w = host.weights();
-  q = on_device(ctx, w.q, dtype);
-  k = on_device(ctx, w.k, dtype);
-  v = on_device(ctx, w.v, dtype);
-  o = on_device(ctx, w.o, dtype);
-  q_bias = f32_on_device(ctx, w.q_bias);
-  k_bias = f32_on_device(ctx, w.k_bias);
-  v_bias = f32_on_device(ctx, w.v_bias);
-  o_bias = f32_on_device(ctx, w.o_bias);
-  q_norm = f32_on_device(ctx, w.q_norm);
-  k_norm = f32_on_device(ctx, w.k_norm);
-  sinks = f32_on_device(ctx, w.sinks);
+  const GqaAttentionWeights& h = host.weights();
+  w.q = on_device(ctx, h.q, dtype);
+  w.k = on_device(ctx, h.k, dtype);
+  w.v = on_device(ctx, h.v, dtype);
+  w.o = on_device(ctx, h.o, dtype);
+  w.q_bias = f32_on_device(ctx, h.q_bias);
+  w.k_bias = f32_on_device(ctx, h.k_bias);
+  w.v_bias = f32_on_device(ctx, h.v_bias);
+  w.o_bias = f32_on_device(ctx, h.o_bias);
+  w.q_norm = f32_on_device(ctx, h.q_norm);
+  w.k_norm = f32_on_device(ctx, h.k_norm);
+  w.sinks = f32_on_device(ctx, h.sinks);
 }
 
 void Attention::forward(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step,
@@ -53,13 +50,7 @@ void Attention::forward(backend::Context& ctx, const Tensor& x, const ops::Devic
   Tensor qt = ctx.scratch_for_output(DType::F32, {tokens, q_width});
   Tensor kt = ctx.scratch_for_output(DType::F32, {tokens, kv_width});
   Tensor vt = ctx.scratch_for_output(DType::F32, {tokens, kv_width});
-  ops::linear(ctx, x, q, q_bias.if_defined(), qt);
-  ops::linear(ctx, x, k, k_bias.if_defined(), kt);
-  ops::linear(ctx, x, v, v_bias.if_defined(), vt);
-  normalise_qk(ctx, spec, rms_eps, q_norm, k_norm, qt, kt);
-  if (spec.clip_qkv > 0) {
-    for (Tensor* t : {&qt, &kt, &vt}) ops::clamp(ctx, *t, static_cast<float>(spec.clip_qkv));
-  }
+  project_qkv(ctx, spec, rms_eps, w, x, qt, kt, vt);
   Tensor qh = qt.reshaped({tokens, spec.num_heads, d});
   Tensor kh = kt.reshaped({tokens, spec.num_kv_heads, d});
   ops::cuda::rotary_positions_on_device(ctx, rotary, qh, step.positions);
@@ -68,8 +59,8 @@ void Attention::forward(backend::Context& ctx, const Tensor& x, const ops::Devic
   Tensor attended = ctx.scratch(DType::F32, {tokens, spec.num_heads, d});
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   ops::cuda::paged_attention(ctx, qh, step, pool, spec.num_kv_heads, scale, sliding_window,
-                             sinks.defined() ? sinks.data<float>() : nullptr, attended);
-  ops::linear(ctx, attended.reshaped({tokens, q_width}), o, o_bias.if_defined(), out);
+                             w.sinks.defined() ? w.sinks.data<float>() : nullptr, attended);
+  ops::linear(ctx, attended.reshaped({tokens, q_width}), w.o, w.o_bias.if_defined(), out);
 }
 
 Moe::Moe(backend::Context& ctx, const MoeFeedForward& host, DType dtype) : layer_id(host.moe().layer_id()) {
