@@ -28,7 +28,7 @@ void ModelOptions::add_to(CLI::App& command, bool model_required) {
   command.add_option("--threads", threads, "CPU threads (default: all cores)")->check(at_least(0));
   // --moe-backend is the flag's first name, kept so existing scripts run; "backend" now means the
   // device backend.
-  command.add_option("--moe-path,--moe-backend", moe_path,
+  moe_path_option = command.add_option("--moe-path,--moe-backend", moe_path,
                      "MoE execution path: modular (router + grouped GEMMs), monolithic (one fused "
                      "routine), mega (fused experts module fed by the model's gate); "
                      "monolithic-nocapture is a fused kernel that cannot report its routing")
@@ -68,7 +68,7 @@ std::unique_ptr<models::CausalLM> ModelOptions::load(backend::Context& ctx) cons
   const auto& info = model->info();
   spdlog::info("loaded {} ({}, {} layers, {} MoE layers, {} experts, top-{}, MoE path {}) in {:.1f} ms",
                model_dir, info.family, info.num_layers, info.moe_layers.size(), info.num_experts,
-               info.top_k, moe_path, ms_since(start));
+               info.top_k, ctx.device() == Device::kCpu ? moe_path : "fused (GPU)", ms_since(start));
   if (ctx.device() == Device::kCpu) return model;
   const auto placed = std::chrono::steady_clock::now();
   model = models::place_on_device(ctx, std::move(model), dtype == "float32" ? DType::F32 : DType::BF16);
@@ -80,6 +80,9 @@ std::unique_ptr<models::CausalLM> ModelOptions::load(backend::Context& ctx) cons
 std::unique_ptr<backend::Context> ModelOptions::make_context() const {
   R3_CHECK(device == "cuda" || dtype_option == nullptr || dtype_option->count() == 0,
            "--dtype applies to --device cuda; the CPU runs the checkpoint's own dtypes");
+  R3_CHECK(device == "cpu" || moe_path_option == nullptr || moe_path_option->count() == 0,
+           "--moe-path applies to --device cpu; on the GPU every MoE layer runs the fused path (routing with "
+           "capture, then one fused experts kernel)");
   if (device == "cuda") {
     auto ctx = backend::Context::cuda(0);
     ctx->set_batch_invariant(batch_invariant);

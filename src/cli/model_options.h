@@ -22,6 +22,7 @@ struct ModelOptions {
   std::string moe_path = "monolithic";  // fastest on CPU: see README, Performance
   models::LoadOptions load_options;
   CLI::Option* dtype_option = nullptr;
+  CLI::Option* moe_path_option = nullptr;
 
   // model_required = false: the command checks for --model itself (r3 bench --synthetic needs none).
   void add_to(CLI::App& command, bool model_required = true);
