@@ -10,7 +10,10 @@
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
+#include "backend/device_memory.h"
 #include "core/check.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
 #include "core/progress.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
@@ -211,6 +214,24 @@ TEST(Progress, OnATerminalOneLineIsRedrawnInPlace) {
   EXPECT_NE(last.find("loading many: 100% (1000/1000 MB"), std::string::npos) << last;
   EXPECT_NE(last.find(" done"), std::string::npos) << last;
   EXPECT_EQ(drawn(spdlog::level::warn), "");
+}
+
+// Weights converted for the GPU's bf16 mode: every value rounded as f32_to_bf16 rounds it, across
+// the conversion's internal blocks (200,003 values: several blocks and a partial last one), and
+// widening to F32 exact.
+TEST(ConvertMatrix, Bf16RoundsEveryValueAndF32WidensExactly) {
+  const int64_t n = 200003;
+  Tensor f32 = Tensor::empty(DType::F32, {n});
+  for (int64_t i = 0; i < n; ++i) f32.data<float>()[i] = std::sin(static_cast<float>(i) * 0.37f) * 1e3f;
+  Tensor bf16 = Tensor::empty(DType::BF16, {n});
+  backend::convert_matrix(f32, DType::BF16, bf16.raw_data());
+  const auto* bits = static_cast<const uint16_t*>(bf16.raw_data());
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < n; ++i) wrong += bits[i] != f32_to_bf16(f32.data<float>()[i]);
+  EXPECT_EQ(wrong, 0);
+  Tensor wide = Tensor::empty(DType::F32, {n});
+  backend::convert_matrix(bf16, DType::F32, wide.raw_data());
+  for (int64_t i = 0; i < n; i += 997) EXPECT_EQ(wide.data<float>()[i], bf16_to_f32(bits[i])) << i;
 }
 
 }  // namespace

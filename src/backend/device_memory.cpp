@@ -1,11 +1,11 @@
 #include "backend/device_memory.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
-#include "core/dtype.h"
-
 #include "core/check.h"
+#include "core/dtype.h"
 
 namespace r3::backend {
 
@@ -46,10 +46,16 @@ void convert_matrix(const Tensor& src, DType dtype, void* dst) {
   } else if (dtype == DType::F32) {
     convert_to_f32(src.raw_data(), src.dtype(), n, static_cast<float*>(dst));
   } else {
-    std::vector<float> wide(n);
-    convert_to_f32(src.raw_data(), src.dtype(), n, wide.data());
+    // Through a float32 buffer of bounded size: a large matrix (lm_head) needs no widened copy.
+    constexpr std::size_t kBlock = std::size_t{1} << 16;
+    std::vector<float> wide(std::min(n, kBlock));
+    const auto* in = static_cast<const unsigned char*>(src.raw_data());
     auto* out = static_cast<uint16_t*>(dst);
-    for (std::size_t i = 0; i < n; ++i) out[i] = f32_to_bf16(wide[i]);
+    for (std::size_t first = 0; first < n; first += kBlock) {
+      const std::size_t count = std::min(kBlock, n - first);
+      convert_to_f32(in + first * dtype_size(src.dtype()), src.dtype(), count, wide.data());
+      for (std::size_t i = 0; i < count; ++i) out[first + i] = f32_to_bf16(wide[i]);
+    }
   }
 }
 

@@ -9,6 +9,15 @@
 
 namespace r3::models {
 
+void check_kv_blocks(const ForwardBatch& batch, const KvCache& cache) {
+  for (int64_t t = 0; t < batch.size(); ++t) {
+    const int32_t seq = batch.seqs[static_cast<std::size_t>(t)];
+    R3_CHECK(seq == ForwardBatch::kPadding || cache.covers(seq, batch.positions[static_cast<std::size_t>(t)]),
+             "forward: position ", batch.positions[static_cast<std::size_t>(t)], " of sequence ", seq,
+             " has no KV block (the engine must assign blocks before the step)");
+  }
+}
+
 DecoderModel::DecoderModel(ModelInfo info, float rms_eps, Tensor embed, std::vector<DecoderLayer> layers,
                            Tensor final_norm, Tensor lm_head)
     : info_(std::move(info)),
@@ -54,12 +63,7 @@ void DecoderModel::forward_into(backend::Context& ctx, const ForwardBatch& batch
              " does not hold what the layer caches");
   }
   KvCache& cache = *kv;
-  for (int64_t t = 0; t < batch.size(); ++t) {
-    const int32_t seq = batch.seqs[static_cast<std::size_t>(t)];
-    R3_CHECK(seq == ForwardBatch::kPadding || cache.covers(seq, batch.positions[static_cast<std::size_t>(t)]),
-             "forward: position ", batch.positions[static_cast<std::size_t>(t)], " of sequence ", seq,
-             " has no KV block (the engine must assign blocks before the step)");
-  }
+  check_kv_blocks(batch, cache);
   const int64_t tokens = batch.size(), hidden = info_.hidden_size;
   backend::Workspace::Scope step(ctx.workspace());
   Tensor residual = ctx.scratch(DType::F32, {tokens, hidden});

@@ -19,6 +19,10 @@ struct DecoderLayer {
   std::unique_ptr<FeedForward> feed_forward;
 };
 
+// Throws unless every non-padding token's position has a KV block in `cache` (the engine assigns
+// blocks before a step); the host and device decoders both check it.
+void check_kv_blocks(const ForwardBatch& batch, const KvCache& cache);
+
 class DecoderModel final : public CausalLM {
  public:
   DecoderModel(ModelInfo info, float rms_eps, Tensor embed, std::vector<DecoderLayer> layers, Tensor final_norm,

@@ -52,12 +52,7 @@ void Decoder::forward_into(backend::Context& ctx, const ForwardBatch& batch, Mod
   auto* kv = dynamic_cast<KvCache*>(&model_cache);
   R3_CHECK(kv != nullptr && kv->on_device() && kv->num_layers() == static_cast<int64_t>(p_.layers.size()),
            "forward: the cache was not made by this device model");
-  for (int64_t t = 0; t < batch.size(); ++t) {
-    const int32_t seq = batch.seqs[static_cast<std::size_t>(t)];
-    R3_CHECK(seq == ForwardBatch::kPadding || kv->covers(seq, batch.positions[static_cast<std::size_t>(t)]),
-             "forward: position ", batch.positions[static_cast<std::size_t>(t)], " of sequence ", seq,
-             " has no KV block (the engine must assign blocks before the step)");
-  }
+  check_kv_blocks(batch, *kv);
   const int64_t tokens = batch.size(), hidden = info.hidden_size;
   prepare(tokens, *kv);
   backend::Workspace::Scope step_scope(ctx.workspace());
