@@ -43,6 +43,7 @@ struct BenchCommandOptions {
   uint64_t seed = 0;
   bool json = false;
   std::string synthetic;  // a model shape to make on the GPU instead of --model
+  std::vector<int64_t> synthetic_batches = {1, 8, 64, 256};
 
   int64_t prefix_len() const {
     return static_cast<int64_t>(std::llround(shared_prefix * static_cast<double>(prompt_len)));
@@ -208,7 +209,7 @@ void print_report(const BenchResult& r) {
 
 int run_bench(const BenchCommandOptions& options) {
   auto ctx = options.model.make_context();
-  if (!options.synthetic.empty()) return run_synthetic_bench(*ctx, options.synthetic, options.json);
+  if (!options.synthetic.empty()) return run_synthetic_bench(*ctx, options.synthetic, options.synthetic_batches, options.json);
   R3_CHECK(!options.model.model_dir.empty(), "give --model DIR (or --synthetic NAME with --device cuda)");
   auto model = options.model.load(*ctx);
   const auto& info = model->info();
@@ -257,6 +258,11 @@ Command add_bench_command(CLI::App& app) {
                   "Instead of --model: whole decode steps of this model shape with random weights made on the "
                   "GPU (qwen3-30b-a3b), against the bandwidth floor (needs --device cuda)")
       ->excludes("--model");
+  cmd->add_option("--synthetic-batches", options->synthetic_batches, "Decode batch sizes of --synthetic")
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(at_least<int64_t>(1))
+      ->needs("--synthetic");
   cmd->add_option("--num-prompts", options->num_prompts, "Requests to run")
       ->capture_default_str()
       ->check(at_least<int64_t>(1));

@@ -114,7 +114,8 @@ class SyntheticBench {
 
 }  // namespace
 
-int run_synthetic_bench(backend::Context& ctx, const std::string& name, bool json) {
+int run_synthetic_bench(backend::Context& ctx, const std::string& name, const std::vector<int64_t>& batches,
+                        bool json) {
   R3_CHECK(ctx.device() == Device::kCuda, "--synthetic makes its weights on the GPU: add --device cuda");
   const models::SyntheticShape shape = models::SyntheticShape::named(name);
   const SyntheticBench bench(ctx, shape);
@@ -123,7 +124,6 @@ int run_synthetic_bench(backend::Context& ctx, const std::string& name, bool jso
   spdlog::info("bench: synthetic {} ({:.1f} GB of random weights) made on the GPU in {:.2f} s", name,
                static_cast<double>(shape.weight_bytes()) / 1e9, seconds_since(built));
   const double bandwidth = backend::measure_copy_bandwidth(ctx);
-  const std::vector<int64_t> batches = {1, 8, 64, 256};
   nlohmann::json decode = nlohmann::json::array();
   for (const int64_t batch : batches) {
     double distinct = 0;

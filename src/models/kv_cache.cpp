@@ -1,6 +1,7 @@
 #include "models/kv_cache.h"
 
 #include <algorithm>
+#include <atomic>
 #include <numeric>
 #include <random>
 #include <utility>
@@ -25,6 +26,11 @@ void check_cache_memory(int64_t bytes, int64_t capacity, const char* what) {
   const int64_t memory = static_cast<int64_t>(pages) * page;
   R3_CHECK(bytes <= memory, what, " for ", capacity, " tokens needs ", bytes, " bytes, more than the machine's memory of ",
            memory, " bytes");
+}
+
+uint64_t KvCache::next_serial() {
+  static std::atomic<uint64_t> counter{0};
+  return ++counter;
 }
 
 KvCache::KvCache(std::vector<CacheSpec> layers, int64_t max_seqs, int64_t capacity, KvCacheOptions options)

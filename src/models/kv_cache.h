@@ -80,6 +80,10 @@ class KvCache final : public ModelCache {
   bool on_device() const { return on_device_; }
   // The layer's pool as the CUDA kernels take it (device pools only).
   ops::DeviceKvPool device_pool(int64_t layer);
+  // A number no other KvCache of this process has had: a CUDA graph recorded against this
+  // cache's pools is valid for this cache only (a later one may reuse the same addresses with
+  // another layout, so the address alone does not tell).
+  uint64_t serial() const { return serial_; }
 
   // Positions [0, length) of a sequence hold valid rows.
   int64_t length(int64_t seq) const override { return lengths_.at(static_cast<std::size_t>(seq)); }
@@ -97,11 +101,13 @@ class KvCache final : public ModelCache {
     std::vector<int32_t> tables;      // [max_seqs, table_blocks_]
   };
   const Layer& at(int64_t layer) const;
+  static uint64_t next_serial();
   bool is_ring(const Layer& layer) const { return layer.seq_blocks < table_blocks_; }
 
   int64_t max_seqs_, capacity_, block_size_, table_blocks_;
   int64_t engine_pool_blocks_ = 0;
   bool on_device_ = false;
+  uint64_t serial_ = next_serial();
   std::vector<Layer> layers_;
   std::vector<int64_t> lengths_;
   std::vector<int64_t> high_water_;  // per sequence: the furthest length written since it was last cleared

@@ -8,11 +8,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "backend/context.h"
+#include "engine/engine.h"
 #include "engine/generator.h"
 #include "engine/step_runner.h"
 #include "models/device_decoder.h"
@@ -202,6 +204,35 @@ TEST(GpuGraphs, DecodeStepsReplayAsOneGraphWithCaptureOn) {
   // Decode steps: one per generated token after the first (which the prefill step produces).
   const auto decode_steps = static_cast<int64_t>(ref.generated.size()) - 1;
   EXPECT_EQ(models::graph_replays(*model), decode_steps - 1);
+}
+
+// Two engines on one device model, stepped in turn: each has its own KV cache, so a decode graph
+// recorded on one cache's pools must not be replayed on the other's (it was: the second engine's
+// steps read and wrote the first one's pools). Each must still produce its own reference.
+TEST(GpuGraphs, TwoEnginesSteppedInTurnEachKeepTheirOwnCache) {
+  const Reference a = load_reference("qwen3_moe", 0), b = load_reference("qwen3_moe", 1);
+  const std::size_t gen = std::min(a.generated.size(), b.generated.size());
+  auto gpu = backend::Context::cuda(0);
+  auto model = models::place_on_device(*gpu, models::load_model(family_dir("qwen3_moe")), DType::F32);
+  engine::Engine first(*model, *gpu, {}), second(*model, *gpu, {});
+  std::map<const engine::Engine*, std::vector<int32_t>> tokens;
+  for (auto [e, ref] : {std::pair{&first, &a}, std::pair{&second, &b}}) {
+    const std::vector<int64_t> prompt = prompt_ids(*ref);
+    e->submit(greedy_request(std::vector<int32_t>(prompt.begin(), prompt.end()), static_cast<int64_t>(gen)));
+  }
+  while (first.has_work() || second.has_work()) {
+    for (engine::Engine* e : {&first, &second}) {
+      if (!e->has_work()) continue;
+      for (const auto& out : e->step()) {
+        for (const auto& s : out.samples) tokens[e].insert(tokens[e].end(), s.token_ids.begin(), s.token_ids.end());
+      }
+    }
+  }
+  EXPECT_EQ(std::vector<int64_t>(tokens[&first].begin(), tokens[&first].end()),
+            std::vector<int64_t>(a.generated.begin(), a.generated.begin() + static_cast<std::ptrdiff_t>(gen)));
+  EXPECT_EQ(std::vector<int64_t>(tokens[&second].begin(), tokens[&second].end()),
+            std::vector<int64_t>(b.generated.begin(), b.generated.begin() + static_cast<std::ptrdiff_t>(gen)));
+  EXPECT_GT(models::graph_replays(*model), 0);
 }
 
 // The engine's serving-exactness check on the GPU with the batch-invariant kernels: 32 requests,

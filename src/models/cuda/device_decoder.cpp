@@ -20,8 +20,11 @@ Decoder::Decoder(backend::Context& ctx, DecoderParts parts) : ctx_(ctx), p_(std:
   R3_CHECK(ctx.device() == Device::kCuda, "a device decoder needs a CUDA context");
 }
 
-Decoder::~Decoder() {
+Decoder::~Decoder() { drop_graphs(); }
+
+void Decoder::drop_graphs() const {
   for (auto& [key, graph] : graphs_) cudaGraphExecDestroy(graph.exec);
+  graphs_.clear();
 }
 
 std::unique_ptr<ModelCache> Decoder::make_cache(int64_t max_seqs, int64_t capacity) const {
@@ -145,15 +148,21 @@ void Decoder::run_layers_graphed(backend::Context& ctx, ops::DeviceStep step, Kv
 void Decoder::prepare(int64_t tokens, const KvCache& kv) const {
   const int64_t table_blocks = (kv.capacity() + kv.block_size() - 1) / kv.block_size();
   const auto moe_layers = static_cast<int64_t>(p_.info.moe_layers.size());
+  if (kv.serial() != graphs_cache_serial_) {
+    drop_graphs();
+    graphs_cache_serial_ = kv.serial();
+  }
   if (!steps_ || tokens > step_room_ || kv.max_seqs() > slot_room_ || table_blocks > table_room_) {
     step_room_ = std::max(step_room_, tokens);
     slot_room_ = std::max(slot_room_, kv.max_seqs());
     table_room_ = std::max(table_room_, table_blocks);
     steps_ = std::make_unique<DeviceStepBuilder>(ctx_, step_room_, slot_room_, table_room_, moe_layers, p_.info.top_k);
+    drop_graphs();
   }
   if (moe_layers > 0 && (!capture_ || tokens > capture_room_)) {
     capture_room_ = std::max(capture_room_, tokens);
     capture_ = std::make_unique<moe::DeviceCaptureBuffer>(ctx_, capture_room_, moe_layers, p_.info.top_k);
+    drop_graphs();
   }
 }
 

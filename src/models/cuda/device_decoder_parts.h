@@ -113,7 +113,9 @@ class Decoder final : public CausalLM {
   // read everything that changes from one step to the next (token ids, positions, block tables,
   // the KV pools) through fixed device addresses, so one capture serves every later step of that
   // shape. A shape is captured the second time it is seen (the first run, eager, sizes the
-  // workspace), and again whenever the workspace has moved its memory since.
+  // workspace), and again whenever the workspace has moved its memory since. A graph also holds
+  // the addresses of the KV pools, the step builder's buffer and the capture buffer: all graphs
+  // are dropped when a step runs on another cache or either buffer is rebuilt larger (prepare).
   using GraphKey = std::tuple<int64_t, int64_t, int64_t, bool>;
   struct StepGraph {
     cudaGraphExec_t exec = nullptr;
@@ -127,6 +129,7 @@ class Decoder final : public CausalLM {
   // Sizes the step builder and the capture buffer for a step of `tokens` tokens over the cache's
   // slots (they only grow, so a warmed-up engine allocates nothing here).
   void prepare(int64_t tokens, const KvCache& kv) const;
+  void drop_graphs() const;
   // The captured rows to the step's host capture buffer (what the routing kernel wrote, which
   // is what the experts ran with), and each layer's tokens per expert to the step's loads.
   void deliver_routing(backend::Context& ctx, const ForwardBatch& batch) const;
@@ -138,6 +141,7 @@ class Decoder final : public CausalLM {
   mutable int64_t step_room_ = 0, slot_room_ = 0, table_room_ = 0, capture_room_ = 0;
   mutable std::map<GraphKey, StepGraph> graphs_;
   mutable std::set<GraphKey> seen_;
+  mutable uint64_t graphs_cache_serial_ = 0;  // KvCache::serial() of the cache the graphs were recorded on
   mutable int64_t graph_replays_ = 0;
 };
 

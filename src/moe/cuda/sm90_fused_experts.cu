@@ -21,7 +21,7 @@ namespace {
 
 using ops::cuda::kWarp;
 using ops::cuda::load;
-using ops::cuda::load8;
+using ops::cuda::warp_sum;
 using ops::cuda::row_dots;
 constexpr int kWarpsPerBlock = 8;
 
@@ -83,29 +83,25 @@ __global__ void gate_up_rows(const float* __restrict__ hidden, int64_t k, Groupi
   const int lane = threadIdx.x % kWarp;
   const int32_t e = g.used[slot];
   const int64_t row = e * inter + i;
-  const W* gw = gate + row * h;
-  const W* uw = up + row * h;
+  const W* const gate_up[2] = {gate + row * h, up + row * h};
   for (int32_t first = g.offsets[e]; first < g.offsets[e + 1]; first += kPairsPerPass) {
     const int32_t n = min(kPairsPerPass, g.offsets[e + 1] - first);
     const float* x[kPairsPerPass];
-    float acc_g[kPairsPerPass], acc_u[kPairsPerPass];
+    float acc[2][kPairsPerPass];  // gate, up
 #pragma unroll
     for (int j = 0; j < kPairsPerPass; ++j) {
       x[j] = j < n ? hidden + (g.order[first + j] / k) * h : nullptr;
-      acc_g[j] = acc_u[j] = 0.0f;
+      acc[0][j] = acc[1][j] = 0.0f;
     }
-    row_dots<kVec8>(gw, x, n, h, lane, acc_g);
-    row_dots<kVec8>(uw, x, n, h, lane, acc_u);
+    row_dots<kVec8>(gate_up, x, n, h, lane, acc);
 #pragma unroll
     for (int j = 0; j < kPairsPerPass; ++j) {
-      for (int offset = kWarp / 2; offset > 0; offset /= 2) {
-        acc_g[j] += __shfl_xor_sync(0xffffffffu, acc_g[j], offset);
-        acc_u[j] += __shfl_xor_sync(0xffffffffu, acc_u[j], offset);
-      }
+      acc[0][j] = warp_sum(acc[0][j]);
+      acc[1][j] = warp_sum(acc[1][j]);
     }
     if (lane == 0) {
       for (int j = 0; j < n; ++j) {
-        float gs = acc_g[j], us = acc_u[j];
+        float gs = acc[0][j], us = acc[1][j];
         if (gate_bias) gs += gate_bias[row];
         if (up_bias) us += up_bias[row];
         activated[static_cast<int64_t>(g.order[first + j]) * inter + i] = act(gs, us);
@@ -122,24 +118,22 @@ __global__ void down_rows(const float* __restrict__ activated, Grouping g, const
   if (slot >= *g.used_count) return;
   const int lane = threadIdx.x % kWarp;
   const int32_t e = g.used[slot];
-  const W* w = down + (e * h + d) * inter;
+  const W* const w[1] = {down + (e * h + d) * inter};
   for (int32_t first = g.offsets[e]; first < g.offsets[e + 1]; first += kPairsPerPass) {
     const int32_t n = min(kPairsPerPass, g.offsets[e + 1] - first);
     const float* a[kPairsPerPass];
-    float acc[kPairsPerPass];
+    float acc[1][kPairsPerPass];
 #pragma unroll
     for (int j = 0; j < kPairsPerPass; ++j) {
       a[j] = j < n ? activated + static_cast<int64_t>(g.order[first + j]) * inter : nullptr;
-      acc[j] = 0.0f;
+      acc[0][j] = 0.0f;
     }
     row_dots<kVec8>(w, a, n, inter, lane, acc);
 #pragma unroll
-    for (int j = 0; j < kPairsPerPass; ++j) {
-      for (int offset = kWarp / 2; offset > 0; offset /= 2) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], offset);
-    }
+    for (int j = 0; j < kPairsPerPass; ++j) acc[0][j] = warp_sum(acc[0][j]);
     if (lane == 0) {
       for (int j = 0; j < n; ++j) {
-        const float y = acc[j];
+        const float y = acc[0][j];
         expert_out[static_cast<int64_t>(g.order[first + j]) * h + d] = down_bias ? y + down_bias[e * h + d] : y;
       }
     }

@@ -1,13 +1,21 @@
-// y = x · wᵀ (+ bias) on the GPU. Float32 weights (the parity mode) go through cuBLASLt, float32
-// in and out with float32 accumulation and no TF32, unless the context is batch invariant;
-// bfloat16 weights, and float32 ones then, through r3's own weight-streaming kernel
-// (ops/cuda/linear_rows.h), which keeps the activations float32. cuBLASLt is column-major: row-major y
-// [m, n] is column-major [n, m], so it computes yᵀ = w · xᵀ with w, stored row-major [n, k], read
-// as the transpose of a column-major [k, n] matrix. The bias rides on the GEMM's epilogue.
+// y = x · wᵀ (+ bias) on the GPU, three ways:
+// - float32 weights (the parity mode) through cuBLASLt, float32 in and out with float32
+//   accumulation and no TF32;
+// - bfloat16 weights with a few rows (decode) through r3's weight-streaming kernel
+//   (ops/cuda/linear_rows.h), which reads every weight once and keeps the activations float32;
+// - bfloat16 weights with more rows through cuBLASLt on tensor cores, the float32 activations
+//   split into high and low bfloat16 parts (ops/cuda/split_bf16.h): the row kernel would re-read
+//   the weights every few rows.
+// A batch-invariant context takes the row kernel for all of them: cuBLASLt picks its algorithm,
+// and so its reduction order, by the matrix sizes, rows included.
+// cuBLASLt is column-major: row-major y [m, n] is column-major [n, m], so it computes
+// yᵀ = w · xᵀ with w, stored row-major [n, k], read as the transpose of a column-major [k, n]
+// matrix. The bias rides on the GEMM's epilogue.
 #include <algorithm>
 
 #include "backend/cuda/state.h"
 #include "ops/cuda/linear_rows.h"
+#include "ops/cuda/split_bf16.h"
 #include "ops/linear.h"
 
 namespace r3::ops::cuda {
@@ -28,6 +36,41 @@ struct LtMatmul {
   }
 };
 
+// y [m, n] F32 = x [m, k] · w [n, k]ᵀ (+ bias) through cuBLASLt, x and w of `inputs` (float32 or
+// bfloat16), float32 accumulation.
+void lt_matmul(backend::Context& ctx, cudaDataType_t inputs, const void* x, int64_t m, int64_t k, const void* w,
+               int64_t n, const float* bias, float* y) {
+  const auto& s = ctx.cuda_state();
+  LtMatmul lt;
+  R3_CUDA_CHECK(cublasLtMatmulDescCreate(&lt.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
+  R3_CUDA_CHECK(cublasLtMatmulDescSetAttribute(lt.op, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose)));
+  R3_CUDA_CHECK(cublasLtMatmulDescSetAttribute(lt.op, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep)));
+  if (bias != nullptr) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    R3_CUDA_CHECK(cublasLtMatmulDescSetAttribute(lt.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    R3_CUDA_CHECK(cublasLtMatmulDescSetAttribute(lt.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
+  const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
+  R3_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lt.a, inputs, u(k), u(n), k));     // w: column-major [k, n]
+  R3_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lt.b, inputs, u(k), u(m), k));     // x: column-major [k, m]
+  R3_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lt.c, CUDA_R_32F, u(n), u(m), n));  // y: column-major [n, m]
+  R3_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&lt.pref));
+  R3_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(lt.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                     &s.lt_workspace_bytes, sizeof(s.lt_workspace_bytes)));
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  R3_CUDA_CHECK(cublasLtMatmulAlgoGetHeuristic(s.lt, lt.op, lt.a, lt.b, lt.c, lt.c, lt.pref, 1, &heuristic, &found));
+  R3_CHECK(found > 0, "linear (cuda): cuBLASLt has no algorithm for [", m, ", ", k, "] x [", n, ", ", k, "]");
+  const float one = 1.0f, zero = 0.0f;
+  R3_CUDA_CHECK(cublasLtMatmul(s.lt, lt.op, &one, w, lt.a, x, lt.b, &zero, y, lt.c, y, lt.c, &heuristic.algo,
+                               s.lt_workspace, s.lt_workspace_bytes, s.stream));
+}
+
+// The most rows the weight-streaming kernel takes in one pass over the weights: above, the
+// tensor-core path reads them once instead of once per pass.
+constexpr int64_t kStreamingRows = 8;
+
 }  // namespace
 
 void linear(backend::Context& ctx, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
@@ -45,34 +88,17 @@ void linear(backend::Context& ctx, const Tensor& x, const Tensor& w, const Tenso
   R3_CHECK(x.is_contiguous() && w.is_contiguous() && y.is_contiguous(), "linear (cuda): contiguous tensors expected");
   R3_CHECK(bias == nullptr || (bias->rank() == 1 && bias->dim(0) == n), "linear (cuda): bias shape");
   if (m == 0 || n == 0) return;
-  // cuBLASLt picks its algorithm (and so its reduction order) by the matrix sizes, rows included.
-  if (w.dtype() == DType::BF16 || ctx.batch_invariant()) return linear_rows(ctx, x, w, bias, y);
-  const auto& s = ctx.cuda_state();
-  LtMatmul lt;
-  R3_CUDA_CHECK(cublasLtMatmulDescCreate(&lt.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
-  R3_CUDA_CHECK(cublasLtMatmulDescSetAttribute(lt.op, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose)));
-  R3_CUDA_CHECK(cublasLtMatmulDescSetAttribute(lt.op, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep)));
-  if (bias != nullptr) {
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-    const void* bias_ptr = bias->raw_data();
-    R3_CUDA_CHECK(cublasLtMatmulDescSetAttribute(lt.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-    R3_CUDA_CHECK(cublasLtMatmulDescSetAttribute(lt.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof(bias_ptr)));
+  if (ctx.batch_invariant() || (w.dtype() == DType::BF16 && m <= kStreamingRows)) {
+    return linear_rows(ctx, x, w, bias, y);
   }
-  const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
-  R3_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lt.a, CUDA_R_32F, u(k), u(n), k));  // w: column-major [k, n]
-  R3_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lt.b, CUDA_R_32F, u(k), u(m), k));  // x: column-major [k, m]
-  R3_CUDA_CHECK(cublasLtMatrixLayoutCreate(&lt.c, CUDA_R_32F, u(n), u(m), n));  // y: column-major [n, m]
-  R3_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&lt.pref));
-  R3_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(lt.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                     &s.lt_workspace_bytes, sizeof(s.lt_workspace_bytes)));
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
-  R3_CUDA_CHECK(cublasLtMatmulAlgoGetHeuristic(s.lt, lt.op, lt.a, lt.b, lt.c, lt.c, lt.pref, 1, &heuristic, &found));
-  R3_CHECK(found > 0, "linear (cuda): cuBLASLt has no algorithm for [", m, ", ", k, "] x [", n, ", ", k, "]");
-  const float one = 1.0f, zero = 0.0f;
-  R3_CUDA_CHECK(cublasLtMatmul(s.lt, lt.op, &one, w.raw_data(), lt.a, x.raw_data(), lt.b, &zero, y.raw_data(), lt.c,
-                               y.raw_data(), lt.c, &heuristic.algo, s.lt_workspace, s.lt_workspace_bytes, s.stream));
+  const float* bp = bias != nullptr ? bias->data<float>() : nullptr;
+  if (w.dtype() == DType::F32) return lt_matmul(ctx, CUDA_R_32F, x.raw_data(), m, k, w.raw_data(), n, bp, y.data<float>());
+  backend::Workspace::Scope scope(ctx.workspace());
+  Tensor parts = ctx.scratch_for_output(DType::BF16, {2 * m, k});
+  Tensor halves = ctx.scratch_for_output(DType::F32, {2 * m, n});
+  split_rows_bf16(ctx, x, parts);
+  lt_matmul(ctx, CUDA_R_16BF, parts.raw_data(), 2 * m, k, w.raw_data(), n, nullptr, halves.data<float>());
+  add_split_halves(ctx, halves, bp, y);
 }
 
 }  // namespace r3::ops::cuda

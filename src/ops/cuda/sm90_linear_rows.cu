@@ -30,11 +30,12 @@ __global__ void rows_kernel(const float* __restrict__ x, int64_t m, int64_t k, c
   const float* rows[kRowsPerPass];
 #pragma unroll
   for (int j = 0; j < kRowsPerPass; ++j) rows[j] = x + (first + min(j, count - 1)) * k;
-  float acc[kRowsPerPass] = {};
-  row_dots<kVec8, W, kRowsPerPass>(w + col * k, rows, count, k, lane, acc);
+  float acc[1][kRowsPerPass] = {};
+  const W* const weight_row[1] = {w + col * k};
+  row_dots<kVec8, W, kRowsPerPass>(weight_row, rows, count, k, lane, acc);
 #pragma unroll
   for (int j = 0; j < kRowsPerPass; ++j) {
-    const float sum = warp_sum(acc[j]);
+    const float sum = warp_sum(acc[0][j]);
     if (lane == 0 && j < count) y[(first + j) * n + col] = bias != nullptr ? sum + bias[col] : sum;
   }
 }

@@ -2,14 +2,18 @@
 // attention of every token over its sequence's cached positions, both through the block tables
 // of the step (ops/device_step.h).
 //
-// Attention splits each token's window into chunks of positions (flash-decoding): one warp
-// per (token, query head, chunk) walks its chunk in order, each lane holding head_dim / 32
-// elements; a key's dot product is reduced across the warp, and an online softmax (running max,
-// running sum, rescaled accumulator) folds each value in. A second kernel merges the chunks of
-// each (token, head) in chunk order, adding a sink's exp(sink - max) to the sum (GPT-OSS). The
-// chunk size is fixed, so how a window is split depends only on its length: a token's result does
-// not depend on the batch. Scores and sums in float32; the order of the additions differs from
-// the CPU's two-pass softmax, hence a tolerance in the tests.
+// Attention splits each token's window into chunks of kChunk positions (flash-decoding). One
+// block per (token, group of query heads sharing a KV head, chunk) loads each key and value row
+// of its chunk once for all the group's heads (GQA: 8 query heads per KV head in Qwen3-30B-A3B),
+// in three phases: scores (each warp a quarter of the chunk's positions, all its key rows loaded
+// before any is used, a head's dot product reduced across the warp), the chunk's softmax per head
+// (one lane per position: max, exponentials, sum), and the weighted sum of the value rows (one
+// thread per head dimension, every head's accumulator in registers). A second kernel merges the
+// chunks of each (token, head) in chunk order, adding a sink's exp(sink - max) to the sum
+// (GPT-OSS). The chunk length is fixed, so how a window is split depends only on its length: a
+// token's result does not depend on the batch (batch invariant by construction). Scores and sums
+// in float32; the order of the additions differs from the CPU's two-pass softmax, hence a
+// tolerance in the tests.
 #include <algorithm>
 
 #include "backend/cuda/state.h"
@@ -22,7 +26,17 @@ namespace {
 
 constexpr int kWarp = 32;
 constexpr int kMaxHeadDim = 256;  // 8 elements per lane
-constexpr int kWarpsPerBlock = 4;
+
+__device__ inline float warp_sum(float v) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+__device__ inline float warp_max(float v) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
 
 __device__ inline int64_t cache_row(const DeviceStep& step, const DeviceKvPool& pool, int32_t seq, int64_t pos) {
   const int32_t block = step.block_tables[seq * step.table_stride + pos / pool.block_size];
@@ -41,73 +55,106 @@ __global__ void write_kv_rows(const float* __restrict__ k, int64_t k_stride, con
   }
 }
 
-// Positions per warp. Each position is a dependent chain (block table, key row, shuffle
-// reduction, softmax update), so a warp's time grows with its chunk: few (token, head) pairs need
-// short chunks to give the GPU enough warps, many pairs run faster with long ones (fewer partial
-// results to write and merge). Measured on the H200 at a 1k context: 32 pairs, 0.039 ms with 16
-// positions against 0.051 with 64; 256 pairs, 0.084 ms with 64 against 0.104 with 16.
-int64_t chunk_positions(int64_t token_heads) { return token_heads < 256 ? 16 : 64; }
+constexpr int kChunk = kWarp;  // positions per block: phase 2 gives each lane one
+constexpr int kBlockWarps = 4;
+constexpr int kPositionsPerWarp = kChunk / kBlockWarps;
+constexpr int kMaxGroup = 16;  // query heads per block
 
-// One warp per (token, head, chunk): partial max, sum and accumulator of its chunk (max -inf and
-// sum 0 for a chunk past the window or a padding row).
+// One block per (token, head group, chunk): each head's partial max, sum and accumulator over the
+// chunk (max -inf and sum 0 for a chunk past the window or a padding row).
 template <int kPerLane>
 __global__ void attention_chunks(const float* __restrict__ q, DeviceStep step, DeviceKvPool pool, int64_t heads,
-                                 int64_t kv_heads, int64_t d, float scale, int64_t sliding_window, int64_t chunk_len,
-                                 int64_t chunks,
-                                 float* __restrict__ part_max, float* __restrict__ part_sum, float* __restrict__ part_acc) {
-  const int lane = threadIdx.x % kWarp;
-  const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
-  if (warp >= step.tokens * heads * chunks) return;
-  const int64_t th = warp / chunks, chunk = warp % chunks;
-  const int64_t t = th / heads, h = th % heads;
-  float running_max = -INFINITY, running_sum = 0.0f, acc[kPerLane];
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) acc[j] = 0.0f;
+                                 int64_t kv_heads, int64_t group, int64_t d, float scale, int64_t sliding_window,
+                                 int64_t chunks, float* __restrict__ part_max, float* __restrict__ part_sum,
+                                 float* __restrict__ part_acc) {
+  __shared__ float weights[kMaxGroup][kChunk];  // scores, then their exponentials
+  __shared__ int64_t rows[kChunk];
+  extern __shared__ float q_group[];  // [group, d]
+  const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
+  const int64_t groups_per_token = heads / group;
+  const int64_t chunk = blockIdx.x % chunks, tg = blockIdx.x / chunks;
+  const int64_t t = tg / groups_per_token, first_head = (tg % groups_per_token) * group;
+  const int64_t kv_offset = (first_head / (heads / kv_heads)) * d;
   const int32_t seq = step.seqs[t];
+  int64_t first = 0, count = 0;
   if (seq >= 0) {
     const int64_t pos = step.positions[t];
     const int64_t begin = sliding_window > 0 ? max(int64_t{0}, pos - sliding_window + 1) : 0;
-    const int64_t first = begin + chunk * chunk_len, last = min(pos + 1, first + chunk_len);
-    const int64_t kv_offset = (h / (heads / kv_heads)) * d;
-    float qv[kPerLane];
+    first = begin + chunk * kChunk;
+    count = max(int64_t{0}, min(pos + 1, first + kChunk) - first);
+  }
+  const int64_t part = (t * heads + first_head) * chunks + chunk;  // head g's is part + g * chunks
+  if (count == 0) {
+    for (int64_t g = threadIdx.x; g < group; g += blockDim.x) {
+      part_max[part + g * chunks] = -INFINITY;
+      part_sum[part + g * chunks] = 0.0f;  // the merge skips the chunk: its accumulator is never read
+    }
+    return;
+  }
+  for (int64_t i = threadIdx.x; i < group * d; i += blockDim.x) q_group[i] = q[(t * heads + first_head) * d + i];
+  if (threadIdx.x < count) rows[threadIdx.x] = cache_row(step, pool, seq, first + threadIdx.x);
+  __syncthreads();
+
+  // Scores: this warp's key rows loaded together, then each head's dot products.
+  float key[kPositionsPerWarp][kPerLane];
+#pragma unroll
+  for (int pp = 0; pp < kPositionsPerWarp; ++pp) {
+    const int p = warp + pp * kBlockWarps;
+    const float* k_row = pool.keys + rows[p < count ? p : 0] * pool.key_width + kv_offset;
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
       const int64_t i = lane + j * kWarp;
-      qv[j] = i < d ? q[th * d + i] : 0.0f;
+      key[pp][j] = p < count && i < d ? k_row[i] : 0.0f;
     }
-    for (int64_t p = first; p < last; ++p) {
-      const int64_t row = cache_row(step, pool, seq, p);
-      const float* key = pool.keys + row * pool.key_width + kv_offset;
-      const float* value = pool.values + row * pool.value_width + kv_offset;
+  }
+#pragma unroll
+  for (int pp = 0; pp < kPositionsPerWarp; ++pp) {
+    const int p = warp + pp * kBlockWarps;
+    if (p >= count) break;
+    for (int64_t g = 0; g < group; ++g) {
       float partial = 0.0f;
 #pragma unroll
       for (int j = 0; j < kPerLane; ++j) {
         const int64_t i = lane + j * kWarp;
-        if (i < d) partial += qv[j] * key[i];
+        if (i < d) partial += q_group[g * d + i] * key[pp][j];
       }
-#pragma unroll
-      for (int offset = kWarp / 2; offset > 0; offset /= 2) partial += __shfl_xor_sync(0xffffffffu, partial, offset);
-      const float score = partial * scale;
-      const float new_max = fmaxf(running_max, score);
-      const float correction = expf(running_max - new_max);  // 0 when running_max is -inf
-      const float weight = expf(score - new_max);
-      running_sum = running_sum * correction + weight;
-#pragma unroll
-      for (int j = 0; j < kPerLane; ++j) {
-        const int64_t i = lane + j * kWarp;
-        acc[j] = acc[j] * correction + (i < d ? weight * value[i] : 0.0f);
-      }
-      running_max = new_max;
+      partial = warp_sum(partial);
+      if (lane == 0) weights[g][p] = partial * scale;
     }
   }
-  if (lane == 0) {
-    part_max[warp] = running_max;
-    part_sum[warp] = running_sum;
+  __syncthreads();
+
+  // The chunk's softmax per head: one lane per position.
+  for (int64_t g = warp; g < group; g += kBlockWarps) {
+    const float score = lane < count ? weights[g][lane] : -INFINITY;
+    const float m = warp_max(score);
+    const float e = lane < count ? expf(score - m) : 0.0f;
+    const float sum = warp_sum(e);
+    weights[g][lane] = e;
+    if (lane == 0) {
+      part_max[part + g * chunks] = m;
+      part_sum[part + g * chunks] = sum;
+    }
   }
+  __syncthreads();
+
+  // The weighted value rows: one thread per head dimension, every head of the group at once.
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    float acc[kMaxGroup];
 #pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const int64_t i = lane + j * kWarp;
-    if (i < d) part_acc[warp * d + i] = acc[j];
+    for (int g = 0; g < kMaxGroup; ++g) acc[g] = 0.0f;
+#pragma unroll 4
+    for (int p = 0; p < count; ++p) {
+      const float v = pool.values[rows[p] * pool.value_width + kv_offset + i];
+#pragma unroll
+      for (int g = 0; g < kMaxGroup; ++g) {
+        if (g < group) acc[g] += weights[g][p] * v;
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      if (g < group) part_acc[(part + g * chunks) * d + i] = acc[g];
+    }
   }
 }
 
@@ -169,20 +216,21 @@ void paged_attention(backend::Context& ctx, const Tensor& q, const DeviceStep& s
   R3_CHECK(step.max_context > 0, "attention (cuda): the step's max_context is not set");
   // Chunks: enough for the longest window of the step (the step's largest position + 1).
   const int64_t longest = sliding_window > 0 ? std::min(step.max_context, sliding_window) : step.max_context;
-  // A batch-invariant context keeps one chunk length: a token's chunks, and so the order its
-  // partial softmaxes merge in, must not depend on the other tokens of the step.
-  const int64_t chunk_len = ctx.batch_invariant() ? 64 : chunk_positions(step.tokens * heads);
-  const int64_t chunks = std::max<int64_t>(1, (longest + chunk_len - 1) / chunk_len);
-  const int64_t warps = step.tokens * heads * chunks;
+  const int64_t chunks = std::max<int64_t>(1, (longest + kChunk - 1) / kChunk);
+  // Query heads per block: the KV head's whole group, or the largest divisor of it that fits.
+  int64_t group = heads / num_kv_heads;
+  while (group > kMaxGroup || (heads / num_kv_heads) % group != 0) --group;
+  const int64_t parts = step.tokens * heads * chunks;
   backend::Workspace::Scope scope(ctx.workspace());
-  Tensor part_max = ctx.scratch(DType::F32, {warps}), part_sum = ctx.scratch(DType::F32, {warps});
-  Tensor part_acc = ctx.scratch(DType::F32, {warps, d});
-  const auto blocks = static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  Tensor part_max = ctx.scratch_for_output(DType::F32, {parts}), part_sum = ctx.scratch_for_output(DType::F32, {parts});
+  Tensor part_acc = ctx.scratch_for_output(DType::F32, {parts, d});
+  const auto blocks = static_cast<unsigned>(step.tokens * (heads / group) * chunks);
+  const auto q_bytes = static_cast<std::size_t>(group * d) * sizeof(float);
   const cudaStream_t stream = ctx.cuda_state().stream;
   auto launch = [&](auto kernel) {
-    kernel<<<blocks, kWarpsPerBlock * kWarp, 0, stream>>>(q.data<float>(), step, pool, heads, num_kv_heads, d, scale,
-                                                          sliding_window, chunk_len, chunks, part_max.data<float>(),
-                                                          part_sum.data<float>(), part_acc.data<float>());
+    kernel<<<blocks, kBlockWarps * kWarp, q_bytes, stream>>>(q.data<float>(), step, pool, heads, num_kv_heads, group,
+                                                             d, scale, sliding_window, chunks, part_max.data<float>(),
+                                                             part_sum.data<float>(), part_acc.data<float>());
   };
   if (d <= 64) launch(attention_chunks<2>);
   else if (d <= 128) launch(attention_chunks<4>);

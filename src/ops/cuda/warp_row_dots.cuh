@@ -16,16 +16,34 @@ constexpr int kWarp = 32;
 __device__ inline float load(const float* p, int64_t i) { return p[i]; }
 __device__ inline float load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
 
-// Eight consecutive values from 16- (bf16) or 32-byte (float) aligned memory, widened: one or two
-// 128-bit loads where element loads would take eight.
-__device__ inline void load8(const float* p, float* out) {
-  const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
-  out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
-  out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+// Eight consecutive weights as loaded (16 bytes of bfloat16, 32 of float32), not yet widened.
+// Weights are streamed once per step, so their loads skip L1 (ld.global.nc.L1::no_allocate),
+// leaving it to the activation rows that every warp of the SM re-reads.
+template <typename W>
+struct Raw8;
+template <>
+struct Raw8<__nv_bfloat16> {
+  uint4 v;
+};
+template <>
+struct Raw8<float> {
+  uint4 v[2];
+};
+
+__device__ inline uint4 load_streaming(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
 }
-__device__ inline void load8(const __nv_bfloat16* p, float* out) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
-  const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+__device__ inline void load_raw8(const __nv_bfloat16* p, Raw8<__nv_bfloat16>& r) { r.v = load_streaming(p); }
+__device__ inline void load_raw8(const float* p, Raw8<float>& r) {
+  r.v[0] = load_streaming(p);
+  r.v[1] = load_streaming(p + 4);
+}
+__device__ inline void widen8(const Raw8<__nv_bfloat16>& r, float* out) {
+  const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&r.v);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const float2 f = __bfloat1622float2(pairs[i]);
@@ -33,33 +51,76 @@ __device__ inline void load8(const __nv_bfloat16* p, float* out) {
     out[2 * i + 1] = f.y;
   }
 }
+__device__ inline void widen8(const Raw8<float>& r, float* out) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) out[i] = __uint_as_float(reinterpret_cast<const uint32_t*>(r.v)[i]);
+}
 
-// The dot products of one weight row w[0, n) with the rows x[j][0, n), j < count, into this lane's
-// partial sums acc[j]: element by element, or eight at a time with 128-bit loads (kVec8: n a
-// multiple of 8 and the rows aligned to 8 elements).
-template <bool kVec8, typename W, int kMax>
-__device__ inline void row_dots(const W* w, const float* const (&x)[kMax], int count, int64_t n, int lane,
-                                float (&acc)[kMax]) {
+// Eight consecutive float32 activations (32-byte aligned): two 128-bit loads.
+__device__ inline void load8(const float* p, float* out) {
+  const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+  out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+  out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+}
+
+// Groups of eight weights a lane has in flight at once: a warp's loads are issued together and
+// awaited once, rather than one round trip to memory per group (a decode step is a chain of such
+// round trips otherwise). Raw loads keep this at 4 registers per bfloat16 group.
+constexpr int kGroupsInFlight = 4;
+
+// The dot products of kRows weight rows w[r][0, n) with the rows x[j][0, n), j < count, into this
+// lane's partial sums acc[r][j]: element by element, or eight at a time with 128-bit loads
+// (kVec8: n a multiple of 8 and the rows aligned to 8 elements). Several weight rows (a gated
+// MLP's gate and up rows) share the activation loads and have their loads in flight together.
+// Each lane adds its elements in increasing order, whatever the unrolling, so the sums do not
+// depend on it.
+template <bool kVec8, typename W, int kMax, int kRows = 1>
+__device__ inline void row_dots(const W* const (&w)[kRows], const float* const (&x)[kMax], int count, int64_t n,
+                                int lane, float (&acc)[kRows][kMax]) {
   if constexpr (kVec8) {
-    for (int64_t c = static_cast<int64_t>(lane) * 8; c < n; c += kWarp * 8) {
-      float wv[8];
-      load8(w + c, wv);
+    constexpr int64_t kStride = kWarp * 8;
+    for (int64_t base = static_cast<int64_t>(lane) * 8; base < n; base += kStride * kGroupsInFlight) {
+      Raw8<W> raw[kRows][kGroupsInFlight];
 #pragma unroll
-      for (int j = 0; j < kMax; ++j) {
-        if (j < count) {
-          float xv[8];
-          load8(x[j] + c, xv);
+      for (int u = 0; u < kGroupsInFlight; ++u) {
 #pragma unroll
-          for (int i = 0; i < 8; ++i) acc[j] += xv[i] * wv[i];
+        for (int r = 0; r < kRows; ++r) {
+          if (base + u * kStride < n) load_raw8(w[r] + base + u * kStride, raw[r][u]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kGroupsInFlight; ++u) {
+        const int64_t c = base + u * kStride;
+        if (c >= n) break;
+        float wv[kRows][8];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) widen8(raw[r][u], wv[r]);
+#pragma unroll
+        for (int j = 0; j < kMax; ++j) {
+          if (j < count) {
+            float xv[8];
+            load8(x[j] + c, xv);
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+              for (int i = 0; i < 8; ++i) acc[r][j] += xv[i] * wv[r][i];
+            }
+          }
         }
       }
     }
   } else {
     for (int64_t c = lane; c < n; c += kWarp) {
-      const float wv = load(w, c);
+      float wv[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) wv[r] = load(w[r], c);
 #pragma unroll
       for (int j = 0; j < kMax; ++j) {
-        if (j < count) acc[j] += x[j][c] * wv;
+        if (j < count) {
+          const float xv = x[j][c];
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) acc[r][j] += xv * wv[r];
+        }
       }
     }
   }
