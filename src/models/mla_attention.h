@@ -30,6 +30,13 @@ class MlaAttention final : public AttentionLayer {
   void forward(backend::Context& ctx, const Tensor& x, const ForwardBatch& batch, KvCache& cache, int64_t layer,
                Tensor& out) const override;
 
+  // What a device copy of the layer needs (models/cuda).
+  const AttentionSpec& spec() const { return spec_; }
+  float rms_eps() const { return rms_eps_; }
+  const MlaWeights& weights() const { return w_; }
+  const ops::TrailingInterleavedRotary& rotary() const { return rotary_; }
+  float softmax_scale() const { return softmax_scale_; }
+
  private:
   AttentionSpec spec_;
   float rms_eps_;

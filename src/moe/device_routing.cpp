@@ -15,6 +15,11 @@ DeviceRuleDescription describe_for_device(const RoutingRule& rule) {
     d.rule.topk_groups = static_cast<int32_t>(s->topk_groups());
     d.rule.scaling = s->scaling();
     d.bias = s->correction_bias();
+  } else if (const auto* g = dynamic_cast<const SoftmaxGroupGreedy*>(&rule)) {
+    d.rule.kind = DeviceRoutingRule::Kind::kSoftmaxGroupGreedy;
+    d.rule.groups = static_cast<int32_t>(g->num_groups());
+    d.rule.topk_groups = static_cast<int32_t>(g->topk_groups());
+    d.rule.scaling = g->scaling();
   } else if (dynamic_cast<const TopKSoftmax*>(&rule) != nullptr) {
     d.rule.kind = DeviceRoutingRule::Kind::kTopKSoftmax;
   } else {

@@ -23,6 +23,7 @@ struct DeviceRoutingRule {
     kSoftmaxTopK,       // Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE (normalize: renormalise the k weights)
     kSigmoidGroupTopK,  // DeepSeek-V3, Kimi K2, GLM-4.5: sigmoid, correction bias, group masking
     kTopKSoftmax,       // GPT-OSS: top-k of the logits, softmax over the k
+    kSoftmaxGroupGreedy,  // DeepSeek-V2: softmax, groups masked by their best probability
   };
   Kind kind = Kind::kSoftmaxTopK;
   int32_t k = 0;
@@ -35,7 +36,7 @@ struct DeviceRoutingRule {
 
 // A host rule as the device kernel takes it, with its correction bias still on the host (the
 // caller uploads it and points rule.bias at the copy). Throws for a rule without a device kernel
-// (DeepSeek-V2's group-greedy softmax, DeepSeek-V4's rules), naming it.
+// (DeepSeek-V4's rules), naming it.
 struct DeviceRuleDescription {
   DeviceRoutingRule rule;
   std::vector<float> bias;  // empty unless rule.kind is kSigmoidGroupTopK

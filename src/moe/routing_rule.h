@@ -151,6 +151,9 @@ class SoftmaxGroupGreedy final : public PerTokenRule<SoftmaxGroupGreedy> {
   SoftmaxGroupGreedy(int64_t k, int64_t num_groups, int64_t topk_groups, float scaling);
   std::string name() const override { return "softmax-group-greedy"; }
   int64_t top_k() const override { return k_; }
+  int64_t num_groups() const { return groups_; }
+  int64_t topk_groups() const { return topk_groups_; }
+  float scaling() const { return scaling_; }
   void route_row(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
                  float* weights) const;
 

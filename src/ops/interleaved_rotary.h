@@ -3,7 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
+
+#include "backend/context.h"
+#include "core/tensor.h"
 
 namespace r3::ops {
 
@@ -15,6 +19,8 @@ class TrailingInterleavedRotary {
   TrailingInterleavedRotary(int64_t rope_dim, std::vector<float> inv_freq, float attention_scaling);
 
   int64_t rope_dim() const { return rope_dim_; }
+  std::span<const float> inv_freq() const { return inv_freq_; }
+  float attention_scaling() const { return attention_scaling_; }
   // Rotates the last rope_dim of `head_dim` channels of `heads` consecutive heads at `x` by
   // position `pos`; conjugate = true rotates by -angle (undoes a rotation at that position).
   void apply(float* x, int64_t heads, int64_t head_dim, int64_t pos, bool conjugate = false) const;
@@ -24,5 +30,13 @@ class TrailingInterleavedRotary {
   std::vector<float> inv_freq_;
   float attention_scaling_ = 1.0f;
 };
+
+#if R3_WITH_CUDA
+namespace cuda {  // ops/cuda/sm90_rotary.cu
+// The same rotation of a device tensor [tokens, heads, head_dim], positions on the device.
+void interleaved_rotary_on_device(backend::Context& ctx, const TrailingInterleavedRotary& rotary, Tensor& x,
+                                  const int32_t* positions);
+}
+#endif
 
 }  // namespace r3::ops

@@ -8,6 +8,7 @@
 #include "backend/dispatch.h"
 #include "core/tensor.h"
 #include "ops/attention.h"
+#include "ops/device_step.h"
 
 namespace r3::ops {
 
@@ -27,6 +28,14 @@ namespace cpu {
 void latent_attention(backend::Context& ctx, const Tensor& q, const Tensor& kv_b, std::span<const KvWindow> kv,
                       const LatentAttentionShape& shape, float scale, Tensor& out);
 }
+#if R3_WITH_CUDA
+namespace cuda {  // ops/cuda/sm90_latent_attention.cu
+// The same on the device over the step's block tables: q, kv_b (F32 or BF16), out on the device;
+// the pool's key rows are latents (lora floats) and its value rows rotary keys (rope floats).
+void latent_attention_paged(backend::Context& ctx, const Tensor& q, const Tensor& kv_b, const DeviceStep& step,
+                            const DeviceKvPool& pool, const LatentAttentionShape& shape, float scale, Tensor& out);
+}
+#endif
 inline void latent_attention(backend::Context& ctx, const Tensor& q, const Tensor& kv_b, std::span<const KvWindow> kv,
                              const LatentAttentionShape& shape, float scale, Tensor& out) {
   R3_DISPATCH(ctx, latent_attention, ctx, q, kv_b, kv, shape, scale, out);

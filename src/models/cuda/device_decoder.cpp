@@ -89,7 +89,9 @@ void Decoder::run_layers(backend::Context& ctx, const ops::DeviceStep& step, KvC
   for (std::size_t l = 0; l < p_.layers.size(); ++l) {
     const Layer& layer = p_.layers[l];
     ops::rms_norm(ctx, t.residual, &layer.input_norm, p_.rms_eps, t.normed);
-    layer.attention->forward(ctx, t.normed, step, kv.device_pool(static_cast<int64_t>(l)), t.branch);
+    const ops::DeviceKvPool pool = kv.device_pool(static_cast<int64_t>(l));
+    if (layer.attention) layer.attention->forward(ctx, t.normed, step, pool, t.branch);
+    else layer.latent_attention->forward(ctx, t.normed, step, pool, t.branch);
     ops::add_rows(ctx, t.branch, nullptr, t.residual);
     ops::rms_norm(ctx, t.residual, &layer.post_attention_norm, p_.rms_eps, t.normed);
     if (layer.moe) {
@@ -218,10 +220,13 @@ std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr
     device::Layer d;
     d.input_norm = device::on_device(ctx, layer.input_norm, DType::F32);
     d.post_attention_norm = device::on_device(ctx, layer.post_attention_norm, DType::F32);
-    const auto* gqa = dynamic_cast<const GqaAttention*>(layer.attention.get());
-    R3_CHECK(gqa != nullptr, "--device cuda: layer ", l,
-             " uses multi-head latent attention, which has no CUDA kernels yet (DeepSeek-V2/V3, Kimi K2)");
-    d.attention.emplace(ctx, *gqa, weights);
+    if (const auto* gqa = dynamic_cast<const GqaAttention*>(layer.attention.get())) {
+      d.attention.emplace(ctx, *gqa, weights);
+    } else {
+      const auto* mla = dynamic_cast<const MlaAttention*>(layer.attention.get());
+      R3_CHECK(mla != nullptr, "--device cuda: layer ", l, "'s attention has no CUDA kernels");
+      d.latent_attention.emplace(ctx, *mla, weights);
+    }
     if (const auto* dense = dynamic_cast<const DenseFeedForward*>(layer.feed_forward.get())) {
       d.dense.emplace(device::mlp_on_device(ctx, dense->mlp(), weights));
     } else {

@@ -16,11 +16,13 @@
 
 #include "backend/context.h"
 #include "models/decoder_model.h"
+#include "models/mla_attention.h"
 #include "models/device_step_builder.h"
 #include "moe/device_capture.h"
 #include "moe/device_experts.h"
 #include "moe/device_routing.h"
 #include "ops/device_step.h"
+#include "ops/interleaved_rotary.h"
 #include "ops/rotary.h"
 
 namespace r3::models::device {
@@ -48,6 +50,20 @@ struct Attention {
                Tensor& out) const;
 };
 
+// Multi-head latent attention (MlaAttention's step): the cache holds each position's normalised
+// latent (key rows) and rotated shared key (value rows).
+struct LatentAttention {
+  AttentionSpec spec;
+  float rms_eps;
+  ops::TrailingInterleavedRotary rotary;
+  float softmax_scale;
+  MlaWeights w;  // on the device: projections and kv_b as the model's dtype, norms and biases float32
+
+  LatentAttention(backend::Context& ctx, const MlaAttention& host, DType dtype);
+  void forward(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, const ops::DeviceKvPool& pool,
+               Tensor& out) const;
+};
+
 struct Moe {
   int64_t layer_id = 0;
   int64_t num_experts = 0, top_k = 0;
@@ -68,7 +84,8 @@ struct Moe {
 
 struct Layer {
   Tensor input_norm, post_attention_norm;
-  std::optional<Attention> attention;
+  std::optional<Attention> attention;       // one of the two
+  std::optional<LatentAttention> latent_attention;
   std::optional<SwigluMlp> dense;
   std::optional<Moe> moe;
 };

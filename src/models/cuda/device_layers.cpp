@@ -7,7 +7,9 @@
 #include "models/cuda/device_decoder_parts.h"
 #include "ops/attention.h"
 #include "ops/kv_write.h"
+#include "ops/latent_attention.h"
 #include "ops/linear.h"
+#include "ops/rms_norm.h"
 
 namespace r3::models::device {
 
@@ -61,6 +63,58 @@ void Attention::forward(backend::Context& ctx, const Tensor& x, const ops::Devic
   ops::cuda::paged_attention(ctx, qh, step, pool, spec.num_kv_heads, scale, sliding_window,
                              w.sinks.defined() ? w.sinks.data<float>() : nullptr, attended);
   ops::linear(ctx, attended.reshaped({tokens, q_width}), w.o, w.o_bias.if_defined(), out);
+}
+
+LatentAttention::LatentAttention(backend::Context& ctx, const MlaAttention& host, DType dtype)
+    : spec(host.spec()), rms_eps(host.rms_eps()), rotary(host.rotary()), softmax_scale(host.softmax_scale()) {
+  const MlaWeights& h = host.weights();
+  w.q_proj = on_device(ctx, h.q_proj, dtype);
+  w.q_a_proj = on_device(ctx, h.q_a_proj, dtype);
+  w.q_b_proj = on_device(ctx, h.q_b_proj, dtype);
+  w.kv_a_proj = on_device(ctx, h.kv_a_proj, dtype);
+  w.kv_b_proj = on_device(ctx, h.kv_b_proj, dtype);
+  w.o_proj = on_device(ctx, h.o_proj, dtype);
+  w.q_a_norm = f32_on_device(ctx, h.q_a_norm);
+  w.kv_a_norm = f32_on_device(ctx, h.kv_a_norm);
+  w.q_a_bias = f32_on_device(ctx, h.q_a_bias);
+  w.kv_a_bias = f32_on_device(ctx, h.kv_a_bias);
+  w.o_bias = f32_on_device(ctx, h.o_bias);
+}
+
+// MlaAttention::forward with the device kernels.
+void LatentAttention::forward(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step,
+                              const ops::DeviceKvPool& pool, Tensor& out) const {
+  const LatentAttentionSpec& m = spec.latent;
+  const int64_t tokens = x.dim(0), heads = spec.num_heads;
+  const int64_t nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, qk = nope + rope, lora = m.kv_lora_rank;
+  backend::Workspace::Scope scope(ctx.workspace());
+  Tensor q = ctx.scratch_for_output(DType::F32, {tokens, heads * qk});
+  if (m.q_lora_rank == 0) {
+    ops::linear(ctx, x, w.q_proj, nullptr, q);
+  } else {
+    Tensor q_latent = ctx.scratch_for_output(DType::F32, {tokens, m.q_lora_rank});
+    ops::linear(ctx, x, w.q_a_proj, w.q_a_bias.if_defined(), q_latent);
+    ops::rms_norm(ctx, q_latent, &w.q_a_norm, rms_eps, q_latent);
+    ops::linear(ctx, q_latent, w.q_b_proj, nullptr, q);
+  }
+  // kv_a_proj's rows [0, lora) make the latent, rows [lora, lora + rope) the shared rotary key.
+  Tensor latent = ctx.scratch_for_output(DType::F32, {tokens, lora});
+  Tensor rope_key = ctx.scratch_for_output(DType::F32, {tokens, rope});
+  const Tensor* bias = w.kv_a_bias.if_defined();
+  const Tensor latent_bias = bias ? bias->rows(0, lora) : Tensor();
+  const Tensor rope_bias = bias ? bias->rows(lora, lora + rope) : Tensor();
+  ops::linear(ctx, x, w.kv_a_proj.rows(0, lora), latent_bias.if_defined(), latent);
+  ops::linear(ctx, x, w.kv_a_proj.rows(lora, lora + rope), rope_bias.if_defined(), rope_key);
+  ops::rms_norm(ctx, latent, &w.kv_a_norm, rms_eps, latent);
+  Tensor rope_heads = rope_key.reshaped({tokens, 1, rope});
+  Tensor q_heads = q.reshaped({tokens, heads, qk});
+  ops::cuda::interleaved_rotary_on_device(ctx, rotary, rope_heads, step.positions);
+  ops::cuda::interleaved_rotary_on_device(ctx, rotary, q_heads, step.positions);
+  ops::cuda::write_kv_paged(ctx, latent.data<float>(), lora, rope_key.data<float>(), rope, step, pool);
+  Tensor attended = ctx.scratch_for_output(DType::F32, {tokens, heads * m.v_head_dim});
+  ops::cuda::latent_attention_paged(ctx, q, w.kv_b_proj, step, pool, {heads, nope, rope, m.v_head_dim, lora},
+                                    softmax_scale, attended);
+  ops::linear(ctx, attended, w.o_proj, w.o_bias.if_defined(), out);
 }
 
 Moe::Moe(backend::Context& ctx, const MoeFeedForward& host, DType dtype) : layer_id(host.moe().layer_id()) {

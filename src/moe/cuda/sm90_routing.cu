@@ -84,6 +84,22 @@ struct WarpScratch {
   int32_t best[2];
 };
 
+// Sets the choices of every group outside the rule's topk_groups best w.group_score entries to
+// `masked`, as the CPU's mask_ineligible_groups.
+__device__ void mask_ineligible_groups(WarpScratch& w, const DeviceRoutingRule& rule, int64_t experts, float masked,
+                                       int lane) {
+  const int64_t group_size = experts / rule.groups;
+  int32_t kept[64];
+  warp_topk(w.group_score, rule.groups, rule.topk_groups, kept, w.taken, lane);
+  for (int64_t e = lane; e < experts; e += kWarp) {
+    const int64_t g = e / group_size;
+    bool keep = false;
+    for (int32_t i = 0; i < rule.topk_groups; ++i) keep = keep || kept[i] == g;
+    if (!keep) w.choice[e] = masked;
+  }
+  __syncwarp();
+}
+
 __global__ void route_tokens(const float* __restrict__ logits, int64_t tokens, int64_t experts, DeviceRoutingRule rule,
                              const int32_t* __restrict__ forced, const uint8_t* __restrict__ replayed,
                              int32_t* __restrict__ ids_out, float* __restrict__ weights_out, DeviceCaptureRows capture) {
@@ -135,21 +151,35 @@ __global__ void route_tokens(const float* __restrict__ logits, int64_t tokens, i
         }
         __syncwarp();
       }
-      int32_t kept[64];
-      warp_topk(w.group_score, rule.groups, rule.topk_groups, kept, w.taken, lane);
-      for (int64_t e = lane; e < experts; e += kWarp) {
-        const int64_t g = e / group_size;
-        bool keep = false;
-        for (int32_t i = 0; i < rule.topk_groups; ++i) keep = keep || kept[i] == g;
-        if (!keep) choice[e] = -INFINITY;
-      }
-      __syncwarp();
+      mask_ineligible_groups(w, rule, experts, -INFINITY, lane);
       warp_topk(choice, experts, k, ids, w.taken, lane);
     }
     if (lane == 0) {
       if (rule.normalize) renormalised(scores, k, ids, 1e-20f, rule.scaling, weights);
       else for (int32_t j = 0; j < k; ++j) weights[j] = __fmul_rn(scores[ids[j]], rule.scaling);
     }
+  } else if (rule.kind == Kind::kSoftmaxGroupGreedy) {
+    warp_softmax(scores, experts, lane);
+    if (replay) {
+      take_forced();
+    } else {
+      for (int64_t e = lane; e < experts; e += kWarp) choice[e] = scores[e];
+      __syncwarp();
+      if (rule.topk_groups < rule.groups) {
+        // Group score: the group's largest probability; the other groups' choices become 0.
+        const int64_t group_size = experts / rule.groups;
+        for (int32_t g = 0; g < rule.groups; ++g) {
+          float m = -INFINITY;
+          for (int64_t i = lane; i < group_size; i += kWarp) m = fmaxf(m, choice[g * group_size + i]);
+          for (int offset = kWarp / 2; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+          if (lane == 0) w.group_score[g] = m;
+        }
+        __syncwarp();
+        mask_ineligible_groups(w, rule, experts, 0.0f, lane);
+      }
+      warp_topk(choice, experts, k, ids, w.taken, lane);
+    }
+    if (lane == 0) for (int32_t j = 0; j < k; ++j) weights[j] = __fmul_rn(scores[ids[j]], rule.scaling);
   } else {  // kTopKSoftmax
     if (replay) take_forced();
     else warp_topk(scores, experts, k, ids, w.taken, lane);
@@ -176,10 +206,13 @@ void route_on_device(backend::Context& ctx, const Tensor& logits, const DeviceRo
   const int64_t tokens = logits.dim(0), experts = logits.dim(1);
   R3_CHECK(experts >= 1 && experts <= kMaxDeviceExperts && rule.k >= 1 && rule.k <= experts,
            "routing (cuda): top-", rule.k, " of ", experts, " experts (at most ", kMaxDeviceExperts, ")");
-  R3_CHECK(rule.kind != DeviceRoutingRule::Kind::kSigmoidGroupTopK ||
-               (rule.bias != nullptr && rule.groups >= 1 && rule.groups <= 64 && experts % rule.groups == 0 &&
-                rule.topk_groups >= 1 && rule.topk_groups <= rule.groups),
-           "routing (cuda): grouped sigmoid routing needs a bias and 1 to 64 groups dividing ", experts, " experts");
+  R3_CHECK(rule.kind != DeviceRoutingRule::Kind::kSigmoidGroupTopK || rule.bias != nullptr,
+           "routing (cuda): grouped sigmoid routing needs a correction bias");
+  const bool grouped = rule.kind == DeviceRoutingRule::Kind::kSigmoidGroupTopK ||
+                       rule.kind == DeviceRoutingRule::Kind::kSoftmaxGroupGreedy;
+  R3_CHECK(!grouped || (rule.groups >= 1 && rule.groups <= 64 && experts % rule.groups == 0 && rule.topk_groups >= 1 &&
+                        rule.topk_groups <= rule.groups),
+           "routing (cuda): grouped routing needs 1 to 64 groups dividing ", experts, " experts");
   if (tokens == 0) return;
   route_tokens<<<static_cast<unsigned>((tokens + kWarpsPerBlock - 1) / kWarpsPerBlock), kWarpsPerBlock * kWarp, 0,
                  ctx.cuda_state().stream>>>(

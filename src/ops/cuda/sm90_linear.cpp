@@ -12,6 +12,7 @@
 // yᵀ = w · xᵀ with w, stored row-major [n, k], read as the transpose of a column-major [k, n]
 // matrix. The bias rides on the GEMM's epilogue.
 #include <algorithm>
+#include <cstdint>
 
 #include "backend/cuda/state.h"
 #include "ops/cuda/linear_rows.h"
@@ -58,6 +59,22 @@ void lt_matmul(backend::Context& ctx, cudaDataType_t inputs, const void* x, int6
   R3_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&lt.pref));
   R3_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(lt.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                      &s.lt_workspace_bytes, sizeof(s.lt_workspace_bytes)));
+  // cuBLASLt assumes 256-byte aligned buffers unless told otherwise; views (a row range of a
+  // weight) may start anywhere, so it is told each buffer's actual alignment.
+  const auto alignment = [](const void* p) {
+    uint32_t bytes = 256;
+    while (bytes > 1 && reinterpret_cast<uintptr_t>(p) % bytes != 0) bytes /= 2;
+    return bytes;
+  };
+  const uint32_t align_w = alignment(w), align_x = alignment(x), align_y = alignment(y);
+  R3_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(lt.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_w,
+                                                     sizeof(align_w)));
+  R3_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(lt.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_x,
+                                                     sizeof(align_x)));
+  R3_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(lt.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_y,
+                                                     sizeof(align_y)));
+  R3_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(lt.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_y,
+                                                     sizeof(align_y)));
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
   R3_CUDA_CHECK(cublasLtMatmulAlgoGetHeuristic(s.lt, lt.op, lt.a, lt.b, lt.c, lt.c, lt.pref, 1, &heuristic, &found));

@@ -18,30 +18,14 @@
 
 #include "backend/cuda/state.h"
 #include "ops/attention.h"
+#include "ops/cuda/paged_attention_parts.cuh"
 #include "ops/kv_write.h"
 
 namespace r3::ops::cuda {
 
 namespace {
 
-constexpr int kWarp = 32;
 constexpr int kMaxHeadDim = 256;  // 8 elements per lane
-
-__device__ inline float warp_sum(float v) {
-#pragma unroll
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-__device__ inline float warp_max(float v) {
-#pragma unroll
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
-}
-
-__device__ inline int64_t cache_row(const DeviceStep& step, const DeviceKvPool& pool, int32_t seq, int64_t pos) {
-  const int32_t block = step.block_tables[seq * step.table_stride + pos / pool.block_size];
-  return static_cast<int64_t>(block) * pool.block_size + pos % pool.block_size;
-}
 
 __global__ void write_kv_rows(const float* __restrict__ k, int64_t k_stride, const float* __restrict__ v,
                               int64_t v_stride, DeviceStep step, DeviceKvPool pool) {
@@ -158,31 +142,6 @@ __global__ void attention_chunks(const float* __restrict__ q, DeviceStep step, D
   }
 }
 
-// One block of d threads per (token, head): the chunks merged in order, the sink joining the sum.
-__global__ void merge_chunks(const float* __restrict__ part_max, const float* __restrict__ part_sum,
-                             const float* __restrict__ part_acc, int64_t heads, int64_t d, int64_t chunks,
-                             const float* __restrict__ sinks, const int32_t* __restrict__ seqs, float* __restrict__ out) {
-  const int64_t th = blockIdx.x, i = threadIdx.x;
-  if (i >= d) return;
-  float* o = out + th * d;
-  if (seqs[th / heads] < 0) {  // a padding row attends to nothing
-    o[i] = 0.0f;
-    return;
-  }
-  const float* pm = part_max + th * chunks;
-  const float* ps = part_sum + th * chunks;
-  float m = sinks ? sinks[th % heads] : -INFINITY;
-  for (int64_t c = 0; c < chunks; ++c) m = fmaxf(m, pm[c]);
-  float sum = sinks ? expf(sinks[th % heads] - m) : 0.0f, acc = 0.0f;
-  for (int64_t c = 0; c < chunks; ++c) {
-    if (ps[c] == 0.0f) continue;  // an empty chunk
-    const float f = expf(pm[c] - m);
-    sum += ps[c] * f;
-    acc += part_acc[(th * chunks + c) * d + i] * f;
-  }
-  o[i] = acc / sum;
-}
-
 void check_step(const DeviceStep& step, const DeviceKvPool& pool, const char* op) {
   R3_CHECK(step.tokens >= 0 && (step.tokens == 0 || (step.seqs && step.positions && step.block_tables)) &&
                step.table_stride > 0 && pool.keys && pool.values && pool.block_size > 0,
@@ -235,7 +194,7 @@ void paged_attention(backend::Context& ctx, const Tensor& q, const DeviceStep& s
   if (d <= 64) launch(attention_chunks<2>);
   else if (d <= 128) launch(attention_chunks<4>);
   else launch(attention_chunks<8>);
-  merge_chunks<<<static_cast<unsigned>(step.tokens * heads), static_cast<unsigned>(d), 0, stream>>>(
+  merge_chunks<<<static_cast<unsigned>(step.tokens * heads), merge_threads(d), 0, stream>>>(
       part_max.data<float>(), part_sum.data<float>(), part_acc.data<float>(), heads, d, chunks, sinks, step.seqs,
       out.data<float>());
   R3_CUDA_CHECK(cudaGetLastError());

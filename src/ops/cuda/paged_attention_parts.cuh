@@ -1,0 +1,58 @@
+// Pieces shared by the paged attention kernels (sm90_paged_attention.cu,
+// sm90_latent_attention.cu): the cache row of a position through the step's block table, the
+// warp max (the warp sum is warp_row_dots.cuh's), and the second half of flash-decoding, where each (token, head)'s chunk partials
+// (max, sum of exponentials, weighted sum of values) merge in chunk order into its output row.
+// Internal to ops/cuda; each including file gets its own copy of the kernel.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/cuda/warp_row_dots.cuh"
+#include "ops/device_step.h"
+
+namespace r3::ops::cuda {
+namespace {
+
+__device__ inline int64_t cache_row(const DeviceStep& step, const DeviceKvPool& pool, int32_t seq, int64_t pos) {
+  const int32_t block = step.block_tables[seq * step.table_stride + pos / pool.block_size];
+  return static_cast<int64_t>(block) * pool.block_size + pos % pool.block_size;
+}
+
+__device__ inline float warp_max(float v) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// One block per (token, head), its threads taking the d elements in turn: the chunks merged in
+// order, the sink joining the sum.
+__global__ void merge_chunks(const float* __restrict__ part_max, const float* __restrict__ part_sum,
+                             const float* __restrict__ part_acc, int64_t heads, int64_t d, int64_t chunks,
+                             const float* __restrict__ sinks, const int32_t* __restrict__ seqs, float* __restrict__ out) {
+  const int64_t th = blockIdx.x;
+  float* o = out + th * d;
+  if (seqs[th / heads] < 0) {  // a padding row attends to nothing
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) o[i] = 0.0f;
+    return;
+  }
+  const float* pm = part_max + th * chunks;
+  const float* ps = part_sum + th * chunks;
+  float m = sinks ? sinks[th % heads] : -INFINITY;
+  for (int64_t c = 0; c < chunks; ++c) m = fmaxf(m, pm[c]);
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    float sum = sinks ? expf(sinks[th % heads] - m) : 0.0f, acc = 0.0f;
+    for (int64_t c = 0; c < chunks; ++c) {
+      if (ps[c] == 0.0f) continue;  // an empty chunk
+      const float f = expf(pm[c] - m);
+      sum += ps[c] * f;
+      acc += part_acc[(th * chunks + c) * d + i] * f;
+    }
+    o[i] = acc / sum;
+  }
+}
+
+// Threads per merge block: every element of a head of up to 256, then in turns.
+inline unsigned merge_threads(int64_t d) { return static_cast<unsigned>(d < 256 ? d : 256); }
+
+}  // namespace
+}  // namespace r3::ops::cuda
