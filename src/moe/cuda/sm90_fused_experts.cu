@@ -13,29 +13,20 @@
 
 #include "backend/cuda/state.h"
 #include "moe/device_experts.h"
+#include "moe/cuda/experts_parts.cuh"
 #include "ops/cuda/warp_row_dots.cuh"
 
 namespace r3::moe {
 
 namespace {
 
+using experts_detail::Activation;
+using experts_detail::Grouping;
 using ops::cuda::kWarp;
 using ops::cuda::load;
 using ops::cuda::warp_sum;
 using ops::cuda::row_dots;
 constexpr int kWarpsPerBlock = 8;
-
-struct Activation {
-  ExpertActivation::Kind kind;
-  float limit, alpha;
-  __device__ float operator()(float gate, float up) const {
-    const float g = gate > limit ? limit : gate;
-    const float u = up > limit ? limit : (up < -limit ? -limit : up);
-    if (kind == ExpertActivation::Kind::kSwiglu) return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
-    const float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-__fmul_rn(g, alpha))));
-    return __fmul_rn(__fadd_rn(u, 1.0f), __fmul_rn(g, sig));
-  }
-};
 
 constexpr int kPairsPerPass = 8;
 
@@ -65,12 +56,7 @@ __global__ void group_pairs_by_expert(const int32_t* __restrict__ ids, int64_t p
   for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) order[atomicAdd(&cursor[ids[p]], 1)] = static_cast<int32_t>(p);
 }
 
-struct Grouping {
-  const int32_t* offsets;
-  const int32_t* order;
-  const int32_t* used;
-  const int32_t* used_count;
-};
+
 
 template <typename W, bool kVec8>
 __global__ void gate_up_rows(const float* __restrict__ hidden, int64_t k, Grouping g, const W* __restrict__ gate,
@@ -152,6 +138,14 @@ __global__ void combine_choices(const float* __restrict__ expert_out, const floa
 
 unsigned warp_blocks(int64_t warps) { return static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
+// The tensor-core path once the experts have a few pairs each on average (batch 64 of
+// Qwen3-30B-A3B: 4): below, its 16-row tiles are mostly empty and the weight-streaming rows read
+// the same bytes with less latency. Not for a batch-invariant context: which path a step takes
+// depends on its size.
+bool use_tensor_cores(const backend::Context& ctx, const DeviceExperts& x, int64_t pairs, int64_t experts) {
+  return !ctx.batch_invariant() && experts_detail::tensor_cores_fit(x) && pairs >= 2 * experts;
+}
+
 template <typename W>
 void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, const float* weights, int64_t k,
             const DeviceExperts& x, Tensor& grouping, Tensor& activated, Tensor& expert_out, Tensor& out) {
@@ -173,7 +167,10 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
   const auto* dw = static_cast<const W*>(x.down.raw_data());
   const unsigned gate_blocks = warp_blocks(slots * inter), down_blocks = warp_blocks(slots * h);
   constexpr unsigned kThreads = kWarpsPerBlock * kWarp;
-  if (vec8) {
+  if (use_tensor_cores(ctx, x, pairs, experts)) {
+    experts_detail::experts_on_tensor_cores(stream, hidden.data<float>(), k, g, x, act, slots, activated.data<float>(),
+                                            expert_out.data<float>());
+  } else if (vec8) {
     gate_up_rows<W, true><<<gate_blocks, kThreads, 0, stream>>>(hidden.data<float>(), k, g, gw, uw, bias(x.gate_bias),
                                                                 bias(x.up_bias), h, inter, act, activated.data<float>());
     down_rows<W, true><<<down_blocks, kThreads, 0, stream>>>(activated.data<float>(), g, dw, bias(x.down_bias), h, inter,
