@@ -20,17 +20,5 @@ status=0
 ./build-gpu/r3_gpu_tests 2>&1 | tee "$out/gpu_tests.log" || status=1
 ./build-gpu/r3_gpu_kernels_bench 2>&1 | tee "$out/gpu_kernels_bench.jsonl" || status=1
 ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --json 2>"$out/gpu_decode_bench.log" | tee "$out/gpu_decode_bench.json" || status=1
-# Where a decode step's time goes: the kernels of batch-1 and batch-64 steps (graph nodes traced
-# one by one), when the machine has Nsight Systems.
-if command -v nsys > /dev/null; then
-  for b in 1 64; do
-    nsys profile --cuda-graph-trace=node -o "$out/decode-b$b" --force-overwrite true \
-      ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-batches $b --json > /dev/null 2>&1
-    nsys stats --report cuda_gpu_kern_sum --format csv --output "$out/decode-b$b" "$out/decode-b$b.nsys-rep" > /dev/null 2>&1
-    rm -f "$out/decode-b$b.nsys-rep" "$out/decode-b$b.sqlite"
-  done
-else
-  echo "nsys not found: no kernel profile" | tee "$out/profile.txt"
-fi
 cat "$out/device.txt"
 exit $status

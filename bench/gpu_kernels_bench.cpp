@@ -59,8 +59,8 @@ void moe_layer(backend::Context& gpu) {
     const Tensor logits = backend::to_device(gpu, random_host(DType::F32, {batch, experts}, 5, 1.0f));
     Tensor ids = backend::device_empty(gpu, DType::I32, {batch, k}), weights = backend::device_empty(gpu, DType::F32, {batch, k});
     Tensor grouping = backend::device_empty(gpu, DType::I32, {moe::grouping_ints(experts, batch * k)});
-    Tensor activated = backend::device_empty(gpu, DType::F32, {batch * k, inter});
-    Tensor expert_out = backend::device_empty(gpu, DType::F32, {batch * k, h});
+    Tensor activated = backend::device_empty(gpu, DType::F32, {moe::expert_scratch_rows(batch * k), inter});
+    Tensor expert_out = backend::device_empty(gpu, DType::F32, {moe::expert_scratch_rows(batch * k), h});
     Tensor out = backend::device_empty(gpu, DType::F32, {batch, h});
     const double ms = mean_ms(gpu, [&] {
       moe::route_on_device(gpu, logits, rule, nullptr, nullptr, ids.data<int32_t>(), weights.data<float>(),

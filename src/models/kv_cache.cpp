@@ -49,7 +49,8 @@ KvCache::KvCache(std::vector<CacheSpec> layers, int64_t max_seqs, int64_t capaci
     layer.spec = spec;
     layer.seq_blocks = table_blocks_;
     layer.positions_per_pass = capacity_;
-    R3_CHECK(!on_device_ || spec.kind == CacheSpec::Kind::kFullKv || spec.kind == CacheSpec::Kind::kSlidingWindowKv,
+    R3_CHECK(!on_device_ || spec.kind == CacheSpec::Kind::kFullKv || spec.kind == CacheSpec::Kind::kSlidingWindowKv ||
+                 spec.kind == CacheSpec::Kind::kLatent,
              "KV cache: layer ", l, "'s cache kind has no device storage yet");
     if (spec.kind == CacheSpec::Kind::kSlidingWindowKv && engine_pool_blocks_ == 0 && !on_device_) {
       R3_CHECK(spec.window > 0, "KV cache: layer ", l, " has a sliding window of ", spec.window);

@@ -30,10 +30,15 @@ DeviceExperts upload_experts(backend::Context& ctx, const PhysicalExperts& exper
 // Ints of scratch the pairs' grouping by expert takes: offsets, order, used experts, their count.
 constexpr int64_t grouping_ints(int64_t experts, int64_t pairs) { return 2 * experts + pairs + 2; }
 
+// Rows of the activated and expert_out scratch for `pairs` (token, choice) pairs: one per pair,
+// and 32 more for the tensor-core path, which reads whole 16-row tiles past an expert's last pair.
+constexpr int64_t expert_scratch_rows(int64_t pairs) { return pairs + 32; }
+
 #if R3_WITH_CUDA
 // hidden: device F32 [tokens, H]; ids, weights: device [tokens, k] (physical ids); out: device F32
 // [tokens, H] (overwritten). Device scratch: grouping I32 of grouping_ints(experts, tokens * k),
-// activated F32 [tokens * k, I], expert_out F32 [tokens * k, H].
+// activated F32 [expert_scratch_rows(tokens * k), I], expert_out F32
+// [expert_scratch_rows(tokens * k), H].
 void fused_experts_on_device(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, const float* weights,
                              int64_t k, const DeviceExperts& experts, Tensor& grouping, Tensor& activated,
                              Tensor& expert_out, Tensor& out);

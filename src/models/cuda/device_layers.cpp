@@ -154,8 +154,8 @@ void Moe::forward(backend::Context& ctx, const Tensor& x, const ops::DeviceStep&
   const int32_t* forced = step.forced != nullptr ? step.forced + layer_id * tokens * top_k : nullptr;
   moe::route_on_device(ctx, logits, rule, forced, step.replayed, ids.data<int32_t>(), weights, capture);
   Tensor grouping = ctx.scratch_for_output(DType::I32, {moe::grouping_ints(experts.gate.dim(0), pairs)});
-  Tensor activated = ctx.scratch_for_output(DType::F32, {pairs, experts.gate.dim(1)});
-  Tensor expert_out = ctx.scratch_for_output(DType::F32, {pairs, hidden});
+  Tensor activated = ctx.scratch_for_output(DType::F32, {moe::expert_scratch_rows(pairs), experts.gate.dim(1)});
+  Tensor expert_out = ctx.scratch_for_output(DType::F32, {moe::expert_scratch_rows(pairs), hidden});
   moe::fused_experts_on_device(ctx, x, ids.data<int32_t>(), weights, top_k, experts, grouping, activated, expert_out,
                                out);
   if (shared_expert) add_shared_expert(ctx, x, *shared_expert, shared_gate, out);

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "moe/device_experts.h"
@@ -34,11 +35,12 @@ struct Grouping {
 #if R3_WITH_CUDA
 // The routed experts on tensor cores (sm90_experts_tensor_cores.cu), after the grouping: gate/up
 // with the activation into activated [pairs, I], then down into expert_out [pairs, H], for
-// `slots` possible used experts. Only for what tensor_cores_fit accepts.
+// `slots` possible used experts; both scratch buffers of expert_scratch_rows(pairs) rows. Only
+// for what tensor_cores_fit accepts.
 bool tensor_cores_fit(const DeviceExperts& x);
 void experts_on_tensor_cores(cudaStream_t stream, const float* hidden, int64_t k, const Grouping& g,
-                             const DeviceExperts& x, const Activation& act, int64_t slots, float* activated,
-                             float* expert_out);
+                             const DeviceExperts& x, const Activation& act, int64_t pairs, int64_t slots,
+                             float* activated, float* expert_out);
 #endif
 
 }  // namespace r3::moe::experts_detail

@@ -168,8 +168,8 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
   const unsigned gate_blocks = warp_blocks(slots * inter), down_blocks = warp_blocks(slots * h);
   constexpr unsigned kThreads = kWarpsPerBlock * kWarp;
   if (use_tensor_cores(ctx, x, pairs, experts)) {
-    experts_detail::experts_on_tensor_cores(stream, hidden.data<float>(), k, g, x, act, slots, activated.data<float>(),
-                                            expert_out.data<float>());
+    experts_detail::experts_on_tensor_cores(stream, hidden.data<float>(), k, g, x, act, pairs, slots,
+                                            activated.data<float>(), expert_out.data<float>());
   } else if (vec8) {
     gate_up_rows<W, true><<<gate_blocks, kThreads, 0, stream>>>(hidden.data<float>(), k, g, gw, uw, bias(x.gate_bias),
                                                                 bias(x.up_bias), h, inter, act, activated.data<float>());
@@ -199,7 +199,8 @@ void fused_experts_on_device(backend::Context& ctx, const Tensor& hidden, const 
            "experts (cuda): hidden ", shape_to_string(hidden.shape()), ", gate ", shape_to_string(g.shape()), ", down ",
            shape_to_string(experts.down.shape()));
   const int64_t tokens = hidden.dim(0), pairs = tokens * k;
-  R3_CHECK(activated.numel() >= pairs * g.dim(1) && expert_out.numel() >= pairs * hidden.dim(1) &&
+  R3_CHECK(activated.numel() >= expert_scratch_rows(pairs) * g.dim(1) &&
+               expert_out.numel() >= expert_scratch_rows(pairs) * hidden.dim(1) &&
                grouping.dtype() == DType::I32 && grouping.numel() >= grouping_ints(g.dim(0), pairs),
            "experts (cuda): scratch too small for ", pairs, " pairs");
   R3_CHECK(g.dim(0) <= 4096, "experts (cuda): ", g.dim(0), " experts (at most 4096)");
