@@ -108,20 +108,55 @@ TEST_P(GpuParity, ReplayedRoutingIsCapturedAndMatchesTheCpu) {
   EXPECT_LE(err / scale, 1e-4) << "max |gpu - cpu| = " << err << ", max |cpu| = " << scale;
 }
 
+// The generated tokens of `ref` that bf16 weights can be held to: all of them, or those before
+// the first step whose reference logits have their best two within bfloat16's resolution (unit
+// roundoff 2^-8 of the row's largest magnitude); rounding every weight to bf16 may flip that
+// step's choice, and the continuation then follows another context.
+std::size_t tokens_within_bf16_resolution(const Reference& ref) {
+  for (std::size_t i = 0; i < ref.generated.size(); ++i) {
+    const auto row = ref.logits.begin() + static_cast<std::ptrdiff_t>((ref.prompt_len - 1 + static_cast<int64_t>(i)) * ref.vocab);
+    double best = -INFINITY, second = -INFINITY, largest = 0;
+    for (auto v = row; v != row + ref.vocab; ++v) {
+      largest = std::max(largest, std::fabs(*v));
+      if (*v > best) {
+        second = best;
+        best = *v;
+      } else {
+        second = std::max(second, *v);
+      }
+    }
+    if (best - second < std::ldexp(largest, -8)) return i;
+  }
+  return ref.generated.size();
+}
+
 // Bfloat16 weights (the default on the GPU; these fixtures store float32, so every projection is
-// rounded): the greedy tokens stay the reference's. Routed rows may differ where the reference's
-// top-k margin is below what bf16 weights resolve; the count is printed for the record.
+// rounded): the greedy tokens stay the reference's, up to a step whose reference margin bf16
+// cannot resolve (printed when one is met). Routed rows may differ where the reference's top-k
+// margin is below what bf16 weights resolve; the count is printed for the record.
 TEST_P(GpuParity, Bf16WeightsKeepTheGreedyTokens) {
   const CommandResult run = run_r3("generate -q --json --ignore-eos --device cuda --model " +
                                    family_dir(GetParam().family) + " --ids " + join(prompt_ids(ref_)) +
                                    " --max-new-tokens " + std::to_string(ref_.generated.size()));
   ASSERT_EQ(run.exit_code, 0) << run.err;
   const auto out = nlohmann::json::parse(run.out);
-  EXPECT_EQ(out.at("output_ids").get<std::vector<int64_t>>(), ref_.generated);
+  const auto output = out.at("output_ids").get<std::vector<int64_t>>();
+  ASSERT_EQ(output.size(), ref_.generated.size());
+  const std::size_t held = tokens_within_bf16_resolution(ref_);
+  EXPECT_EQ(std::vector<int64_t>(output.begin(), output.begin() + static_cast<std::ptrdiff_t>(held)),
+            std::vector<int64_t>(ref_.generated.begin(), ref_.generated.begin() + static_cast<std::ptrdiff_t>(held)));
+  if (held < ref_.generated.size()) {
+    std::printf("[ bf16     ] %s sequence %d: generated token %zu has a reference margin below bf16 resolution; "
+                "tokens compared up to it (%s after it)\n",
+                GetParam().family.c_str(), GetParam().index, held + 1,
+                std::equal(output.begin(), output.end(), ref_.generated.begin()) ? "equal" : "different");
+  }
   const auto& routed = out.at("routed_experts");
   ASSERT_EQ(static_cast<int64_t>(routed.size()), ref_.tokens);
+  // Rows whose input tokens are the reference's (after a flipped token the contexts differ).
+  const int64_t rows = std::min(ref_.tokens, ref_.prompt_len + static_cast<int64_t>(held));
   int64_t differing = 0;
-  for (int64_t t = 0; t < ref_.tokens; ++t) {
+  for (int64_t t = 0; t < rows; ++t) {
     for (int64_t l = 0; l < ref_.layers; ++l) {
       auto ours = routed[static_cast<std::size_t>(t)][static_cast<std::size_t>(l)].get<std::vector<int64_t>>();
       auto first = ref_.topk_ids.begin() + (t * ref_.layers + l) * ref_.top_k;
@@ -133,7 +168,7 @@ TEST_P(GpuParity, Bf16WeightsKeepTheGreedyTokens) {
   }
   std::printf("[ bf16     ] %s sequence %d: %lld of %lld routed rows differ from the float64 reference\n",
               GetParam().family.c_str(), GetParam().index, static_cast<long long>(differing),
-              static_cast<long long>(ref_.tokens * ref_.layers));
+              static_cast<long long>(rows * ref_.layers));
 }
 
 std::string gpu_case_name(const testing::TestParamInfo<GpuCase>& param_info) {
