@@ -12,6 +12,11 @@ void rms_norm(backend::Context& ctx, const Tensor& x, const Tensor* weight, floa
 #if R3_WITH_CUDA
 namespace cuda {  // ops/cuda/sm90_rms_norm.cu
 void rms_norm(backend::Context& ctx, const Tensor& x, const Tensor* weight, float eps, Tensor& y);
+// residual += branch, then y = rms_norm(residual): the decoder's residual add and the next norm
+// in one kernel (one graph node instead of two), each element's sum and the norm as the two ops
+// compute them.
+void add_rms_norm(backend::Context& ctx, const Tensor& branch, Tensor& residual, const Tensor* weight, float eps,
+                  Tensor& y);
 }
 #endif
 

@@ -23,6 +23,7 @@
 #include "ops/kv_write.h"
 #include "ops/linear.h"
 #include "ops/rms_norm.h"
+#include "test_support.h"
 #include "ops/rotary.h"
 
 namespace r3::test {
@@ -102,6 +103,23 @@ TEST_F(CudaOps, RmsNormMatchesTheCpu) {
     Tensor yd = backend::device_empty(*gpu_, DType::F32, {19, d});
     ops::rms_norm(*gpu_, xd, &wd, 1e-6f, yd);
     EXPECT_LT(gpu_relative_error(backend::to_host(*gpu_, yd), want), 1e-6) << "d = " << d;
+  }
+}
+
+// The fused residual add + norm gives what the two ops give one after the other, bit for bit:
+// the updated residual and the normed rows.
+TEST_F(CudaOps, AddRmsNormEqualsTheAddThenTheNorm) {
+  for (const int64_t d : {64, 2048, 4097}) {
+    const Tensor branch = gpu_random({7, d}, 40, 2.0f), residual = gpu_random({7, d}, 41, 3.0f), w = gpu_random({d}, 42);
+    const Tensor bd = backend::to_device(*gpu_, branch), wd = backend::to_device(*gpu_, w);
+    Tensor separate_residual = backend::to_device(*gpu_, residual), fused_residual = backend::to_device(*gpu_, residual);
+    Tensor separate = backend::device_empty(*gpu_, DType::F32, {7, d}), fused = backend::device_empty(*gpu_, DType::F32, {7, d});
+    ops::add_rows(*gpu_, bd, nullptr, separate_residual);
+    ops::rms_norm(*gpu_, separate_residual, &wd, 1e-6f, separate);
+    ops::cuda::add_rms_norm(*gpu_, bd, fused_residual, &wd, 1e-6f, fused);
+    EXPECT_EQ(float_values(backend::to_host(*gpu_, fused_residual)), float_values(backend::to_host(*gpu_, separate_residual)))
+        << "d = " << d;
+    EXPECT_EQ(float_values(backend::to_host(*gpu_, fused)), float_values(backend::to_host(*gpu_, separate))) << "d = " << d;
   }
 }
 

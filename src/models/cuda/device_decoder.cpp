@@ -18,6 +18,7 @@ namespace device {
 
 Decoder::Decoder(backend::Context& ctx, DecoderParts parts) : ctx_(ctx), p_(std::move(parts)) {
   R3_CHECK(ctx.device() == Device::kCuda, "a device decoder needs a CUDA context");
+  R3_CHECK(!p_.layers.empty(), "a device decoder needs at least one layer");
 }
 
 Decoder::~Decoder() { drop_graphs(); }
@@ -86,14 +87,14 @@ void Decoder::forward_into(backend::Context& ctx, const ForwardBatch& batch, Mod
 void Decoder::run_layers(backend::Context& ctx, const ops::DeviceStep& step, KvCache& kv, StepTensors& t) const {
   const int64_t tokens = step.tokens;
   ops::cuda::embedding_ids_on_device(ctx, p_.embed, step.token_ids, tokens, t.residual);
+  // Each residual add runs with the norm after it (ops::cuda::add_rms_norm): one kernel, not two.
+  ops::rms_norm(ctx, t.residual, &p_.layers.front().input_norm, p_.rms_eps, t.normed);
   for (std::size_t l = 0; l < p_.layers.size(); ++l) {
     const Layer& layer = p_.layers[l];
-    ops::rms_norm(ctx, t.residual, &layer.input_norm, p_.rms_eps, t.normed);
     const ops::DeviceKvPool pool = kv.device_pool(static_cast<int64_t>(l));
     if (layer.attention) layer.attention->forward(ctx, t.normed, step, pool, t.branch);
     else layer.latent_attention->forward(ctx, t.normed, step, pool, t.branch);
-    ops::add_rows(ctx, t.branch, nullptr, t.residual);
-    ops::rms_norm(ctx, t.residual, &layer.post_attention_norm, p_.rms_eps, t.normed);
+    ops::cuda::add_rms_norm(ctx, t.branch, t.residual, &layer.post_attention_norm, p_.rms_eps, t.normed);
     if (layer.moe) {
       const int64_t j = layer.moe->layer_id;
       const moe::DeviceCaptureRows rows = p_.capture_routing ? capture_->layer_rows(j) : moe::DeviceCaptureRows{};
@@ -101,7 +102,11 @@ void Decoder::run_layers(backend::Context& ctx, const ops::DeviceStep& step, KvC
     } else {
       layer.dense->forward(ctx, t.normed, t.branch);
     }
-    ops::add_rows(ctx, t.branch, nullptr, t.residual);
+    if (l + 1 < p_.layers.size()) {
+      ops::cuda::add_rms_norm(ctx, t.branch, t.residual, &p_.layers[l + 1].input_norm, p_.rms_eps, t.normed);
+    } else {
+      ops::add_rows(ctx, t.branch, nullptr, t.residual);
+    }
   }
   ops::cuda::embedding_ids_on_device(ctx, t.residual, step.logit_rows, step.logit_row_count, t.selected);
   ops::rms_norm(ctx, t.selected, &p_.final_norm, p_.rms_eps, t.selected);

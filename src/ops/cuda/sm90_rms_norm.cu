@@ -1,6 +1,7 @@
 // RMSNorm on the GPU: one block per row, the mean of squares accumulated in double (as the CPU
 // kernel does, so the normaliser stays as exact as the float64 reference), then each element
-// scaled by it and by the weight.
+// scaled by it and by the weight. Optionally the residual add before it (add_rms_norm): each
+// thread adds, stores and squares its own elements, so the sum sees the stored values.
 #include "backend/cuda/state.h"
 #include "ops/rms_norm.h"
 
@@ -10,13 +11,22 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void rms_norm_rows(const float* __restrict__ x, const float* __restrict__ weight, int64_t d, float eps,
-                              float* __restrict__ y) {
+// kAdd: x is the residual, updated in place with branch first.
+template <bool kAdd>
+__global__ void rms_norm_rows(float* __restrict__ x, const float* __restrict__ branch, const float* __restrict__ weight,
+                              int64_t d, float eps, float* __restrict__ y) {
   const int64_t row = blockIdx.x;
-  const float* xr = x + row * d;
+  float* xr = x + row * d;
   float* yr = y + row * d;
   double sum = 0;
-  for (int64_t i = threadIdx.x; i < d; i += kThreads) sum += static_cast<double>(xr[i]) * xr[i];
+  for (int64_t i = threadIdx.x; i < d; i += kThreads) {
+    float v = xr[i];
+    if constexpr (kAdd) {
+      v += branch[row * d + i];
+      xr[i] = v;
+    }
+    sum += static_cast<double>(v) * v;
+  }
   __shared__ double partial[kThreads];
   partial[threadIdx.x] = sum;
   __syncthreads();
@@ -39,9 +49,26 @@ void rms_norm(backend::Context& ctx, const Tensor& x, const Tensor* weight, floa
   R3_CHECK(weight == nullptr || (weight->rank() == 1 && weight->dim(0) == d && weight->device() == Device::kCuda),
            "rms_norm (cuda): weight must be [", d, "] on the device");
   if (rows == 0) return;
-  const auto& s = ctx.cuda_state();
-  rms_norm_rows<<<static_cast<unsigned>(rows), kThreads, 0, s.stream>>>(
-      x.data<float>(), weight ? weight->data<float>() : nullptr, d, eps, y.data<float>());
+  // Not written without kAdd.
+  auto* xp = const_cast<float*>(x.data<float>());
+  rms_norm_rows<false><<<static_cast<unsigned>(rows), kThreads, 0, ctx.cuda_state().stream>>>(
+      xp, nullptr, weight ? weight->data<float>() : nullptr, d, eps, y.data<float>());
+  R3_CUDA_CHECK(cudaGetLastError());
+}
+
+void add_rms_norm(backend::Context& ctx, const Tensor& branch, Tensor& residual, const Tensor* weight, float eps,
+                  Tensor& y) {
+  R3_CHECK(residual.rank() == 2 && branch.shape() == residual.shape() && y.shape() == residual.shape() &&
+               branch.is_contiguous() && residual.is_contiguous() && y.is_contiguous() &&
+               branch.device() == Device::kCuda && residual.device() == Device::kCuda && y.device() == Device::kCuda,
+           "add_rms_norm (cuda): branch ", shape_to_string(branch.shape()), " residual ",
+           shape_to_string(residual.shape()), " y ", shape_to_string(y.shape()));
+  const int64_t rows = residual.dim(0), d = residual.dim(1);
+  R3_CHECK(weight == nullptr || (weight->rank() == 1 && weight->dim(0) == d && weight->device() == Device::kCuda),
+           "add_rms_norm (cuda): weight must be [", d, "] on the device");
+  if (rows == 0 || d == 0) return;
+  rms_norm_rows<true><<<static_cast<unsigned>(rows), kThreads, 0, ctx.cuda_state().stream>>>(
+      residual.data<float>(), branch.data<float>(), weight ? weight->data<float>() : nullptr, d, eps, y.data<float>());
   R3_CUDA_CHECK(cudaGetLastError());
 }
 
