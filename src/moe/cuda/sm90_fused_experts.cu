@@ -2,7 +2,7 @@
 // grouped by expert on the device (counts, offsets, the list of used experts; the order of pairs
 // within an expert does not matter, each pair's sums are its own). Then one warp per (used
 // expert, weight row) reads that row once and multiplies it with every pair routed to the
-// expert, in groups of kPairsPerPass that keep their partial sums in registers; the lanes take
+// expert, in groups of up to kMaxPairsPerPass that keep their partial sums in registers; the lanes take
 // every 32nd element and the partial sums meet through shuffles. Gate/up + activation, then down,
 // then the combine per (token, hidden element), summing the k choices in order as the CPU does
 // (each product rounded, then added). Launches are sized for every expert being used; warps
@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/state.h"
 #include "moe/device_experts.h"
@@ -28,7 +29,10 @@ using ops::cuda::warp_sum;
 using ops::cuda::row_dots;
 constexpr int kWarpsPerBlock = 8;
 
-constexpr int kPairsPerPass = 8;
+// Pairs a warp multiplies per pass over its weight row, at most: 8, or fewer when the step has
+// fewer tokens (an expert has at most one pair per token), so that a decode step's warps hold
+// only the partial sums they use and more of them fit on an SM.
+constexpr int kMaxPairsPerPass = 8;
 
 // ids [pairs] -> offsets [experts + 1], order [pairs] (pair indices grouped by expert), used
 // [experts] (the experts with pairs, ascending), used_count [1]. One block.
@@ -80,7 +84,7 @@ __global__ void group_pairs_by_expert(const int32_t* __restrict__ ids, int64_t p
 
 
 
-template <typename W, bool kVec8>
+template <typename W, bool kVec8, int kPairsPerPass>
 __global__ void gate_up_rows(const float* __restrict__ hidden, int64_t k, Grouping g, const W* __restrict__ gate,
                              const W* __restrict__ up, const float* __restrict__ gate_bias,
                              const float* __restrict__ up_bias, int64_t h, int64_t inter, Activation act,
@@ -118,7 +122,7 @@ __global__ void gate_up_rows(const float* __restrict__ hidden, int64_t k, Groupi
   }
 }
 
-template <typename W, bool kVec8>
+template <typename W, bool kVec8, int kPairsPerPass>
 __global__ void down_rows(const float* __restrict__ activated, Grouping g, const W* __restrict__ down,
                           const float* __restrict__ down_bias, int64_t h, int64_t inter, float* __restrict__ expert_out) {
   const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
@@ -192,16 +196,24 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
   if (use_tensor_cores(ctx, x, pairs, experts)) {
     experts_detail::experts_on_tensor_cores(stream, hidden.data<float>(), k, g, x, act, pairs, slots,
                                             activated.data<float>(), expert_out.data<float>());
-  } else if (vec8) {
-    gate_up_rows<W, true><<<gate_blocks, kThreads, 0, stream>>>(hidden.data<float>(), k, g, gw, uw, bias(x.gate_bias),
-                                                                bias(x.up_bias), h, inter, act, activated.data<float>());
-    down_rows<W, true><<<down_blocks, kThreads, 0, stream>>>(activated.data<float>(), g, dw, bias(x.down_bias), h, inter,
-                                                             expert_out.data<float>());
   } else {
-    gate_up_rows<W, false><<<gate_blocks, kThreads, 0, stream>>>(hidden.data<float>(), k, g, gw, uw, bias(x.gate_bias),
-                                                                 bias(x.up_bias), h, inter, act, activated.data<float>());
-    down_rows<W, false><<<down_blocks, kThreads, 0, stream>>>(activated.data<float>(), g, dw, bias(x.down_bias), h,
-                                                              inter, expert_out.data<float>());
+    auto rows = [&](auto vec8_tag, auto pairs_tag) {
+      constexpr bool kVec8 = decltype(vec8_tag)::value;
+      constexpr int kPairs = decltype(pairs_tag)::value;
+      gate_up_rows<W, kVec8, kPairs><<<gate_blocks, kThreads, 0, stream>>>(
+          hidden.data<float>(), k, g, gw, uw, bias(x.gate_bias), bias(x.up_bias), h, inter, act, activated.data<float>());
+      down_rows<W, kVec8, kPairs><<<down_blocks, kThreads, 0, stream>>>(activated.data<float>(), g, dw,
+                                                                       bias(x.down_bias), h, inter,
+                                                                       expert_out.data<float>());
+    };
+    auto by_pairs = [&](auto vec8_tag) {
+      if (tokens <= 1) rows(vec8_tag, std::integral_constant<int, 1>{});
+      else if (tokens <= 2) rows(vec8_tag, std::integral_constant<int, 2>{});
+      else if (tokens <= 4) rows(vec8_tag, std::integral_constant<int, 4>{});
+      else rows(vec8_tag, std::integral_constant<int, kMaxPairsPerPass>{});
+    };
+    if (vec8) by_pairs(std::true_type{});
+    else by_pairs(std::false_type{});
   }
   combine_choices<<<static_cast<unsigned>((tokens * h + 255) / 256), 256, 0, stream>>>(expert_out.data<float>(), weights,
                                                                                          tokens, k, h, out.data<float>());

@@ -1,5 +1,5 @@
 // Weight-streaming GEMV: one warp per weight row (output column), reading the
-// row once per pass with 128-bit loads and multiplying it with up to kRowsPerPass activation rows
+// row once per pass with 128-bit loads and multiplying it with up to kMaxRowsPerPass activation rows
 // whose partial sums stay in registers. Decode steps have a few rows, so one pass reads every
 // weight once, which is what bounds a decode step (the weight bytes); larger steps take several
 // passes over the weights (prefill at this kernel's rate is a known limit; a tensor-core GEMM is
@@ -17,9 +17,11 @@ namespace r3::ops::cuda {
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
-constexpr int kRowsPerPass = 8;
+// Activation rows per pass over the weights, at most: 8, or the call's rows when fewer (decode
+// steps), so that the warps hold only the partial sums they use and more of them fit on an SM.
+constexpr int kMaxRowsPerPass = 8;
 
-template <bool kVec8, typename W>
+template <bool kVec8, typename W, int kRowsPerPass>
 __global__ void rows_kernel(const float* __restrict__ x, int64_t m, int64_t k, const W* __restrict__ w,
                             int64_t n, const float* __restrict__ bias, float* __restrict__ y) {
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
@@ -42,17 +44,28 @@ __global__ void rows_kernel(const float* __restrict__ x, int64_t m, int64_t k, c
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-template <typename W>
+template <typename W, int kRowsPerPass>
 void launch(cudaStream_t stream, const Tensor& x, const Tensor& w, const float* bias, Tensor& y) {
   const int64_t m = x.dim(0), k = x.dim(1), n = w.dim(0);
   const dim3 grid(static_cast<unsigned>((n + kWarpsPerBlock - 1) / kWarpsPerBlock),
                   static_cast<unsigned>((m + kRowsPerPass - 1) / kRowsPerPass));
   const auto* wp = static_cast<const W*>(w.raw_data());
   if (k % 8 == 0 && aligned16(x.raw_data()) && aligned16(w.raw_data())) {
-    rows_kernel<true, W><<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(x.data<float>(), m, k, wp, n, bias, y.data<float>());
+    rows_kernel<true, W, kRowsPerPass>
+        <<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(x.data<float>(), m, k, wp, n, bias, y.data<float>());
   } else {
-    rows_kernel<false, W><<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(x.data<float>(), m, k, wp, n, bias, y.data<float>());
+    rows_kernel<false, W, kRowsPerPass>
+        <<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(x.data<float>(), m, k, wp, n, bias, y.data<float>());
   }
+}
+
+template <typename W>
+void launch_for_rows(cudaStream_t stream, const Tensor& x, const Tensor& w, const float* bias, Tensor& y) {
+  const int64_t m = x.dim(0);
+  if (m <= 1) launch<W, 1>(stream, x, w, bias, y);
+  else if (m <= 2) launch<W, 2>(stream, x, w, bias, y);
+  else if (m <= 4) launch<W, 4>(stream, x, w, bias, y);
+  else launch<W, kMaxRowsPerPass>(stream, x, w, bias, y);
 }
 
 }  // namespace
@@ -60,11 +73,11 @@ void launch(cudaStream_t stream, const Tensor& x, const Tensor& w, const float* 
 void linear_rows(backend::Context& ctx, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
   const int64_t m = x.dim(0), n = w.dim(0);
   if (m == 0 || n == 0) return;
-  R3_CHECK(m <= int64_t{65535} * kRowsPerPass, "linear (cuda, rows): ", m, " rows in one call");
+  R3_CHECK(m <= int64_t{65535} * kMaxRowsPerPass, "linear (cuda, rows): ", m, " rows in one call");
   const float* bp = bias != nullptr ? bias->data<float>() : nullptr;
   const cudaStream_t stream = ctx.cuda_state().stream;
-  if (w.dtype() == DType::BF16) launch<__nv_bfloat16>(stream, x, w, bp, y);
-  else launch<float>(stream, x, w, bp, y);
+  if (w.dtype() == DType::BF16) launch_for_rows<__nv_bfloat16>(stream, x, w, bp, y);
+  else launch_for_rows<float>(stream, x, w, bp, y);
   R3_CUDA_CHECK(cudaGetLastError());
 }
 
