@@ -7,6 +7,7 @@
 
 #include "backend/dispatch.h"
 #include "core/tensor.h"
+#include "ops/device_step.h"
 
 namespace r3::ops {
 
@@ -18,6 +19,11 @@ void rotary(const Rotary& rotary, Tensor& x, std::span<const int32_t> positions)
 namespace cuda {  // ops/cuda/sm90_rotary.cu
 // The same rotation of a device tensor, with the positions on the device.
 void rotary_positions_on_device(backend::Context& ctx, const Rotary& rotary, Tensor& x, const int32_t* positions);
+// A GQA layer's step in one kernel: q [tokens, heads, d] and k [tokens, kv_heads, d] rotated at
+// the step's positions, then k and v (as many floats as k) written to the paged pool as
+// write_kv_paged does.
+void rotary_and_write_kv(backend::Context& ctx, const Rotary& rotary, Tensor& q, Tensor& k, const Tensor& v,
+                         const DeviceStep& step, const DeviceKvPool& pool);
 }
 #endif
 

@@ -55,9 +55,7 @@ void Attention::forward(backend::Context& ctx, const Tensor& x, const ops::Devic
   project_qkv(ctx, spec, rms_eps, w, x, qt, kt, vt);
   Tensor qh = qt.reshaped({tokens, spec.num_heads, d});
   Tensor kh = kt.reshaped({tokens, spec.num_kv_heads, d});
-  ops::cuda::rotary_positions_on_device(ctx, rotary, qh, step.positions);
-  ops::cuda::rotary_positions_on_device(ctx, rotary, kh, step.positions);
-  ops::cuda::write_kv_paged(ctx, kt.data<float>(), kv_width, vt.data<float>(), kv_width, step, pool);
+  ops::cuda::rotary_and_write_kv(ctx, rotary, qh, kh, vt, step, pool);
   Tensor attended = ctx.scratch(DType::F32, {tokens, spec.num_heads, d});
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   ops::cuda::paged_attention(ctx, qh, step, pool, spec.num_kv_heads, scale, sliding_window,
