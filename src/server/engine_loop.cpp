@@ -1,0 +1,140 @@
+#include "server/engine_loop.h"
+
+#include <spdlog/spdlog.h>
+
+#include "core/check.h"
+
+namespace r3::server {
+
+EngineLoop::EngineLoop(engine::Engine& engine) : engine_(engine), stats_(engine.stats()), thread_([this] { run(); }) {}
+
+EngineLoop::~EngineLoop() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+engine::RequestId EngineLoop::submit(engine::RequestParams params, Sink sink) {
+  std::future<engine::RequestId> accepted;
+  {
+    std::lock_guard lock(mutex_);
+    R3_CHECK(!stopping_, "the server is shutting down");
+    Pending& p = pending_.emplace_back(Pending{std::move(params), std::move(sink), {}});
+    accepted = p.accepted.get_future();
+  }
+  wake_.notify_all();
+  return accepted.get();  // rethrows the engine's refusal
+}
+
+void EngineLoop::abort(engine::RequestId id, const std::string& message) {
+  {
+    std::lock_guard lock(mutex_);
+    aborts_.emplace_back(id, message);
+  }
+  wake_.notify_all();
+}
+
+engine::EngineStats EngineLoop::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+void EngineLoop::take_queued() {
+  std::deque<Pending> pending;
+  std::vector<std::pair<engine::RequestId, std::string>> aborts;
+  {
+    std::lock_guard lock(mutex_);
+    pending.swap(pending_);
+    aborts.swap(aborts_);
+  }
+  for (Pending& p : pending) {
+    try {
+      const engine::RequestId id = engine_.submit(std::move(p.params));
+      sinks_[id] = std::move(p.sink);
+      p.accepted.set_value(id);
+    } catch (...) {
+      p.accepted.set_exception(std::current_exception());
+    }
+  }
+  for (const auto& [id, message] : aborts) engine_.abort(id, message);
+}
+
+void EngineLoop::abort_all(const std::string& message) {
+  for (const auto& [id, sink] : sinks_) engine_.abort(id, message);
+  // The aborts come out of the next step.
+  try {
+    for (const auto& out : engine_.step()) {
+      const auto found = sinks_.find(out.id);
+      if (found == sinks_.end()) continue;
+      found->second(out);
+      if (out.finished) sinks_.erase(found);
+    }
+  } catch (const std::exception& e) {
+    spdlog::error("server: ending the running requests failed too: {}", e.what());
+  }
+  // Whoever did not hear the end from the engine hears it here: nobody waits forever.
+  for (const auto& [id, sink] : sinks_) {
+    engine::RequestOutput out;
+    out.id = id;
+    out.finished = true;
+    engine::SampleOutput& sample = out.samples.emplace_back();
+    sample.finish = engine::FinishReason::kAbort;
+    sample.abort_message = message;
+    sink(out);
+  }
+  sinks_.clear();
+}
+
+void EngineLoop::run() {
+  for (;;) {
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [this] { return stopping_ || !pending_.empty() || !aborts_.empty() || engine_.has_work(); });
+      if (stopping_) break;
+    }
+    take_queued();
+    if (!engine_.has_work()) continue;
+    try {
+      for (const auto& out : engine_.step()) {
+        const auto found = sinks_.find(out.id);
+        if (found == sinks_.end()) continue;
+        found->second(out);
+        if (out.finished) sinks_.erase(found);
+      }
+    } catch (const std::exception& e) {
+      spdlog::error("server: an engine step failed: {}", e.what());
+      abort_all(std::string("the engine step failed: ") + e.what());
+    }
+    std::lock_guard lock(mutex_);
+    stats_ = engine_.stats();
+  }
+  // Shutdown: refuse what is still queued, end what runs.
+  std::deque<Pending> pending;
+  {
+    std::lock_guard lock(mutex_);
+    pending.swap(pending_);
+  }
+  for (Pending& p : pending) p.accepted.set_exception(std::make_exception_ptr(Error("the server is shutting down")));
+  if (!sinks_.empty()) abort_all("the server is shutting down");
+}
+
+std::vector<engine::RequestOutput> run_to_completion(EngineLoop& loop, engine::RequestParams params) {
+  std::mutex mutex;
+  std::condition_variable done;
+  std::vector<engine::RequestOutput> outputs;
+  bool finished = false;
+  loop.submit(std::move(params), [&](const engine::RequestOutput& out) {
+    std::lock_guard lock(mutex);
+    outputs.push_back(out);
+    finished = out.finished;
+    if (finished) done.notify_all();
+  });
+  std::unique_lock lock(mutex);
+  done.wait(lock, [&] { return finished; });
+  return outputs;
+}
+
+}  // namespace r3::server

@@ -1,0 +1,68 @@
+// The serving engine on a thread of its own, for a server's request threads. engine::Engine is
+// single-threaded by design (one step at a time, no locks in the hot path); this loop is the one
+// thread that calls it. Request threads submit a request together with a sink, which receives
+// every output of the request as it streams out of a step (on the engine thread, so it must only
+// hand the output on), and may abort their requests, e.g. when a client goes away. The engine
+// thread steps while there is work and sleeps otherwise.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace r3::server {
+
+class EngineLoop {
+ public:
+  // Called on the engine thread with each output of the request, the last one with finished set.
+  using Sink = std::function<void(const engine::RequestOutput&)>;
+
+  explicit EngineLoop(engine::Engine& engine);
+  // Stops the engine thread; requests still running end with an abort output first.
+  ~EngineLoop();
+  EngineLoop(const EngineLoop&) = delete;
+  EngineLoop& operator=(const EngineLoop&) = delete;
+
+  // Hands the request to the engine thread and waits until the engine has accepted it (its id)
+  // or refused it (the engine's r3::Error, rethrown here).
+  engine::RequestId submit(engine::RequestParams params, Sink sink);
+  // Ends the request at the engine's next step (its sink gets the abort); unknown or finished
+  // ids are ignored.
+  void abort(engine::RequestId id, const std::string& message = "aborted");
+  // The engine's counters after its latest step.
+  engine::EngineStats stats() const;
+
+ private:
+  struct Pending {
+    engine::RequestParams params;
+    Sink sink;
+    std::promise<engine::RequestId> accepted;
+  };
+  void run();
+  // Engine thread: the queued submissions and aborts handed to the engine.
+  void take_queued();
+  // Engine thread: every running request ends with `message` (a failed step, or shutdown).
+  void abort_all(const std::string& message);
+
+  engine::Engine& engine_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Pending> pending_;
+  std::vector<std::pair<engine::RequestId, std::string>> aborts_;
+  bool stopping_ = false;
+  engine::EngineStats stats_;
+  std::map<engine::RequestId, Sink> sinks_;  // engine thread only
+  std::thread thread_;                       // last: starts once the rest exists
+};
+
+// Runs `params` through the loop and waits for it to finish: every output it produced, in order.
+std::vector<engine::RequestOutput> run_to_completion(EngineLoop& loop, engine::RequestParams params);
+
+}  // namespace r3::server
