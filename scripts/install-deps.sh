@@ -10,6 +10,7 @@ packages=(
   libspdlog-dev        # logging, progress and timing lines on stderr
   libgtest-dev libgmock-dev  # unit and parity tests (CTest via gtest_discover_tests)
   libbenchmark-dev     # bench/ micro-benchmarks
+  libcpp-httplib-dev   # r3 serve: HTTP/1.1 server with timeouts and body limits (and the tests' client)
   clang libclang-rt-dev  # libFuzzer for `make fuzz` (fuzz/)
   python3              # tools/: writes the malformed-input suite and checks it in `make test`
 )

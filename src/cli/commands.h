@@ -14,5 +14,6 @@ Command add_forward_command(CLI::App& app);
 Command add_generate_command(CLI::App& app);
 Command add_eplb_plan_command(CLI::App& app);
 Command add_bench_command(CLI::App& app);
+Command add_serve_command(CLI::App& app);
 
 }  // namespace r3::cli

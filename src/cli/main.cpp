@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
   app.fallthrough();  // global flags such as --quiet may follow the subcommand
   std::map<CLI::App*, r3::cli::Command> commands;
   for (auto add : {&r3::cli::add_forward_command, &r3::cli::add_generate_command,
-                   &r3::cli::add_eplb_plan_command, &r3::cli::add_bench_command}) {
+                   &r3::cli::add_eplb_plan_command, &r3::cli::add_bench_command, &r3::cli::add_serve_command}) {
     r3::cli::Command run = add(app);
     commands[app.get_subcommands({}).back()] = std::move(run);
   }

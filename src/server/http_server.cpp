@@ -1,0 +1,158 @@
+#include "server/http_server.h"
+
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+
+#include "core/check.h"
+#include "server/api_error.h"
+
+namespace r3::server {
+
+using nlohmann::json;
+
+bool equal_in_constant_time(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  const std::size_t n = std::max(a.size(), b.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= static_cast<unsigned char>(x ^ y);
+  }
+  return diff == 0;
+}
+
+struct HttpServer::Impl {
+  EngineLoop& loop;
+  models::ModelInfo info;
+  ServerOptions options;
+  httplib::Server http;
+  std::atomic<int64_t> next_id{0};
+
+  Impl(EngineLoop& l, const models::ModelInfo& i, ServerOptions o) : loop(l), info(i), options(std::move(o)) {}
+
+  static void reply_json(httplib::Response& res, int status, const json& body) {
+    res.status = status;
+    res.set_content(body.dump(), "application/json");
+  }
+  static void reply_error(httplib::Response& res, int status, const std::string& message, const std::string& param = "") {
+    reply_json(res, status, error_body(status, message, param));
+  }
+
+  bool authorized(const httplib::Request& req) const {
+    if (options.api_key.empty()) return true;
+    return equal_in_constant_time(req.get_header_value("Authorization"), "Bearer " + options.api_key);
+  }
+
+  void generate(const httplib::Request& req, httplib::Response& res) {
+    json body;
+    try {
+      body = json::parse(req.body);
+    } catch (const json::exception& e) {
+      throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what());
+    }
+    const GenerateRequest request = parse_generate(body, info, options.limits);
+    // Every prompt is submitted before any is awaited, so a batch runs together.
+    struct Pending {
+      std::mutex mutex;
+      std::condition_variable done;
+      std::vector<engine::RequestOutput> outputs;
+      bool finished = false;
+    };
+    std::vector<std::unique_ptr<Pending>> pending;
+    std::vector<engine::RequestId> ids;
+    try {
+      for (const engine::RequestParams& p : request.prompts) {
+        auto& mine = *pending.emplace_back(std::make_unique<Pending>());
+        ids.push_back(loop.submit(p, [&mine](const engine::RequestOutput& out) {
+          std::lock_guard lock(mine.mutex);
+          mine.outputs.push_back(out);
+          mine.finished = out.finished;
+          if (out.finished) mine.done.notify_all();
+        }));
+      }
+    } catch (const Error& e) {
+      // The prompts submitted before the refused one are ended, and awaited: their sinks point
+      // into `pending`.
+      for (const engine::RequestId id : ids) loop.abort(id, "another prompt of the request was refused");
+      for (std::size_t i = 0; i < ids.size(); ++i) {
+        std::unique_lock lock(pending[i]->mutex);
+        pending[i]->done.wait(lock, [&] { return pending[i]->finished; });
+      }
+      const bool queue_full = std::string(e.what()).find("queue is full") != std::string::npos;
+      throw ApiError(queue_full ? 503 : 400, e.what(), "input_ids");
+    }
+    json answers = json::array();
+    for (std::size_t i = 0; i < pending.size(); ++i) {
+      Pending& p = *pending[i];
+      std::unique_lock lock(p.mutex);
+      p.done.wait(lock, [&] { return p.finished; });
+      const std::string id = std::to_string(next_id++);
+      answers.push_back(generate_response(request.prompts[i], gather_sample(p.outputs), info, request.return_logprob, id));
+    }
+    reply_json(res, 200, request.batch ? answers : answers.front());
+  }
+
+  void install_routes() {
+    http.set_payload_max_length(static_cast<std::size_t>(options.max_body_bytes));
+    http.set_read_timeout(options.read_timeout_seconds, 0);
+    http.set_write_timeout(options.write_timeout_seconds, 0);
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (req.path == "/health" || authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
+      reply_error(res, 401, "missing or wrong API key: send Authorization: Bearer <key>");
+      return httplib::Server::HandlerResponse::Handled;
+    });
+    http.Get("/health", [](const httplib::Request&, httplib::Response& res) { reply_json(res, 200, {{"status", "ok"}}); });
+    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      const json model = {{"id", options.model_name}, {"object", "model"}, {"owned_by", "r3"},
+                          {"max_model_len", info.max_position_embeddings}};
+      reply_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
+    });
+    http.Post("/generate", [this](const httplib::Request& req, httplib::Response& res) { generate(req, res); });
+    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      try {
+        std::rethrow_exception(ep);
+      } catch (const ApiError& e) {
+        reply_error(res, e.status(), e.what(), e.param());
+      } catch (const std::exception& e) {
+        spdlog::error("server: {}", e.what());
+        reply_error(res, 500, e.what());
+      }
+    });
+    http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;  // an answer of ours
+      if (res.status == 404) reply_error(res, 404, "no endpoint " + req.method + " " + req.path);
+      else if (res.status == 413) reply_error(res, 413, "the request body is larger than the server accepts");
+      else reply_error(res, res.status, "the request could not be served");
+    });
+  }
+};
+
+HttpServer::HttpServer(EngineLoop& loop, const models::ModelInfo& info, ServerOptions options)
+    : impl_(std::make_unique<Impl>(loop, info, std::move(options))) {
+  impl_->install_routes();
+}
+
+HttpServer::~HttpServer() { stop(); }
+
+int HttpServer::bind(const std::string& host, int port) {
+  if (port == 0) {
+    const int bound = impl_->http.bind_to_any_port(host);
+    R3_CHECK(bound > 0, "serve: cannot listen on ", host, " (any port)");
+    return bound;
+  }
+  R3_CHECK(impl_->http.bind_to_port(host, port), "serve: cannot listen on ", host, ":", port,
+           " (in use, or not an address of this machine)");
+  return port;
+}
+
+void HttpServer::serve() { impl_->http.listen_after_bind(); }
+
+bool HttpServer::running() const { return impl_->http.is_running(); }
+
+void HttpServer::stop() {
+  if (impl_->http.is_running()) impl_->http.stop();
+}
+
+}  // namespace r3::server

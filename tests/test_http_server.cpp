@@ -1,0 +1,257 @@
+// `r3 serve`'s HTTP layer over loopback with a real HTTP client (cpp-httplib's): /health,
+// /v1/models, SGLang's /generate (tokens, logprobs and routed experts equal to what the engine
+// gives directly; SGLang's layout for the experts: base64 int32 [T, num_hidden_layers, K]),
+// batches, the error shape and statuses for bad input, the body limit and the API key.
+#include <gtest/gtest.h>
+
+#include <httplib.h>
+
+#include <csignal>
+#include <fstream>
+#include <regex>
+#include <thread>
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/engine.h"
+#include "models/registry.h"
+#include "server/http_server.h"
+#include "engine_checks.h"
+#include "test_support.h"
+
+namespace r3::test {
+namespace {
+
+using nlohmann::json;
+
+std::vector<int32_t> base64_int32(const std::string& text) {
+  std::vector<unsigned char> bytes;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (const char c : text) {
+    if (c == '=') break;
+    const std::string alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const auto v = alphabet.find(c);
+    EXPECT_NE(v, std::string::npos) << "not base64: " << c;
+    acc = (acc << 6) | static_cast<uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      bytes.push_back(static_cast<unsigned char>((acc >> bits) & 0xff));
+    }
+  }
+  EXPECT_EQ(bytes.size() % 4, 0u);
+  std::vector<int32_t> ids(bytes.size() / 4);
+  std::memcpy(ids.data(), bytes.data(), ids.size() * 4);
+  return ids;
+}
+
+// A served tiny Qwen3-MoE on 127.0.0.1 at a free port, for the length of a test.
+class Served {
+ public:
+  explicit Served(server::ServerOptions options = {}) : model_(models::load_model(family_dir("qwen3_moe"))), ctx_(2) {
+    engine_ = std::make_unique<engine::Engine>(*model_, ctx_);
+    loop_ = std::make_unique<server::EngineLoop>(*engine_);
+    options.model_name = "qwen3_moe";
+    server_ = std::make_unique<server::HttpServer>(*loop_, model_->info(), options);
+    port_ = server_->bind("127.0.0.1", 0);
+    thread_ = std::thread([this] { server_->serve(); });
+    while (!server_->running()) std::this_thread::yield();
+  }
+  ~Served() {
+    server_->stop();
+    thread_.join();
+  }
+  httplib::Client client() const { return httplib::Client("127.0.0.1", port_); }
+  models::CausalLM& model() { return *model_; }
+  backend::Context& ctx() { return ctx_; }
+
+ private:
+  std::unique_ptr<models::CausalLM> model_;
+  backend::Context ctx_;
+  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<server::EngineLoop> loop_;
+  std::unique_ptr<server::HttpServer> server_;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+json post(httplib::Client& c, const std::string& path, const std::string& body, int expected_status,
+          const httplib::Headers& headers = {}) {
+  const auto res = c.Post(path, headers, body, "application/json");
+  EXPECT_TRUE(res) << "no response from " << path;
+  if (!res) return {};
+  EXPECT_EQ(res->status, expected_status) << res->body;
+  return json::parse(res->body);
+}
+
+TEST(HttpServer, HealthAndModels) {
+  Served s;
+  auto c = s.client();
+  const auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  EXPECT_EQ(json::parse(health->body), json({{"status", "ok"}}));
+  const auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  const json m = json::parse(models->body);
+  EXPECT_EQ(m.at("object"), "list");
+  EXPECT_EQ(m.at("data").at(0).at("id"), "qwen3_moe");
+  EXPECT_EQ(m.at("data").at(0).at("max_model_len"), s.model().info().max_position_embeddings);
+}
+
+TEST(HttpServer, GenerateReturnsWhatTheEngineComputesInSglangsLayout) {
+  Served s;
+  const std::vector<int32_t> prompt = {3, 17, 42, 99, 5};
+  engine::Engine direct(s.model(), s.ctx());
+  engine::RequestParams p = greedy_request(prompt, 6);
+  p.logprobs = 0;
+  direct.submit(p);
+  const EngineResult want = engine_run_all(direct).begin()->second;
+
+  auto c = s.client();
+  const json body = {{"input_ids", prompt},
+                     {"sampling_params", {{"max_new_tokens", 6}, {"temperature", 0}, {"ignore_eos", true}}},
+                     {"return_logprob", true},
+                     {"return_routed_experts", true}};
+  const json r = post(c, "/generate", body.dump(), 200);
+  EXPECT_EQ(r.at("output_ids").get<std::vector<int32_t>>(), want.tokens);
+  const json& meta = r.at("meta_info");
+  EXPECT_EQ(meta.at("prompt_tokens"), 5);
+  EXPECT_EQ(meta.at("completion_tokens"), 6);
+  EXPECT_EQ(meta.at("finish_reason"), json({{"type", "length"}, {"length", 6}}));
+  ASSERT_EQ(meta.at("output_token_logprobs").size(), 6u);
+  for (std::size_t i = 0; i < 6; ++i) {
+    const json& triple = meta.at("output_token_logprobs")[i];
+    EXPECT_FLOAT_EQ(triple[0].get<float>(), want.logprobs[i]);
+    EXPECT_EQ(triple[1], want.tokens[i]);
+    EXPECT_TRUE(triple[2].is_null());
+  }
+  // [T, num_hidden_layers, K]: every layer of this model is an MoE layer, so the rows are the engine's.
+  const auto& info = s.model().info();
+  ASSERT_EQ(static_cast<int64_t>(info.moe_layers.size()), info.num_layers);
+  EXPECT_EQ(base64_int32(meta.at("routed_experts").get<std::string>()), want.routed);
+  EXPECT_EQ(static_cast<int64_t>(want.routed.size()), (5 + 6 - 1) * info.num_layers * info.top_k);
+}
+
+TEST(HttpServer, ABatchOfPromptsGetsOneAnswerEach) {
+  Served s;
+  auto c = s.client();
+  const json body = {{"input_ids", {{1, 2, 3}, {4, 5}}},
+                     {"sampling_params", {{"max_new_tokens", 3}, {"stop_token_ids", json::array()}, {"ignore_eos", true}}}};
+  const json r = post(c, "/generate", body.dump(), 200);
+  ASSERT_TRUE(r.is_array());
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].at("meta_info").at("prompt_tokens"), 3);
+  EXPECT_EQ(r[1].at("meta_info").at("prompt_tokens"), 2);
+  EXPECT_EQ(r[1].at("output_ids").size(), 3u);
+}
+
+TEST(HttpServer, BadInputIsA400InVllmsErrorShapeBeforeTheEngine) {
+  Served s;
+  auto c = s.client();
+  const auto expect_error = [&](const std::string& body, int status, const std::string& says, const json& param) {
+    const json e = post(c, "/generate", body, status);
+    ASSERT_TRUE(e.contains("error")) << body;
+    EXPECT_NE(e["error"]["message"].get<std::string>().find(says), std::string::npos) << e.dump();
+    EXPECT_EQ(e["error"]["code"], status);
+    EXPECT_EQ(e["error"]["param"], param);
+    EXPECT_TRUE(e["error"]["type"].is_string());
+  };
+  expect_error(R"({"input_ids": [1, 320]})", 400, "token id 320 is outside the vocabulary [0, 320)", "input_ids");
+  expect_error(R"({"input_ids": [1, -1]})", 400, "token id -1", "input_ids");
+  expect_error(R"({"input_ids": [1], "sampling_params": {"stop_token_ids": [1000]}})", 400, "token id 1000",
+               "sampling_params.stop_token_ids");
+  expect_error(R"({"input_ids": [1], "sampling_params": {"top_p": 0}})", 400, "(0, 1]", "sampling_params.top_p");
+  expect_error(R"({"input_ids": [1], "sampling_params": {"max_new_tokens": "many"}})", 400, "must be an integer",
+               "sampling_params.max_new_tokens");
+  expect_error(R"({"text": "hello"})", 400, "input_ids (token ids)", "text");
+  expect_error(R"({"input_ids": []})", 400, "non-empty", "input_ids");
+  expect_error(R"({"input_ids": [1, 2)", 400, "not valid JSON", nullptr);
+  expect_error(R"([1, 2])", 400, "JSON object", nullptr);
+  expect_error(R"({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 100000}})", 400, "max model length",
+               "input_ids");
+  const auto missing = c.Get("/v2/nothing");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+  EXPECT_EQ(json::parse(missing->body)["error"]["code"], 404);
+}
+
+TEST(HttpServer, BodiesOverTheLimitAre413) {
+  server::ServerOptions options;
+  options.max_body_bytes = 1000;
+  Served s(options);
+  auto c = s.client();
+  std::string big = R"({"input_ids": [)";
+  for (int i = 0; i < 500; ++i) big += "1,";
+  big += "1]}";
+  const auto res = c.Post("/generate", big, "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 413);
+  EXPECT_EQ(json::parse(res->body)["error"]["code"], 413);
+}
+
+TEST(HttpServer, TheApiKeyGuardsEverythingButHealth) {
+  server::ServerOptions options;
+  options.api_key = "s3cret";
+  Served s(options);
+  auto c = s.client();
+  const std::string body = R"({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}})";
+  EXPECT_EQ(post(c, "/generate", body, 401)["error"]["code"], 401);
+  post(c, "/generate", body, 401, {{"Authorization", "Bearer wrong"}});
+  post(c, "/generate", body, 401, {{"Authorization", "s3cret"}});
+  post(c, "/generate", body, 200, {{"Authorization", "Bearer s3cret"}});
+  const auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(models->status, 401);
+  const auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  EXPECT_TRUE(server::equal_in_constant_time("abc", "abc"));
+  EXPECT_FALSE(server::equal_in_constant_time("abc", "abd"));
+  EXPECT_FALSE(server::equal_in_constant_time("abc", "abcd"));
+  EXPECT_FALSE(server::equal_in_constant_time("", "a"));
+}
+
+// The r3 binary: `r3 serve --port 0` logs the port it got, answers over HTTP, and exits 0 on
+// SIGTERM.
+TEST(ServeCommand, ServesUntilSigterm) {
+  TempDir tmp;
+  const std::string log = tmp.path("serve.log");
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 2);
+    const std::string model = family_dir("qwen3_moe");
+    execl(R3_BINARY, R3_BINARY, "serve", "--model", model.c_str(), "--port", "0", "--threads", "1",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int port = 0;
+  for (int i = 0; i < 600 && port == 0; ++i) {  // up to a minute for the load
+    std::ifstream in(log);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::smatch m;
+    if (std::regex_search(text, m, std::regex("on http://127\\.0\\.0\\.1:([0-9]+)"))) port = std::stoi(m[1]);
+    else std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_GT(port, 0) << "no port in the log";
+  httplib::Client c("127.0.0.1", port);
+  const auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  const json r = post(c, "/generate", R"({"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}})", 200);
+  EXPECT_EQ(r.at("output_ids").size(), 2u);
+  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+}
+
+}  // namespace
+}  // namespace r3::test
