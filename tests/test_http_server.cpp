@@ -181,6 +181,69 @@ TEST(HttpServer, BadInputIsA400InVllmsErrorShapeBeforeTheEngine) {
   EXPECT_EQ(json::parse(missing->body)["error"]["code"], 404);
 }
 
+// vLLM's /v1/completions for token ids: n seeded samples per prompt, logprobs with the top
+// tokens as "token_id:<id>", prompt_token_ids, and the routed experts object; every choice equals
+// what the engine gives for the same request directly.
+TEST(HttpServer, CompletionsReturnWhatTheEngineComputesInVllmsLayout) {
+  Served s;
+  const std::vector<int32_t> prompt = {9, 8, 7, 6};
+  engine::RequestParams p;
+  p.prompt = prompt;
+  p.max_new_tokens = 5;
+  p.n = 2;
+  p.sampling.temperature = 0.8;
+  p.sampling.seed = 7;
+  p.logprobs = 2;
+  p.ignore_eos = true;
+  p.return_routed_experts = true;
+  engine::Engine direct(s.model(), s.ctx());
+  const engine::RequestId id = direct.submit(p);
+  const EngineResults want = engine_run_all(direct);
+
+  auto c = s.client();
+  const json body = {{"model", "qwen3_moe"}, {"prompt", prompt},     {"max_tokens", 5},
+                     {"n", 2},               {"temperature", 0.8},   {"seed", 7},
+                     {"logprobs", 2},        {"ignore_eos", true},   {"return_routed_experts", true},
+                     {"return_token_ids", true}};
+  const json r = post(c, "/v1/completions", body.dump(), 200);
+  EXPECT_EQ(r.at("object"), "text_completion");
+  EXPECT_EQ(r.at("model"), "qwen3_moe");
+  ASSERT_EQ(r.at("choices").size(), 2u);
+  const auto& info = s.model().info();
+  for (int64_t i = 0; i < 2; ++i) {
+    const json& choice = r.at("choices")[static_cast<std::size_t>(i)];
+    const EngineResult& w = want.at({id, i});
+    EXPECT_EQ(choice.at("index"), i);
+    EXPECT_EQ(choice.at("token_ids").get<std::vector<int32_t>>(), w.tokens);
+    EXPECT_EQ(choice.at("prompt_token_ids").get<std::vector<int32_t>>(), prompt);
+    EXPECT_EQ(choice.at("finish_reason"), "length");
+    const json& lp = choice.at("logprobs");
+    ASSERT_EQ(lp.at("tokens").size(), 5u);
+    for (std::size_t t = 0; t < 5; ++t) {
+      EXPECT_EQ(lp.at("tokens")[t], "token_id:" + std::to_string(w.tokens[t]));
+      EXPECT_FLOAT_EQ(lp.at("token_logprobs")[t].get<float>(), w.logprobs[t]);
+      ASSERT_EQ(lp.at("top_logprobs")[t].size(), 2u);
+      for (const auto& top : w.top[t]) {
+        EXPECT_FLOAT_EQ(lp.at("top_logprobs")[t].at("token_id:" + std::to_string(top.token)).get<float>(), top.logprob);
+      }
+    }
+    const json& routed = choice.at("routed_experts");
+    EXPECT_EQ(routed.at("shape"), json({4 + 5 - 1, static_cast<int64_t>(info.moe_layers.size()), info.top_k}));
+    EXPECT_EQ(routed.at("layers").get<std::vector<int64_t>>(), info.moe_layers);
+    EXPECT_EQ(routed.at("dtype"), "int32");
+    EXPECT_EQ(base64_int32(routed.at("data").get<std::string>()), w.routed);
+  }
+  EXPECT_EQ(r.at("usage"), json({{"prompt_tokens", 4}, {"completion_tokens", 10}, {"total_tokens", 14}}));
+  EXPECT_NE(r.at("choices")[0].at("token_ids"), r.at("choices")[1].at("token_ids")) << "two samples drew the same";
+
+  EXPECT_EQ(post(c, "/v1/completions", R"({"prompt": "hello"})", 400)["error"]["param"], "prompt");
+  EXPECT_EQ(post(c, "/v1/completions", R"({"prompt": [1], "model": "other"})", 404)["error"]["param"], "model");
+  EXPECT_EQ(post(c, "/v1/completions", R"({"prompt": [1], "stream": true})", 400)["error"]["param"], "stream");
+  EXPECT_EQ(post(c, "/v1/completions", R"({"prompt": [1], "stop": ["x"]})", 400)["error"]["param"], "stop");
+  EXPECT_EQ(post(c, "/v1/completions", R"({"prompt": [1], "logprobs": 21})", 400)["error"]["param"], "logprobs");
+  EXPECT_EQ(post(c, "/v1/completions", R"({"prompt": [[1], [400]]})", 400)["error"]["param"], "prompt");
+}
+
 TEST(HttpServer, BodiesOverTheLimitAre413) {
   server::ServerOptions options;
   options.max_body_bytes = 1000;

@@ -4,9 +4,11 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <chrono>
 
 #include "core/check.h"
 #include "server/api_error.h"
+#include "server/openai_api.h"
 
 namespace r3::server {
 
@@ -45,15 +47,19 @@ struct HttpServer::Impl {
     return equal_in_constant_time(req.get_header_value("Authorization"), "Bearer " + options.api_key);
   }
 
-  void generate(const httplib::Request& req, httplib::Response& res) {
-    json body;
+  static json parse_body(const httplib::Request& req) {
     try {
-      body = json::parse(req.body);
+      return json::parse(req.body);
     } catch (const json::exception& e) {
       throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what());
     }
-    const GenerateRequest request = parse_generate(body, info, options.limits);
-    // Every prompt is submitted before any is awaited, so a batch runs together.
+  }
+
+  // Runs the requests together (every one is submitted before any is awaited) and returns each
+  // one's outputs. A refused request (the engine's reason: a 400, or a 503 for a full queue)
+  // ends the ones submitted before it.
+  std::vector<std::vector<engine::RequestOutput>> run_all(const std::vector<engine::RequestParams>& requests,
+                                                          const std::string& param) {
     struct Pending {
       std::mutex mutex;
       std::condition_variable done;
@@ -61,11 +67,16 @@ struct HttpServer::Impl {
       bool finished = false;
     };
     std::vector<std::unique_ptr<Pending>> pending;
+    for (std::size_t i = 0; i < requests.size(); ++i) pending.push_back(std::make_unique<Pending>());
     std::vector<engine::RequestId> ids;
+    const auto wait = [](Pending& p) {
+      std::unique_lock lock(p.mutex);
+      p.done.wait(lock, [&] { return p.finished; });
+    };
     try {
-      for (const engine::RequestParams& p : request.prompts) {
-        auto& mine = *pending.emplace_back(std::make_unique<Pending>());
-        ids.push_back(loop.submit(p, [&mine](const engine::RequestOutput& out) {
+      for (std::size_t i = 0; i < requests.size(); ++i) {
+        Pending& mine = *pending[i];
+        ids.push_back(loop.submit(requests[i], [&mine](const engine::RequestOutput& out) {
           std::lock_guard lock(mine.mutex);
           mine.outputs.push_back(out);
           mine.finished = out.finished;
@@ -73,25 +84,43 @@ struct HttpServer::Impl {
         }));
       }
     } catch (const Error& e) {
-      // The prompts submitted before the refused one are ended, and awaited: their sinks point
-      // into `pending`.
+      // The sinks of the submitted ones point into `pending`: end them and wait.
       for (const engine::RequestId id : ids) loop.abort(id, "another prompt of the request was refused");
-      for (std::size_t i = 0; i < ids.size(); ++i) {
-        std::unique_lock lock(pending[i]->mutex);
-        pending[i]->done.wait(lock, [&] { return pending[i]->finished; });
-      }
+      for (std::size_t i = 0; i < ids.size(); ++i) wait(*pending[i]);
       const bool queue_full = std::string(e.what()).find("queue is full") != std::string::npos;
-      throw ApiError(queue_full ? 503 : 400, e.what(), "input_ids");
+      throw ApiError(queue_full ? 503 : 400, e.what(), param);
     }
+    std::vector<std::vector<engine::RequestOutput>> outputs;
+    for (auto& p : pending) {
+      wait(*p);
+      outputs.push_back(std::move(p->outputs));
+    }
+    return outputs;
+  }
+
+  void generate(const httplib::Request& req, httplib::Response& res) {
+    const GenerateRequest request = parse_generate(parse_body(req), info, options.limits);
+    const auto outputs = run_all(request.prompts, "input_ids");
     json answers = json::array();
-    for (std::size_t i = 0; i < pending.size(); ++i) {
-      Pending& p = *pending[i];
-      std::unique_lock lock(p.mutex);
-      p.done.wait(lock, [&] { return p.finished; });
-      const std::string id = std::to_string(next_id++);
-      answers.push_back(generate_response(request.prompts[i], gather_sample(p.outputs), info, request.return_logprob, id));
+    for (std::size_t i = 0; i < outputs.size(); ++i) {
+      answers.push_back(generate_response(request.prompts[i], gather_sample(outputs[i]), info, request.return_logprob,
+                                          std::to_string(next_id++)));
     }
     reply_json(res, 200, request.batch ? answers : answers.front());
+  }
+
+  void completions(const httplib::Request& req, httplib::Response& res) {
+    const CompletionRequest request = parse_completion(parse_body(req), info, options.limits, options.model_name);
+    const auto outputs = run_all(request.prompts, "prompt");
+    std::vector<std::vector<CompletedSample>> samples;
+    for (std::size_t p = 0; p < outputs.size(); ++p) {
+      auto& mine = samples.emplace_back();
+      for (int64_t i = 0; i < request.prompts[p].n; ++i) mine.push_back(gather_sample(outputs[p], i));
+    }
+    const auto created = std::chrono::duration_cast<std::chrono::seconds>(
+                             std::chrono::system_clock::now().time_since_epoch()).count();
+    reply_json(res, 200, completion_response(request, samples, info, options.model_name,
+                                             "cmpl-" + std::to_string(next_id++), created));
   }
 
   void install_routes() {
@@ -110,6 +139,8 @@ struct HttpServer::Impl {
       reply_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
     });
     http.Post("/generate", [this](const httplib::Request& req, httplib::Response& res) { generate(req, res); });
+    http.Post("/v1/completions",
+              [this](const httplib::Request& req, httplib::Response& res) { completions(req, res); });
     http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
       try {
         std::rethrow_exception(ep);

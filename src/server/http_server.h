@@ -1,8 +1,8 @@
 // `r3 serve`'s HTTP layer (cpp-httplib, Debian's libcpp-httplib-dev: a thread-pool HTTP/1.1
 // server with read/write timeouts and a body-size limit, so a slow, silent or oversized client
 // cannot hold a worker or memory). It parses, validates and answers; the engine, on its own
-// thread behind EngineLoop, schedules. Endpoints so far: GET /health, GET /v1/models and
-// POST /generate (SGLang's format). With an API key, every endpoint but /health needs
+// thread behind EngineLoop, schedules. Endpoints so far: GET /health, GET /v1/models,
+// POST /generate (SGLang's format) and POST /v1/completions (vLLM's, token ids). With an API key, every endpoint but /health needs
 // `Authorization: Bearer KEY` (compared in constant time).
 #pragma once
 

@@ -4,40 +4,13 @@
 #include <cstring>
 
 #include "server/api_error.h"
+#include "server/json_fields.h"
 
 namespace r3::server {
 
 namespace {
 
 using nlohmann::json;
-
-// An integer field's value, or ApiError naming it.
-int64_t integer(const json& v, const std::string& name) {
-  if (!v.is_number_integer()) throw ApiError(400, name + " must be an integer", name);
-  return v.get<int64_t>();
-}
-
-double number(const json& v, const std::string& name) {
-  if (!v.is_number()) throw ApiError(400, name + " must be a number", name);
-  return v.get<double>();
-}
-
-// A list of token ids, each in [0, vocab).
-std::vector<int32_t> token_ids(const json& v, const std::string& name, int64_t vocab) {
-  if (!v.is_array()) throw ApiError(400, name + " must be a list of token ids", name);
-  std::vector<int32_t> ids;
-  ids.reserve(v.size());
-  for (const json& id : v) {
-    if (!id.is_number_integer()) throw ApiError(400, name + " must hold integer token ids", name);
-    const int64_t t = id.get<int64_t>();
-    if (t < 0 || t >= vocab) {
-      throw ApiError(400, name + ": token id " + std::to_string(t) + " is outside the vocabulary [0, " +
-                              std::to_string(vocab) + ")", name);
-    }
-    ids.push_back(static_cast<int32_t>(t));
-  }
-  return ids;
-}
 
 engine::RequestParams sampling(const json& sp, const models::ModelInfo& info) {
   engine::RequestParams p;
@@ -81,12 +54,6 @@ engine::RequestParams sampling(const json& sp, const models::ModelInfo& info) {
   return p;
 }
 
-bool flag(const json& body, const char* name) {
-  const auto found = body.find(name);
-  if (found == body.end() || found->is_null()) return false;
-  if (!found->is_boolean()) throw ApiError(400, std::string(name) + " must be true or false", name);
-  return found->get<bool>();
-}
 
 }  // namespace
 
@@ -129,12 +96,14 @@ GenerateRequest parse_generate(const json& body, const models::ModelInfo& info, 
   return r;
 }
 
-CompletedSample gather_sample(const std::vector<engine::RequestOutput>& outputs) {
+CompletedSample gather_sample(const std::vector<engine::RequestOutput>& outputs, int64_t index) {
   CompletedSample c;
   for (const auto& out : outputs) {
     for (const auto& s : out.samples) {
+      if (s.index != index) continue;
       c.token_ids.insert(c.token_ids.end(), s.token_ids.begin(), s.token_ids.end());
       c.logprobs.insert(c.logprobs.end(), s.logprobs.begin(), s.logprobs.end());
+      c.top_logprobs.insert(c.top_logprobs.end(), s.top_logprobs.begin(), s.top_logprobs.end());
       if (s.finish == engine::FinishReason::kNone) continue;
       c.finish = s.finish;
       c.matched_stop = s.matched_stop;

@@ -33,6 +33,7 @@ GenerateRequest parse_generate(const nlohmann::json& body, const models::ModelIn
 struct CompletedSample {
   std::vector<int32_t> token_ids;
   std::vector<float> logprobs;
+  std::vector<std::vector<engine::TokenLogprob>> top_logprobs;
   engine::FinishReason finish = engine::FinishReason::kNone;
   int32_t matched_stop = -1;
   std::string abort_message;
@@ -40,7 +41,8 @@ struct CompletedSample {
   int64_t routed_rows = 0;
   int64_t cached_prompt_tokens = 0;
 };
-CompletedSample gather_sample(const std::vector<engine::RequestOutput>& outputs);
+// Sample `index` of a request, from all its outputs.
+CompletedSample gather_sample(const std::vector<engine::RequestOutput>& outputs, int64_t index = 0);
 
 nlohmann::json generate_response(const engine::RequestParams& params, const CompletedSample& sample,
                                  const models::ModelInfo& info, bool return_logprob, const std::string& id);

@@ -1,0 +1,20 @@
+// Reading fields of a request body with the checks every endpoint shares: each failure is an
+// ApiError (400) naming the field.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace r3::server {
+
+int64_t integer(const nlohmann::json& v, const std::string& name);
+double number(const nlohmann::json& v, const std::string& name);
+// A list of token ids, each in [0, vocab).
+std::vector<int32_t> token_ids(const nlohmann::json& v, const std::string& name, int64_t vocab);
+// body[name] as a boolean; absent or null: false.
+bool flag(const nlohmann::json& body, const char* name);
+
+}  // namespace r3::server
