@@ -92,11 +92,11 @@ Command add_serve_command(CLI::App& app) {
                   "Seconds a client may stay silent while sending its request or not read the answer")
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));
-  return [o] {
+  return [o]() -> int {
 #if R3_WITH_HTTP
     return run_serve(*o);
 #else
-    R3_FAIL("this r3 was built without the HTTP server (cpp-httplib's headers were not found at build time)");
+    R3_FAIL("this r3 was built without the HTTP server (cpp-httplib was not found at build time)");
 #endif
   };
 }
