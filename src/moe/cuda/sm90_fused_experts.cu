@@ -206,10 +206,14 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
                                                                        bias(x.down_bias), h, inter,
                                                                        expert_out.data<float>());
     };
+    // Partial sums for the pairs an expert is likely to have (at most one per token, about
+    // pairs / experts on average); an expert with more takes another pass over its rows, which
+    // are then in L2.
+    const int64_t likely = std::min(tokens, std::max<int64_t>(1, 2 * ((pairs + experts - 1) / experts)));
     auto by_pairs = [&](auto vec8_tag) {
-      if (tokens <= 1) rows(vec8_tag, std::integral_constant<int, 1>{});
-      else if (tokens <= 2) rows(vec8_tag, std::integral_constant<int, 2>{});
-      else if (tokens <= 4) rows(vec8_tag, std::integral_constant<int, 4>{});
+      if (likely <= 1) rows(vec8_tag, std::integral_constant<int, 1>{});
+      else if (likely <= 2) rows(vec8_tag, std::integral_constant<int, 2>{});
+      else if (likely <= 4) rows(vec8_tag, std::integral_constant<int, 4>{});
       else rows(vec8_tag, std::integral_constant<int, kMaxPairsPerPass>{});
     };
     if (vec8) by_pairs(std::true_type{});
