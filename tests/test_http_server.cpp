@@ -244,6 +244,40 @@ TEST(HttpServer, CompletionsReturnWhatTheEngineComputesInVllmsLayout) {
   EXPECT_EQ(post(c, "/v1/completions", R"({"prompt": [[1], [400]]})", 400)["error"]["param"], "prompt");
 }
 
+// The value of a sample line `name value` of a Prometheus text page.
+double metric_value(const std::string& page, const std::string& name) {
+  const auto at = page.find("\n" + name + " ");
+  EXPECT_NE(at, std::string::npos) << "no " << name;
+  if (at == std::string::npos) return -1;
+  return std::stod(page.substr(at + name.size() + 2));
+}
+
+TEST(HttpServer, MetricsCountWhatWasServed) {
+  Served s;
+  auto c = s.client();
+  post(c, "/generate", R"({"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 3, "ignore_eos": true},
+                          "return_routed_experts": true})", 200);
+  post(c, "/v1/completions", R"({"prompt": [4, 5], "max_tokens": 4, "temperature": 0, "ignore_eos": true})", 200);
+  const auto res = c.Get("/metrics");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  const std::string& page = res->body;
+  EXPECT_EQ(metric_value(page, "r3:num_requests_running"), 0);
+  EXPECT_EQ(metric_value(page, "r3:num_requests_waiting"), 0);
+  EXPECT_EQ(metric_value(page, "r3:kv_cache_usage_perc"), 0);
+  EXPECT_EQ(metric_value(page, "r3:request_success_total"), 2);
+  EXPECT_EQ(metric_value(page, "r3:prompt_tokens_total"), 5);
+  EXPECT_EQ(metric_value(page, "r3:generation_tokens_total"), 7);
+  const auto& info = s.model().info();
+  EXPECT_EQ(metric_value(page, "r3:routed_experts_bytes_total"),
+            static_cast<double>((3 + 3 - 1) * static_cast<int64_t>(info.moe_layers.size()) * info.top_k * 4));
+  EXPECT_EQ(metric_value(page, "r3:time_to_first_token_seconds_count"), 2);
+  EXPECT_EQ(metric_value(page, "r3:e2e_request_latency_seconds_count"), 2);
+  EXPECT_EQ(metric_value(page, "r3:inter_token_latency_seconds_count"), 2 + 3);  // one token per decode step
+  EXPECT_NE(page.find("r3:e2e_request_latency_seconds_bucket{le=\"+Inf\"} 2\n"), std::string::npos);
+  EXPECT_NE(page.find("# TYPE r3:time_to_first_token_seconds histogram"), std::string::npos);
+}
+
 TEST(HttpServer, BodiesOverTheLimitAre413) {
   server::ServerOptions options;
   options.max_body_bytes = 1000;

@@ -38,6 +38,8 @@ class EngineLoop {
   void abort(engine::RequestId id, const std::string& message = "aborted");
   // The engine's counters after its latest step.
   engine::EngineStats stats() const;
+  // The engine's options (fixed once it runs).
+  const engine::EngineOptions& options() const { return engine_.options(); }
 
  private:
   struct Pending {

@@ -8,6 +8,7 @@
 
 #include "core/check.h"
 #include "server/api_error.h"
+#include "server/metrics.h"
 #include "server/openai_api.h"
 
 namespace r3::server {
@@ -31,6 +32,7 @@ struct HttpServer::Impl {
   ServerOptions options;
   httplib::Server http;
   std::atomic<int64_t> next_id{0};
+  ServerMetrics metrics;
 
   Impl(EngineLoop& l, const models::ModelInfo& i, ServerOptions o) : loop(l), info(i), options(std::move(o)) {}
 
@@ -60,12 +62,16 @@ struct HttpServer::Impl {
   // ends the ones submitted before it.
   std::vector<std::vector<engine::RequestOutput>> run_all(const std::vector<engine::RequestParams>& requests,
                                                           const std::string& param) {
+    using Clock = std::chrono::steady_clock;
     struct Pending {
       std::mutex mutex;
       std::condition_variable done;
       std::vector<engine::RequestOutput> outputs;
       bool finished = false;
+      Clock::time_point submitted, last_tokens;
+      RequestTiming timing;
     };
+    const auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
     std::vector<std::unique_ptr<Pending>> pending;
     for (std::size_t i = 0; i < requests.size(); ++i) pending.push_back(std::make_unique<Pending>());
     std::vector<engine::RequestId> ids;
@@ -76,11 +82,23 @@ struct HttpServer::Impl {
     try {
       for (std::size_t i = 0; i < requests.size(); ++i) {
         Pending& mine = *pending[i];
-        ids.push_back(loop.submit(requests[i], [&mine](const engine::RequestOutput& out) {
+        mine.submitted = Clock::now();
+        ids.push_back(loop.submit(requests[i], [&mine, seconds](const engine::RequestOutput& out) {
+          const Clock::time_point now = Clock::now();
           std::lock_guard lock(mine.mutex);
+          bool tokens = false;
+          for (const auto& sample : out.samples) tokens = tokens || !sample.token_ids.empty();
+          if (tokens) {
+            if (mine.timing.time_to_first_token < 0) mine.timing.time_to_first_token = seconds(now - mine.submitted);
+            else mine.timing.inter_token.push_back(seconds(now - mine.last_tokens));
+            mine.last_tokens = now;
+          }
           mine.outputs.push_back(out);
           mine.finished = out.finished;
-          if (out.finished) mine.done.notify_all();
+          if (out.finished) {
+            mine.timing.end_to_end = seconds(now - mine.submitted);
+            mine.done.notify_all();
+          }
         }));
       }
     } catch (const Error& e) {
@@ -91,9 +109,18 @@ struct HttpServer::Impl {
       throw ApiError(queue_full ? 503 : 400, e.what(), param);
     }
     std::vector<std::vector<engine::RequestOutput>> outputs;
-    for (auto& p : pending) {
-      wait(*p);
-      outputs.push_back(std::move(p->outputs));
+    for (std::size_t i = 0; i < pending.size(); ++i) {
+      Pending& p = *pending[i];
+      wait(p);
+      p.timing.prompt_tokens = static_cast<int64_t>(requests[i].prompt.size());
+      for (const auto& out : p.outputs) {
+        for (const auto& sample : out.samples) {
+          p.timing.generation_tokens += static_cast<int64_t>(sample.token_ids.size());
+          p.timing.routed_experts_bytes += static_cast<int64_t>(sample.routed_experts.size() * sizeof(int32_t));
+        }
+      }
+      metrics.record(p.timing);
+      outputs.push_back(std::move(p.outputs));
     }
     return outputs;
   }
@@ -137,6 +164,9 @@ struct HttpServer::Impl {
       const json model = {{"id", options.model_name}, {"object", "model"}, {"owned_by", "r3"},
                           {"max_model_len", info.max_position_embeddings}};
       reply_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
+    });
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(metrics.render(loop.stats(), loop.options().block_size), "text/plain; version=0.0.4");
     });
     http.Post("/generate", [this](const httplib::Request& req, httplib::Response& res) { generate(req, res); });
     http.Post("/v1/completions",

@@ -2,7 +2,8 @@
 // server with read/write timeouts and a body-size limit, so a slow, silent or oversized client
 // cannot hold a worker or memory). It parses, validates and answers; the engine, on its own
 // thread behind EngineLoop, schedules. Endpoints so far: GET /health, GET /v1/models,
-// POST /generate (SGLang's format) and POST /v1/completions (vLLM's, token ids). With an API key, every endpoint but /health needs
+// POST /generate (SGLang's format), POST /v1/completions (vLLM's, token ids) and GET /metrics
+// (Prometheus). With an API key, every endpoint but /health needs
 // `Authorization: Bearer KEY` (compared in constant time).
 #pragma once
 
