@@ -9,6 +9,7 @@
 #include <csignal>
 #include <fstream>
 #include <regex>
+#include <map>
 #include <thread>
 
 #include <fcntl.h>
@@ -238,10 +239,58 @@ TEST(HttpServer, CompletionsReturnWhatTheEngineComputesInVllmsLayout) {
 
   EXPECT_EQ(post(c, "/v1/completions", R"({"prompt": "hello"})", 400)["error"]["param"], "prompt");
   EXPECT_EQ(post(c, "/v1/completions", R"({"prompt": [1], "model": "other"})", 404)["error"]["param"], "model");
-  EXPECT_EQ(post(c, "/v1/completions", R"({"prompt": [1], "stream": true})", 400)["error"]["param"], "stream");
   EXPECT_EQ(post(c, "/v1/completions", R"({"prompt": [1], "stop": ["x"]})", 400)["error"]["param"], "stop");
   EXPECT_EQ(post(c, "/v1/completions", R"({"prompt": [1], "logprobs": 21})", 400)["error"]["param"], "logprobs");
   EXPECT_EQ(post(c, "/v1/completions", R"({"prompt": [[1], [400]]})", 400)["error"]["param"], "prompt");
+}
+
+// A streamed completion: server-sent events whose token ids add up to the unstreamed answer,
+// the routed experts with each choice's last chunk, a usage chunk when asked, [DONE] last.
+TEST(HttpServer, StreamedCompletionsAddUpToTheAnswer) {
+  Served s;
+  auto c = s.client();
+  const json base = {{"prompt", {{7, 7, 3}, {2, 9}}}, {"max_tokens", 4}, {"temperature", 0}, {"ignore_eos", true},
+                     {"logprobs", 0}, {"return_routed_experts", true}};
+  const json whole = post(c, "/v1/completions", base.dump(), 200);
+  json streamed_body = base;
+  streamed_body["stream"] = true;
+  streamed_body["stream_options"] = {{"include_usage", true}};
+  const auto res = c.Post("/v1/completions", streamed_body.dump(), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_NE(res->get_header_value("Content-Type").find("text/event-stream"), std::string::npos);
+  std::vector<std::string> events;
+  for (std::size_t at = 0; (at = res->body.find("data: ", at)) != std::string::npos;) {
+    const std::size_t end = res->body.find("\n\n", at);
+    ASSERT_NE(end, std::string::npos);
+    events.push_back(res->body.substr(at + 6, end - at - 6));
+    at = end;
+  }
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  const json usage = json::parse(events[events.size() - 2]);
+  EXPECT_TRUE(usage.at("choices").empty());
+  EXPECT_EQ(usage.at("usage"), whole.at("usage"));
+  std::map<int64_t, std::vector<int32_t>> tokens;
+  std::map<int64_t, json> last;
+  for (std::size_t i = 0; i + 2 < events.size(); ++i) {
+    const json chunk = json::parse(events[i]);
+    EXPECT_EQ(chunk.at("object"), "text_completion");
+    ASSERT_EQ(chunk.at("choices").size(), 1u);
+    const json& choice = chunk.at("choices")[0];
+    const auto more = choice.at("token_ids").get<std::vector<int32_t>>();
+    auto& mine = tokens[choice.at("index").get<int64_t>()];
+    mine.insert(mine.end(), more.begin(), more.end());
+    EXPECT_EQ(choice.at("logprobs").at("tokens").size(), more.size());
+    last[choice.at("index").get<int64_t>()] = choice;
+  }
+  ASSERT_EQ(tokens.size(), 2u);
+  for (int64_t i = 0; i < 2; ++i) {
+    const json& want = whole.at("choices")[static_cast<std::size_t>(i)];
+    EXPECT_EQ(tokens[i], want.at("token_ids").get<std::vector<int32_t>>());
+    EXPECT_EQ(last[i].at("finish_reason"), "length");
+    EXPECT_EQ(last[i].at("routed_experts"), want.at("routed_experts"));
+  }
 }
 
 // The value of a sample line `name value` of a Prometheus text page.

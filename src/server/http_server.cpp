@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 
 #include "core/check.h"
 #include "server/api_error.h"
@@ -136,8 +137,104 @@ struct HttpServer::Impl {
     reply_json(res, 200, request.batch ? answers : answers.front());
   }
 
+  // A streamed completion: every prompt submitted, then each step's outputs sent as server-sent
+  // events as they come, `data: [DONE]` last. A client that stops reading (or goes away) ends
+  // its requests.
+  void stream_completions(const CompletionRequest& request, httplib::Response& res) {
+    using Clock = std::chrono::steady_clock;
+    struct Stream {
+      std::mutex mutex;
+      std::condition_variable ready;
+      std::deque<std::pair<std::size_t, engine::RequestOutput>> queue;  // (prompt, output)
+      std::size_t unfinished = 0;
+      std::vector<engine::RequestId> ids;
+      std::vector<RequestTiming> timing;
+      std::vector<Clock::time_point> last_tokens;
+      Clock::time_point submitted = Clock::now();
+    };
+    auto st = std::make_shared<Stream>();
+    st->timing.resize(request.prompts.size());
+    st->last_tokens.resize(request.prompts.size());
+    const auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+    try {
+      for (std::size_t p = 0; p < request.prompts.size(); ++p) {
+        {
+          std::lock_guard lock(st->mutex);
+          ++st->unfinished;
+        }
+        st->ids.push_back(loop.submit(request.prompts[p], [st, p, seconds](const engine::RequestOutput& out) {
+          const Clock::time_point now = Clock::now();
+          std::lock_guard lock(st->mutex);
+          RequestTiming& t = st->timing[p];
+          for (const auto& sample : out.samples) {
+            if (sample.token_ids.empty()) continue;
+            if (t.time_to_first_token < 0) t.time_to_first_token = seconds(now - st->submitted);
+            else t.inter_token.push_back(seconds(now - st->last_tokens[p]));
+            st->last_tokens[p] = now;
+            t.generation_tokens += static_cast<int64_t>(sample.token_ids.size());
+            t.routed_experts_bytes += static_cast<int64_t>(sample.routed_experts.size() * sizeof(int32_t));
+            break;
+          }
+          st->queue.emplace_back(p, out);
+          if (out.finished) {
+            t.end_to_end = seconds(now - st->submitted);
+            --st->unfinished;
+          }
+          st->ready.notify_all();
+        }));
+      }
+    } catch (const Error& e) {
+      for (const engine::RequestId id : st->ids) loop.abort(id, "another prompt of the request was refused");
+      const bool queue_full = std::string(e.what()).find("queue is full") != std::string::npos;
+      throw ApiError(queue_full ? 503 : 400, e.what(), "prompt");
+    }
+    const std::string id = "cmpl-" + std::to_string(next_id++);
+    const auto created = std::chrono::duration_cast<std::chrono::seconds>(
+                             std::chrono::system_clock::now().time_since_epoch()).count();
+    auto provider = [this, st, request, id, created](std::size_t, httplib::DataSink& sink) {
+      const auto send = [&sink](const json& event) {
+        const std::string line = "data: " + event.dump() + "\n\n";
+        return sink.write(line.data(), line.size());
+      };
+      std::unique_lock lock(st->mutex);
+      st->ready.wait(lock, [&] { return !st->queue.empty() || st->unfinished == 0; });
+      if (st->queue.empty()) {  // every request finished and every output sent
+        int64_t prompt_tokens = 0, completion_tokens = 0;
+        for (std::size_t p = 0; p < request.prompts.size(); ++p) {
+          st->timing[p].prompt_tokens = static_cast<int64_t>(request.prompts[p].prompt.size());
+          prompt_tokens += st->timing[p].prompt_tokens;
+          completion_tokens += st->timing[p].generation_tokens;
+          metrics.record(st->timing[p]);
+        }
+        lock.unlock();
+        if (request.include_usage) {
+          send({{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", options.model_name},
+                {"choices", json::array()}, {"usage", usage_object(prompt_tokens, completion_tokens)}});
+        }
+        const std::string done = "data: [DONE]\n\n";
+        sink.write(done.data(), done.size());
+        sink.done();
+        return true;
+      }
+      const auto [prompt, out] = std::move(st->queue.front());
+      st->queue.pop_front();
+      lock.unlock();
+      for (const engine::SampleOutput& sample : out.samples) {
+        if (!send(completion_chunk(request, prompt, sample, info, options.model_name, id, created))) return false;
+      }
+      return true;
+    };
+    // Called when the response ends; not successfully: the client is gone, so are its requests.
+    auto releaser = [this, st](bool success) {
+      if (success) return;
+      for (const engine::RequestId rid : st->ids) loop.abort(rid, "the client went away");
+    };
+    res.set_chunked_content_provider("text/event-stream", provider, releaser);
+  }
+
   void completions(const httplib::Request& req, httplib::Response& res) {
     const CompletionRequest request = parse_completion(parse_body(req), info, options.limits, options.model_name);
+    if (request.stream) return stream_completions(request, res);
     const auto outputs = run_all(request.prompts, "prompt");
     std::vector<std::vector<CompletedSample>> samples;
     for (std::size_t p = 0; p < outputs.size(); ++p) {

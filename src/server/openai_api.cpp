@@ -55,8 +55,6 @@ engine::RequestParams parameters(const json& body, const models::ModelInfo& info
     } else if (key == "routed_experts_start") {
       p.routed_experts_start = integer(value, key);
       if (p.routed_experts_start < 0) throw ApiError(400, "routed_experts_start must be >= 0", key);
-    } else if (key == "stream" && flag(body, "stream")) {
-      throw ApiError(400, "streaming is not supported yet", key);
     } else if (key == "echo" && flag(body, "echo")) {
       throw ApiError(400, "echo is not supported (there is no tokenizer to write the prompt's text)", key);
     } else if (key == "replay_routed_experts" || key == "return_routing_margins") {
@@ -113,6 +111,11 @@ CompletionRequest parse_completion(const json& body, const models::ModelInfo& in
   const engine::RequestParams base = parameters(body, info);
   CompletionRequest r;
   r.return_token_ids = flag(body, "return_token_ids");
+  r.stream = flag(body, "stream");
+  if (const auto options = body.find("stream_options"); options != body.end() && !options->is_null()) {
+    if (!options->is_object()) throw ApiError(400, "stream_options must be an object", "stream_options");
+    r.include_usage = flag(*options, "include_usage");
+  }
   for (const json& ids : prompts) {
     engine::RequestParams p = base;
     p.prompt = token_ids(ids, "prompt", info.vocab_size);
@@ -122,33 +125,39 @@ CompletionRequest parse_completion(const json& body, const models::ModelInfo& in
   return r;
 }
 
+namespace {
+
+json choice_object(const CompletionRequest& request, std::size_t prompt, int64_t sample_index, const CompletedSample& s,
+                   const models::ModelInfo& info) {
+  const engine::RequestParams& params = request.prompts[prompt];
+  json choice = {{"index", static_cast<int64_t>(prompt) * params.n + sample_index}, {"text", ""}, {"token_ids", s.token_ids}};
+  choice["finish_reason"] = s.finish == engine::FinishReason::kNone ? json(nullptr) : json(engine::finish_reason_name(s.finish));
+  choice["stop_reason"] = s.finish == engine::FinishReason::kStop ? json(s.matched_stop) : json(nullptr);
+  choice["logprobs"] = params.logprobs >= 0 ? logprobs_object(s) : json(nullptr);
+  if (request.return_token_ids) choice["prompt_token_ids"] = params.prompt;
+  if (params.return_routed_experts && s.finish != engine::FinishReason::kNone) {
+    const auto layers = static_cast<int64_t>(info.moe_layers.size());
+    choice["routed_experts"] = {
+        {"shape", {s.routed_rows, layers, info.top_k}},
+        {"layers", info.moe_layers},
+        {"dtype", "int32"},
+        {"data", base64_encode(s.routed_experts.data(), s.routed_experts.size() * sizeof(int32_t))}};
+  }
+  return choice;
+}
+
+}  // namespace
+
 json completion_response(const CompletionRequest& request, const std::vector<std::vector<CompletedSample>>& samples,
                          const models::ModelInfo& info, const std::string& model_name, const std::string& id,
                          int64_t created) {
   json choices = json::array();
   int64_t prompt_tokens = 0, completion_tokens = 0;
   for (std::size_t p = 0; p < request.prompts.size(); ++p) {
-    const engine::RequestParams& params = request.prompts[p];
-    prompt_tokens += static_cast<int64_t>(params.prompt.size());
+    prompt_tokens += static_cast<int64_t>(request.prompts[p].prompt.size());
     for (std::size_t i = 0; i < samples[p].size(); ++i) {
-      const CompletedSample& s = samples[p][i];
-      completion_tokens += static_cast<int64_t>(s.token_ids.size());
-      json choice = {{"index", static_cast<int64_t>(p) * params.n + static_cast<int64_t>(i)},
-                     {"text", ""},
-                     {"token_ids", s.token_ids},
-                     {"finish_reason", engine::finish_reason_name(s.finish)}};
-      choice["stop_reason"] = s.finish == engine::FinishReason::kStop ? json(s.matched_stop) : json(nullptr);
-      choice["logprobs"] = params.logprobs >= 0 ? logprobs_object(s) : json(nullptr);
-      if (request.return_token_ids) choice["prompt_token_ids"] = params.prompt;
-      if (params.return_routed_experts) {
-        const auto layers = static_cast<int64_t>(info.moe_layers.size());
-        choice["routed_experts"] = {
-            {"shape", {s.routed_rows, layers, info.top_k}},
-            {"layers", info.moe_layers},
-            {"dtype", "int32"},
-            {"data", base64_encode(s.routed_experts.data(), s.routed_experts.size() * sizeof(int32_t))}};
-      }
-      choices.push_back(choice);
+      completion_tokens += static_cast<int64_t>(samples[p][i].token_ids.size());
+      choices.push_back(choice_object(request, p, static_cast<int64_t>(i), samples[p][i], info));
     }
   }
   return {{"id", id},
@@ -156,9 +165,31 @@ json completion_response(const CompletionRequest& request, const std::vector<std
           {"created", created},
           {"model", model_name},
           {"choices", choices},
-          {"usage", {{"prompt_tokens", prompt_tokens},
-                     {"completion_tokens", completion_tokens},
-                     {"total_tokens", prompt_tokens + completion_tokens}}}};
+          {"usage", usage_object(prompt_tokens, completion_tokens)}};
+}
+
+json completion_chunk(const CompletionRequest& request, std::size_t prompt, const engine::SampleOutput& delta,
+                      const models::ModelInfo& info, const std::string& model_name, const std::string& id,
+                      int64_t created) {
+  CompletedSample s;
+  s.token_ids = delta.token_ids;
+  s.logprobs = delta.logprobs;
+  s.top_logprobs = delta.top_logprobs;
+  s.finish = delta.finish;
+  s.matched_stop = delta.matched_stop;
+  s.routed_experts = delta.routed_experts;
+  s.routed_rows = delta.routed_rows;
+  return {{"id", id},
+          {"object", "text_completion"},
+          {"created", created},
+          {"model", model_name},
+          {"choices", json::array({choice_object(request, prompt, delta.index, s, info)})}};
+}
+
+json usage_object(int64_t prompt_tokens, int64_t completion_tokens) {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens}};
 }
 
 }  // namespace r3::server

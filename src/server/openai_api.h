@@ -21,6 +21,8 @@ namespace r3::server {
 struct CompletionRequest {
   std::vector<engine::RequestParams> prompts;  // each with its n samples
   bool return_token_ids = false;               // choices also carry prompt_token_ids
+  bool stream = false;                         // server-sent events, one chunk per step's output
+  bool include_usage = false;                  // stream_options.include_usage: a last chunk with usage
 };
 
 // Throws ApiError (400) naming the field for anything malformed, out of range or not supported.
@@ -32,5 +34,13 @@ nlohmann::json completion_response(const CompletionRequest& request,
                                    const std::vector<std::vector<CompletedSample>>& samples,
                                    const models::ModelInfo& info, const std::string& model_name,
                                    const std::string& id, int64_t created);
+
+// One streamed chunk: what sample delta.index of prompt `prompt` produced in a step (its routed
+// experts come with its final chunk).
+nlohmann::json completion_chunk(const CompletionRequest& request, std::size_t prompt, const engine::SampleOutput& delta,
+                                const models::ModelInfo& info, const std::string& model_name, const std::string& id,
+                                int64_t created);
+
+nlohmann::json usage_object(int64_t prompt_tokens, int64_t completion_tokens);
 
 }  // namespace r3::server
