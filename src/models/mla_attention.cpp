@@ -24,6 +24,29 @@ CacheSpec MlaAttention::cache_spec() const {
   return CacheSpec::latent(spec_.latent.kv_lora_rank, spec_.latent.qk_rope_head_dim);
 }
 
+void project_mla(backend::Context& ctx, const AttentionSpec& spec, float rms_eps, const MlaWeights& w, const Tensor& x,
+                 Tensor& q, Tensor& latent, Tensor& rope_key) {
+  const LatentAttentionSpec& m = spec.latent;
+  const int64_t lora = m.kv_lora_rank, rope = m.qk_rope_head_dim;
+  if (m.q_lora_rank == 0) {
+    ops::linear(ctx, x, w.q_proj, nullptr, q);
+  } else {
+    backend::Workspace::Scope scope(ctx.workspace());
+    Tensor q_latent = ctx.scratch_for_output(DType::F32, {x.dim(0), m.q_lora_rank});  // written in full
+    ops::linear(ctx, x, w.q_a_proj, w.q_a_bias.if_defined(), q_latent);
+    ops::rms_norm(ctx, q_latent, &w.q_a_norm, rms_eps, q_latent);
+    ops::linear(ctx, q_latent, w.q_b_proj, nullptr, q);
+  }
+  // kv_a_proj's rows [0, lora) make the latent, rows [lora, lora + rope) the shared rotary key:
+  // two projections over row ranges of the one weight (each output is the same dot product).
+  const Tensor* bias = w.kv_a_bias.if_defined();
+  const Tensor latent_bias = bias ? bias->rows(0, lora) : Tensor();
+  const Tensor rope_bias = bias ? bias->rows(lora, lora + rope) : Tensor();
+  ops::linear(ctx, x, w.kv_a_proj.rows(0, lora), latent_bias.if_defined(), latent);
+  ops::linear(ctx, x, w.kv_a_proj.rows(lora, lora + rope), rope_bias.if_defined(), rope_key);
+  ops::rms_norm(ctx, latent, &w.kv_a_norm, rms_eps, latent);
+}
+
 void MlaAttention::forward(backend::Context& ctx, const Tensor& x, const ForwardBatch& batch, KvCache& cache, int64_t layer,
                            Tensor& out) const {
   const LatentAttentionSpec& m = spec_.latent;
@@ -33,24 +56,9 @@ void MlaAttention::forward(backend::Context& ctx, const Tensor& x, const Forward
 
   backend::Workspace::Scope scope(ctx.workspace());
   Tensor q = ctx.scratch(DType::F32, {tokens, heads * qk});
-  if (m.q_lora_rank == 0) {
-    ops::linear(ctx, x, w_.q_proj, nullptr, q);
-  } else {
-    Tensor q_latent = ctx.scratch(DType::F32, {tokens, m.q_lora_rank});
-    ops::linear(ctx, x, w_.q_a_proj, w_.q_a_bias.if_defined(), q_latent);
-    ops::rms_norm(ctx, q_latent, &w_.q_a_norm, rms_eps_, q_latent);
-    ops::linear(ctx, q_latent, w_.q_b_proj, nullptr, q);
-  }
-  // kv_a_proj's rows [0, lora) make the latent, rows [lora, lora + rope) the shared rotary key:
-  // two projections over row ranges of the one weight (each output is the same dot product).
   Tensor latent = ctx.scratch(DType::F32, {tokens, lora});
   Tensor rope_key = ctx.scratch(DType::F32, {tokens, rope});
-  const Tensor* bias = w_.kv_a_bias.if_defined();
-  const Tensor latent_bias = bias ? bias->rows(0, lora) : Tensor();
-  const Tensor rope_bias = bias ? bias->rows(lora, lora + rope) : Tensor();
-  ops::linear(ctx, x, w_.kv_a_proj.rows(0, lora), latent_bias.if_defined(), latent);
-  ops::linear(ctx, x, w_.kv_a_proj.rows(lora, lora + rope), rope_bias.if_defined(), rope_key);
-  ops::rms_norm(ctx, latent, &w_.kv_a_norm, rms_eps_, latent);
+  project_mla(ctx, spec_, rms_eps_, w_, x, q, latent, rope_key);
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t p = batch.positions[t];
     rotary_.apply(rope_key.data<float>() + t * rope, 1, rope, p);

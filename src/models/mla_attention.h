@@ -20,6 +20,12 @@ struct MlaWeights {
   Tensor q_a_bias, kv_a_bias, o_bias;     // when attention_bias
 };
 
+// The layer's projections up to its cache rows, for the host and the device layer alike: q
+// (q_proj, or q_a_proj -> norm -> q_b_proj) [tokens, heads * qk_head_dim], the normalised latent
+// [tokens, kv_lora_rank] and the shared rotary key [tokens, qk_rope_head_dim], not yet rotated.
+void project_mla(backend::Context& ctx, const AttentionSpec& spec, float rms_eps, const MlaWeights& w, const Tensor& x,
+                 Tensor& q, Tensor& latent, Tensor& rope_key);
+
 class MlaAttention final : public AttentionLayer {
  public:
   MlaAttention(const AttentionSpec& spec, float rms_eps, MlaWeights weights, const ops::RopeFrequencies& rope);

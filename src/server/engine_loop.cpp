@@ -62,16 +62,20 @@ void EngineLoop::take_queued() {
   for (const auto& [id, message] : aborts) engine_.abort(id, message);
 }
 
+void EngineLoop::deliver(const std::vector<engine::RequestOutput>& outputs) {
+  for (const auto& out : outputs) {
+    const auto found = sinks_.find(out.id);
+    if (found == sinks_.end()) continue;
+    found->second(out);
+    if (out.finished) sinks_.erase(found);
+  }
+}
+
 void EngineLoop::abort_all(const std::string& message) {
   for (const auto& [id, sink] : sinks_) engine_.abort(id, message);
   // The aborts come out of the next step.
   try {
-    for (const auto& out : engine_.step()) {
-      const auto found = sinks_.find(out.id);
-      if (found == sinks_.end()) continue;
-      found->second(out);
-      if (out.finished) sinks_.erase(found);
-    }
+    deliver(engine_.step());
   } catch (const std::exception& e) {
     spdlog::error("server: ending the running requests failed too: {}", e.what());
   }
@@ -98,12 +102,7 @@ void EngineLoop::run() {
     take_queued();
     if (!engine_.has_work()) continue;
     try {
-      for (const auto& out : engine_.step()) {
-        const auto found = sinks_.find(out.id);
-        if (found == sinks_.end()) continue;
-        found->second(out);
-        if (out.finished) sinks_.erase(found);
-      }
+      deliver(engine_.step());
     } catch (const std::exception& e) {
       spdlog::error("server: an engine step failed: {}", e.what());
       abort_all(std::string("the engine step failed: ") + e.what());

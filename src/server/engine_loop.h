@@ -50,6 +50,8 @@ class EngineLoop {
   void run();
   // Engine thread: the queued submissions and aborts handed to the engine.
   void take_queued();
+  // Engine thread: each output to its request's sink (dropped once it has the last).
+  void deliver(const std::vector<engine::RequestOutput>& outputs);
   // Engine thread: every running request ends with `message` (a failed step, or shutdown).
   void abort_all(const std::string& message);
 

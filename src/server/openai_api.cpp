@@ -172,13 +172,7 @@ json completion_chunk(const CompletionRequest& request, std::size_t prompt, cons
                       const models::ModelInfo& info, const std::string& model_name, const std::string& id,
                       int64_t created) {
   CompletedSample s;
-  s.token_ids = delta.token_ids;
-  s.logprobs = delta.logprobs;
-  s.top_logprobs = delta.top_logprobs;
-  s.finish = delta.finish;
-  s.matched_stop = delta.matched_stop;
-  s.routed_experts = delta.routed_experts;
-  s.routed_rows = delta.routed_rows;
+  append(s, delta);
   return {{"id", id},
           {"object", "text_completion"},
           {"created", created},

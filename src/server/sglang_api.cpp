@@ -96,21 +96,24 @@ GenerateRequest parse_generate(const json& body, const models::ModelInfo& info, 
   return r;
 }
 
+void append(CompletedSample& c, const engine::SampleOutput& s) {
+  c.token_ids.insert(c.token_ids.end(), s.token_ids.begin(), s.token_ids.end());
+  c.logprobs.insert(c.logprobs.end(), s.logprobs.begin(), s.logprobs.end());
+  c.top_logprobs.insert(c.top_logprobs.end(), s.top_logprobs.begin(), s.top_logprobs.end());
+  if (s.finish == engine::FinishReason::kNone) return;
+  c.finish = s.finish;
+  c.matched_stop = s.matched_stop;
+  c.abort_message = s.abort_message;
+  c.routed_experts = s.routed_experts;
+  c.routed_rows = s.routed_rows;
+  c.cached_prompt_tokens = s.cached_prompt_tokens;
+}
+
 CompletedSample gather_sample(const std::vector<engine::RequestOutput>& outputs, int64_t index) {
   CompletedSample c;
   for (const auto& out : outputs) {
     for (const auto& s : out.samples) {
-      if (s.index != index) continue;
-      c.token_ids.insert(c.token_ids.end(), s.token_ids.begin(), s.token_ids.end());
-      c.logprobs.insert(c.logprobs.end(), s.logprobs.begin(), s.logprobs.end());
-      c.top_logprobs.insert(c.top_logprobs.end(), s.top_logprobs.begin(), s.top_logprobs.end());
-      if (s.finish == engine::FinishReason::kNone) continue;
-      c.finish = s.finish;
-      c.matched_stop = s.matched_stop;
-      c.abort_message = s.abort_message;
-      c.routed_experts = s.routed_experts;
-      c.routed_rows = s.routed_rows;
-      c.cached_prompt_tokens = s.cached_prompt_tokens;
+      if (s.index == index) append(c, s);
     }
   }
   return c;

@@ -41,6 +41,8 @@ struct CompletedSample {
   int64_t routed_rows = 0;
   int64_t cached_prompt_tokens = 0;
 };
+// Adds what one output of a sample brought (its final one: the finish and the routed experts).
+void append(CompletedSample& c, const engine::SampleOutput& s);
 // Sample `index` of a request, from all its outputs.
 CompletedSample gather_sample(const std::vector<engine::RequestOutput>& outputs, int64_t index = 0);
 

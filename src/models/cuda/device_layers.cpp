@@ -87,23 +87,9 @@ void LatentAttention::forward(backend::Context& ctx, const Tensor& x, const ops:
   const int64_t nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, qk = nope + rope, lora = m.kv_lora_rank;
   backend::Workspace::Scope scope(ctx.workspace());
   Tensor q = ctx.scratch_for_output(DType::F32, {tokens, heads * qk});
-  if (m.q_lora_rank == 0) {
-    ops::linear(ctx, x, w.q_proj, nullptr, q);
-  } else {
-    Tensor q_latent = ctx.scratch_for_output(DType::F32, {tokens, m.q_lora_rank});
-    ops::linear(ctx, x, w.q_a_proj, w.q_a_bias.if_defined(), q_latent);
-    ops::rms_norm(ctx, q_latent, &w.q_a_norm, rms_eps, q_latent);
-    ops::linear(ctx, q_latent, w.q_b_proj, nullptr, q);
-  }
-  // kv_a_proj's rows [0, lora) make the latent, rows [lora, lora + rope) the shared rotary key.
   Tensor latent = ctx.scratch_for_output(DType::F32, {tokens, lora});
   Tensor rope_key = ctx.scratch_for_output(DType::F32, {tokens, rope});
-  const Tensor* bias = w.kv_a_bias.if_defined();
-  const Tensor latent_bias = bias ? bias->rows(0, lora) : Tensor();
-  const Tensor rope_bias = bias ? bias->rows(lora, lora + rope) : Tensor();
-  ops::linear(ctx, x, w.kv_a_proj.rows(0, lora), latent_bias.if_defined(), latent);
-  ops::linear(ctx, x, w.kv_a_proj.rows(lora, lora + rope), rope_bias.if_defined(), rope_key);
-  ops::rms_norm(ctx, latent, &w.kv_a_norm, rms_eps, latent);
+  project_mla(ctx, spec, rms_eps, w, x, q, latent, rope_key);
   Tensor rope_heads = rope_key.reshaped({tokens, 1, rope});
   Tensor q_heads = q.reshaped({tokens, heads, qk});
   ops::cuda::interleaved_rotary_on_device(ctx, rotary, rope_heads, step.positions);
