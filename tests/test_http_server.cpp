@@ -172,7 +172,8 @@ TEST(HttpServer, BadInputIsA400InVllmsErrorShapeBeforeTheEngine) {
                "sampling_params.max_new_tokens");
   expect_error(R"({"text": "hello"})", 400, "input_ids (token ids)", "text");
   expect_error(R"({"input_ids": []})", 400, "non-empty", "input_ids");
-  expect_error(R"({"input_ids": [1, 2)", 400, "not valid JSON", nullptr);
+  expect_error(R"({"input_ids": [1, 2)", 400, "malformed JSON", nullptr);
+  expect_error(std::string(100, '[') + std::string(100, ']'), 400, "nested deeper than 64 levels", nullptr);
   expect_error(R"([1, 2])", 400, "JSON object", nullptr);
   expect_error(R"({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 100000}})", 400, "max model length",
                "input_ids");
@@ -291,6 +292,73 @@ TEST(HttpServer, StreamedCompletionsAddUpToTheAnswer) {
     EXPECT_EQ(last[i].at("finish_reason"), "length");
     EXPECT_EQ(last[i].at("routed_experts"), want.at("routed_experts"));
   }
+}
+
+// Replay over HTTP: a rollout's routed experts sent back with its tokens as the prompt are what
+// the second run routes with (captured equal, next token equal); malformed replays are refused
+// before the engine.
+TEST(HttpServer, CompletionsReplayTheRoutingTheyReturned) {
+  Served s;
+  auto c = s.client();
+  const std::vector<int32_t> prompt = {11, 12, 13};
+  const json first = post(c, "/v1/completions", json({{"prompt", prompt}, {"max_tokens", 5}, {"temperature", 0},
+                                                      {"ignore_eos", true}, {"return_routed_experts", true}}).dump(), 200);
+  const json& rollout = first.at("choices")[0];
+  const auto generated = rollout.at("token_ids").get<std::vector<int32_t>>();
+  ASSERT_EQ(generated.size(), 5u);
+  std::vector<int32_t> teacher = prompt;
+  teacher.insert(teacher.end(), generated.begin(), generated.begin() + 4);  // rows: prompt + 4 = the routing's
+  const json again = post(c, "/v1/completions",
+                          json({{"prompt", teacher}, {"max_tokens", 1}, {"temperature", 0}, {"ignore_eos", true},
+                                {"return_routed_experts", true}, {"replay_routed_experts", rollout.at("routed_experts")}})
+                              .dump(),
+                          200);
+  const json& replayed = again.at("choices")[0];
+  EXPECT_EQ(replayed.at("token_ids"), json({generated[4]}));
+  EXPECT_EQ(replayed.at("routed_experts"), rollout.at("routed_experts"));
+
+  // The same routing as a nested list is accepted too.
+  const auto& info = s.model().info();
+  const std::vector<int32_t> ids = base64_int32(rollout.at("routed_experts").at("data").get<std::string>());
+  json nested = json::array();
+  const auto layers = static_cast<int64_t>(info.moe_layers.size());
+  for (std::size_t r = 0; r < ids.size() / static_cast<std::size_t>(layers * info.top_k); ++r) {
+    json row = json::array();
+    for (int64_t l = 0; l < layers; ++l) {
+      const auto at = ids.begin() + static_cast<std::ptrdiff_t>((static_cast<int64_t>(r) * layers + l) * info.top_k);
+      row.push_back(std::vector<int32_t>(at, at + info.top_k));
+    }
+    nested.push_back(row);
+  }
+  const json as_list = post(c, "/v1/completions",
+                            json({{"prompt", teacher}, {"max_tokens", 1}, {"temperature", 0}, {"ignore_eos", true},
+                                  {"replay_routed_experts", nested}}).dump(), 200);
+  EXPECT_EQ(as_list.at("choices")[0].at("token_ids"), json({generated[4]}));
+
+  const auto refused = [&](json replay, const std::string& says) {
+    const json e = post(c, "/v1/completions", json({{"prompt", teacher}, {"max_tokens", 1},
+                                                    {"replay_routed_experts", replay}}).dump(), 400);
+    EXPECT_EQ(e["error"]["param"].get<std::string>().rfind("replay_routed_experts", 0), 0u) << e.dump();
+    EXPECT_NE(e["error"]["message"].get<std::string>().find(says), std::string::npos) << e.dump();
+  };
+  json wrong_shape = rollout.at("routed_experts");
+  wrong_shape["shape"][2] = info.top_k + 1;
+  refused(wrong_shape, "shape must be");
+  json bad_data = rollout.at("routed_experts");
+  bad_data["data"] = "AAA*";
+  refused(bad_data, "not base64");
+  json short_data = rollout.at("routed_experts");
+  short_data["data"] = "AAAAAA==";
+  refused(short_data, "bytes, not the");
+  json out_of_range = nested;
+  out_of_range[0][0][0] = info.num_experts;
+  refused(out_of_range, "expert id " + std::to_string(info.num_experts) + " is outside");
+  // Rows that do not cover the prompt: the engine's reason.
+  json too_few = nested;
+  too_few.erase(too_few.size() - 1);
+  const json e = post(c, "/v1/completions", json({{"prompt", teacher}, {"max_tokens", 1},
+                                                  {"replay_routed_experts", too_few}}).dump(), 400);
+  EXPECT_NE(e["error"]["message"].get<std::string>().find("fewer than the"), std::string::npos) << e.dump();
 }
 
 // The value of a sample line `name value` of a Prometheus text page.

@@ -8,6 +8,7 @@
 #include <deque>
 
 #include "core/check.h"
+#include "io/json_file.h"
 #include "server/api_error.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
@@ -50,11 +51,12 @@ struct HttpServer::Impl {
     return equal_in_constant_time(req.get_header_value("Authorization"), "Bearer " + options.api_key);
   }
 
+  // The body through r3's JSON reader: nesting deeper than kMaxJsonDepth is refused while parsing.
   static json parse_body(const httplib::Request& req) {
     try {
-      return json::parse(req.body);
-    } catch (const json::exception& e) {
-      throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what());
+      return parse_json(req.body, "the request body");
+    } catch (const Error& e) {
+      throw ApiError(400, e.what());
     }
   }
 

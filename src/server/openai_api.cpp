@@ -1,5 +1,8 @@
 #include "server/openai_api.h"
 
+#include <cstring>
+
+#include "io/json_file.h"
 #include "server/api_error.h"
 #include "server/json_fields.h"
 
@@ -11,6 +14,64 @@ using nlohmann::json;
 
 constexpr int64_t kMaxLogprobs = 20;  // as vLLM
 constexpr int64_t kMaxSamples = 64;   // n
+
+// replay_routed_experts: the routed_experts object a response carries ({"shape": [T, L, K],
+// "data": base64 little-endian int32, optional "layers" and "dtype"}) or a nested list [T][L][K];
+// L must be the model's MoE layers and K its top-k, every id a logical expert of the model. The
+// rows must cover the prompt (the engine checks that against the prompt).
+std::vector<int32_t> replayed_routing(const json& v, const models::ModelInfo& info) {
+  const std::string name = "replay_routed_experts";
+  const auto layers = static_cast<int64_t>(info.moe_layers.size()), k = info.top_k;
+  std::vector<int32_t> ids;
+  if (v.is_object()) {
+    const auto shape = v.find("shape");
+    if (shape == v.end() || !shape->is_array() || shape->size() != 3) {
+      throw ApiError(400, name + ".shape must be [rows, MoE layers, top_k]", name);
+    }
+    const int64_t rows = integer((*shape)[0], name + ".shape"), l = integer((*shape)[1], name + ".shape"),
+                  kk = integer((*shape)[2], name + ".shape");
+    if (rows < 1 || l != layers || kk != k) {
+      throw ApiError(400, name + ".shape must be [rows >= 1, " + std::to_string(layers) + ", " + std::to_string(k) +
+                              "] for this model", name);
+    }
+    if (const auto dtype = v.find("dtype"); dtype != v.end() && *dtype != "int32") {
+      throw ApiError(400, name + ".dtype must be \"int32\"", name);
+    }
+    if (const auto given = v.find("layers"); given != v.end() && *given != json(info.moe_layers)) {
+      throw ApiError(400, name + ".layers must be this model's MoE layers", name);
+    }
+    const auto data = v.find("data");
+    if (data == v.end() || !data->is_string()) throw ApiError(400, name + ".data must be base64 text", name);
+    const std::vector<unsigned char> bytes = base64_decode(data->get<std::string>(), name + ".data");
+    if (static_cast<int64_t>(bytes.size()) != rows * layers * k * 4) {
+      throw ApiError(400, name + ".data holds " + std::to_string(bytes.size()) + " bytes, not the " +
+                              std::to_string(rows * layers * k * 4) + " of its shape", name);
+    }
+    ids.resize(static_cast<std::size_t>(rows * layers * k));
+    std::memcpy(ids.data(), bytes.data(), bytes.size());  // little-endian int32 (sglang_api.cpp asserts the host is)
+  } else if (v.is_array() && !v.empty()) {
+    for (const json& row : v) {
+      if (!row.is_array() || static_cast<int64_t>(row.size()) != layers) {
+        throw ApiError(400, name + ": every row must list " + std::to_string(layers) + " MoE layers", name);
+      }
+      for (const json& layer : row) {
+        if (!layer.is_array() || static_cast<int64_t>(layer.size()) != k) {
+          throw ApiError(400, name + ": every layer must list top_k = " + std::to_string(k) + " ids", name);
+        }
+        for (const json& id : layer) ids.push_back(static_cast<int32_t>(integer(id, name)));
+      }
+    }
+  } else {
+    throw ApiError(400, name + " must be a routed_experts object or a [rows][layers][top_k] list", name);
+  }
+  for (const int32_t id : ids) {
+    if (id < 0 || id >= info.num_experts) {
+      throw ApiError(400, name + ": expert id " + std::to_string(id) + " is outside [0, " +
+                              std::to_string(info.num_experts) + ")", name);
+    }
+  }
+  return ids;
+}
 
 // The fields of a completion request that are not the prompt, into engine parameters.
 engine::RequestParams parameters(const json& body, const models::ModelInfo& info) {
@@ -57,7 +118,9 @@ engine::RequestParams parameters(const json& body, const models::ModelInfo& info
       if (p.routed_experts_start < 0) throw ApiError(400, "routed_experts_start must be >= 0", key);
     } else if (key == "echo" && flag(body, "echo")) {
       throw ApiError(400, "echo is not supported (there is no tokenizer to write the prompt's text)", key);
-    } else if (key == "replay_routed_experts" || key == "return_routing_margins") {
+    } else if (key == "replay_routed_experts") {
+      p.forced_routing = replayed_routing(value, info);
+    } else if (key == "return_routing_margins") {
       throw ApiError(400, key + " is not supported yet", key);
     } else if (key == "stop" && !(value.is_array() && value.empty())) {
       throw ApiError(400, "stop strings need a tokenizer, which this server does not have: use stop_token_ids", key);
@@ -90,8 +153,8 @@ CompletionRequest parse_completion(const json& body, const models::ModelInfo& in
   if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
   if (const auto model = body.find("model"); model != body.end() && !model->is_null()) {
     if (!model->is_string() || model->get<std::string>() != model_name) {
-      throw ApiError(404, "model " + model->dump() + " is not served here (this server serves \"" + model_name + "\")",
-                     "model");
+      throw ApiError(404, "model " + describe_json(*model) + " is not served here (this server serves \"" + model_name +
+                              "\")", "model");
     }
   }
   const auto prompt = body.find("prompt");

@@ -139,6 +139,33 @@ std::string base64_encode(const void* data, std::size_t bytes) {
   return out;
 }
 
+std::vector<unsigned char> base64_decode(const std::string& text, const std::string& param) {
+  if (text.size() % 4 != 0) throw ApiError(400, param + ": base64 text of " + std::to_string(text.size()) +
+                                                    " characters, not a multiple of 4", param);
+  const auto value = [&](char c) -> uint32_t {
+    if (c >= 'A' && c <= 'Z') return static_cast<uint32_t>(c - 'A');
+    if (c >= 'a' && c <= 'z') return static_cast<uint32_t>(c - 'a' + 26);
+    if (c >= '0' && c <= '9') return static_cast<uint32_t>(c - '0' + 52);
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    throw ApiError(400, param + ": not base64 (a character outside the alphabet)", param);
+  };
+  std::vector<unsigned char> out;
+  out.reserve(text.size() / 4 * 3);
+  for (std::size_t i = 0; i < text.size(); i += 4) {
+    const bool last = i + 4 == text.size();
+    const int pad = last ? (text[i + 3] == '=') + (text[i + 2] == '=') : 0;
+    if (pad == 1 && text[i + 2] == '=') throw ApiError(400, param + ": misplaced base64 padding", param);
+    uint32_t v = (value(text[i]) << 18) | (value(text[i + 1]) << 12);
+    if (pad < 2) v |= value(text[i + 2]) << 6;
+    if (pad < 1) v |= value(text[i + 3]);
+    out.push_back(static_cast<unsigned char>(v >> 16));
+    if (pad < 2) out.push_back(static_cast<unsigned char>((v >> 8) & 0xff));
+    if (pad < 1) out.push_back(static_cast<unsigned char>(v & 0xff));
+  }
+  return out;
+}
+
 std::string routed_experts_base64(const std::vector<int32_t>& ids, int64_t rows, const models::ModelInfo& info) {
   static_assert(std::endian::native == std::endian::little, "routed experts are sent as little-endian int32");
   const int64_t k = info.top_k, moe = static_cast<int64_t>(info.moe_layers.size()), layers = info.num_layers;

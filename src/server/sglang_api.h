@@ -55,5 +55,8 @@ std::string routed_experts_base64(const std::vector<int32_t>& ids, int64_t rows,
 
 // Standard base64 (RFC 4648, with padding).
 std::string base64_encode(const void* data, std::size_t bytes);
+// The bytes of standard base64 text (padding required where the length needs it); throws
+// ApiError (400) naming `param` for anything else.
+std::vector<unsigned char> base64_decode(const std::string& text, const std::string& param);
 
 }  // namespace r3::server
