@@ -54,8 +54,9 @@ std::vector<int32_t> base64_int32(const std::string& text) {
 // A served tiny Qwen3-MoE on 127.0.0.1 at a free port, for the length of a test.
 class Served {
  public:
-  explicit Served(server::ServerOptions options = {}) : model_(models::load_model(family_dir("qwen3_moe"))), ctx_(2) {
-    engine_ = std::make_unique<engine::Engine>(*model_, ctx_);
+  explicit Served(server::ServerOptions options = {}, engine::EngineOptions engine_options = {})
+      : model_(models::load_model(family_dir("qwen3_moe"))), ctx_(2) {
+    engine_ = std::make_unique<engine::Engine>(*model_, ctx_, engine_options);
     loop_ = std::make_unique<server::EngineLoop>(*engine_);
     options.model_name = "qwen3_moe";
     server_ = std::make_unique<server::HttpServer>(*loop_, model_->info(), options);
@@ -393,6 +394,22 @@ TEST(HttpServer, MetricsCountWhatWasServed) {
   EXPECT_EQ(metric_value(page, "r3:inter_token_latency_seconds_count"), 2 + 3);  // one token per decode step
   EXPECT_NE(page.find("r3:e2e_request_latency_seconds_bucket{le=\"+Inf\"} 2\n"), std::string::npos);
   EXPECT_NE(page.find("# TYPE r3:time_to_first_token_seconds histogram"), std::string::npos);
+}
+
+// A full waiting queue is a 503 (retry later), not an ever-growing queue; the prompts of the
+// request that were taken end with it.
+TEST(HttpServer, AFullQueueIs503) {
+  engine::EngineOptions engine_options;
+  engine_options.scheduler.max_running = 1;
+  engine_options.scheduler.max_waiting = 1;
+  Served s({}, engine_options);
+  auto c = s.client();
+  const json e = post(c, "/generate", R"({"input_ids": [[1, 2], [3, 4], [5, 6]],
+                                         "sampling_params": {"max_new_tokens": 200, "ignore_eos": true}})", 503);
+  EXPECT_NE(e["error"]["message"].get<std::string>().find("waiting queue is full"), std::string::npos) << e.dump();
+  EXPECT_EQ(e["error"]["type"], "ServiceUnavailableError");
+  // The server is free again once those are ended.
+  post(c, "/generate", R"({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}})", 200);
 }
 
 TEST(HttpServer, BodiesOverTheLimitAre413) {

@@ -79,6 +79,10 @@ Command add_serve_command(CLI::App& app) {
       "serve", "HTTP server: SGLang's /generate with routed experts, /v1/models, /health (token ids in and out)");
   o->model.add_to(*cmd);
   o->engine.add_to(*cmd);
+  cmd->add_option("--max-queued-requests", o->engine.engine.scheduler.max_waiting,
+                  "Same as --max-waiting: samples that may wait for admission; beyond, requests get 503")
+      ->check(at_least<int64_t>(1))
+      ->excludes("--max-waiting");
   cmd->add_option("--host", o->host, "Address to listen on (loopback unless you say otherwise)")->capture_default_str();
   cmd->add_option("--port", o->port, "Port to listen on; 0 = any free port (logged)")
       ->capture_default_str()
