@@ -6,9 +6,9 @@
 
 #include <httplib.h>
 
+#include <cctype>
 #include <csignal>
 #include <fstream>
-#include <regex>
 #include <map>
 #include <thread>
 
@@ -467,9 +467,13 @@ TEST(ServeCommand, ServesUntilSigterm) {
   for (int i = 0; i < 600 && port == 0; ++i) {  // up to a minute for the load
     std::ifstream in(log);
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::smatch m;
-    if (std::regex_search(text, m, std::regex("on http://127\\.0\\.0\\.1:([0-9]+)"))) port = std::stoi(m[1]);
-    else std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const std::string prefix = "on http://127.0.0.1:";
+    const auto at = text.find(prefix);
+    if (at != std::string::npos && at + prefix.size() < text.size() && std::isdigit(static_cast<unsigned char>(text[at + prefix.size()]))) {
+      port = std::stoi(text.substr(at + prefix.size()));
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
   }
   ASSERT_GT(port, 0) << "no port in the log";
   httplib::Client c("127.0.0.1", port);
