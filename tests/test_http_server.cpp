@@ -68,8 +68,14 @@ class Served {
     server_->stop();
     thread_.join();
   }
-  httplib::Client client() const { return httplib::Client("127.0.0.1", port_); }
+  // Generous read timeout: the machine may be busy (the default is 5 s).
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(300, 0);
+    return c;
+  }
   models::CausalLM& model() { return *model_; }
+  engine::EngineStats stats() const { return engine_->stats(); }
   backend::Context& ctx() { return ctx_; }
 
  private:
@@ -85,7 +91,7 @@ class Served {
 json post(httplib::Client& c, const std::string& path, const std::string& body, int expected_status,
           const httplib::Headers& headers = {}) {
   const auto res = c.Post(path, headers, body, "application/json");
-  EXPECT_TRUE(res) << "no response from " << path;
+  EXPECT_TRUE(res) << "no response from " << path << ": " << httplib::to_string(res.error());
   if (!res) return {};
   EXPECT_EQ(res->status, expected_status) << res->body;
   return json::parse(res->body);
@@ -394,6 +400,28 @@ TEST(HttpServer, MetricsCountWhatWasServed) {
   EXPECT_EQ(metric_value(page, "r3:inter_token_latency_seconds_count"), 2 + 3);  // one token per decode step
   EXPECT_NE(page.find("r3:e2e_request_latency_seconds_bucket{le=\"+Inf\"} 2\n"), std::string::npos);
   EXPECT_NE(page.find("# TYPE r3:time_to_first_token_seconds histogram"), std::string::npos);
+}
+
+// Concurrent clients reach the engine together: more requests share a step than cpp-httplib's
+// default worker pool (8 threads) would let through, and each gets its own answer.
+TEST(HttpServer, ConcurrentClientsAreBatchedTogether) {
+  engine::EngineOptions engine_options;
+  engine_options.scheduler.max_running = 32;
+  Served s({}, engine_options);
+  constexpr int kClients = 24;
+  std::vector<std::thread> clients;
+  std::vector<json> answers(kClients);
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back([&, i] {
+      auto c = s.client();
+      answers[static_cast<std::size_t>(i)] =
+          post(c, "/generate", json({{"input_ids", {i + 1, i + 2}},
+                                     {"sampling_params", {{"max_new_tokens", 100}, {"ignore_eos", true}}}}).dump(), 200);
+    });
+  }
+  for (auto& t : clients) t.join();
+  for (const json& a : answers) EXPECT_EQ(a.at("output_ids").size(), 100u);
+  EXPECT_GT(s.stats().max_batch_sequences, 8);
 }
 
 // A full waiting queue is a 503 (retry later), not an ever-growing queue; the prompts of the

@@ -1,5 +1,6 @@
 // `r3 serve`: the model behind the HTTP server (server/http_server.h) until SIGINT or SIGTERM.
 // Built only where cpp-httplib is (R3_WITH_HTTP); elsewhere the command says so.
+#include <algorithm>
 #include <csignal>
 #include <filesystem>
 #include <thread>
@@ -51,11 +52,13 @@ int run_serve(const ServeOptions& o) {
   options.api_key = o.api_key;
   options.max_body_bytes = o.max_body_mb << 20;
   options.read_timeout_seconds = options.write_timeout_seconds = o.timeout_seconds;
+  // Enough workers for a full running batch plus new arrivals and scrapes.
+  options.worker_threads = std::clamp<int64_t>(2 * engine.options().scheduler.max_running + 16, 16, 1024);
   server::HttpServer http(loop, model->info(), options);
   const int port = http.bind(o.host, o.port);
-  spdlog::info("serve: {} on http://{}:{} ({} running, {} queued at most{})", options.model_name, o.host, port,
-               engine.options().scheduler.max_running, engine.options().scheduler.max_waiting,
-               o.api_key.empty() ? "" : ", API key required");
+  spdlog::info("serve: {} on http://{}:{} ({} running, {} queued at most, {} request workers{})", options.model_name,
+               o.host, port, engine.options().scheduler.max_running, engine.options().scheduler.max_waiting,
+               options.worker_threads, o.api_key.empty() ? "" : ", API key required");
   std::thread stopper([&] {
     int signal = 0;
     sigwait(&stop_signals, &signal);

@@ -3,7 +3,13 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <chrono>
 #include <deque>
 
@@ -250,6 +256,8 @@ struct HttpServer::Impl {
   }
 
   void install_routes() {
+    const auto workers = static_cast<std::size_t>(std::max<int64_t>(1, options.worker_threads));
+    http.new_task_queue = [workers] { return new httplib::ThreadPool(workers); };
     http.set_payload_max_length(static_cast<std::size_t>(options.max_body_bytes));
     http.set_read_timeout(options.read_timeout_seconds, 0);
     http.set_write_timeout(options.write_timeout_seconds, 0);
@@ -296,15 +304,42 @@ HttpServer::HttpServer(EngineLoop& loop, const models::ModelInfo& info, ServerOp
 
 HttpServer::~HttpServer() { stop(); }
 
-int HttpServer::bind(const std::string& host, int port) {
-  if (port == 0) {
-    const int bound = impl_->http.bind_to_any_port(host);
-    R3_CHECK(bound > 0, "serve: cannot listen on ", host, " (any port)");
-    return bound;
+namespace {
+
+// Debian's cpp-httplib is a compiled library whose listen backlog is its compile-time default, 5
+// connections: a burst of clients (a rollout step's requests all at once) overflows it and some
+// connections fail. The bound socket is found among this process's descriptors by its port and
+// listen() is called again with the system's maximum, which Linux applies to a listening socket.
+void widen_listen_backlog(int port) {
+  for (int fd = 0; fd < 4096; ++fd) {
+    sockaddr_storage address{};
+    socklen_t length = sizeof(address);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) continue;
+    int bound_port = -1;
+    if (address.ss_family == AF_INET) bound_port = ntohs(reinterpret_cast<const sockaddr_in*>(&address)->sin_port);
+    else if (address.ss_family == AF_INET6) bound_port = ntohs(reinterpret_cast<const sockaddr_in6*>(&address)->sin6_port);
+    int listening = 0;
+    socklen_t size = sizeof(listening);
+    if (bound_port != port || getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &size) != 0 || !listening) continue;
+    if (::listen(fd, SOMAXCONN) != 0) spdlog::warn("serve: could not widen the listen backlog: {}", std::strerror(errno));
+    return;
   }
-  R3_CHECK(impl_->http.bind_to_port(host, port), "serve: cannot listen on ", host, ":", port,
-           " (in use, or not an address of this machine)");
-  return port;
+  spdlog::warn("serve: the listening socket was not found; the listen backlog stays at 5 connections");
+}
+
+}  // namespace
+
+int HttpServer::bind(const std::string& host, int port) {
+  int bound = port;
+  if (port == 0) {
+    bound = impl_->http.bind_to_any_port(host);
+    R3_CHECK(bound > 0, "serve: cannot listen on ", host, " (any port)");
+  } else {
+    R3_CHECK(impl_->http.bind_to_port(host, port), "serve: cannot listen on ", host, ":", port,
+             " (in use, or not an address of this machine)");
+  }
+  widen_listen_backlog(bound);
+  return bound;
 }
 
 void HttpServer::serve() { impl_->http.listen_after_bind(); }

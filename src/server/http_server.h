@@ -23,6 +23,10 @@ struct ServerOptions {
   int64_t max_body_bytes = 64 << 20;
   int read_timeout_seconds = 30;   // a client that sends nothing for this long is dropped
   int write_timeout_seconds = 30;  // likewise for one that reads nothing
+  // Request workers: each holds its request until the answer is sent, so this bounds the
+  // requests in flight (the engine batches only what reaches it). r3 serve sizes it from
+  // --max-running.
+  int64_t worker_threads = 64;
   ApiLimits limits;
 };
 
