@@ -248,6 +248,10 @@ TEST(HttpServer, CompletionsReturnWhatTheEngineComputesInVllmsLayout) {
   EXPECT_EQ(post(c, "/v1/completions", R"({"prompt": "hello"})", 400)["error"]["param"], "prompt");
   EXPECT_EQ(post(c, "/v1/completions", R"({"prompt": [1], "model": "other"})", 404)["error"]["param"], "model");
   EXPECT_EQ(post(c, "/v1/completions", R"({"prompt": [1], "stop": ["x"]})", 400)["error"]["param"], "stop");
+  // A body of invalid UTF-8: the parser's message quotes the bytes it stopped at, and the answer
+  // still goes out (written with replacement characters).
+  const json bad_utf8 = post(c, "/v1/completions", "{\"prompt\": [1], \"model\": \"\xff\xfe\"}", 400);
+  EXPECT_NE(bad_utf8["error"]["message"].get<std::string>().find("ill-formed UTF-8"), std::string::npos);
   EXPECT_EQ(post(c, "/v1/completions", R"({"prompt": [1], "logprobs": 21})", 400)["error"]["param"], "logprobs");
   EXPECT_EQ(post(c, "/v1/completions", R"({"prompt": [[1], [400]]})", 400)["error"]["param"], "prompt");
 }

@@ -44,9 +44,11 @@ struct HttpServer::Impl {
 
   Impl(EngineLoop& l, const models::ModelInfo& i, ServerOptions o) : loop(l), info(i), options(std::move(o)) {}
 
+  // Invalid UTF-8 (a client's bytes quoted in a message) is replaced rather than thrown on.
+  static std::string text_of(const json& body) { return body.dump(-1, ' ', false, json::error_handler_t::replace); }
   static void reply_json(httplib::Response& res, int status, const json& body) {
     res.status = status;
-    res.set_content(body.dump(), "application/json");
+    res.set_content(text_of(body), "application/json");
   }
   static void reply_error(httplib::Response& res, int status, const std::string& message, const std::string& param = "") {
     reply_json(res, status, error_body(status, message, param));
@@ -201,7 +203,7 @@ struct HttpServer::Impl {
                              std::chrono::system_clock::now().time_since_epoch()).count();
     auto provider = [this, st, request, id, created](std::size_t, httplib::DataSink& sink) {
       const auto send = [&sink](const json& event) {
-        const std::string line = "data: " + event.dump() + "\n\n";
+        const std::string line = "data: " + text_of(event) + "\n\n";
         return sink.write(line.data(), line.size());
       };
       std::unique_lock lock(st->mutex);
