@@ -261,8 +261,9 @@ TEST(HttpServer, CompletionsReturnWhatTheEngineComputesInVllmsLayout) {
 TEST(HttpServer, StreamedCompletionsAddUpToTheAnswer) {
   Served s;
   auto c = s.client();
-  const json base = {{"prompt", {{7, 7, 3}, {2, 9}}}, {"max_tokens", 4}, {"temperature", 0}, {"ignore_eos", true},
-                     {"logprobs", 0}, {"return_routed_experts", true}};
+  // Two prompts of two seeded samples each: every choice's tokens count in the usage chunk.
+  const json base = {{"prompt", {{7, 7, 3}, {2, 9}}}, {"max_tokens", 4}, {"temperature", 0.7}, {"seed", 3}, {"n", 2},
+                     {"ignore_eos", true}, {"logprobs", 0}, {"return_routed_experts", true}};
   const json whole = post(c, "/v1/completions", base.dump(), 200);
   json streamed_body = base;
   streamed_body["stream"] = true;
@@ -296,8 +297,9 @@ TEST(HttpServer, StreamedCompletionsAddUpToTheAnswer) {
     EXPECT_EQ(choice.at("logprobs").at("tokens").size(), more.size());
     last[choice.at("index").get<int64_t>()] = choice;
   }
-  ASSERT_EQ(tokens.size(), 2u);
-  for (int64_t i = 0; i < 2; ++i) {
+  ASSERT_EQ(tokens.size(), 4u);
+  EXPECT_EQ(usage.at("usage").at("completion_tokens"), 16);
+  for (int64_t i = 0; i < 4; ++i) {
     const json& want = whole.at("choices")[static_cast<std::size_t>(i)];
     EXPECT_EQ(tokens[i], want.at("token_ids").get<std::vector<int32_t>>());
     EXPECT_EQ(last[i].at("finish_reason"), "length");

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <chrono>
 #include <deque>
+#include <optional>
 
 #include "core/check.h"
 #include "io/json_file.h"
@@ -73,16 +74,13 @@ struct HttpServer::Impl {
   // ends the ones submitted before it.
   std::vector<std::vector<engine::RequestOutput>> run_all(const std::vector<engine::RequestParams>& requests,
                                                           const std::string& param) {
-    using Clock = std::chrono::steady_clock;
     struct Pending {
       std::mutex mutex;
       std::condition_variable done;
       std::vector<engine::RequestOutput> outputs;
       bool finished = false;
-      Clock::time_point submitted, last_tokens;
-      RequestTiming timing;
+      std::optional<RequestClock> clock;
     };
-    const auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
     std::vector<std::unique_ptr<Pending>> pending;
     for (std::size_t i = 0; i < requests.size(); ++i) pending.push_back(std::make_unique<Pending>());
     std::vector<engine::RequestId> ids;
@@ -93,23 +91,13 @@ struct HttpServer::Impl {
     try {
       for (std::size_t i = 0; i < requests.size(); ++i) {
         Pending& mine = *pending[i];
-        mine.submitted = Clock::now();
-        ids.push_back(loop.submit(requests[i], [&mine, seconds](const engine::RequestOutput& out) {
-          const Clock::time_point now = Clock::now();
+        mine.clock.emplace(static_cast<int64_t>(requests[i].prompt.size()));
+        ids.push_back(loop.submit(requests[i], [&mine](const engine::RequestOutput& out) {
           std::lock_guard lock(mine.mutex);
-          bool tokens = false;
-          for (const auto& sample : out.samples) tokens = tokens || !sample.token_ids.empty();
-          if (tokens) {
-            if (mine.timing.time_to_first_token < 0) mine.timing.time_to_first_token = seconds(now - mine.submitted);
-            else mine.timing.inter_token.push_back(seconds(now - mine.last_tokens));
-            mine.last_tokens = now;
-          }
+          mine.clock->observe(out);
           mine.outputs.push_back(out);
           mine.finished = out.finished;
-          if (out.finished) {
-            mine.timing.end_to_end = seconds(now - mine.submitted);
-            mine.done.notify_all();
-          }
+          if (out.finished) mine.done.notify_all();
         }));
       }
     } catch (const Error& e) {
@@ -123,14 +111,7 @@ struct HttpServer::Impl {
     for (std::size_t i = 0; i < pending.size(); ++i) {
       Pending& p = *pending[i];
       wait(p);
-      p.timing.prompt_tokens = static_cast<int64_t>(requests[i].prompt.size());
-      for (const auto& out : p.outputs) {
-        for (const auto& sample : out.samples) {
-          p.timing.generation_tokens += static_cast<int64_t>(sample.token_ids.size());
-          p.timing.routed_experts_bytes += static_cast<int64_t>(sample.routed_experts.size() * sizeof(int32_t));
-        }
-      }
-      metrics.record(p.timing);
+      metrics.record(p.clock->timing());
       outputs.push_back(std::move(p.outputs));
     }
     return outputs;
@@ -151,45 +132,27 @@ struct HttpServer::Impl {
   // events as they come, `data: [DONE]` last. A client that stops reading (or goes away) ends
   // its requests.
   void stream_completions(const CompletionRequest& request, httplib::Response& res) {
-    using Clock = std::chrono::steady_clock;
     struct Stream {
       std::mutex mutex;
       std::condition_variable ready;
       std::deque<std::pair<std::size_t, engine::RequestOutput>> queue;  // (prompt, output)
       std::size_t unfinished = 0;
       std::vector<engine::RequestId> ids;
-      std::vector<RequestTiming> timing;
-      std::vector<Clock::time_point> last_tokens;
-      Clock::time_point submitted = Clock::now();
+      std::vector<RequestClock> clocks;  // per prompt
     };
     auto st = std::make_shared<Stream>();
-    st->timing.resize(request.prompts.size());
-    st->last_tokens.resize(request.prompts.size());
-    const auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+    for (const engine::RequestParams& p : request.prompts) st->clocks.emplace_back(static_cast<int64_t>(p.prompt.size()));
     try {
       for (std::size_t p = 0; p < request.prompts.size(); ++p) {
         {
           std::lock_guard lock(st->mutex);
           ++st->unfinished;
         }
-        st->ids.push_back(loop.submit(request.prompts[p], [st, p, seconds](const engine::RequestOutput& out) {
-          const Clock::time_point now = Clock::now();
+        st->ids.push_back(loop.submit(request.prompts[p], [st, p](const engine::RequestOutput& out) {
           std::lock_guard lock(st->mutex);
-          RequestTiming& t = st->timing[p];
-          for (const auto& sample : out.samples) {
-            if (sample.token_ids.empty()) continue;
-            if (t.time_to_first_token < 0) t.time_to_first_token = seconds(now - st->submitted);
-            else t.inter_token.push_back(seconds(now - st->last_tokens[p]));
-            st->last_tokens[p] = now;
-            t.generation_tokens += static_cast<int64_t>(sample.token_ids.size());
-            t.routed_experts_bytes += static_cast<int64_t>(sample.routed_experts.size() * sizeof(int32_t));
-            break;
-          }
+          st->clocks[p].observe(out);
           st->queue.emplace_back(p, out);
-          if (out.finished) {
-            t.end_to_end = seconds(now - st->submitted);
-            --st->unfinished;
-          }
+          if (out.finished) --st->unfinished;
           st->ready.notify_all();
         }));
       }
@@ -210,11 +173,10 @@ struct HttpServer::Impl {
       st->ready.wait(lock, [&] { return !st->queue.empty() || st->unfinished == 0; });
       if (st->queue.empty()) {  // every request finished and every output sent
         int64_t prompt_tokens = 0, completion_tokens = 0;
-        for (std::size_t p = 0; p < request.prompts.size(); ++p) {
-          st->timing[p].prompt_tokens = static_cast<int64_t>(request.prompts[p].prompt.size());
-          prompt_tokens += st->timing[p].prompt_tokens;
-          completion_tokens += st->timing[p].generation_tokens;
-          metrics.record(st->timing[p]);
+        for (const RequestClock& clock : st->clocks) {
+          prompt_tokens += clock.timing().prompt_tokens;
+          completion_tokens += clock.timing().generation_tokens;
+          metrics.record(clock.timing());
         }
         lock.unlock();
         if (request.include_usage) {

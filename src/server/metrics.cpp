@@ -26,6 +26,26 @@ std::string Histogram::render(const std::string& name) const {
   return out;
 }
 
+RequestClock::RequestClock(int64_t prompt_tokens, Clock::time_point submitted) : submitted_(submitted) {
+  timing_.prompt_tokens = prompt_tokens;
+}
+
+void RequestClock::observe(const engine::RequestOutput& out, Clock::time_point now) {
+  const auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  bool tokens = false;
+  for (const auto& sample : out.samples) {
+    tokens = tokens || !sample.token_ids.empty();
+    timing_.generation_tokens += static_cast<int64_t>(sample.token_ids.size());
+    timing_.routed_experts_bytes += static_cast<int64_t>(sample.routed_experts.size() * sizeof(int32_t));
+  }
+  if (tokens) {
+    if (timing_.time_to_first_token < 0) timing_.time_to_first_token = seconds(now - submitted_);
+    else timing_.inter_token.push_back(seconds(now - last_tokens_));
+    last_tokens_ = now;
+  }
+  if (out.finished) timing_.end_to_end = seconds(now - submitted_);
+}
+
 // vLLM's buckets.
 ServerMetrics::ServerMetrics()
     : ttft_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,

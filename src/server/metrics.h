@@ -4,6 +4,7 @@
 // as requests finish. Thread-safe: request threads record, the scraping thread renders.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -35,6 +36,21 @@ struct RequestTiming {
   double time_to_first_token = -1;   // seconds; < 0: no token came out
   std::vector<double> inter_token;   // seconds between successive outputs with tokens
   double end_to_end = 0;
+};
+
+// One request's figures as its outputs arrive (on the engine thread, under the caller's lock):
+// every sample's tokens and routed ids are counted, and each output that brings tokens is one
+// step for the latency histograms.
+class RequestClock {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit RequestClock(int64_t prompt_tokens, Clock::time_point submitted = Clock::now());
+  void observe(const engine::RequestOutput& out, Clock::time_point now = Clock::now());
+  const RequestTiming& timing() const { return timing_; }
+
+ private:
+  RequestTiming timing_;
+  Clock::time_point submitted_, last_tokens_;
 };
 
 class ServerMetrics {
