@@ -21,6 +21,7 @@
 #include "engine/engine.h"
 #include "models/registry.h"
 #include "server/http_server.h"
+#include "served_model.h"
 #include "engine_checks.h"
 #include "test_support.h"
 
@@ -28,74 +29,6 @@ namespace r3::test {
 namespace {
 
 using nlohmann::json;
-
-std::vector<int32_t> base64_int32(const std::string& text) {
-  std::vector<unsigned char> bytes;
-  uint32_t acc = 0;
-  int bits = 0;
-  for (const char c : text) {
-    if (c == '=') break;
-    const std::string alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    const auto v = alphabet.find(c);
-    EXPECT_NE(v, std::string::npos) << "not base64: " << c;
-    acc = (acc << 6) | static_cast<uint32_t>(v);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      bytes.push_back(static_cast<unsigned char>((acc >> bits) & 0xff));
-    }
-  }
-  EXPECT_EQ(bytes.size() % 4, 0u);
-  std::vector<int32_t> ids(bytes.size() / 4);
-  std::memcpy(ids.data(), bytes.data(), ids.size() * 4);
-  return ids;
-}
-
-// A served tiny Qwen3-MoE on 127.0.0.1 at a free port, for the length of a test.
-class Served {
- public:
-  explicit Served(server::ServerOptions options = {}, engine::EngineOptions engine_options = {})
-      : model_(models::load_model(family_dir("qwen3_moe"))), ctx_(2) {
-    engine_ = std::make_unique<engine::Engine>(*model_, ctx_, engine_options);
-    loop_ = std::make_unique<server::EngineLoop>(*engine_);
-    options.model_name = "qwen3_moe";
-    server_ = std::make_unique<server::HttpServer>(*loop_, model_->info(), options);
-    port_ = server_->bind("127.0.0.1", 0);
-    thread_ = std::thread([this] { server_->serve(); });
-    while (!server_->running()) std::this_thread::yield();
-  }
-  ~Served() {
-    server_->stop();
-    thread_.join();
-  }
-  // Generous read timeout: the machine may be busy (the default is 5 s).
-  httplib::Client client() const {
-    httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(300, 0);
-    return c;
-  }
-  models::CausalLM& model() { return *model_; }
-  engine::EngineStats stats() const { return engine_->stats(); }
-  backend::Context& ctx() { return ctx_; }
-
- private:
-  std::unique_ptr<models::CausalLM> model_;
-  backend::Context ctx_;
-  std::unique_ptr<engine::Engine> engine_;
-  std::unique_ptr<server::EngineLoop> loop_;
-  std::unique_ptr<server::HttpServer> server_;
-  int port_ = 0;
-  std::thread thread_;
-};
-
-json post(httplib::Client& c, const std::string& path, const std::string& body, int expected_status,
-          const httplib::Headers& headers = {}) {
-  const auto res = c.Post(path, headers, body, "application/json");
-  EXPECT_TRUE(res) << "no response from " << path << ": " << httplib::to_string(res.error());
-  if (!res) return {};
-  EXPECT_EQ(res->status, expected_status) << res->body;
-  return json::parse(res->body);
-}
 
 TEST(HttpServer, HealthAndModels) {
   Served s;
@@ -482,8 +415,8 @@ TEST(HttpServer, TheApiKeyGuardsEverythingButHealth) {
   EXPECT_FALSE(server::equal_in_constant_time("", "a"));
 }
 
-// The r3 binary: `r3 serve --port 0` logs the port it got, answers over HTTP, and exits 0 on
-// SIGTERM.
+// The r3 binary: `r3 serve --port 0` logs the port it got, answers over HTTP, and on SIGTERM
+// finishes the request in flight (a stream of 32 samples run one at a time) and exits 0.
 TEST(ServeCommand, ServesUntilSigterm) {
   TempDir tmp;
   const std::string log = tmp.path("serve.log");
@@ -494,7 +427,7 @@ TEST(ServeCommand, ServesUntilSigterm) {
     dup2(fd, 2);
     const std::string model = family_dir("qwen3_moe");
     execl(R3_BINARY, R3_BINARY, "serve", "--model", model.c_str(), "--port", "0", "--threads", "1",
-          static_cast<char*>(nullptr));
+          "--max-running", "1", "--shutdown-timeout", "600", static_cast<char*>(nullptr));
     _exit(127);
   }
   int port = 0;
@@ -516,10 +449,25 @@ TEST(ServeCommand, ServesUntilSigterm) {
   EXPECT_EQ(health->status, 200);
   const json r = post(c, "/generate", R"({"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}})", 200);
   EXPECT_EQ(r.at("output_ids").size(), 2u);
+  RawConnection in_flight(port);
+  in_flight.send_all(raw_post("/v1/completions", R"({"prompt": [1, 2], "n": 32, "max_tokens": 200,
+                                                    "ignore_eos": true, "stream": true})"));
+  ASSERT_NE(in_flight.read_until("data: ").find("data: "), std::string::npos);
   ASSERT_EQ(kill(pid, SIGTERM), 0);
+  const std::string stream = in_flight.read_to_end();
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  int finished = 0;
+  for (const json& event : sse_events(stream)) {
+    for (const json& choice : event.at("choices")) {
+      if (choice.at("finish_reason").is_null()) continue;
+      EXPECT_EQ(choice.at("finish_reason"), "length");
+      ++finished;
+    }
+  }
+  EXPECT_EQ(finished, 32);
+  EXPECT_NE(stream.find("data: [DONE]"), std::string::npos);
 }
 
 }  // namespace

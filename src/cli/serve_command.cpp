@@ -1,6 +1,7 @@
 // `r3 serve`: the model behind the HTTP server (server/http_server.h) until SIGINT or SIGTERM.
 // Built only where cpp-httplib is (R3_WITH_HTTP); elsewhere the command says so.
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <thread>
@@ -30,6 +31,7 @@ struct ServeOptions {
   std::string served_model_name;  // default: the model folder's name
   int64_t max_body_mb = 64;
   int timeout_seconds = 30;
+  double shutdown_timeout_seconds = 30;
 };
 
 #if R3_WITH_HTTP
@@ -62,10 +64,12 @@ int run_serve(const ServeOptions& o) {
   std::thread stopper([&] {
     int signal = 0;
     sigwait(&stop_signals, &signal);
-    spdlog::info("serve: signal {}, stopping", signal);
-    http.stop();
+    spdlog::info("serve: signal {}: no new connections; the requests in flight have {} s to finish", signal,
+                 o.shutdown_timeout_seconds);
+    http.shutdown(std::chrono::milliseconds(static_cast<int64_t>(o.shutdown_timeout_seconds * 1000)));
   });
   http.serve();
+  spdlog::info("serve: stopped");
   if (stopper.joinable()) {
     pthread_kill(stopper.native_handle(), SIGTERM);  // serve() ended on its own: release the waiter
     stopper.join();
@@ -99,6 +103,10 @@ Command add_serve_command(CLI::App& app) {
                   "Seconds a client may stay silent while sending its request or not read the answer")
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));
+  cmd->add_option("--shutdown-timeout", o->shutdown_timeout_seconds,
+                  "On SIGINT/SIGTERM: seconds the requests in flight have to finish before they are ended")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 3600.0));
   return [o]() -> int {
 #if R3_WITH_HTTP
     return run_serve(*o);

@@ -6,7 +6,9 @@ nlohmann::json error_body(int status, const std::string& message, const std::str
   const char* type = status == 400   ? "BadRequestError"
                      : status == 401 ? "AuthenticationError"
                      : status == 404 ? "NotFoundError"
+                     : status == 405 ? "MethodNotAllowedError"
                      : status == 413 ? "RequestTooLargeError"
+                     : status == 431 ? "RequestHeaderFieldsTooLargeError"
                      : status == 503 ? "ServiceUnavailableError"
                                      : "InternalServerError";
   nlohmann::json error = {{"message", message}, {"type", type}, {"code", status}};

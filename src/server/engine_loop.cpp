@@ -37,6 +37,14 @@ void EngineLoop::abort(engine::RequestId id, const std::string& message) {
   wake_.notify_all();
 }
 
+void EngineLoop::abort_every_request(const std::string& message) {
+  {
+    std::lock_guard lock(mutex_);
+    abort_every_ = message;
+  }
+  wake_.notify_all();
+}
+
 engine::EngineStats EngineLoop::stats() const {
   std::lock_guard lock(mutex_);
   return stats_;
@@ -45,10 +53,12 @@ engine::EngineStats EngineLoop::stats() const {
 void EngineLoop::take_queued() {
   std::deque<Pending> pending;
   std::vector<std::pair<engine::RequestId, std::string>> aborts;
+  std::optional<std::string> abort_every;
   {
     std::lock_guard lock(mutex_);
     pending.swap(pending_);
     aborts.swap(aborts_);
+    abort_every.swap(abort_every_);
   }
   for (Pending& p : pending) {
     try {
@@ -60,6 +70,10 @@ void EngineLoop::take_queued() {
     }
   }
   for (const auto& [id, message] : aborts) engine_.abort(id, message);
+  // After the submissions: a request accepted just now ends too.
+  if (abort_every) {
+    for (const auto& [id, sink] : sinks_) engine_.abort(id, *abort_every);
+  }
 }
 
 void EngineLoop::deliver(const std::vector<engine::RequestOutput>& outputs) {
@@ -96,7 +110,9 @@ void EngineLoop::run() {
   for (;;) {
     {
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [this] { return stopping_ || !pending_.empty() || !aborts_.empty() || engine_.has_work(); });
+      wake_.wait(lock, [this] {
+        return stopping_ || !pending_.empty() || !aborts_.empty() || abort_every_ || engine_.has_work();
+      });
       if (stopping_) break;
     }
     take_queued();

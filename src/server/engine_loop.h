@@ -12,6 +12,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -36,6 +37,8 @@ class EngineLoop {
   // Ends the request at the engine's next step (its sink gets the abort); unknown or finished
   // ids are ignored.
   void abort(engine::RequestId id, const std::string& message = "aborted");
+  // Ends every request the engine holds at its next step (a shutdown's grace period is over).
+  void abort_every_request(const std::string& message);
   // The engine's counters after its latest step.
   engine::EngineStats stats() const;
   // The engine's options (fixed once it runs).
@@ -60,6 +63,7 @@ class EngineLoop {
   std::condition_variable wake_;
   std::deque<Pending> pending_;
   std::vector<std::pair<engine::RequestId, std::string>> aborts_;
+  std::optional<std::string> abort_every_;  // abort_every_request's message, until the engine thread acts
   bool stopping_ = false;
   engine::EngineStats stats_;
   std::map<engine::RequestId, Sink> sinks_;  // engine thread only

@@ -11,7 +11,10 @@
 #include <cerrno>
 #include <cstring>
 #include <chrono>
+#include <condition_variable>
 #include <deque>
+#include <map>
+#include <mutex>
 #include <optional>
 
 #include "core/check.h"
@@ -42,6 +45,16 @@ struct HttpServer::Impl {
   httplib::Server http;
   std::atomic<int64_t> next_id{0};
   ServerMetrics metrics;
+  std::mutex serving_mutex;
+  std::condition_variable serving_ended_cv;
+  bool serving_ended = false;
+  int port = 0;
+  // A graceful shutdown has begun: the listener is closed by cpp-httplib itself, so stop() must
+  // not close its descriptor again (the number may belong to a client's connection by then).
+  std::atomic<bool> draining{false};
+  // Each endpoint's method, for a 405 (with Allow) rather than a 404 on a known path.
+  std::map<std::string, std::string> methods = {{"/health", "GET"},  {"/v1/models", "GET"},     {"/metrics", "GET"},
+                                                {"/generate", "POST"}, {"/v1/completions", "POST"}};
 
   Impl(EngineLoop& l, const models::ModelInfo& i, ServerOptions o) : loop(l), info(i), options(std::move(o)) {}
 
@@ -53,6 +66,21 @@ struct HttpServer::Impl {
   }
   static void reply_error(httplib::Response& res, int status, const std::string& message, const std::string& param = "") {
     reply_json(res, status, error_body(status, message, param));
+  }
+
+  // Why the request's headers are refused ("" when they are within the limits).
+  std::string headers_over_limits(const httplib::Request& req) const {
+    if (static_cast<int64_t>(req.headers.size()) > options.max_header_fields) {
+      return "the request has " + std::to_string(req.headers.size()) + " header fields; the server accepts " +
+             std::to_string(options.max_header_fields);
+    }
+    int64_t bytes = 0;
+    for (const auto& [name, value] : req.headers) bytes += static_cast<int64_t>(name.size() + value.size() + 4);
+    if (bytes > options.max_header_bytes) {
+      return "the request's headers are " + std::to_string(bytes) + " bytes; the server accepts " +
+             std::to_string(options.max_header_bytes);
+    }
+    return "";
   }
 
   bool authorized(const httplib::Request& req) const {
@@ -226,6 +254,15 @@ struct HttpServer::Impl {
     http.set_read_timeout(options.read_timeout_seconds, 0);
     http.set_write_timeout(options.write_timeout_seconds, 0);
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (const std::string too_big = headers_over_limits(req); !too_big.empty()) {
+        reply_error(res, 431, too_big);
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      if (draining) {  // a new request on a kept-alive connection: not one in flight
+        res.set_header("Connection", "close");
+        reply_error(res, 503, "the server is shutting down");
+        return httplib::Server::HandlerResponse::Handled;
+      }
       if (req.path == "/health" || authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
       reply_error(res, 401, "missing or wrong API key: send Authorization: Bearer <key>");
       return httplib::Server::HandlerResponse::Handled;
@@ -252,9 +289,13 @@ struct HttpServer::Impl {
         reply_error(res, 500, e.what());
       }
     });
-    http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;  // an answer of ours
-      if (res.status == 404) reply_error(res, 404, "no endpoint " + req.method + " " + req.path);
+      const auto known = methods.find(req.path);
+      if (res.status == 404 && known != methods.end()) {
+        res.set_header("Allow", known->second);
+        reply_error(res, 405, req.path + " takes " + known->second + ", not " + req.method);
+      } else if (res.status == 404) reply_error(res, 404, "no endpoint " + req.method + " " + req.path);
       else if (res.status == 413) reply_error(res, 413, "the request body is larger than the server accepts");
       else reply_error(res, res.status, "the request could not be served");
     });
@@ -270,11 +311,9 @@ HttpServer::~HttpServer() { stop(); }
 
 namespace {
 
-// Debian's cpp-httplib is a compiled library whose listen backlog is its compile-time default, 5
-// connections: a burst of clients (a rollout step's requests all at once) overflows it and some
-// connections fail. The bound socket is found among this process's descriptors by its port and
-// listen() is called again with the system's maximum, which Linux applies to a listening socket.
-void widen_listen_backlog(int port) {
+// The listening socket bound to `port` among this process's descriptors (-1 if none): cpp-httplib
+// does not expose it, and two things below need it.
+int listening_socket(int port) {
   for (int fd = 0; fd < 4096; ++fd) {
     sockaddr_storage address{};
     socklen_t length = sizeof(address);
@@ -284,11 +323,22 @@ void widen_listen_backlog(int port) {
     else if (address.ss_family == AF_INET6) bound_port = ntohs(reinterpret_cast<const sockaddr_in6*>(&address)->sin6_port);
     int listening = 0;
     socklen_t size = sizeof(listening);
-    if (bound_port != port || getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &size) != 0 || !listening) continue;
-    if (::listen(fd, SOMAXCONN) != 0) spdlog::warn("serve: could not widen the listen backlog: {}", std::strerror(errno));
-    return;
+    if (bound_port == port && getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &size) == 0 && listening) return fd;
   }
-  spdlog::warn("serve: the listening socket was not found; the listen backlog stays at 5 connections");
+  return -1;
+}
+
+// Debian's cpp-httplib is a compiled library whose listen backlog is its compile-time default, 5
+// connections: a burst of clients (a rollout step's requests all at once) overflows it and some
+// connections fail. listen() is called again with the system's maximum, which Linux applies to a
+// listening socket.
+void widen_listen_backlog(int port) {
+  const int fd = listening_socket(port);
+  if (fd < 0) {
+    spdlog::warn("serve: the listening socket was not found; the listen backlog stays at 5 connections");
+  } else if (::listen(fd, SOMAXCONN) != 0) {
+    spdlog::warn("serve: could not widen the listen backlog: {}", std::strerror(errno));
+  }
 }
 
 }  // namespace
@@ -303,15 +353,43 @@ int HttpServer::bind(const std::string& host, int port) {
              " (in use, or not an address of this machine)");
   }
   widen_listen_backlog(bound);
+  impl_->port = bound;
   return bound;
 }
 
-void HttpServer::serve() { impl_->http.listen_after_bind(); }
+void HttpServer::serve() {
+  impl_->http.listen_after_bind();  // returns once stopped and every worker is done
+  std::lock_guard lock(impl_->serving_mutex);
+  impl_->serving_ended = true;
+  impl_->serving_ended_cv.notify_all();
+}
 
 bool HttpServer::running() const { return impl_->http.is_running(); }
 
 void HttpServer::stop() {
-  if (impl_->http.is_running()) impl_->http.stop();
+  if (!impl_->draining && impl_->http.is_running()) impl_->http.stop();
+}
+
+// cpp-httplib's stop() also cuts every streamed answer short (its chunk writer stops once the
+// server is stopping), so a graceful stop cannot use it. Shutting the listening socket down
+// instead makes the accept loop end on its own; the workers then finish what they hold, and
+// serve() returns when they are done.
+void HttpServer::shutdown(std::chrono::milliseconds grace) {
+  if (!impl_->draining.exchange(true)) {
+    const int fd = listening_socket(impl_->port);
+    if (fd >= 0) {
+      ::shutdown(fd, SHUT_RDWR);
+    } else {
+      impl_->draining = false;
+      stop();  // not found: the abrupt way
+    }
+  }
+  std::unique_lock lock(impl_->serving_mutex);
+  if (impl_->serving_ended_cv.wait_for(lock, grace, [this] { return impl_->serving_ended; })) return;
+  lock.unlock();
+  spdlog::warn("serve: requests still running after the shutdown grace of {} s; ending them",
+               std::chrono::duration<double>(grace).count());
+  impl_->loop.abort_every_request("the server is shutting down");
 }
 
 }  // namespace r3::server

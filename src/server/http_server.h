@@ -7,6 +7,7 @@
 // `Authorization: Bearer KEY` (compared in constant time).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -27,6 +28,10 @@ struct ServerOptions {
   // requests in flight (the engine batches only what reaches it). r3 serve sizes it from
   // --max-running.
   int64_t worker_threads = 64;
+  // Request headers: more fields or more bytes in all is a 431 (each line is also limited to
+  // 8 KiB by cpp-httplib, a 400).
+  int64_t max_header_fields = 100;
+  int64_t max_header_bytes = 64 << 10;
   ApiLimits limits;
 };
 
@@ -43,7 +48,12 @@ class HttpServer {
   void serve();
   // Whether serve() is accepting connections.
   bool running() const;
+  // Stops accepting connections; requests in flight go on.
   void stop();
+  // A graceful stop (SIGTERM): stop(), then the requests in flight have `grace` to finish; those
+  // still running after it end with an abort (their clients get what was generated, finish
+  // reason "abort"). Returns once serve() has returned or the grace is over.
+  void shutdown(std::chrono::milliseconds grace);
 
  private:
   struct Impl;
