@@ -15,6 +15,7 @@ Tensor empty(Context& ctx, DType dtype, Shape shape);
 Tensor upload(Context& ctx, const Tensor& host);
 Tensor download(Context& ctx, const Tensor& t);
 void download_into(Context& ctx, const Tensor& t, Tensor& host);
+void copy_device_to_device(Context& ctx, const Tensor& src, Tensor& dst);
 double copy_bandwidth(Context& ctx);
 void synchronize(Context& ctx);
 }  // namespace cuda
@@ -84,6 +85,18 @@ void copy_to_host(Context& ctx, const Tensor& t, Tensor& host) {
 #endif
   (void)ctx;
   if (t.raw_data() != host.raw_data()) std::memcpy(host.raw_data(), t.raw_data(), t.nbytes());
+}
+
+void copy_on_device(Context& ctx, const Tensor& src, Tensor& dst) {
+  R3_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel() && src.is_contiguous() && dst.is_contiguous() &&
+               src.device() == dst.device(),
+           "copy_on_device: ", dtype_name(src.dtype()), " ", shape_to_string(src.shape()), " into ",
+           dtype_name(dst.dtype()), " ", shape_to_string(dst.shape()));
+#if R3_WITH_CUDA
+  if (src.device() == Device::kCuda) return cuda::copy_device_to_device(ctx, src, dst);
+#endif
+  (void)ctx;
+  if (src.raw_data() != dst.raw_data()) std::memcpy(dst.raw_data(), src.raw_data(), src.nbytes());
 }
 
 double measure_copy_bandwidth(Context& ctx) {

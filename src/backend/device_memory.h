@@ -20,6 +20,9 @@ Tensor to_host(Context& ctx, const Tensor& t);
 // Copies device (or host) tensor `t` into the host tensor `host` of the same dtype and size, and
 // waits for it.
 void copy_to_host(Context& ctx, const Tensor& t, Tensor& host);
+// Copies `src` into `dst`, tensors of ctx's device of the same dtype and size (on the CPU, a
+// memcpy); waits for it.
+void copy_on_device(Context& ctx, const Tensor& src, Tensor& dst);
 // The device's copy bandwidth in bytes/s: 2 x bytes / time of device-to-device copies of 2 GiB
 // (read + write), the yardstick of the GPU benchmarks. Throws on a CPU context.
 double measure_copy_bandwidth(Context& ctx);

@@ -27,6 +27,11 @@ struct DeviceExperts {
 // at a time on the host.
 DeviceExperts upload_experts(backend::Context& ctx, const PhysicalExperts& experts, DType dtype);
 
+// Rewrites `into` (made by upload_experts from these experts) with the experts' current
+// weights, after a rebalance moved them: the device addresses stay. Goes through a fresh upload
+// (the host already holds the new placement's weights); waits for the copies.
+void refresh_experts(backend::Context& ctx, const PhysicalExperts& experts, DeviceExperts& into);
+
 // Ints of scratch the pairs' grouping by expert takes: offsets, order, used experts, their count.
 constexpr int64_t grouping_ints(int64_t experts, int64_t pairs) { return 2 * experts + pairs + 2; }
 

@@ -65,7 +65,7 @@ PhysicalRouting PhysicalExperts::map(backend::Workspace& workspace, const Captur
       const int32_t logical = r.expert_ids[i];
       R3_CHECK(logical >= 0 && logical < num_logical(), "EPLB map: expert id ", logical,
                " outside [0, ", num_logical(), ")");
-      const int32_t physical = map_fn_ ? map_fn_(logical, t, k) : placement_.choose(logical, t, k, r.top_k);
+      const int32_t physical = map_choice(logical, t, k, r.top_k);
       R3_CHECK(physical >= 0 && physical < num_physical(), "EPLB map: physical expert ", physical,
                " outside [0, ", num_physical(), ")");
       physical_ids[i] = physical;
@@ -97,6 +97,7 @@ void PhysicalExperts::rearrange(ExpertPlacement placement) {
   }
   physical_ = std::move(moved);
   placement_ = std::move(placement);
+  ++placement_version_;
   build_bank();
 }
 

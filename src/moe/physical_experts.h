@@ -94,11 +94,18 @@ class PhysicalExperts {
   // capture happens before the map. An empty function restores the placement's own choice.
   using MapFunction = std::function<int32_t(int32_t logical, int64_t token, int64_t choice)>;
   void set_map_function(MapFunction fn) { map_fn_ = std::move(fn); }
+  bool has_map_function() const { return static_cast<bool>(map_fn_); }
+  // One (token, choice)'s physical expert: the replaced function's, else the placement's choice.
+  int32_t map_choice(int32_t logical, int64_t token, int64_t choice, int64_t top_k) const {
+    return map_fn_ ? map_fn_(logical, token, choice) : placement_.choose(logical, token, choice, top_k);
+  }
 
   // Logical experts' load from per-physical-expert counts under this placement.
   std::vector<double> logical_load(std::span<const int64_t> physical_counts) const;
   // Moves expert weights to the physical experts of `placement` (copies).
   void rearrange(ExpertPlacement placement);
+  // Counts rearrange() calls: copies of these experts elsewhere (the GPU's) follow it.
+  int64_t placement_version() const { return placement_version_; }
 
  private:
   ExpertPlacement placement_;
@@ -109,6 +116,7 @@ class PhysicalExperts {
   int64_t hidden_ = 0, intermediate_ = 0;
   ExpertActivation activation_;
   MapFunction map_fn_;
+  int64_t placement_version_ = 0;
 };
 
 }  // namespace r3::moe

@@ -295,9 +295,6 @@ TEST(GpuRefusals, WhatHasNoCudaKernelsIsRefusedByName) {
   const std::string ids = " --ids 1,2,3";
   EXPECT_TRUE(refused_with(run_r3("forward -q --device cuda --model " + family_dir("deepseek_v4") + ids),
                            "has no CUDA kernels yet (DeepSeek-V4's compressed attention"));
-  EXPECT_TRUE(refused_with(
-      run_r3("forward -q --device cuda --eplb-redundant-experts 2 --model " + family_dir("qwen3_moe") + ids),
-      "EPLB"));
 }
 
 }  // namespace

@@ -45,6 +45,12 @@ void download_into(Context& ctx, const Tensor& t, Tensor& host) {
   R3_CUDA_CHECK(cudaStreamSynchronize(s.stream));
 }
 
+void copy_device_to_device(Context& ctx, const Tensor& src, Tensor& dst) {
+  State& s = ctx.cuda_state();
+  R3_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), src.nbytes(), cudaMemcpyDeviceToDevice, s.stream));
+  R3_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+}
+
 double copy_bandwidth(Context& ctx) {
   State& s = ctx.cuda_state();
   const std::size_t bytes = std::size_t{2} << 30;

@@ -72,13 +72,35 @@ void Decoder::forward_into(backend::Context& ctx, const ForwardBatch& batch, Mod
   st.selected = ctx.scratch_for_output(DType::F32, {step.logit_row_count, hidden});
   st.logits = ctx.scratch_for_output(DType::F32, {step.logit_row_count, info.vocab_size});
   const bool capturing = capture_ && p_.capture_routing;
+  bool host_map = false;
+  for (const Layer& layer : p_.layers) {
+    if (!layer.moe) continue;
+    layer.moe->follow_placement(ctx);  // after a rebalance of the step before
+    host_map = host_map || layer.moe->host_map();
+  }
   if (capturing) capture_->begin_step();
-  if (step.forced == nullptr) run_layers_graphed(ctx, step, *kv, st);
-  else run_layers(ctx, step, *kv, st);  // replay steps run eagerly (their forced ids are optional pointers)
+  if (loads_) loads_->begin_step();
+  moe_layers_routed_ = 0;
+  try {
+    // Replay steps run eagerly (their forced ids are optional pointers), and so does a map a test
+    // replaced (it runs on the host).
+    if (step.forced == nullptr && !host_map) run_layers_graphed(ctx, step, *kv, st);
+    else run_layers(ctx, step, *kv, st);
+  } catch (...) {
+    // What was captured before the failure reaches the capture buffer (as on the CPU, where the
+    // layers before the failing one have recorded).
+    if (capturing) {
+      capture_->end_step(tokens);
+      deliver_routing(ctx, batch, moe_layers_routed_);
+    }
+    throw;
+  }
   if (capturing) capture_->end_step(tokens);
+  if (loads_) loads_->end_step();
   backend::copy_to_host(ctx, st.logits, logits);  // the step's one wait
 
-  if (capturing) deliver_routing(ctx, batch);
+  if (capturing) deliver_routing(ctx, batch, static_cast<int64_t>(info.moe_layers.size()));
+  if (loads_) deliver_loads(batch);
   for (int64_t t = 0; t < tokens; ++t) {
     if (batch.seqs[t] != ForwardBatch::kPadding) kv->set_length(batch.seqs[t], batch.positions[t] + 1);
   }
@@ -98,7 +120,12 @@ void Decoder::run_layers(backend::Context& ctx, const ops::DeviceStep& step, KvC
     if (layer.moe) {
       const int64_t j = layer.moe->layer_id;
       const moe::DeviceCaptureRows rows = p_.capture_routing ? capture_->layer_rows(j) : moe::DeviceCaptureRows{};
-      layer.moe->forward(ctx, t.normed, step, capture_->layer_weights(j, tokens), rows, t.branch);
+      backend::Workspace::Scope scope(ctx.workspace());
+      int32_t* ids = ctx.scratch_for_output(DType::I32, {tokens, layer.moe->top_k}).data<int32_t>();
+      float* weights = capture_->layer_weights(j, tokens);
+      layer.moe->route(ctx, t.normed, step, ids, weights, rows);
+      moe_layers_routed_ = j + 1;
+      layer.moe->run_experts(ctx, t.normed, step, ids, weights, loads_ ? loads_->layer(j) : nullptr, t.branch);
     } else {
       layer.dense->forward(ctx, t.normed, t.branch);
     }
@@ -171,9 +198,19 @@ void Decoder::prepare(int64_t tokens, const KvCache& kv) const {
     capture_ = std::make_unique<moe::DeviceCaptureBuffer>(ctx_, capture_room_, moe_layers, p_.info.top_k);
     drop_graphs();
   }
+  if (!loads_) {
+    int64_t width = 0;
+    for (const Layer& layer : p_.layers) {
+      if (layer.moe && layer.moe->map) width = std::max(width, layer.moe->map->num_physical());
+    }
+    if (width > 0) {
+      loads_ = std::make_unique<moe::DeviceLoadCounts>(ctx_, moe_layers, width);
+      drop_graphs();
+    }
+  }
 }
 
-void Decoder::deliver_routing(backend::Context& ctx, const ForwardBatch& batch) const {
+void Decoder::deliver_routing(backend::Context& ctx, const ForwardBatch& batch, int64_t routed_layers) const {
   const int64_t tokens = batch.size(), k = p_.info.top_k;
   const auto moe_layers = static_cast<int64_t>(p_.info.moe_layers.size());
   const std::span<const int32_t> rows = capture_->collect();             // [tokens, layers, k]
@@ -181,15 +218,28 @@ void Decoder::deliver_routing(backend::Context& ctx, const ForwardBatch& batch) 
   R3_CHECK(batch.capture != nullptr, "forward: MoE layers need the step's capture buffer");
   backend::Workspace::Scope scope(ctx.workspace());
   const std::span<int32_t> layer_ids = ctx.workspace().array<int32_t>(tokens * k);
-  for (int64_t j = 0; j < moe_layers; ++j) {
+  for (int64_t j = 0; j < routed_layers; ++j) {
     for (int64_t t = 0; t < tokens; ++t) std::copy_n(rows.data() + (t * moe_layers + j) * k, k, layer_ids.data() + t * k);
     batch.capture->record(j, layer_ids, weights.subspan(static_cast<std::size_t>(j * tokens * k),
                                                         static_cast<std::size_t>(tokens * k)));
-    if (batch.loads == nullptr) continue;
-    const std::span<int64_t> counts = batch.loads->layer(j);  // physical = logical: no replicas on the GPU
+    if (batch.loads == nullptr || loads_) continue;       // with EPLB the device map counted
+    const std::span<int64_t> counts = batch.loads->layer(j);  // no EPLB: physical = logical
     for (int64_t t = 0; t < tokens; ++t) {
       if (batch.seqs[t] == ForwardBatch::kPadding) continue;
       for (int64_t c = 0; c < k; ++c) ++counts[static_cast<std::size_t>(layer_ids[t * k + c])];
+    }
+  }
+}
+
+void Decoder::deliver_loads(const ForwardBatch& batch) const {
+  if (batch.loads == nullptr) return;
+  const std::span<const int32_t> counted = loads_->collect();  // [moe_layers, width]
+  for (int64_t j = 0; j < batch.loads->num_layers(); ++j) {
+    const std::span<int64_t> counts = batch.loads->layer(j);
+    R3_CHECK(static_cast<int64_t>(counts.size()) <= loads_->width(), "EPLB (cuda): layer ", j, " has ", counts.size(),
+             " physical experts, the device counted ", loads_->width());
+    for (std::size_t p = 0; p < counts.size(); ++p) {
+      counts[p] += counted[static_cast<std::size_t>(j * loads_->width()) + p];
     }
   }
 }
@@ -210,8 +260,6 @@ std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr
   R3_CHECK(ctx.device() == Device::kCuda, "place_on_device: not a CUDA context");
   R3_CHECK(weights == DType::F32 || weights == DType::BF16, "--dtype: float32 or bfloat16 weights on the GPU, not ",
            dtype_name(weights));
-  R3_CHECK(!host->eplb_options().active(),
-           "--device cuda: EPLB (replicas, load windows, rebalancing) on the GPU is not supported yet");
   device::DecoderParts parts;
   parts.info = host->info();
   parts.rms_eps = host->rms_eps();
@@ -237,12 +285,15 @@ std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr
     } else {
       const auto* moe = dynamic_cast<const MoeFeedForward*>(layer.feed_forward.get());
       R3_CHECK(moe != nullptr, "--device cuda: layer ", l, "'s feed-forward has no CUDA kernels");
-      d.moe.emplace(ctx, *moe, weights);
+      d.moe.emplace(ctx, *moe, weights, host->eplb_options().active());
     }
     parts.layers.push_back(std::move(d));
   }
+  const moe::EplbOptions eplb = host->eplb_options();
   parts.host = std::move(host);
-  return std::make_unique<device::Decoder>(ctx, std::move(parts));
+  auto placed = std::make_unique<device::Decoder>(ctx, std::move(parts));
+  placed->set_eplb_options(eplb);  // the engine's load windows and rebalancing run over the host's blocks
+  return placed;
 }
 
 }  // namespace r3::models

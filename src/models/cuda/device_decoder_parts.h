@@ -19,6 +19,7 @@
 #include "models/mla_attention.h"
 #include "models/device_step_builder.h"
 #include "moe/device_capture.h"
+#include "moe/device_expert_map.h"
 #include "moe/device_experts.h"
 #include "moe/device_routing.h"
 #include "ops/device_step.h"
@@ -69,17 +70,34 @@ struct Moe {
   int64_t num_experts = 0, top_k = 0;
   Tensor gate_weight, gate_bias, correction_bias;
   moe::DeviceRoutingRule rule;
-  moe::DeviceExperts experts;
+  mutable moe::DeviceExperts experts;  // the physical experts (replicas included); follow_placement rewrites them
+  DType dtype = DType::F32;
   std::optional<SwigluMlp> shared_expert;
   Tensor shared_gate;
+  // EPLB (replicas or rebalancing): the host layer's experts, whose placement the device copies
+  // follow, and the map from logical to physical ids on the device. Null map: no EPLB, the
+  // experts are the logical ones.
+  const moe::PhysicalExperts* host_experts = nullptr;
+  std::shared_ptr<moe::DeviceExpertMap> map;
+  mutable int64_t placement_version = 0;
 
   Moe() = default;
-  Moe(backend::Context& ctx, const MoeFeedForward& host, DType dtype);
+  Moe(backend::Context& ctx, const MoeFeedForward& host, DType dtype, bool eplb);
   // Gate GEMM, then routing fused with the capture write (the ids reach `capture` rows in the
-  // same kernel that hands them to the experts; null rows: not captured), then the fused experts
-  // reading the weights the routing left at `weights` ([tokens, k] on the device).
-  void forward(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, float* weights,
-               moe::DeviceCaptureRows capture, Tensor& out) const;
+  // same kernel that writes them to `ids`; null rows: not captured). ids: device [tokens, k]
+  // logical ids; weights: device [tokens, k].
+  void route(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, int32_t* ids, float* weights,
+             moe::DeviceCaptureRows capture) const;
+  // The EPLB map (when on: logical ids to physical ones, counting into `load_counts`, device
+  // [num_physical] or null), then the fused experts and the shared expert.
+  void run_experts(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, const int32_t* ids,
+                   const float* weights, int32_t* load_counts, Tensor& out) const;
+  // Brings the device experts and map up to the host layer's placement after a rebalance
+  // (between steps; the device addresses stay, so recorded graphs stay valid).
+  void follow_placement(backend::Context& ctx) const;
+  // Whether a test replaced the host layer's map function: the map then runs on the host (eagerly),
+  // with or without EPLB, as the CPU paths run it.
+  bool host_map() const { return host_experts->has_map_function(); }
 };
 
 struct Layer {
@@ -147,9 +165,12 @@ class Decoder final : public CausalLM {
   // slots (they only grow, so a warmed-up engine allocates nothing here).
   void prepare(int64_t tokens, const KvCache& kv) const;
   void drop_graphs() const;
-  // The captured rows to the step's host capture buffer (what the routing kernel wrote, which
-  // is what the experts ran with), and each layer's tokens per expert to the step's loads.
-  void deliver_routing(backend::Context& ctx, const ForwardBatch& batch) const;
+  // The captured rows of the first `moe_layers` MoE layers to the step's host capture buffer
+  // (what the routing kernel wrote, which is what the experts ran with), and each layer's tokens
+  // per expert to the step's loads. A step that failed delivers the layers it routed.
+  void deliver_routing(backend::Context& ctx, const ForwardBatch& batch, int64_t moe_layers) const;
+  // Each layer's tokens per physical expert, as the device map counted them, to the step's loads.
+  void deliver_loads(const ForwardBatch& batch) const;
 
   backend::Context& ctx_;
   DecoderParts p_;
@@ -160,6 +181,8 @@ class Decoder final : public CausalLM {
   mutable std::set<GraphKey> seen_;
   mutable uint64_t graphs_cache_serial_ = 0;  // KvCache::serial() of the cache the graphs were recorded on
   mutable int64_t graph_replays_ = 0;
+  mutable std::unique_ptr<moe::DeviceLoadCounts> loads_;  // EPLB on: each step's loads
+  mutable int64_t moe_layers_routed_ = 0;                  // of the running step, for a failed one
 };
 
 }  // namespace r3::models::device

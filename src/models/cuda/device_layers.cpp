@@ -3,6 +3,7 @@
 // replaced by its device kernel and the per-token metadata read from the step's one upload.
 #include <cmath>
 
+#include "backend/cuda/state.h"
 #include "backend/device_memory.h"
 #include "models/cuda/device_decoder_parts.h"
 #include "ops/attention.h"
@@ -101,12 +102,10 @@ void LatentAttention::forward(backend::Context& ctx, const Tensor& x, const ops:
   ops::linear(ctx, attended, w.o_proj, w.o_bias.if_defined(), out);
 }
 
-Moe::Moe(backend::Context& ctx, const MoeFeedForward& host, DType dtype) : layer_id(host.moe().layer_id()) {
+Moe::Moe(backend::Context& ctx, const MoeFeedForward& host, DType weights_dtype, bool eplb)
+    : layer_id(host.moe().layer_id()), dtype(weights_dtype) {
   const moe::MoeBlock& block = host.moe();
   const moe::PhysicalExperts& physical = block.experts();
-  R3_CHECK(physical.num_physical() == physical.num_logical(), "--device cuda: MoE layer ", layer_id, " has ",
-           physical.num_physical() - physical.num_logical(),
-           " redundant expert replicas; EPLB on the GPU is not supported yet");
   const moe::MoeBlock::Gate gate = block.gate();
   num_experts = gate.weight.dim(0);
   top_k = gate.rule.top_k();
@@ -122,27 +121,71 @@ Moe::Moe(backend::Context& ctx, const MoeFeedForward& host, DType dtype) : layer
   gate_weight = f32_on_device(ctx, gate.weight);
   gate_bias = f32_on_device(ctx, gate.bias);
   experts = moe::upload_experts(ctx, physical, dtype);
+  host_experts = &physical;
+  placement_version = physical.placement_version();
+  if (eplb) map = std::make_shared<moe::DeviceExpertMap>(ctx, physical.placement());
   if (host.shared_expert()) shared_expert.emplace(mlp_on_device(ctx, *host.shared_expert(), dtype));
   shared_gate = f32_on_device(ctx, host.shared_gate());
 }
 
-void Moe::forward(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, float* weights,
-                  moe::DeviceCaptureRows capture, Tensor& out) const {
+void Moe::route(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, int32_t* ids, float* weights,
+                moe::DeviceCaptureRows capture) const {
+  const int64_t tokens = x.dim(0);
+  backend::Workspace::Scope scope(ctx.workspace());
+  Tensor logits = ctx.scratch_for_output(DType::F32, {tokens, num_experts});  // written in full by the GEMM
+  ops::linear(ctx, x, gate_weight, gate_bias.if_defined(), logits);
+  const int32_t* forced = step.forced != nullptr ? step.forced + layer_id * tokens * top_k : nullptr;
+  moe::route_on_device(ctx, logits, rule, forced, step.replayed, ids, weights, capture);
+}
+
+namespace {
+
+// A map function a test put in place of the placement's, run on the host: the logical ids come
+// down, each pair goes through the function, the physical ids go back up (a wait inside the
+// step; only ever in tests, which use it to show that capture happens before the map).
+void map_on_host(backend::Context& ctx, const moe::PhysicalExperts& experts, const int32_t* ids, int64_t tokens,
+                 int64_t k, int32_t* physical) {
+  Tensor logical = Tensor::empty(DType::I32, {tokens, k});
+  backend::synchronize(ctx);
+  R3_CUDA_CHECK(cudaMemcpy(logical.data<int32_t>(), ids, logical.nbytes(), cudaMemcpyDeviceToHost));
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t c = 0; c < k; ++c) {
+      int32_t& id = logical.data<int32_t>()[t * k + c];
+      id = experts.map_choice(id, t, c, k);
+      R3_CHECK(id >= 0 && id < experts.num_physical(), "EPLB map: physical expert ", id, " outside [0, ",
+               experts.num_physical(), ")");
+    }
+  }
+  R3_CUDA_CHECK(cudaMemcpy(physical, logical.data<int32_t>(), logical.nbytes(), cudaMemcpyHostToDevice));
+}
+
+}  // namespace
+
+void Moe::run_experts(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, const int32_t* ids,
+                      const float* weights, int32_t* load_counts, Tensor& out) const {
   const int64_t tokens = x.dim(0), hidden = x.dim(1), pairs = tokens * top_k;
   backend::Workspace::Scope scope(ctx.workspace());
   // Every buffer here is written in full by the kernel that fills it (the grouping's unused tail
   // is never read): no fills.
-  Tensor logits = ctx.scratch_for_output(DType::F32, {tokens, num_experts});
-  ops::linear(ctx, x, gate_weight, gate_bias.if_defined(), logits);
-  Tensor ids = ctx.scratch_for_output(DType::I32, {tokens, top_k});
-  const int32_t* forced = step.forced != nullptr ? step.forced + layer_id * tokens * top_k : nullptr;
-  moe::route_on_device(ctx, logits, rule, forced, step.replayed, ids.data<int32_t>(), weights, capture);
+  const int32_t* expert_ids = ids;
+  if (map || host_map()) {
+    int32_t* physical = ctx.scratch_for_output(DType::I32, {tokens, top_k}).data<int32_t>();
+    if (host_map()) map_on_host(ctx, *host_experts, ids, tokens, top_k, physical);
+    else map->map(ctx, ids, step.seqs, tokens, top_k, physical, load_counts);
+    expert_ids = physical;
+  }
   Tensor grouping = ctx.scratch_for_output(DType::I32, {moe::grouping_ints(experts.gate.dim(0), pairs)});
   Tensor activated = ctx.scratch_for_output(DType::F32, {moe::expert_scratch_rows(pairs), experts.gate.dim(1)});
   Tensor expert_out = ctx.scratch_for_output(DType::F32, {moe::expert_scratch_rows(pairs), hidden});
-  moe::fused_experts_on_device(ctx, x, ids.data<int32_t>(), weights, top_k, experts, grouping, activated, expert_out,
-                               out);
+  moe::fused_experts_on_device(ctx, x, expert_ids, weights, top_k, experts, grouping, activated, expert_out, out);
   if (shared_expert) add_shared_expert(ctx, x, *shared_expert, shared_gate, out);
+}
+
+void Moe::follow_placement(backend::Context& ctx) const {
+  if (!map || host_experts->placement_version() == placement_version) return;
+  moe::refresh_experts(ctx, *host_experts, experts);
+  map->update(host_experts->placement());
+  placement_version = host_experts->placement_version();
 }
 
 }  // namespace r3::models::device
