@@ -4,8 +4,10 @@
 // the mean of 20 steps after 3 warm-up steps (the second captures the step's CUDA graph), on the
 // host clock around forward_into (a step ends with its logits on the host). Before each step
 // every sequence is set back to 1023 cached positions (their values do not change the time).
+// Capture's cost is measured on the same model, steps with and without it interleaved.
 #include "cli/synthetic_bench.h"
 
+#include <algorithm>
 #include <chrono>
 #include <set>
 #include <vector>
@@ -33,41 +35,87 @@ class SyntheticBench {
  public:
   SyntheticBench(backend::Context& ctx, models::SyntheticShape shape) : ctx_(ctx), s_(shape) {}
 
-  // Mean step time of `batch` sequences at position kContext - 1; with capture, also the step's
-  // distinct experts per layer, summed over layers.
-  double decode_ms(models::CausalLM& model, int64_t batch, bool capture, double* distinct_sum) const {
-    auto cache = model.make_cache(batch, kContext + 16);
-    models::ForwardBatch step;
-    for (int64_t b = 0; b < batch; ++b) {
-      step.token_ids.push_back(static_cast<int32_t>((b * 7919 + 11) % s_.vocab));
-      step.positions.push_back(static_cast<int32_t>(kContext - 1));
-      step.seqs.push_back(static_cast<int32_t>(b));
+  // Decode steps of `batch` sequences at position kContext - 1 on one cache, with or without
+  // capture (the model's capture switched to match).
+  class DecodeSteps {
+   public:
+    DecodeSteps(backend::Context& ctx, models::CausalLM& model, const models::SyntheticShape& s, int64_t batch)
+        : ctx_(ctx), model_(model), batch_(batch), cache_(model.make_cache(batch, kContext + 16)),
+          capturer_(batch, s.layers, s.top_k, s.experts), logits_(Tensor::empty(DType::F32, {batch, s.vocab})) {
+      for (int64_t b = 0; b < batch; ++b) {
+        step_.token_ids.push_back(static_cast<int32_t>((b * 7919 + 11) % s.vocab));
+        step_.positions.push_back(static_cast<int32_t>(kContext - 1));
+        step_.seqs.push_back(static_cast<int32_t>(b));
+      }
     }
-    moe::RoutingCapturer capturer(batch, s_.layers, s_.top_k, s_.experts);
-    if (capture) step.capture = &capturer;
-    Tensor logits = Tensor::empty(DType::F32, {batch, s_.vocab});
-    auto run_step = [&] {
-      for (int64_t b = 0; b < batch; ++b) cache->set_length(b, kContext - 1);
-      if (capture) capturer.begin_step(batch);
-      model.forward_into(ctx_, step, *cache, logits);
-      if (capture) capturer.end_step();
-    };
-    for (int i = 0; i < 3; ++i) run_step();
-    constexpr int kSteps = 20;
-    const auto start = Clock::now();
-    for (int i = 0; i < kSteps; ++i) run_step();
-    const double ms = seconds_since(start) * 1e3 / kSteps;
+    // Mean milliseconds of `steps` steps.
+    double run(int steps, bool capture) {
+      models::set_capture_routing(model_, capture);
+      step_.capture = capture ? &capturer_ : nullptr;
+      const auto start = Clock::now();
+      for (int i = 0; i < steps; ++i) {
+        for (int64_t b = 0; b < batch_; ++b) cache_->set_length(b, kContext - 1);
+        if (capture) capturer_.begin_step(batch_);
+        model_.forward_into(ctx_, step_, *cache_, logits_);
+        if (capture) capturer_.end_step();
+      }
+      return seconds_since(start) * 1e3 / steps;
+    }
+    const moe::RoutingCapturer& capturer() const { return capturer_; }
+
+   private:
+    backend::Context& ctx_;
+    models::CausalLM& model_;
+    int64_t batch_;
+    std::unique_ptr<models::ModelCache> cache_;
+    models::ForwardBatch step_;
+    moe::RoutingCapturer capturer_;
+    Tensor logits_;
+  };
+
+  // Mean step time with capture on (3 warm-up steps, the second captures the step's CUDA graph,
+  // then 20), and the step's distinct experts per layer, summed over layers.
+  double decode_ms(models::CausalLM& model, int64_t batch, double* distinct_sum) const {
+    DecodeSteps steps(ctx_, model, s_, batch);
+    steps.run(3, true);
+    const double ms = steps.run(20, true);
     if (distinct_sum != nullptr) {
       *distinct_sum = 0;
       for (int64_t l = 0; l < s_.layers; ++l) {
         std::set<int32_t> used;
         for (int64_t t = 0; t < batch; ++t) {
-          for (int64_t c = 0; c < s_.top_k; ++c) used.insert(capturer.id(t, l, c));
+          for (int64_t c = 0; c < s_.top_k; ++c) used.insert(steps.capturer().id(t, l, c));
         }
         *distinct_sum += static_cast<double>(used.size());
       }
     }
     return ms;
+  }
+
+  struct CaptureCost {
+    double on_ms, off_ms, overhead;  // medians over rounds
+  };
+  // Capture's cost, interleaved so that drift (clocks, temperature) falls on both alike: 7 rounds
+  // of 10 steps with capture and 10 without (the order alternating), on one model and cache;
+  // medians of the rounds' means and of their ratios.
+  CaptureCost capture_cost(models::CausalLM& model, int64_t batch) const {
+    DecodeSteps steps(ctx_, model, s_, batch);
+    steps.run(3, true);
+    steps.run(3, false);
+    std::vector<double> on, off, ratio;
+    for (int round = 0; round < 7; ++round) {
+      const bool on_first = round % 2 == 0;
+      const double first = steps.run(10, on_first), second = steps.run(10, !on_first);
+      on.push_back(on_first ? first : second);
+      off.push_back(on_first ? second : first);
+      ratio.push_back(on.back() / off.back() - 1.0);
+    }
+    const auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    steps.run(0, true);  // leave the model capturing
+    return {median(on), median(off), median(ratio)};
   }
 
   // Bytes a decode step of `batch` sequences must read, given its distinct experts.
@@ -127,7 +175,7 @@ int run_synthetic_bench(backend::Context& ctx, const std::string& name, const st
   nlohmann::json decode = nlohmann::json::array();
   for (const int64_t batch : batches) {
     double distinct = 0;
-    const double ms = bench.decode_ms(*model, batch, true, &distinct);
+    const double ms = bench.decode_ms(*model, batch, &distinct);
     const double bytes = bench.step_bytes(batch, distinct);
     const double floor_ms = bytes / bandwidth * 1e3;
     decode.push_back({{"batch", batch}, {"context", kContext}, {"ms", ms}, {"GB", bytes / 1e9},
@@ -140,19 +188,18 @@ int run_synthetic_bench(backend::Context& ctx, const std::string& name, const st
   // projections already are).
   ctx.set_batch_invariant(true);
   for (std::size_t i = 0; i < batches.size(); ++i) {
-    const double invariant_ms = bench.decode_ms(*model, batches[i], true, nullptr);
+    const double invariant_ms = bench.decode_ms(*model, batches[i], nullptr);
     decode[i]["batch_invariant_ms"] = invariant_ms;
     decode[i]["batch_invariant_cost"] = invariant_ms / decode[i]["ms"].get<double>() - 1.0;
   }
   ctx.set_batch_invariant(false);
   const double prefill_s = bench.prefill_seconds(*model);
-  // The same steps with capture off (the same seed: the same weights and routing).
-  model.reset();
-  auto uncaptured = models::synthetic_on_device(ctx, shape, 1, /*capture_routing=*/false);
+  // The same steps with capture off, interleaved with steps with it on.
   for (std::size_t i = 0; i < batches.size(); ++i) {
-    const double off_ms = bench.decode_ms(*uncaptured, batches[i], false, nullptr);
-    decode[i]["capture_off_ms"] = off_ms;
-    decode[i]["capture_overhead"] = decode[i]["ms"].get<double>() / off_ms - 1.0;
+    const auto cost = bench.capture_cost(*model, batches[i]);
+    decode[i]["capture_on_ms"] = cost.on_ms;
+    decode[i]["capture_off_ms"] = cost.off_ms;
+    decode[i]["capture_overhead"] = cost.overhead;
   }
   const nlohmann::json out = {{"synthetic", name},
                               {"copy_TB_per_s", bandwidth / 1e12},

@@ -33,6 +33,11 @@ std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr
 // lm_head, routing capture included); 0 for any other model.
 int64_t graph_replays(const CausalLM& model);
 
+// Turns a device model's routing capture off or on between steps (benchmarks measure its cost on
+// one model, interleaving steps with and without it); with it off, the routing kernels write no
+// capture rows, nothing is copied back and steps deliver no routing. Throws for other models.
+void set_capture_routing(CausalLM& model, bool on);
+
 // A decoder with random weights made on the device, for benchmarks at real shapes without a
 // checkpoint: Qwen3-MoE's architecture (grouped-query attention with per-head q/k norms, rotary
 // theta 1e6, softmax top-k routing renormalised, SwiGLU experts, every layer MoE, untied lm_head),

@@ -146,7 +146,7 @@ void Decoder::run_layers_graphed(backend::Context& ctx, ops::DeviceStep step, Kv
   int64_t bucket = 64;
   while (bucket < step.max_context) bucket *= 2;
   step.max_context = std::min(bucket, std::max(step.max_context, kv.capacity()));
-  const GraphKey key{step.tokens, step.logit_row_count, step.max_context, ctx.batch_invariant()};
+  const GraphKey key{step.tokens, step.logit_row_count, step.max_context, ctx.batch_invariant(), p_.capture_routing};
   const int64_t growths = ctx.workspace().growths();
   const cudaStream_t stream = ctx.cuda_state().stream;
   auto found = graphs_.find(key);
@@ -245,6 +245,12 @@ void Decoder::deliver_loads(const ForwardBatch& batch) const {
 }
 
 }  // namespace device
+
+void set_capture_routing(CausalLM& model, bool on) {
+  auto* decoder = dynamic_cast<device::Decoder*>(&model);
+  R3_CHECK(decoder != nullptr, "capture on/off: not a device model");
+  decoder->set_capture_routing(on);
+}
 
 int64_t graph_replays(const CausalLM& model) {
   const auto* decoder = dynamic_cast<const device::Decoder*>(&model);

@@ -136,6 +136,7 @@ class Decoder final : public CausalLM {
   void forward_into(backend::Context& ctx, const ForwardBatch& batch, ModelCache& model_cache,
                     Tensor& logits) const override;
   int64_t graph_replays() const { return graph_replays_; }
+  void set_capture_routing(bool on) { p_.capture_routing = on; }
 
  private:
   // The device tensors of a step that outlive its layers; taken first from the step's workspace
@@ -144,14 +145,14 @@ class Decoder final : public CausalLM {
     Tensor residual, normed, branch, selected, logits;
   };
   // Steps replayed as one CUDA graph, by (tokens, logit rows, context bucket, batch invariance
-  // of the context, which picks some kernels): the step's kernels
+  // of the context, which picks some kernels, capture on or off): the step's kernels
   // read everything that changes from one step to the next (token ids, positions, block tables,
   // the KV pools) through fixed device addresses, so one capture serves every later step of that
   // shape. A shape is captured the second time it is seen (the first run, eager, sizes the
   // workspace), and again whenever the workspace has moved its memory since. A graph also holds
   // the addresses of the KV pools, the step builder's buffer and the capture buffer: all graphs
   // are dropped when a step runs on another cache or either buffer is rebuilt larger (prepare).
-  using GraphKey = std::tuple<int64_t, int64_t, int64_t, bool>;
+  using GraphKey = std::tuple<int64_t, int64_t, int64_t, bool, bool>;
   struct StepGraph {
     cudaGraphExec_t exec = nullptr;
     const void* residual = nullptr;  // where the step's tensors were when it was captured
