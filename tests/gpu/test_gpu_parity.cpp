@@ -19,6 +19,7 @@
 #include "engine/step_runner.h"
 #include "models/device_decoder.h"
 #include "models/registry.h"
+#include "moe/routing_capturer.h"
 #include "engine_checks.h"
 #include "reference_checks.h"
 #include "test_support.h"
@@ -240,6 +241,56 @@ TEST(GpuGraphs, DecodeStepsReplayAsOneGraphWithCaptureOn) {
   // Decode steps: one per generated token after the first (which the prefill step produces).
   const auto decode_steps = static_cast<int64_t>(ref.generated.size()) - 1;
   EXPECT_EQ(models::graph_replays(*model), decode_steps - 1);
+}
+
+// A model of random weights made on the GPU (the benchmark's; no host layers behind it), at a
+// small shape: decode steps with capture switched on, off and on again give bit-identical logits
+// (capture changes no result), the captured rows are valid expert ids, and steps of each kind
+// replay as graphs. (The benchmark crashed here once: the EPLB hook looked for a host layer.)
+TEST(GpuSynthetic, CaptureOnAndOffGiveTheSameLogits) {
+  auto gpu = backend::Context::cuda(0);
+  models::SyntheticShape shape;
+  shape.layers = 2;
+  shape.hidden = 256;
+  shape.heads = 4;
+  shape.kv_heads = 2;
+  shape.head_dim = 64;
+  shape.experts = 16;
+  shape.top_k = 4;
+  shape.expert_width = 128;
+  shape.vocab = 1000;
+  auto model = models::synthetic_on_device(*gpu, shape);
+  constexpr int64_t kBatch = 3, kContext = 40;
+  auto cache = model->make_cache(kBatch, kContext + 1);
+  models::ForwardBatch step;
+  for (int64_t b = 0; b < kBatch; ++b) {
+    step.token_ids.push_back(static_cast<int32_t>(10 + b));
+    step.positions.push_back(static_cast<int32_t>(kContext - 1));
+    step.seqs.push_back(static_cast<int32_t>(b));
+  }
+  moe::RoutingCapturer capturer(kBatch, shape.layers, shape.top_k, shape.experts);
+  const auto run = [&](bool capture) {
+    models::set_capture_routing(*model, capture);
+    step.capture = capture ? &capturer : nullptr;
+    Tensor logits = Tensor::empty(DType::F32, {kBatch, shape.vocab});
+    for (int64_t b = 0; b < kBatch; ++b) cache->set_length(b, kContext - 1);
+    if (capture) capturer.begin_step(kBatch);
+    model->forward_into(*gpu, step, *cache, logits);
+    if (capture) capturer.end_step();
+    return std::vector<float>(logits.data<float>(), logits.data<float>() + logits.numel());
+  };
+  const std::vector<float> on = run(true);
+  for (int64_t t = 0; t < kBatch; ++t) {
+    for (int64_t l = 0; l < shape.layers; ++l) {
+      for (int64_t c = 0; c < shape.top_k; ++c) {
+        EXPECT_GE(capturer.id(t, l, c), 0);
+        EXPECT_LT(capturer.id(t, l, c), shape.experts);
+      }
+    }
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(run(false), on) << "capture off, step " << i;
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(run(true), on) << "capture on, step " << i;
+  EXPECT_GE(models::graph_replays(*model), 2);
 }
 
 // Two engines on one device model, stepped in turn: each has its own KV cache, so a decode graph

@@ -97,7 +97,8 @@ struct Moe {
   void follow_placement(backend::Context& ctx) const;
   // Whether a test replaced the host layer's map function: the map then runs on the host (eagerly),
   // with or without EPLB, as the CPU paths run it.
-  bool host_map() const { return host_experts->has_map_function(); }
+  // (A synthetic model has no host layer.)
+  bool host_map() const { return host_experts != nullptr && host_experts->has_map_function(); }
 };
 
 struct Layer {
