@@ -8,6 +8,7 @@
 
 #include <cctype>
 #include <csignal>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <thread>
@@ -187,6 +188,41 @@ TEST(HttpServer, CompletionsReturnWhatTheEngineComputesInVllmsLayout) {
   EXPECT_NE(bad_utf8["error"]["message"].get<std::string>().find("ill-formed UTF-8"), std::string::npos);
   EXPECT_EQ(post(c, "/v1/completions", R"({"prompt": [1], "logprobs": 21})", 400)["error"]["param"], "logprobs");
   EXPECT_EQ(post(c, "/v1/completions", R"({"prompt": [[1], [400]]})", 400)["error"]["param"], "prompt");
+}
+
+// return_routing_margins: each choice's routing margins, [T, L] float32, equal to the engine's
+// for the same request, in the rows routed_experts covers.
+TEST(HttpServer, CompletionsReturnTheEnginesRoutingMargins) {
+  Served s;
+  const std::vector<int32_t> prompt = {9, 8, 7, 6};
+  engine::Engine direct(s.model(), s.ctx());
+  engine::RequestParams p = greedy_request(prompt, 5);
+  p.return_routing_margins = true;
+  p.routed_experts_start = 1;
+  const engine::RequestId id = direct.submit(p);
+  std::vector<float> want;
+  while (direct.has_work()) {
+    for (const auto& out : direct.step()) {
+      for (const auto& sample : out.samples) {
+        if (out.id == id && sample.finish != engine::FinishReason::kNone) want = sample.routing_margins;
+      }
+    }
+  }
+  auto c = s.client();
+  const json r = post(c, "/v1/completions", R"({"prompt": [9, 8, 7, 6], "max_tokens": 5, "temperature": 0,
+      "ignore_eos": true, "return_routed_experts": true, "return_routing_margins": true, "routed_experts_start": 1})",
+                      200);
+  const json& choice = r.at("choices").at(0);
+  const json& margins = choice.at("routing_margins");
+  const int64_t layers = static_cast<int64_t>(s.model().info().moe_layers.size());
+  EXPECT_EQ(margins.at("shape"), json({4 + 5 - 1 - 1, layers}));
+  EXPECT_EQ(margins.at("dtype"), "float32");
+  EXPECT_EQ(margins.at("layers"), choice.at("routed_experts").at("layers"));
+  const std::vector<int32_t> bits = base64_int32(margins.at("data").get<std::string>());
+  std::vector<float> got(bits.size());
+  std::memcpy(got.data(), bits.data(), bits.size() * sizeof(float));
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(static_cast<int64_t>(got.size()), (4 + 5 - 2) * layers);
 }
 
 // A streamed completion: server-sent events whose token ids add up to the unstreamed answer,

@@ -37,7 +37,9 @@ std::unique_ptr<models::CausalLM> load(const std::string& family, MoePath backen
 // Records which layers reported, in order.
 class LayerLog final : public moe::CaptureBuffer {
  public:
-  void record(int64_t layer, std::span<const int32_t>, std::span<const float>) override { layers.push_back(layer); }
+  void record(int64_t layer, std::span<const int32_t>, std::span<const float>, std::span<const float>) override {
+    layers.push_back(layer);
+  }
   std::vector<int64_t> layers;
 };
 
@@ -332,7 +334,7 @@ TEST(RoutingCapturer, NarrowestElementType) {
   EXPECT_EQ(moe::RoutingCapturer(4, 3, 2, 257).element_size(), 2u);
   moe::RoutingCapturer c(4, 2, 2, 300);
   c.begin_step(1);
-  auto sink = [&](int64_t layer, std::vector<int32_t> ids, std::vector<float> weights) { c.record(layer, ids, weights); };
+  auto sink = [&](int64_t layer, std::vector<int32_t> ids, std::vector<float> weights) { c.record(layer, ids, weights, {}); };
   sink(0, std::vector<int32_t>{299, 5}, std::vector<float>{0.5f, 0.5f});
   sink(1, std::vector<int32_t>{0, 256}, std::vector<float>{0.5f, 0.5f});
   c.end_step();

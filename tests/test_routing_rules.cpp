@@ -97,5 +97,55 @@ TEST(SqrtSoftplusHash, RepeatedExpertInATokensRowIsRefused) {
   EXPECT_NO_THROW(SqrtSoftplusHash(distinct, 8, 1.0f));
 }
 
+// Routing margins on crafted scores: the k-th choice's selection score minus the best one left out.
+float margin_of(const RoutingRule& rule, std::vector<float> logits, std::span<const int32_t> forced = {},
+                int32_t token = 0) {
+  std::vector<int32_t> ids(static_cast<std::size_t>(rule.top_k()));
+  std::vector<float> w(ids.size());
+  float margin = -1;
+  rule.route(logits, token, forced, ids.data(), w.data(), &margin);
+  return margin;
+}
+
+TEST(RoutingMargins, SoftmaxTopKIsTheGapBetweenTheKthAndTheNextProbability) {
+  const std::vector<float> logits = {2.0f, 0.5f, 1.0f, 0.9f};
+  double z = 0;
+  for (float l : logits) z += std::exp(static_cast<double>(l));
+  const double p1 = std::exp(1.0) / z, p3 = std::exp(0.9) / z;  // 2nd and 3rd most likely
+  EXPECT_NEAR(margin_of(SoftmaxTopK(2, true), logits), p1 - p3, 1e-6);
+  // Renormalising the weights does not change the margin: it is taken on the selection scores.
+  EXPECT_NEAR(margin_of(SoftmaxTopK(2, false), logits), p1 - p3, 1e-6);
+}
+
+TEST(RoutingMargins, TopKSoftmaxIsTakenOnTheRawLogits) {
+  EXPECT_FLOAT_EQ(margin_of(TopKSoftmax(2), {3.0f, -1.0f, 2.5f, 2.25f}), 0.25f);
+}
+
+TEST(RoutingMargins, GroupLimitedRulesLeaveMaskedExpertsOut) {
+  // As MaskedGroupsNeverWinEvenWithTheBestBiasedScore: groups 0 and 1 are eligible; expert 7 has
+  // the best biased score of all but sits in a masked group, so it does not shrink the margin.
+  const std::vector<double> p = {0.9, 0.8, 0.7, 0.7, 0.1, 0.1, 0.1, 0.2};
+  std::vector<float> bias(8, 0.0f);
+  bias[7] = 1.05f;
+  const SigmoidGroupTopK rule(2, bias, 4, 2, true, 1.0f);
+  EXPECT_NEAR(margin_of(rule, logits_for(p)), 0.8 - 0.7, 1e-6);
+  // Every eligible expert chosen: nothing eligible was left out.
+  const SigmoidGroupTopK all(4, bias, 4, 2, true, 1.0f);
+  EXPECT_EQ(margin_of(all, logits_for(p)), INFINITY);
+  // DeepSeek-V2's greedy groups: probabilities, masked groups at 0.
+  const SoftmaxGroupGreedy greedy(1, 2, 1, 1.0f);
+  const std::vector<float> logits = {1.0f, 0.0f, 3.0f, 2.9f};  // groups {0,1} and {2,3}: group 1 wins
+  double z = 0;
+  for (float l : logits) z += std::exp(static_cast<double>(l));
+  EXPECT_NEAR(margin_of(greedy, logits), (std::exp(3.0) - std::exp(2.9)) / z, 1e-6);
+}
+
+TEST(RoutingMargins, RowsNotChosenByScoresHaveNone) {
+  const std::vector<int32_t> forced = {3, 1};
+  EXPECT_TRUE(std::isnan(margin_of(SoftmaxTopK(2, true), {2.0f, 0.5f, 1.0f, 0.9f}, forced)));
+  const Tensor table = Tensor::from<int64_t>({0, 1, 2, 3}, {2, 2});
+  EXPECT_TRUE(std::isnan(margin_of(SqrtSoftplusHash(table, 4, 1.0f), {0.1f, 0.2f, 0.3f, 0.4f}, {}, 1)));
+}
+
 }  // namespace
 }  // namespace r3::moe

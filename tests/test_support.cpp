@@ -115,6 +115,8 @@ Reference load_reference(const std::string& family, int index) {
   r.logits = read_as_f64(*file, "logits");
   r.topk_ids = read_as_i64(*file, "topk_ids");
   r.topk_weights = read_as_f64(*file, "topk_weights");
+  r.router_logits = read_as_f64(*file, "router_logits");
+  r.experts = file->find("router_logits")->shape[2];
   const Shape& ids_shape = file->find("topk_ids")->shape;
   r.tokens = ids_shape[0];
   r.layers = ids_shape[1];

@@ -61,6 +61,8 @@ struct Reference {
   std::vector<double> logits;        // [T, V]
   std::vector<int64_t> topk_ids;     // [T, L, K]
   std::vector<double> topk_weights;  // [T, L, K]
+  std::vector<double> router_logits;  // [T, L, E]
+  int64_t experts = 0;
 };
 Reference load_reference(const std::string& family, int index);
 

@@ -57,7 +57,8 @@ Engine::Engine(models::CausalLM& model, backend::Context& ctx, EngineOptions opt
     prefix = false;
   }
   options_.prefix_caching = prefix;
-  kv_ = std::make_unique<KvManager>(*cache_, options_.kv_blocks, options_.block_size, prefix, per_row_);
+  kv_ = std::make_unique<KvManager>(*cache_, options_.kv_blocks, options_.block_size, prefix, per_row_,
+                                    static_cast<int64_t>(info.moe_layers.size()));
   scheduler_ = std::make_unique<Scheduler>(options_.scheduler, *kv_);
   runner_ = std::make_unique<StepRunner>(model, ctx, *cache_, options_.scheduler.max_step_tokens);
 }
@@ -123,11 +124,15 @@ void Engine::finish(Sequence& s, FinishReason reason, const std::string& message
   s.pending.finish = reason;
   s.pending.abort_message = message;
   s.pending.cached_prompt_tokens = s.cached_prompt_tokens;
+  const int64_t start = std::min(s.params->routed_experts_start, s.routed_rows());
   if (s.params->return_routed_experts) {
-    const int64_t start = std::min(s.params->routed_experts_start, s.routed_rows());
     s.pending.routed_experts.assign(s.rows.begin() + start * per_row_, s.rows.end());
-    s.pending.routed_rows = s.routed_rows() - start;
   }
+  if (s.params->return_routing_margins) {
+    const auto layers = static_cast<int64_t>(model_.info().moe_layers.size());
+    s.pending.routing_margins.assign(s.margins.begin() + start * layers, s.margins.end());
+  }
+  if (s.params->return_routed_experts || s.params->return_routing_margins) s.pending.routed_rows = s.routed_rows() - start;
   scheduler_->remove(&s);
 }
 
@@ -204,7 +209,7 @@ std::vector<RequestOutput> Engine::step() {
     for (std::size_t i = 0; i < chunks.size(); ++i) {
       Sequence& s = *chunks[i].sequence;
       const int64_t first = s.computed, n = chunks[i].tokens;
-      kv_->computed(s, first, n, routed[i].flat().data());
+      kv_->computed(s, first, n, routed[i].flat().data(), routed[i].margins().data());
       Request& r = requests_.at(s.request);
       if (all_logits && s.params->prompt_logprobs && s.index == 0) {
         std::vector<float> lp(static_cast<std::size_t>(vocab));

@@ -8,12 +8,13 @@
 namespace r3::engine {
 
 KvManager::KvManager(models::ModelCache& cache, int64_t num_blocks, int64_t block_size, bool prefix_caching,
-                     int64_t per_row)
+                     int64_t per_row, int64_t layers)
     : cache_(cache),
       pool_(num_blocks, block_size),
       paged_(cache.pool_blocks() > 0),
       prefix_caching_(prefix_caching),
-      per_row_(per_row) {
+      per_row_(per_row),
+      layers_(layers) {
   R3_CHECK(!paged_ || (cache.pool_blocks() == num_blocks && cache.block_size() == block_size),
            "KV manager: the cache holds ", cache.pool_blocks(), " blocks of ", cache.block_size(), ", not ",
            num_blocks, " of ", block_size);
@@ -24,6 +25,7 @@ KvManager::KvManager(models::ModelCache& cache, int64_t num_blocks, int64_t bloc
     block_rows_.assign(static_cast<std::size_t>(checked_mul(checked_mul(num_blocks, block_size, "routed rows"),
                                                             per_row, "routed rows")),
                        0);
+    block_margins_.assign(static_cast<std::size_t>(num_blocks * block_size * layers), 0.0f);
   }
 }
 
@@ -53,6 +55,8 @@ bool KvManager::admit(Sequence& s) {
       if (p < first) continue;
       const auto* src = block_rows_.data() + (block * bs + (p - first)) * per_row_;
       s.rows.insert(s.rows.end(), src, src + per_row_);
+      const float* margins = block_margins_.data() + (block * bs + (p - first)) * layers_;
+      s.margins.insert(s.margins.end(), margins, margins + layers_);
     }
   }
   s.computed = static_cast<int64_t>(s.blocks.size()) * bs;
@@ -85,12 +89,14 @@ void KvManager::prepare(Sequence& s) {
   cache_.set_length(s.slot, s.computed);
 }
 
-void KvManager::computed(Sequence& s, int64_t first, int64_t count, const int32_t* ids) {
+void KvManager::computed(Sequence& s, int64_t first, int64_t count, const int32_t* ids, const float* margins) {
   // Rows the sequence does not have yet are its routing; a recompute after preemption yields the
   // same rows (every row is computed the same whatever the batch), and the first ones stay.
   for (int64_t p = s.routed_rows(); p < first + count; ++p) {
     const int32_t* row = ids + (p - first) * per_row_;
     s.rows.insert(s.rows.end(), row, row + per_row_);
+    const float* margin = margins + (p - first) * layers_;
+    s.margins.insert(s.margins.end(), margin, margin + layers_);
   }
   s.computed = first + count;
   if (!prefix_caching_ || !s.params->forced_routing.empty()) return;
@@ -98,6 +104,7 @@ void KvManager::computed(Sequence& s, int64_t first, int64_t count, const int32_
   for (int64_t p = first; p < first + count; ++p) {
     const int32_t block = s.blocks[static_cast<std::size_t>(p / bs)];
     std::copy_n(ids + (p - first) * per_row_, per_row_, block_rows_.data() + (block * bs + p % bs) * per_row_);
+    std::copy_n(margins + (p - first) * layers_, layers_, block_margins_.data() + (block * bs + p % bs) * layers_);
   }
   // Register the blocks that are now full, chaining from the last key.
   for (auto i = static_cast<int64_t>(s.block_keys.size()); (i + 1) * bs <= s.computed; ++i) {

@@ -21,7 +21,9 @@ namespace r3::engine {
 class KvManager {
  public:
   // per_row: routed ids per position (MoE layers x top_k).
-  KvManager(models::ModelCache& cache, int64_t num_blocks, int64_t block_size, bool prefix_caching, int64_t per_row);
+  // per_row: routed ids per row (MoE layers x top_k); layers: MoE layers (margins per row).
+  KvManager(models::ModelCache& cache, int64_t num_blocks, int64_t block_size, bool prefix_caching, int64_t per_row,
+            int64_t layers);
 
   bool prefix_caching() const { return prefix_caching_; }
   int64_t block_size() const { return pool_.block_size(); }
@@ -38,9 +40,10 @@ class KvManager {
   void free(Sequence& s);
   // Points the cache at the sequence's blocks and cached length before it runs.
   void prepare(Sequence& s);
-  // After a step computed positions [first, first + count) of `s` with routed ids `ids`: keeps
-  // the rows with their blocks and registers blocks that are now full.
-  void computed(Sequence& s, int64_t first, int64_t count, const int32_t* ids);
+  // After a step computed positions [first, first + count) of `s` with routed ids `ids` and
+  // margins `margins` ([count, MoE layers]): keeps the rows with their blocks and registers
+  // blocks that are now full.
+  void computed(Sequence& s, int64_t first, int64_t count, const int32_t* ids, const float* margins);
 
   // Blocks a sequence of `positions` tokens needs.
   int64_t blocks_for(int64_t positions) const { return (positions + block_size() - 1) / block_size(); }
@@ -52,7 +55,9 @@ class KvManager {
   bool prefix_caching_;  // blocks are shared through the pool's prefix cache
   int64_t per_row_;
   std::vector<int32_t> free_slots_;
-  std::vector<int32_t> block_rows_;  // [blocks, block_size, per_row] routed ids kept with each block
+  int64_t layers_;       // MoE layers: margins per row
+  std::vector<int32_t> block_rows_;    // [blocks, block_size, per_row] routed ids kept with each block
+  std::vector<float> block_margins_;   // [blocks, block_size, layers] their margins
 };
 
 }  // namespace r3::engine

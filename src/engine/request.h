@@ -25,6 +25,8 @@ struct RequestParams {
   bool prompt_logprobs = false;  // the log-probability of each prompt token after its prefix
   bool return_routed_experts = false;
   int64_t routed_experts_start = 0;  // first row returned
+  // Also each returned row's routing margin per MoE layer (moe/routing_rule.h).
+  bool return_routing_margins = false;
   // Replay: [rows, MoE layers, top_k] logical ids forced while token `row` is the input. Rows
   // must cover the prompt; a sample that needs a row beyond them ends with kAbort.
   std::vector<int32_t> forced_routing;
@@ -46,6 +48,8 @@ struct SampleOutput {
   // Final output only: ids [rows, MoE layers, top_k], rows = prompt + outputs - 1 - start.
   std::vector<int32_t> routed_experts;
   int64_t routed_rows = 0;
+  // With return_routing_margins: [routed_rows, MoE layers], the rows of routed_experts.
+  std::vector<float> routing_margins;
   int64_t cached_prompt_tokens = 0;  // final output only: prompt tokens served by the prefix cache
 };
 

@@ -14,12 +14,14 @@ void RoutedExperts::assign(std::vector<int32_t> ids) {
   R3_CHECK(layers_ * top_k_ > 0 ? ids.size() % static_cast<std::size_t>(layers_ * top_k_) == 0 : ids.empty(),
            "routed experts: ", ids.size(), " ids are not whole rows of ", layers_, " x ", top_k_);
   ids_ = std::move(ids);
+  margins_.clear();
 }
 
 void RoutedExperts::append(const moe::RoutingCapturer& capturer, int64_t row) {
   R3_CHECK(capturer.num_moe_layers() == layers_ && capturer.top_k() == top_k_,
            "routed experts: capture layout differs");
   capturer.append_row(row, ids_);
+  capturer.append_margins(row, margins_);
 }
 
 }  // namespace r3::engine

@@ -45,6 +45,7 @@ struct Sequence {
 
   // Routed experts: ids of rows [0, routed_rows()) (row i: token i was the input).
   std::vector<int32_t> rows;
+  std::vector<float> margins;  // [routed_rows(), MoE layers]: each row's routing margins
   int64_t routed_rows() const { return static_cast<int64_t>(rows.size()) / per_row; }
 
   // Streaming: what was computed but not yet handed out.

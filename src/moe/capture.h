@@ -16,11 +16,13 @@
 
 namespace r3::moe {
 
-// Where one step's routing goes: (MoE layer id, logical ids [tokens, top_k], weights [tokens, top_k]).
+// Where one step's routing goes: (MoE layer id, logical ids [tokens, top_k], weights [tokens, top_k],
+// routing margins [tokens] or empty when the path does not compute them).
 class CaptureBuffer {
  public:
   virtual ~CaptureBuffer() = default;
-  virtual void record(int64_t moe_layer_id, std::span<const int32_t> logical_ids, std::span<const float> weights) = 0;
+  virtual void record(int64_t moe_layer_id, std::span<const int32_t> logical_ids, std::span<const float> weights,
+                      std::span<const float> margins) = 0;
 };
 
 // A fused module or kernel that sees the routing itself (the mega experts module, the capturing

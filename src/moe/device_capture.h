@@ -1,6 +1,7 @@
 // The capture buffer of a step on the GPU. The routing kernel writes each MoE layer's logical ids
-// into a device array [tokens, moe_layers, k], and its combine weights into a layer-major device
-// array [moe_layers, tokens, k] that the experts then read; at the end of the step asynchronous
+// into a device array [tokens, moe_layers, k], their routing margins into [tokens, moe_layers],
+// and its combine weights into a layer-major device array [moe_layers, tokens, k] that the
+// experts then read; at the end of the step asynchronous
 // copies on a side stream (ordered after the step's kernels by an event) bring both into pinned
 // host memory. Nothing in the step waits for the host: the host waits only when it collects the rows,
 // after the step, for the routed-experts store.
@@ -41,6 +42,8 @@ class DeviceCaptureBuffer {
   std::span<const int32_t> collect();
   // The weights of the same step, [moe_layers, tokens, k] (call after collect()).
   std::span<const float> collected_weights() const;
+  // Its margins, [tokens, moe_layers] (call after collect()).
+  std::span<const float> collected_margins() const;
 
  private:
   struct Impl;

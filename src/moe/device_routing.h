@@ -46,9 +46,13 @@ DeviceRuleDescription describe_for_device(const RoutingRule& rule);
 // Where the ids also go: row t of the step's capture buffer for this layer starts at
 // capture + t * row_stride (the buffer is [tokens, moe_layers, k]: row_stride = moe_layers * k,
 // capture = base + layer * k). nullptr: no capture (a routing that is not the capture point).
+// Each row's routing margin (moe/routing_rule.h; NaN for a replayed row) goes to
+// margins[t * margin_stride] when margins is set.
 struct DeviceCaptureRows {
   int32_t* capture = nullptr;
   int64_t row_stride = 0;
+  float* margins = nullptr;
+  int64_t margin_stride = 0;
 };
 
 // Most experts a device rule routes over (DeepSeek-V3 and Kimi K2 have 256 and 384).

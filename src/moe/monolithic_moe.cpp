@@ -25,7 +25,7 @@ namespace {
 // binder refuses it whenever routed experts are asked for (every engine step).
 class Discard final : public CaptureBuffer {
  public:
-  void record(int64_t, std::span<const int32_t>, std::span<const float>) override {}
+  void record(int64_t, std::span<const int32_t>, std::span<const float>, std::span<const float>) override {}
 };
 }  // namespace
 

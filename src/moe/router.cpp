@@ -42,7 +42,8 @@ void route_tokens(backend::Context& ctx, const RoutingRule& rule, Tensor& logits
                          input.forced,
                          input.replayed,
                          out.expert_ids.data(),
-                         out.weights.data()};
+                         out.weights.data(),
+                         out.margins.data()};
   ctx.parallel_for(tokens, 8, [&](int64_t begin, int64_t end) { rule.route_rows(rows, begin, end); });
 }
 

@@ -15,10 +15,12 @@ struct Routing {
   // [tokens, top_k], in the router's selection order. Logical expert ids.
   std::span<int32_t> expert_ids;
   std::span<float> weights;
+  // [tokens]: each row's routing margin (moe/routing_rule.h), or empty when not computed.
+  std::span<float> margins;
 
-  // A zeroed routing of t tokens x k choices taken from `workspace`.
+  // A zeroed routing of t tokens x k choices (and t margins) taken from `workspace`.
   static Routing in(backend::Workspace& workspace, int64_t t, int64_t k) {
-    return {t, k, workspace.array<int32_t>(t * k), workspace.array<float>(t * k)};
+    return {t, k, workspace.array<int32_t>(t * k), workspace.array<float>(t * k), workspace.array<float>(t)};
   }
 };
 

@@ -1,5 +1,7 @@
 #include "moe/routing_capturer.h"
 
+#include <limits>
+
 #include "core/check.h"
 
 namespace r3::moe {
@@ -22,6 +24,7 @@ RoutingCapturer::RoutingCapturer(int64_t max_tokens, int64_t num_moe_layers, int
     ids_ = std::vector<uint16_t>(n);
   }
   if (keep_weights_) weights_.assign(n, 0.0f);
+  margins_.assign(static_cast<std::size_t>(max_tokens * num_moe_layers), 0.0f);
 }
 
 std::size_t RoutingCapturer::element_size() const {
@@ -47,8 +50,8 @@ std::size_t RoutingCapturer::index(int64_t token, int64_t layer, int64_t choice)
   return static_cast<std::size_t>((token * layers_ + layer) * top_k_ + choice);
 }
 
-void RoutingCapturer::record(int64_t layer, std::span<const int32_t> ids,
-                             std::span<const float> weights) {
+void RoutingCapturer::record(int64_t layer, std::span<const int32_t> ids, std::span<const float> weights,
+                             std::span<const float> margins) {
   R3_CHECK(layer >= 0 && layer < layers_, "capture: MoE layer ", layer, " out of range [0, ",
            layers_, ")");
   R3_CHECK(!recorded_[static_cast<std::size_t>(layer)], "capture: MoE layer ", layer,
@@ -56,6 +59,8 @@ void RoutingCapturer::record(int64_t layer, std::span<const int32_t> ids,
   R3_CHECK(static_cast<int64_t>(ids.size()) == tokens_ * top_k_ && weights.size() == ids.size(),
            "capture: layer ", layer, " gave ", ids.size(), " ids for ", tokens_, " tokens x top-",
            top_k_);
+  R3_CHECK(margins.empty() || static_cast<int64_t>(margins.size()) == tokens_, "capture: layer ", layer, " gave ",
+           margins.size(), " margins for ", tokens_, " tokens");
   std::visit(
       [&](auto& buffer) {
         using T = typename std::decay_t<decltype(buffer)>::value_type;
@@ -76,6 +81,10 @@ void RoutingCapturer::record(int64_t layer, std::span<const int32_t> ids,
       }
     }
   }
+  for (int64_t t = 0; t < tokens_; ++t) {
+    margins_[static_cast<std::size_t>(t * layers_ + layer)] =
+        margins.empty() ? std::numeric_limits<float>::quiet_NaN() : margins[static_cast<std::size_t>(t)];
+  }
   recorded_[static_cast<std::size_t>(layer)] = true;
 }
 
@@ -91,6 +100,15 @@ float RoutingCapturer::weight(int64_t token, int64_t layer, int64_t choice) cons
   R3_CHECK(keep_weights_, "capturer: weights were not kept");
   R3_CHECK(token >= 0 && token < tokens_, "capturer: row out of range");
   return weights_[index(token, layer, choice)];
+}
+
+float RoutingCapturer::margin(int64_t token, int64_t layer) const {
+  R3_CHECK(token >= 0 && token < tokens_ && layer >= 0 && layer < layers_, "capturer: index out of range");
+  return margins_[static_cast<std::size_t>(token * layers_ + layer)];
+}
+
+void RoutingCapturer::append_margins(int64_t token, std::vector<float>& out) const {
+  for (int64_t l = 0; l < layers_; ++l) out.push_back(margin(token, l));
 }
 
 void RoutingCapturer::append_row(int64_t token, std::vector<int32_t>& out) const {

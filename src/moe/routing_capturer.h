@@ -1,7 +1,9 @@
 // The capture buffer of one engine: [max tokens per step, num MoE layers, top_k] logical ids in
 // the narrowest integer type that holds every expert id (uint8 up to 256 experts, else uint16),
 // preallocated once. Rows are the step's tokens in batch order; the engine hands each request
-// its rows after the step. Optionally keeps the combine weights too (for `r3 forward --dump`).
+// its rows after the step, with each row's routing margin per layer (moe/routing_rule.h; NaN
+// where the path did not compute it). Optionally keeps the combine weights too (for
+// `r3 forward --dump`).
 #pragma once
 
 #include <cstdint>
@@ -19,7 +21,8 @@ class RoutingCapturer final : public CaptureBuffer {
                   bool keep_weights = false);
 
   // Called by each MoE layer's capture point, once per step.
-  void record(int64_t layer, std::span<const int32_t> ids, std::span<const float> weights) override;
+  void record(int64_t layer, std::span<const int32_t> ids, std::span<const float> weights,
+              std::span<const float> margins) override;
 
   // Starts a step of `tokens` rows (<= max_tokens); every MoE layer must then record once.
   void begin_step(int64_t tokens);
@@ -35,8 +38,11 @@ class RoutingCapturer final : public CaptureBuffer {
 
   int32_t id(int64_t token, int64_t layer, int64_t choice) const;
   float weight(int64_t token, int64_t layer, int64_t choice) const;
+  float margin(int64_t token, int64_t layer) const;
   // Appends the [layers * top_k] ids of `token` to `out`.
   void append_row(int64_t token, std::vector<int32_t>& out) const;
+  // Appends the [layers] margins of `token` to `out`.
+  void append_margins(int64_t token, std::vector<float>& out) const;
 
  private:
   std::size_t index(int64_t token, int64_t layer, int64_t choice) const;
@@ -46,6 +52,7 @@ class RoutingCapturer final : public CaptureBuffer {
   int64_t tokens_ = 0;
   std::variant<std::vector<uint8_t>, std::vector<uint16_t>> ids_;
   std::vector<float> weights_;
+  std::vector<float> margins_;  // [max_tokens, layers]
   std::vector<bool> recorded_;
 };
 

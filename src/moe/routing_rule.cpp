@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "core/check.h"
 #include "core/checked.h"
@@ -24,13 +25,26 @@ std::span<T> row_scratch(std::size_t n) {
   return {scratch.data(), n};
 }
 
-void choose(std::span<const float> selection_scores, int64_t k, std::span<const int32_t> forced, int32_t* ids) {
+// The top-k of the selection scores (or the forced ids), and the row's margin when asked (see
+// RoutingRows): masked experts hold -inf or, for DeepSeek-V2's rule, 0, below every eligible score.
+void choose(std::span<const float> selection_scores, int64_t k, std::span<const int32_t> forced, int32_t* ids,
+            float* margin) {
   if (forced.empty()) {
     ops::topk_indices(selection_scores, {ids, static_cast<std::size_t>(k)});
+    if (margin != nullptr) {
+      float best_left_out = -INFINITY;
+      for (std::size_t e = 0; e < selection_scores.size(); ++e) {
+        if (std::find(ids, ids + k, static_cast<int32_t>(e)) == ids + k) {
+          best_left_out = std::max(best_left_out, selection_scores[e]);
+        }
+      }
+      *margin = selection_scores[static_cast<std::size_t>(ids[k - 1])] - best_left_out;
+    }
   } else {
     R3_CHECK(static_cast<int64_t>(forced.size()) == k, "forced routing has ", forced.size(),
              " ids, the router selects ", k);
     std::copy(forced.begin(), forced.end(), ids);
+    if (margin != nullptr) *margin = std::numeric_limits<float>::quiet_NaN();
   }
 }
 
@@ -68,8 +82,8 @@ std::string forced_row_problem(std::span<const int32_t> row, int64_t num_experts
 }
 
 void RoutingRule::route(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
-                        float* weights) const {
-  const RoutingRows one{logits, static_cast<int64_t>(logits.size()), {&token_id, 1}, forced, {}, ids, weights};
+                        float* weights, float* margin) const {
+  const RoutingRows one{logits, static_cast<int64_t>(logits.size()), {&token_id, 1}, forced, {}, ids, weights, margin};
   route_rows(one, 0, 1);
 }
 
@@ -80,9 +94,9 @@ float sqrt_softplus(float x) {
 }
 
 void SoftmaxTopK::route_row(std::span<float> logits, int32_t, std::span<const int32_t> forced, int32_t* ids,
-                        float* weights) const {
+                        float* weights, float* margin) const {
   ops::softmax(logits);
-  choose(logits, k_, forced, ids);
+  choose(logits, k_, forced, ids, margin);
   if (normalize_) {
     renormalised(logits, k_, ids, 0.0f, 1.0f, weights);
   } else {
@@ -91,7 +105,7 @@ void SoftmaxTopK::route_row(std::span<float> logits, int32_t, std::span<const in
 }
 
 void SqrtSoftplusTopK::route_row(std::span<float> logits, int32_t, std::span<const int32_t> forced, int32_t* ids,
-                             float* weights) const {
+                             float* weights, float* margin) const {
   R3_CHECK(bias_.size() == logits.size(), "routing: correction bias has ", bias_.size(), " entries for ",
            logits.size(), " experts");
   const std::span<float> biased = row_scratch(logits.size());
@@ -99,7 +113,7 @@ void SqrtSoftplusTopK::route_row(std::span<float> logits, int32_t, std::span<con
     logits[e] = sqrt_softplus(logits[e]);
     biased[e] = logits[e] + bias_[e];
   }
-  choose(biased, k_, forced, ids);
+  choose(biased, k_, forced, ids, margin);
   renormalised(logits, k_, ids, 1e-20f, scaling_, weights);
 }
 
@@ -117,7 +131,7 @@ SigmoidGroupTopK::SigmoidGroupTopK(int64_t k, std::vector<float> correction_bias
 }
 
 void SigmoidGroupTopK::route_row(std::span<float> logits, int32_t, std::span<const int32_t> forced, int32_t* ids,
-                             float* weights) const {
+                             float* weights, float* margin) const {
   const auto experts = static_cast<int64_t>(logits.size());
   R3_CHECK(static_cast<int64_t>(bias_.size()) == experts, "routing: correction bias has ", bias_.size(),
            " entries for ", experts, " experts");
@@ -142,7 +156,7 @@ void SigmoidGroupTopK::route_row(std::span<float> logits, int32_t, std::span<con
     }
     mask_ineligible_groups(group_score, topk_groups_, choice, -INFINITY);
   }
-  choose(choice, k_, forced, ids);
+  choose(choice, k_, forced, ids, margin);
   if (normalize_) {
     renormalised(logits, k_, ids, 1e-20f, scaling_, weights);
   } else {
@@ -157,7 +171,7 @@ SoftmaxGroupGreedy::SoftmaxGroupGreedy(int64_t k, int64_t num_groups, int64_t to
 }
 
 void SoftmaxGroupGreedy::route_row(std::span<float> logits, int32_t, std::span<const int32_t> forced, int32_t* ids,
-                               float* weights) const {
+                               float* weights, float* margin) const {
   ops::softmax(logits);
   const auto experts = static_cast<int64_t>(logits.size());
   R3_CHECK(experts % groups_ == 0, "routing: ", experts, " experts do not split into ", groups_, " groups");
@@ -172,13 +186,13 @@ void SoftmaxGroupGreedy::route_row(std::span<float> logits, int32_t, std::span<c
     }
     mask_ineligible_groups(group_max, topk_groups_, choice, 0.0f);  // 0 as transformers
   }
-  choose(choice, k_, forced, ids);
+  choose(choice, k_, forced, ids, margin);
   for (int64_t j = 0; j < k_; ++j) weights[j] = logits[static_cast<std::size_t>(ids[j])] * scaling_;
 }
 
 void TopKSoftmax::route_row(std::span<float> logits, int32_t, std::span<const int32_t> forced, int32_t* ids,
-                        float* weights) const {
-  choose(logits, k_, forced, ids);
+                        float* weights, float* margin) const {
+  choose(logits, k_, forced, ids, margin);
   for (int64_t j = 0; j < k_; ++j) weights[j] = logits[static_cast<std::size_t>(ids[j])];
   ops::softmax({weights, static_cast<std::size_t>(k_)});
 }
@@ -222,15 +236,16 @@ SqrtSoftplusHash::SqrtSoftplusHash(const Tensor& table, int64_t num_experts, flo
 }
 
 void SqrtSoftplusHash::route_row(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced,
-                             int32_t* ids, float* weights) const {
+                             int32_t* ids, float* weights, float* margin) const {
   for (float& v : logits) v = sqrt_softplus(v);
   if (forced.empty()) {
     const auto row = static_cast<std::size_t>(token_id) * static_cast<std::size_t>(k_);
     R3_CHECK(row + static_cast<std::size_t>(k_) <= table_.size(), "hash routing: token ", token_id,
              " outside the table");
     std::copy_n(table_.begin() + static_cast<std::ptrdiff_t>(row), k_, ids);
+    if (margin != nullptr) *margin = std::numeric_limits<float>::quiet_NaN();  // a table, not scores
   } else {
-    choose(logits, k_, forced, ids);
+    choose(logits, k_, forced, ids, margin);
   }
   renormalised(logits, k_, ids, 1e-20f, scaling_, weights);
 }

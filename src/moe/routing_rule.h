@@ -26,7 +26,13 @@ inline std::span<const int32_t> forced_row(std::span<const int32_t> forced, std:
 std::string forced_row_problem(std::span<const int32_t> row, int64_t num_experts);
 
 // A step's routing, row by row: the gate logits of every token (overwritten with scores), the
-// token ids, the replayed routing, and where the ids and weights go.
+// token ids, the replayed routing, and where the ids, weights and margins go.
+//
+// A row's routing margin is how far its selection was from changing: the selection score of its
+// k-th choice minus the best selection score it left out (the scores the rule's top-k compares:
+// probabilities, biased sigmoid or sqrt-softplus scores, or raw logits; experts of groups the rule
+// masked out do not count). +inf when nothing eligible was left out; NaN for a row that was not
+// chosen by scores (a replayed row, a hash layer's table).
 struct RoutingRows {
   std::span<float> logits;                 // [tokens, num_experts]
   int64_t num_experts = 0;
@@ -35,6 +41,7 @@ struct RoutingRows {
   std::span<const uint8_t> replayed;       // [tokens] or empty (see forced_row)
   int32_t* ids = nullptr;                  // [tokens, top_k]
   float* weights = nullptr;                // [tokens, top_k]
+  float* margins = nullptr;                // [tokens], or nullptr: not wanted
 };
 
 class RoutingRule {
@@ -45,13 +52,13 @@ class RoutingRule {
   // Routes tokens [begin, end) of the step: one call per chunk of tokens, not per token.
   virtual void route_rows(const RoutingRows& rows, int64_t begin, int64_t end) const = 0;
   // One token: logits (overwritten), its id (hash rules), top_k forced ids or empty; writes top_k
-  // ids and weights.
+  // ids and weights, and its margin when `margin` is given.
   void route(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
-             float* weights) const;
+             float* weights, float* margin = nullptr) const;
 };
 
 // The row loop of a rule whose tokens route independently: Derived::route_row(logits, token_id,
-// forced, ids, weights) is called inline for each token.
+// forced, ids, weights, margin) is called inline for each token (margin may be null).
 template <typename Derived>
 class PerTokenRule : public RoutingRule {
  public:
@@ -61,7 +68,7 @@ class PerTokenRule : public RoutingRule {
     for (int64_t t = begin; t < end; ++t) {
       rule.route_row(r.logits.subspan(static_cast<std::size_t>(t * e), static_cast<std::size_t>(e)),
                      r.token_ids[static_cast<std::size_t>(t)], forced_row(r.forced, r.replayed, t, k), r.ids + t * k,
-                     r.weights + t * k);
+                     r.weights + t * k, r.margins != nullptr ? r.margins + t : nullptr);
     }
   }
 };
@@ -74,7 +81,7 @@ class SoftmaxTopK final : public PerTokenRule<SoftmaxTopK> {
   int64_t top_k() const override { return k_; }
   bool normalize() const { return normalize_; }
   void route_row(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
-                 float* weights) const;
+                 float* weights, float* margin) const;
 
  private:
   int64_t k_;
@@ -91,7 +98,7 @@ class SqrtSoftplusTopK final : public PerTokenRule<SqrtSoftplusTopK> {
   std::string name() const override { return "sqrtsoftplus-topk"; }
   int64_t top_k() const override { return k_; }
   void route_row(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
-                 float* weights) const;
+                 float* weights, float* margin) const;
 
  private:
   int64_t k_;
@@ -109,7 +116,7 @@ class SqrtSoftplusHash final : public PerTokenRule<SqrtSoftplusHash> {
   std::string name() const override { return "sqrtsoftplus-hash"; }
   int64_t top_k() const override { return k_; }
   void route_row(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
-                 float* weights) const;
+                 float* weights, float* margin) const;
 
  private:
   int64_t k_;
@@ -133,7 +140,7 @@ class SigmoidGroupTopK final : public PerTokenRule<SigmoidGroupTopK> {
   bool normalize() const { return normalize_; }
   float scaling() const { return scaling_; }
   void route_row(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
-                 float* weights) const;
+                 float* weights, float* margin) const;
 
  private:
   int64_t k_;
@@ -155,7 +162,7 @@ class SoftmaxGroupGreedy final : public PerTokenRule<SoftmaxGroupGreedy> {
   int64_t topk_groups() const { return topk_groups_; }
   float scaling() const { return scaling_; }
   void route_row(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
-                 float* weights) const;
+                 float* weights, float* margin) const;
 
  private:
   int64_t k_, groups_, topk_groups_;
@@ -169,7 +176,7 @@ class TopKSoftmax final : public PerTokenRule<TopKSoftmax> {
   std::string name() const override { return "topk-softmax"; }
   int64_t top_k() const override { return k_; }
   void route_row(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
-                 float* weights) const;
+                 float* weights, float* margin) const;
 
  private:
   int64_t k_;

@@ -121,7 +121,7 @@ engine::RequestParams parameters(const json& body, const models::ModelInfo& info
     } else if (key == "replay_routed_experts") {
       p.forced_routing = replayed_routing(value, info);
     } else if (key == "return_routing_margins") {
-      throw ApiError(400, key + " is not supported yet", key);
+      p.return_routing_margins = flag(body, "return_routing_margins");
     } else if (key == "stop" && !(value.is_array() && value.empty())) {
       throw ApiError(400, "stop strings need a tokenizer, which this server does not have: use stop_token_ids", key);
     }
@@ -205,6 +205,14 @@ json choice_object(const CompletionRequest& request, std::size_t prompt, int64_t
         {"layers", info.moe_layers},
         {"dtype", "int32"},
         {"data", base64_encode(s.routed_experts.data(), s.routed_experts.size() * sizeof(int32_t))}};
+  }
+  if (params.return_routing_margins && s.finish != engine::FinishReason::kNone) {
+    const auto layers = static_cast<int64_t>(info.moe_layers.size());
+    choice["routing_margins"] = {
+        {"shape", {s.routed_rows, layers}},
+        {"layers", info.moe_layers},
+        {"dtype", "float32"},
+        {"data", base64_encode(s.routing_margins.data(), s.routing_margins.size() * sizeof(float))}};
   }
   return choice;
 }

@@ -4,7 +4,9 @@
 // `token_ids`, and logprob tokens are written "token_id:<id>" (what RL clients parse with
 // return_tokens_as_token_ids). Extension: return_routed_experts (with routed_experts_start) puts
 // each choice's routed experts in `routed_experts`: {"shape": [T, L, K], "layers": [MoE layer
-// indices], "dtype": "int32", "data": base64 of little-endian int32}.
+// indices], "dtype": "int32", "data": base64 of little-endian int32}; return_routing_margins puts
+// the same rows' routing margins (moe/routing_rule.h) in `routing_margins`: {"shape": [T, L],
+// "layers", "dtype": "float32", "data": base64 of little-endian float32}.
 #pragma once
 
 #include <string>

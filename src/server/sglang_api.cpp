@@ -106,6 +106,7 @@ void append(CompletedSample& c, const engine::SampleOutput& s) {
   c.abort_message = s.abort_message;
   c.routed_experts = s.routed_experts;
   c.routed_rows = s.routed_rows;
+  c.routing_margins = s.routing_margins;
   c.cached_prompt_tokens = s.cached_prompt_tokens;
 }
 

@@ -39,6 +39,7 @@ struct CompletedSample {
   std::string abort_message;
   std::vector<int32_t> routed_experts;  // [rows, MoE layers, K]
   int64_t routed_rows = 0;
+  std::vector<float> routing_margins;   // [rows, MoE layers]
   int64_t cached_prompt_tokens = 0;
 };
 // Adds what one output of a sample brought (its final one: the finish and the routed experts).

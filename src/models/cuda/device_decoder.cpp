@@ -217,11 +217,17 @@ void Decoder::deliver_routing(backend::Context& ctx, const ForwardBatch& batch, 
   const std::span<const float> weights = capture_->collected_weights();  // [layers, tokens, k]
   R3_CHECK(batch.capture != nullptr, "forward: MoE layers need the step's capture buffer");
   backend::Workspace::Scope scope(ctx.workspace());
+  const std::span<const float> margins = capture_->collected_margins();  // [tokens, layers]
   const std::span<int32_t> layer_ids = ctx.workspace().array<int32_t>(tokens * k);
+  const std::span<float> layer_margins = ctx.workspace().array<float>(tokens);
   for (int64_t j = 0; j < routed_layers; ++j) {
-    for (int64_t t = 0; t < tokens; ++t) std::copy_n(rows.data() + (t * moe_layers + j) * k, k, layer_ids.data() + t * k);
-    batch.capture->record(j, layer_ids, weights.subspan(static_cast<std::size_t>(j * tokens * k),
-                                                        static_cast<std::size_t>(tokens * k)));
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::copy_n(rows.data() + (t * moe_layers + j) * k, k, layer_ids.data() + t * k);
+      layer_margins[static_cast<std::size_t>(t)] = margins[static_cast<std::size_t>(t * moe_layers + j)];
+    }
+    batch.capture->record(j, layer_ids,
+                          weights.subspan(static_cast<std::size_t>(j * tokens * k), static_cast<std::size_t>(tokens * k)),
+                          layer_margins);
     if (batch.loads == nullptr || loads_) continue;       // with EPLB the device map counted
     const std::span<int64_t> counts = batch.loads->layer(j);  // no EPLB: physical = logical
     for (int64_t t = 0; t < tokens; ++t) {

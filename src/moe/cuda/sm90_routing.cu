@@ -47,6 +47,17 @@ __device__ void warp_topk(const float* values, int64_t n, int32_t k, int32_t* ou
   }
 }
 
+// A free row's routing margin, as the CPU's choose(): the k-th choice's value minus the best value
+// not taken (warp_topk left the choices taken), -inf when every value was taken.
+__device__ float warp_margin(const float* values, int64_t n, const uint8_t* taken, int32_t last, int lane) {
+  float best = -INFINITY;
+  for (int64_t i = lane; i < n; i += kWarp) {
+    if (!taken[i]) best = fmaxf(best, values[i]);
+  }
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, offset));
+  return __fsub_rn(values[last], best);
+}
+
 // In place, as ops::softmax: max, exp(v - max), the sum in double in index order, v / sum rounded.
 __device__ void warp_softmax(float* v, int64_t n, int lane) {
   float max_value = -INFINITY;
@@ -120,11 +131,20 @@ __global__ void route_tokens(const float* __restrict__ logits, int64_t tokens, i
     for (int32_t j = lane; j < k; j += kWarp) ids[j] = forced[t * k + j];
     __syncwarp();
   };
+  float margin = __int_as_float(0x7fc00000);  // NaN: a replayed row was not chosen
+  // After the free selection of k among `values`: the row's margin (only computed when kept).
+  auto note_margin = [&](const float* values) {
+    if (capture.margins != nullptr) margin = warp_margin(values, experts, w.taken, ids[k - 1], lane);
+  };
 
   if (rule.kind == Kind::kSoftmaxTopK) {
     warp_softmax(scores, experts, lane);
-    if (replay) take_forced();
-    else warp_topk(scores, experts, k, ids, w.taken, lane);
+    if (replay) {
+      take_forced();
+    } else {
+      warp_topk(scores, experts, k, ids, w.taken, lane);
+      note_margin(scores);
+    }
     if (lane == 0) {
       if (rule.normalize) renormalised(scores, k, ids, 0.0f, 1.0f, weights);
       else for (int32_t j = 0; j < k; ++j) weights[j] = scores[ids[j]];
@@ -153,6 +173,7 @@ __global__ void route_tokens(const float* __restrict__ logits, int64_t tokens, i
       }
       mask_ineligible_groups(w, rule, experts, -INFINITY, lane);
       warp_topk(choice, experts, k, ids, w.taken, lane);
+      note_margin(choice);
     }
     if (lane == 0) {
       if (rule.normalize) renormalised(scores, k, ids, 1e-20f, rule.scaling, weights);
@@ -178,11 +199,16 @@ __global__ void route_tokens(const float* __restrict__ logits, int64_t tokens, i
         mask_ineligible_groups(w, rule, experts, 0.0f, lane);
       }
       warp_topk(choice, experts, k, ids, w.taken, lane);
+      note_margin(choice);
     }
     if (lane == 0) for (int32_t j = 0; j < k; ++j) weights[j] = __fmul_rn(scores[ids[j]], rule.scaling);
   } else {  // kTopKSoftmax
-    if (replay) take_forced();
-    else warp_topk(scores, experts, k, ids, w.taken, lane);
+    if (replay) {
+      take_forced();
+    } else {
+      warp_topk(scores, experts, k, ids, w.taken, lane);
+      note_margin(scores);
+    }
     if (lane == 0) {
       for (int32_t j = 0; j < k; ++j) choice[j] = scores[ids[j]];
     }
@@ -195,6 +221,7 @@ __global__ void route_tokens(const float* __restrict__ logits, int64_t tokens, i
     ids_out[t * k + j] = ids[j];
     if (capture.capture != nullptr) capture.capture[t * capture.row_stride + j] = ids[j];
   }
+  if (capture.margins != nullptr && lane == 0) capture.margins[t * capture.margin_stride] = margin;
 }
 
 }  // namespace
