@@ -118,6 +118,11 @@ TEST(HttpServer, BadInputIsA400InVllmsErrorShapeBeforeTheEngine) {
   expect_error(R"([1, 2])", 400, "JSON object", nullptr);
   expect_error(R"({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 100000}})", 400, "max model length",
                "input_ids");
+  expect_error(R"({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": -3}})", 400, "max_new_tokens",
+               "sampling_params.max_new_tokens");
+  expect_error(R"({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1e30}})", 400, "must be an integer",
+               "sampling_params.max_new_tokens");
+  expect_error(R"({"input_ids": "1, 2"})", 400, "input_ids", "input_ids");
   const auto missing = c.Get("/v2/nothing");
   ASSERT_TRUE(missing);
   EXPECT_EQ(missing->status, 404);
@@ -341,6 +346,34 @@ TEST(HttpServer, CompletionsReplayTheRoutingTheyReturned) {
   const json e = post(c, "/v1/completions", json({{"prompt", teacher}, {"max_tokens", 1},
                                                   {"replay_routed_experts", too_few}}).dump(), 400);
   EXPECT_NE(e["error"]["message"].get<std::string>().find("fewer than the"), std::string::npos) << e.dump();
+}
+
+// The same request through `r3 generate --json` and both endpoints: the same tokens, and routed
+// experts that decode (SGLang's base64 [T, num_hidden_layers, K]; vLLM-style [T, L, K]) to the
+// command's rows.
+TEST(HttpServer, RoutedExpertsEqualThoseOfTheGenerateCommand) {
+  Served s;
+  const CommandResult run = run_r3("generate -q --json --ignore-eos --max-new-tokens 5 --ids 3,17,42,99 --model " +
+                                   family_dir("qwen3_moe"));
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const json want = json::parse(run.out);
+  std::vector<int32_t> rows;
+  for (const json& row : want.at("routed_experts")) {
+    for (const json& layer : row) {
+      for (const json& id : layer) rows.push_back(id.get<int32_t>());
+    }
+  }
+  auto c = s.client();
+  const json sglang = post(c, "/generate", R"({"input_ids": [3, 17, 42, 99], "return_routed_experts": true,
+      "sampling_params": {"max_new_tokens": 5, "temperature": 0, "ignore_eos": true}})", 200);
+  EXPECT_EQ(sglang.at("output_ids"), want.at("output_ids"));
+  EXPECT_EQ(base64_int32(sglang.at("meta_info").at("routed_experts").get<std::string>()), rows);
+  const json vllm = post(c, "/v1/completions", R"({"prompt": [3, 17, 42, 99], "max_tokens": 5, "temperature": 0,
+      "ignore_eos": true, "return_routed_experts": true})", 200);
+  const json& choice = vllm.at("choices").at(0);
+  EXPECT_EQ(choice.at("token_ids"), want.at("output_ids"));
+  EXPECT_EQ(choice.at("routed_experts").at("layers"), want.at("moe_layers"));
+  EXPECT_EQ(base64_int32(choice.at("routed_experts").at("data").get<std::string>()), rows);
 }
 
 // The value of a sample line `name value` of a Prometheus text page.
