@@ -5,9 +5,8 @@
 // Attention splits each token's window into chunks of kChunk positions (flash-decoding). One
 // block per (token, group of query heads sharing a KV head, chunk) loads each key and value row
 // of its chunk once for all the group's heads (GQA: 8 query heads per KV head in Qwen3-30B-A3B),
-// in three phases: scores (lane p of every warp takes position p, the warps split the group's
-// heads, and each lane runs its dot products along its key row, float4 loads, no cross-lane
-// reductions: these were the latency of batch 1), the chunk's softmax per head
+// in three phases: scores (each warp a quarter of the chunk's positions, all its key rows loaded
+// before any is used, a head's dot product reduced across the warp), the chunk's softmax per head
 // (one lane per position: max, exponentials, sum), and the weighted sum of the value rows (one
 // thread per head dimension, every head's accumulator in registers). A second kernel merges the
 // chunks of each (token, head) in chunk order, adding a sink's exp(sink - max) to the sum
@@ -16,7 +15,6 @@
 // in float32; the order of the additions differs from the CPU's two-pass softmax, hence a
 // tolerance in the tests.
 #include <algorithm>
-#include <cstdint>
 
 #include "backend/cuda/state.h"
 #include "ops/attention.h"
@@ -43,43 +41,12 @@ __global__ void write_kv_rows(const float* __restrict__ k, int64_t k_stride, con
 
 constexpr int kChunk = kWarp;  // positions per block: phase 2 gives each lane one
 constexpr int kBlockWarps = 4;
+constexpr int kPositionsPerWarp = kChunk / kBlockWarps;
 constexpr int kMaxGroup = 16;  // query heads per block
 
 // One block per (token, head group, chunk): each head's partial max, sum and accumulator over the
 // chunk (max -inf and sum 0 for a chunk past the window or a padding row).
-constexpr int kHeadsPerWarp = kMaxGroup / kBlockWarps;
-
-// Lane p's dot products of key row `k_row` with the query heads g = warp + h * kBlockWarps of the
-// group, into acc[h]; float4 loads when the rows are 16-byte aligned (kVec4).
-template <bool kVec4>
-__device__ inline void key_dots(const float* __restrict__ k_row, const float* q_group, int64_t group, int64_t d,
-                                int warp, float (&acc)[kHeadsPerWarp]) {
-  if constexpr (kVec4) {
-    const auto* k4 = reinterpret_cast<const float4*>(k_row);
-    for (int64_t i4 = 0; i4 < d / 4; ++i4) {
-      const float4 k = k4[i4];
-#pragma unroll
-      for (int h = 0; h < kHeadsPerWarp; ++h) {
-        const int64_t g = warp + h * kBlockWarps;
-        if (g >= group) break;
-        const float* q = q_group + g * d + 4 * i4;
-        acc[h] += q[0] * k.x + q[1] * k.y + q[2] * k.z + q[3] * k.w;
-      }
-    }
-  } else {
-    for (int64_t i = 0; i < d; ++i) {
-      const float k = k_row[i];
-#pragma unroll
-      for (int h = 0; h < kHeadsPerWarp; ++h) {
-        const int64_t g = warp + h * kBlockWarps;
-        if (g >= group) break;
-        acc[h] += q_group[g * d + i] * k;
-      }
-    }
-  }
-}
-
-template <bool kVec4>
+template <int kPerLane>
 __global__ void attention_chunks(const float* __restrict__ q, DeviceStep step, DeviceKvPool pool, int64_t heads,
                                  int64_t kv_heads, int64_t group, int64_t d, float scale, int64_t sliding_window,
                                  int64_t chunks, float* __restrict__ part_max, float* __restrict__ part_sum,
@@ -112,17 +79,31 @@ __global__ void attention_chunks(const float* __restrict__ q, DeviceStep step, D
   if (threadIdx.x < count) rows[threadIdx.x] = cache_row(step, pool, seq, first + threadIdx.x);
   __syncthreads();
 
-  // Scores: lane p takes position p of the chunk, the warps split the group's heads; each lane's
-  // dot products run along its key row (no cross-lane reductions).
-  if (lane < count) {
-    float acc[kHeadsPerWarp];
+  // Scores: this warp's key rows loaded together, then each head's dot products.
+  float key[kPositionsPerWarp][kPerLane];
 #pragma unroll
-    for (int h = 0; h < kHeadsPerWarp; ++h) acc[h] = 0.0f;
-    key_dots<kVec4>(pool.keys + rows[lane] * pool.key_width + kv_offset, q_group, group, d, warp, acc);
+  for (int pp = 0; pp < kPositionsPerWarp; ++pp) {
+    const int p = warp + pp * kBlockWarps;
+    const float* k_row = pool.keys + rows[p < count ? p : 0] * pool.key_width + kv_offset;
 #pragma unroll
-    for (int h = 0; h < kHeadsPerWarp; ++h) {
-      const int64_t g = warp + h * kBlockWarps;
-      if (g < group) weights[g][lane] = acc[h] * scale;
+    for (int j = 0; j < kPerLane; ++j) {
+      const int64_t i = lane + j * kWarp;
+      key[pp][j] = p < count && i < d ? k_row[i] : 0.0f;
+    }
+  }
+#pragma unroll
+  for (int pp = 0; pp < kPositionsPerWarp; ++pp) {
+    const int p = warp + pp * kBlockWarps;
+    if (p >= count) break;
+    for (int64_t g = 0; g < group; ++g) {
+      float partial = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) {
+        const int64_t i = lane + j * kWarp;
+        if (i < d) partial += q_group[g * d + i] * key[pp][j];
+      }
+      partial = warp_sum(partial);
+      if (lane == 0) weights[g][p] = partial * scale;
     }
   }
   __syncthreads();
@@ -210,10 +191,9 @@ void paged_attention(backend::Context& ctx, const Tensor& q, const DeviceStep& s
                                                              d, scale, sliding_window, chunks, part_max.data<float>(),
                                                              part_sum.data<float>(), part_acc.data<float>());
   };
-  // float4 key loads when every key row of the pool starts 16-byte aligned.
-  const bool aligned = d % 4 == 0 && pool.key_width % 4 == 0 && reinterpret_cast<std::uintptr_t>(pool.keys) % 16 == 0;
-  if (aligned) launch(attention_chunks<true>);
-  else launch(attention_chunks<false>);
+  if (d <= 64) launch(attention_chunks<2>);
+  else if (d <= 128) launch(attention_chunks<4>);
+  else launch(attention_chunks<8>);
   merge_chunks<<<static_cast<unsigned>(step.tokens * heads), merge_threads(d), 0, stream>>>(
       part_max.data<float>(), part_sum.data<float>(), part_acc.data<float>(), heads, d, chunks, sinks, step.seqs,
       out.data<float>());
