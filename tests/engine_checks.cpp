@@ -27,6 +27,7 @@ EngineResults engine_run_all(Engine& e) {
           r.finish = s.finish;
           r.routed = s.routed_experts;
           r.routed_rows = s.routed_rows;
+          r.margins = s.routing_margins;
           r.matched_stop = s.matched_stop;
           r.cached_prompt_tokens = s.cached_prompt_tokens;
           r.abort_message = s.abort_message;
@@ -38,6 +39,11 @@ EngineResults engine_run_all(Engine& e) {
 }
 
 // Prompts of random lengths in [1, 40], half of them starting with a shared 20-token prefix.
+EngineResult run_one(engine::Engine& e, const engine::RequestParams& p) {
+  const engine::RequestId id = e.submit(p);
+  return engine_run_all(e).at({id, 0});
+}
+
 std::vector<std::vector<int32_t>> engine_prompts(int count, int64_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<int32_t> shared(20);
@@ -114,6 +120,19 @@ void expect_served_as_alone(models::CausalLM& model, backend::Context& ctx,
     if (std::string(c.name) == "small chunks" && e.options().prefix_caching) {
       EXPECT_GT(stats.prefix_blocks_hit, 0);
     }
+  }
+}
+
+void expect_captured_before_the_failed_map(const moe::RoutingCapturer& capturer, int64_t layer,
+                                           const std::vector<int32_t>& expected, int64_t layers, int64_t k) {
+  ASSERT_TRUE(capturer.recorded(layer));
+  for (int64_t t = 0; t < capturer.tokens(); ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      EXPECT_EQ(capturer.id(t, layer, j), expected[static_cast<std::size_t>((t * layers + layer) * k + j)]);
+    }
+  }
+  if (layer + 1 < layers) {
+    EXPECT_FALSE(capturer.recorded(layer + 1));  // the step stopped at this layer
   }
 }
 

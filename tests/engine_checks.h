@@ -13,6 +13,7 @@
 #include "backend/context.h"
 #include "engine/engine.h"
 #include "models/causal_lm.h"
+#include "moe/routing_capturer.h"
 
 namespace r3::test {
 
@@ -23,6 +24,7 @@ struct EngineResult {
   std::vector<std::vector<engine::TokenLogprob>> top;
   std::vector<int32_t> routed;
   int64_t routed_rows = 0;
+  std::vector<float> margins;  // with return_routing_margins
   engine::FinishReason finish = engine::FinishReason::kNone;
   int32_t matched_stop = -1;
   int64_t cached_prompt_tokens = 0;
@@ -32,6 +34,8 @@ using EngineResults = std::map<std::pair<engine::RequestId, int64_t>, EngineResu
 
 // Runs the engine until every request has finished, gathering the streamed outputs.
 EngineResults engine_run_all(engine::Engine& e);
+// Submits `p` alone to `e`, runs it to the end and returns what its first sample ended with.
+EngineResult run_one(engine::Engine& e, const engine::RequestParams& p);
 
 // Prompts of random lengths in [1, 40], half of them starting with a shared 20-token prefix.
 std::vector<std::vector<int32_t>> engine_prompts(int count, int64_t vocab, uint32_t seed);
@@ -51,5 +55,11 @@ std::vector<ServingCase> serving_cases();
 void expect_served_as_alone(models::CausalLM& model, backend::Context& ctx,
                             const std::vector<std::vector<int32_t>>& prompts, const std::vector<int64_t>& max_new,
                             const engine::EngineOptions& alone_options, const std::vector<ServingCase>& cases);
+
+// After a step stopped by a failing EPLB map in MoE layer `layer`: the capturer holds that
+// layer's logical ids, equal to `expected` ([T, layers, k] rows of an unbroken run), and not the
+// next layer's (capture happens before the map).
+void expect_captured_before_the_failed_map(const moe::RoutingCapturer& capturer, int64_t layer,
+                                           const std::vector<int32_t>& expected, int64_t layers, int64_t k);
 
 }  // namespace r3::test

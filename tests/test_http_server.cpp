@@ -204,15 +204,7 @@ TEST(HttpServer, CompletionsReturnTheEnginesRoutingMargins) {
   engine::RequestParams p = greedy_request(prompt, 5);
   p.return_routing_margins = true;
   p.routed_experts_start = 1;
-  const engine::RequestId id = direct.submit(p);
-  std::vector<float> want;
-  while (direct.has_work()) {
-    for (const auto& out : direct.step()) {
-      for (const auto& sample : out.samples) {
-        if (out.id == id && sample.finish != engine::FinishReason::kNone) want = sample.routing_margins;
-      }
-    }
-  }
+  const std::vector<float> want = run_one(direct, p).margins;
   auto c = s.client();
   const json r = post(c, "/v1/completions", R"({"prompt": [9, 8, 7, 6], "max_tokens": 5, "temperature": 0,
       "ignore_eos": true, "return_routed_experts": true, "return_routing_margins": true, "routed_experts_start": 1})",

@@ -10,6 +10,7 @@
 #include "models/registry.h"
 #include "moe/capture_binder.h"
 #include "moe/modular_moe.h"
+#include "engine_checks.h"
 #include "test_support.h"
 
 namespace r3::test {
@@ -184,14 +185,7 @@ void expect_capture_before_map(const std::string& family, MoePath backend, int64
       models::ModelCache& cache = *cache_owner;
       engine::StepRunner runner(*model, ctx, cache, static_cast<int64_t>(ids.size()));
       EXPECT_THROW(runner.run({{0, ids, nullptr, {}}}), Error);
-      const auto& capturer = runner.capturer();
-      ASSERT_TRUE(capturer.recorded(layer));
-      for (int64_t t = 0; t < capturer.tokens(); ++t) {
-        for (int64_t j = 0; j < k; ++j) {
-          EXPECT_EQ(capturer.id(t, layer, j), expected[static_cast<std::size_t>((t * layers + layer) * k + j)]);
-        }
-      }
-      EXPECT_FALSE(capturer.recorded(layer + 1));  // the step stopped at this layer
+      expect_captured_before_the_failed_map(runner.capturer(), layer, expected, layers, k);
     }
   }
 }

@@ -19,17 +19,7 @@ namespace {
 // The sample's margins [rows, MoE layers] after running `p` alone.
 std::vector<float> margins_of(engine::Engine& e, engine::RequestParams p) {
   p.return_routing_margins = true;
-  const engine::RequestId id = e.submit(std::move(p));
-  std::vector<float> margins;
-  while (e.has_work()) {
-    for (const auto& out : e.step()) {
-      if (out.id != id) continue;
-      for (const auto& s : out.samples) {
-        if (s.finish != engine::FinishReason::kNone) margins = s.routing_margins;
-      }
-    }
-  }
-  return margins;
+  return run_one(e, p).margins;
 }
 
 // Float64 margin of one reference row: `scores` of every expert, top `k`.
@@ -85,22 +75,14 @@ TEST(RoutingMargins, EveryFamilyScoredRowsAreNotNegativeAndReplayedRowsHaveNone)
     engine::RequestParams free_run = greedy_request(prompt, 4);
     free_run.return_routed_experts = true;
     free_run.return_routing_margins = true;
-    const engine::RequestId id = e.submit(free_run);
-    engine::SampleOutput last;
-    while (e.has_work()) {
-      for (auto& out : e.step()) {
-        if (out.id == id && !out.samples.empty() && out.samples.back().finish != engine::FinishReason::kNone) {
-          last = out.samples.back();
-        }
-      }
-    }
-    ASSERT_EQ(last.routing_margins.size(), static_cast<std::size_t>(last.routed_rows) * model->info().moe_layers.size());
-    for (const float m : last.routing_margins) EXPECT_GE(m, 0.0f);
+    const EngineResult last = run_one(e, free_run);
+    ASSERT_EQ(last.margins.size(), static_cast<std::size_t>(last.routed_rows) * model->info().moe_layers.size());
+    for (const float m : last.margins) EXPECT_GE(m, 0.0f);
     // Replay the prompt's rows: those rows were forced, not chosen.
     engine::RequestParams replay = greedy_request(prompt, 1);
     const auto per_row = static_cast<std::size_t>(model->info().moe_layers.size() * model->info().top_k);
-    replay.forced_routing.assign(last.routed_experts.begin(),
-                                 last.routed_experts.begin() + static_cast<std::ptrdiff_t>(prompt.size() * per_row));
+    replay.forced_routing.assign(last.routed.begin(),
+                                 last.routed.begin() + static_cast<std::ptrdiff_t>(prompt.size() * per_row));
     const std::vector<float> replayed = margins_of(e, replay);
     ASSERT_EQ(replayed.size(), prompt.size() * model->info().moe_layers.size());
     for (const float m : replayed) EXPECT_TRUE(std::isnan(m));

@@ -90,16 +90,7 @@ void expect_capture_before_map(const std::string& family, int64_t layer, const m
   auto cache = model->make_cache(1, static_cast<int64_t>(ids.size()));
   engine::StepRunner runner(*model, *gpu, *cache, static_cast<int64_t>(ids.size()));
   EXPECT_THROW(runner.run({{0, ids, nullptr, {}}}), Error);
-  const auto& capturer = runner.capturer();
-  ASSERT_TRUE(capturer.recorded(layer));
-  for (int64_t t = 0; t < capturer.tokens(); ++t) {
-    for (int64_t j = 0; j < k; ++j) {
-      EXPECT_EQ(capturer.id(t, layer, j), expected[static_cast<std::size_t>((t * layers + layer) * k + j)]);
-    }
-  }
-  if (layer + 1 < layers) {
-    EXPECT_FALSE(capturer.recorded(layer + 1));  // the step stopped at this layer
-  }
+  expect_captured_before_the_failed_map(runner.capturer(), layer, expected, layers, k);
 }
 
 TEST(GpuCaptureOrder, CaptureHoldsLogicalIdsBeforeTheEplbMapRuns) {

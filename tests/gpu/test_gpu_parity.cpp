@@ -76,16 +76,7 @@ TEST_P(GpuParity, RoutingMarginsFollowTheCpu) {
   p.return_routing_margins = true;
   const auto margins_on = [&](models::CausalLM& model, backend::Context& ctx) {
     engine::Engine e(model, ctx);
-    const engine::RequestId id = e.submit(p);
-    std::vector<float> margins;
-    while (e.has_work()) {
-      for (const auto& out : e.step()) {
-        for (const auto& sample : out.samples) {
-          if (out.id == id && sample.finish != engine::FinishReason::kNone) margins = sample.routing_margins;
-        }
-      }
-    }
-    return margins;
+    return run_one(e, p).margins;
   };
   backend::Context cpu(2);
   auto cpu_model = models::load_model(family_dir(GetParam().family));
