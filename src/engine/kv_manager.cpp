@@ -25,7 +25,9 @@ KvManager::KvManager(models::ModelCache& cache, int64_t num_blocks, int64_t bloc
     block_rows_.assign(static_cast<std::size_t>(checked_mul(checked_mul(num_blocks, block_size, "routed rows"),
                                                             per_row, "routed rows")),
                        0);
-    block_margins_.assign(static_cast<std::size_t>(num_blocks * block_size * layers), 0.0f);
+    block_margins_.assign(static_cast<std::size_t>(checked_mul(checked_mul(num_blocks, block_size, "routing margins"),
+                                                               layers, "routing margins")),
+                          0.0f);
   }
 }
 

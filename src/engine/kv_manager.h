@@ -20,7 +20,6 @@ namespace r3::engine {
 
 class KvManager {
  public:
-  // per_row: routed ids per position (MoE layers x top_k).
   // per_row: routed ids per row (MoE layers x top_k); layers: MoE layers (margins per row).
   KvManager(models::ModelCache& cache, int64_t num_blocks, int64_t block_size, bool prefix_caching, int64_t per_row,
             int64_t layers);

@@ -164,6 +164,7 @@ void Decoder::run_layers_graphed(backend::Context& ctx, ops::DeviceStep step, Kv
     } catch (...) {
       cudaStreamEndCapture(stream, &graph);
       if (graph != nullptr) cudaGraphDestroy(graph);
+      moe_layers_routed_ = 0;  // the routing kernels were recorded, never run: nothing to deliver
       throw;
     }
     R3_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
