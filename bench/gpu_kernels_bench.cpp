@@ -52,9 +52,9 @@ void moe_layer(backend::Context& gpu) {
   dev.up = backend::to_device(gpu, random_host(DType::BF16, {experts, inter, h}, 2, 0.02f));
   dev.down = backend::to_device(gpu, random_host(DType::BF16, {experts, h, inter}, 3, 0.02f));
   const double expert_bytes = 3.0 * static_cast<double>(inter * h) * 2;
-  moe::DeviceCaptureBuffer capture(gpu, 64, 1, k);
+  moe::DeviceCaptureBuffer capture(gpu, 256, 1, k);
   const moe::DeviceRoutingRule rule{moe::DeviceRoutingRule::Kind::kSoftmaxTopK, static_cast<int32_t>(k), true};
-  for (const int64_t batch : {1, 8, 64}) {
+  for (const int64_t batch : {1, 8, 64, 256}) {
     const Tensor x = backend::to_device(gpu, random_host(DType::F32, {batch, h}, 4, 1.0f));
     const Tensor logits = backend::to_device(gpu, random_host(DType::F32, {batch, experts}, 5, 1.0f));
     Tensor ids = backend::device_empty(gpu, DType::I32, {batch, k}), weights = backend::device_empty(gpu, DType::F32, {batch, k});
@@ -83,7 +83,7 @@ void moe_layer(backend::Context& gpu) {
 
 void attention(backend::Context& gpu) {
   const int64_t heads = 32, kv_heads = 4, d = 128, context = 1024, block = 16, width = kv_heads * d;
-  for (const int64_t batch : {1, 8, 64}) {
+  for (const int64_t batch : {1, 8, 64, 256}) {
     const int64_t blocks_per_seq = context / block, pool_blocks = batch * blocks_per_seq;
     Tensor keys = backend::to_device(gpu, random_host(DType::F32, {pool_blocks * block, width}, 6, 1.0f));
     Tensor values = backend::to_device(gpu, random_host(DType::F32, {pool_blocks * block, width}, 7, 1.0f));

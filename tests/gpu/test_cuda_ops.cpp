@@ -341,16 +341,17 @@ TEST_F(CudaOps, RoutingWithCaptureMatchesTheCpuRules) {
 // activation with biases, tokens choosing overlapping experts.
 TEST_F(CudaOps, FusedExpertsMatchADoubleEvaluation) {
   const int64_t experts = 6, h = 96, k = 3;
-  // Two routings: 5 tokens over overlapping experts; 20 tokens all on experts 1, 2 and 3 (more
-  // pairs per expert than one pass of the grouped kernels takes). Intermediate 40 takes the
-  // kernels' 128-bit loads, 36 their element loads; 48 with bf16 weights, the tensor cores (both
-  // routings have at least two pairs per expert on average), in 16-row tiles of which the last
-  // of each expert is partly empty.
-  for (const int64_t inter : {40, 36, 48})
-  for (const int64_t tokens : {5, 20}) {
+  // Three routings: 5 tokens over overlapping experts; 20 and 70 tokens all on experts 1, 2 and
+  // 3 (more pairs per expert than one pass of the grouped kernels takes: 70 tokens give 70 pairs
+  // per expert, three passes of the tensor cores' widest tiles). Intermediate 40 takes the
+  // kernels' 128-bit loads, 36 their element loads; 64 with bf16 weights, the tensor cores (every
+  // routing has at least two pairs per expert on average), in 8-pair tiles of which the last of
+  // each expert is partly empty.
+  for (const int64_t inter : {40, 36, 64})
+  for (const int64_t tokens : {5, 20, 70}) {
     std::vector<int32_t> ids = {0, 5, 2, 2, 0, 1, 5, 4, 3, 1, 2, 0, 4, 5, 3};
     std::vector<float> weights = {0.5f, 0.3f, 0.2f, 0.9f, 0.05f, 0.05f, 0.4f, 0.4f, 0.2f, 1.0f, 0.0f, 0.0f, 0.25f, 0.5f, 0.25f};
-    if (tokens == 20) {
+    if (tokens > 5) {
       ids.clear();
       weights.clear();
       for (int64_t t = 0; t < tokens; ++t) {
@@ -424,7 +425,7 @@ TEST_F(CudaOps, FusedExpertsMatchADoubleEvaluation) {
         moe::fused_experts_on_device(*gpu_, backend::to_device(*gpu_, x), ids_d.data<int32_t>(), weights_d.data<float>(), k,
                                      dev, grouping, activated, expert_out, out);
         // The tensor cores see each activation as two bfloat16 parts (about 16 significant bits).
-        const bool tensor_cores = bf16 && inter % 16 == 0;
+        const bool tensor_cores = bf16 && inter % 32 == 0;
         EXPECT_LT(gpu_relative_error(backend::to_host(*gpu_, out), want), tensor_cores ? 1e-4 : 1e-5)
             << tokens << " tokens, intermediate " << inter << ", " << (bf16 ? "bf16" : "f32") << (oss ? ", GPT-OSS activation with biases" : ", SwiGLU") << (tensor_cores ? ", tensor cores" : "");
       }

@@ -40,7 +40,7 @@ struct Grouping {
 bool tensor_cores_fit(const DeviceExperts& x);
 void experts_on_tensor_cores(cudaStream_t stream, const float* hidden, int64_t k, const Grouping& g,
                              const DeviceExperts& x, const Activation& act, int64_t pairs, int64_t slots,
-                             float* activated, float* expert_out);
+                             int64_t likely_pairs, float* activated, float* expert_out);
 #endif
 
 }  // namespace r3::moe::experts_detail

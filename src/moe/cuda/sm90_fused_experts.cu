@@ -193,8 +193,12 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
   const auto* dw = static_cast<const W*>(x.down.raw_data());
   const unsigned gate_blocks = warp_blocks(slots * inter), down_blocks = warp_blocks(slots * h);
   constexpr unsigned kThreads = kWarpsPerBlock * kWarp;
+  // Partial sums for the pairs an expert is likely to have (at most one per token, about
+  // pairs / experts on average); an expert with more takes another pass over its rows, which
+  // are then in L2.
+  const int64_t likely = std::min(tokens, std::max<int64_t>(1, 2 * ((pairs + experts - 1) / experts)));
   if (use_tensor_cores(ctx, x, pairs, experts)) {
-    experts_detail::experts_on_tensor_cores(stream, hidden.data<float>(), k, g, x, act, pairs, slots,
+    experts_detail::experts_on_tensor_cores(stream, hidden.data<float>(), k, g, x, act, pairs, slots, likely,
                                             activated.data<float>(), expert_out.data<float>());
   } else {
     auto rows = [&](auto vec8_tag, auto pairs_tag) {
@@ -206,10 +210,6 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
                                                                        bias(x.down_bias), h, inter,
                                                                        expert_out.data<float>());
     };
-    // Partial sums for the pairs an expert is likely to have (at most one per token, about
-    // pairs / experts on average); an expert with more takes another pass over its rows, which
-    // are then in L2.
-    const int64_t likely = std::min(tokens, std::max<int64_t>(1, 2 * ((pairs + experts - 1) / experts)));
     auto by_pairs = [&](auto vec8_tag) {
       if (likely <= 1) rows(vec8_tag, std::integral_constant<int, 1>{});
       else if (likely <= 2) rows(vec8_tag, std::integral_constant<int, 2>{});
