@@ -3,6 +3,7 @@
 // Built when nvcc is found; run on a GPU machine by bench/gpu.sh (not part of the CPU suite).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -215,12 +216,12 @@ TEST_F(CudaOps, RotaryOfDevicePositionsMatchesTheCpu) {
 // Three sequences with cached positions, a step mixing decode tokens, a prefill chunk and a padding
 // row: the device write puts every row where the CPU's does, and the device attention matches the
 // CPU's over the same block tables, for GQA head sizes 64 and 128, with and without sinks and a
-// sliding window (one of 70 positions, across the kernel's chunks of 16 or 64 positions).
+// sliding window (one of 70 positions, across the kernel's 32-position tiles).
 TEST_F(CudaOps, PagedKvWriteAndAttentionMatchTheCpu) {
   struct Case { int64_t heads, kv_heads, d, window; bool sinks; };
   for (const Case c : {Case{8, 2, 64, 0, false}, Case{4, 4, 128, 0, true}, Case{8, 1, 64, 20, true},
                        Case{16, 4, 128, 7, false}, Case{8, 2, 64, 70, true},
-                       Case{64, 8, 64, 70, true}, Case{64, 8, 64, 0, false}}) {  // 448 (token, head) pairs: 64-position chunks
+                       Case{64, 8, 64, 70, true}, Case{64, 8, 64, 0, false}}) {  // 448 (token, head) pairs
     const int64_t block = 16, pool_blocks = 40, width = c.kv_heads * c.d, stride = 8;
     // Block tables: distinct blocks, deliberately out of order.
     const std::vector<std::vector<int32_t>> tables = {{5, 9, 2, 30}, {11}, {0, 39, 7, 8, 21, 22, 23}};
@@ -264,6 +265,70 @@ TEST_F(CudaOps, PagedKvWriteAndAttentionMatchTheCpu) {
     EXPECT_EQ(std::memcmp(values_back.raw_data(), values.raw_data(), values.nbytes()), 0) << "value pool, d " << c.d;
     EXPECT_LT(gpu_relative_error(backend::to_host(*gpu_, out_d), want), 1e-5)
         << c.heads << " heads over " << c.kv_heads << " of " << c.d << ", window " << c.window << (c.sinks ? ", sinks" : "");
+  }
+}
+
+// Long windows: decode tokens at 1000, 700 and 129 cached positions (the last over a sliding
+// window of 300) and a padding row, GQA 8:1 with head_dim 128 (the 128-bit loads) and 4:1 with
+// 64, in both chunkings: 128-position chunks (--batch-invariant) and the longer ones a small step
+// gets (several 32-position tiles per warp). Both match the CPU's attention; with
+// --batch-invariant, a token's output alone equals its output in the batch bit for bit.
+TEST_F(CudaOps, PagedAttentionOverLongWindowsMatchesTheCpu) {
+  struct Case { int64_t heads, kv_heads, d, window; };
+  for (const Case c : {Case{16, 2, 128, 0}, Case{8, 2, 64, 300}}) {
+    const int64_t block = 16, stride = 64, width = c.kv_heads * c.d;
+    const std::vector<int32_t> seqs = {0, -1, 1, 2}, positions = {999, 0, 699, 128};
+    const auto tokens = static_cast<int64_t>(seqs.size());
+    // Each sequence's blocks: a shuffled slice of the pool.
+    std::vector<int32_t> order(3 * stride);
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+    std::shuffle(order.begin(), order.end(), std::mt19937(40));
+    const int64_t pool_blocks = static_cast<int64_t>(order.size());
+    const Tensor keys = gpu_random({pool_blocks * block, width}, 41), values = gpu_random({pool_blocks * block, width}, 42);
+    const Tensor q = gpu_random({tokens, c.heads, c.d}, 43, 3.0f);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+    std::vector<ops::KvWindow> windows(static_cast<std::size_t>(tokens));
+    std::vector<std::vector<int32_t>> tables(3);
+    for (int64_t s = 0; s < 3; ++s) tables[s].assign(order.begin() + s * stride, order.begin() + (s + 1) * stride);
+    for (int64_t t = 0; t < tokens; ++t) {
+      if (seqs[t] < 0) continue;
+      const ops::PagedKv kv{const_cast<float*>(keys.data<float>()), const_cast<float*>(values.data<float>()), width, width,
+                            block, tables[seqs[t]]};
+      windows[t] = {kv, c.window > 0 ? std::max<int64_t>(0, positions[t] - c.window + 1) : 0, positions[t] + 1};
+    }
+    Tensor want = Tensor::empty(DType::F32, {tokens, c.heads, c.d});
+    ops::attention(cpu_, q, windows, c.kv_heads, scale, want, nullptr);
+
+    const Tensor keys_d = backend::to_device(*gpu_, keys), values_d = backend::to_device(*gpu_, values);
+    const Tensor tables_d = gpu_ints(*gpu_, order);
+    const ops::DeviceKvPool pool{const_cast<float*>(keys_d.data<float>()), const_cast<float*>(values_d.data<float>()),
+                                 width, width, block, pool_blocks};
+    auto attend = [&](const std::vector<int32_t>& step_seqs, const std::vector<int32_t>& step_positions, const Tensor& step_q) {
+      const Tensor seqs_d = gpu_ints(*gpu_, step_seqs), positions_d = gpu_ints(*gpu_, step_positions);
+      const ops::DeviceStep step{static_cast<int64_t>(step_seqs.size()), nullptr, positions_d.data<int32_t>(),
+                                 seqs_d.data<int32_t>(), tables_d.data<int32_t>(), stride,
+                                 *std::max_element(step_positions.begin(), step_positions.end()) + 1};
+      const Tensor q_d = backend::to_device(*gpu_, step_q);
+      Tensor out_d = backend::device_empty(*gpu_, DType::F32, step_q.shape());
+      ops::cuda::paged_attention(*gpu_, q_d, step, pool, c.kv_heads, scale, c.window, nullptr, out_d);
+      return backend::to_host(*gpu_, out_d);
+    };
+    for (const bool invariant : {false, true}) {
+      gpu_->set_batch_invariant(invariant);
+      const Tensor got = attend(seqs, positions, q);
+      EXPECT_LT(gpu_relative_error(got, want), 1e-5)
+          << c.heads << " heads over " << c.kv_heads << " of " << c.d << ", window " << c.window
+          << (invariant ? ", batch invariant" : "");
+      if (invariant) {
+        // The last token (seq 2 at 128) alone.
+        Tensor q_alone = Tensor::empty(DType::F32, {1, c.heads, c.d});
+        std::memcpy(q_alone.raw_data(), q.data<float>() + (tokens - 1) * c.heads * c.d, q_alone.nbytes());
+        const Tensor alone = attend({2}, {128}, q_alone);
+        EXPECT_EQ(std::memcmp(alone.raw_data(), got.data<float>() + (tokens - 1) * c.heads * c.d, alone.nbytes()), 0)
+            << "batch invariance, " << c.heads << " heads of " << c.d;
+      }
+    }
+    gpu_->set_batch_invariant(false);
   }
 }
 

@@ -61,6 +61,7 @@ std::unique_ptr<Context> Context::cuda(int index) {
   cuda::State& s = *ctx->cuda_;
   s.device = index;
   R3_CUDA_CHECK(cudaSetDevice(index));
+  R3_CUDA_CHECK(cudaDeviceGetAttribute(&s.sm_count, cudaDevAttrMultiProcessorCount, index));
   R3_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
   R3_CUDA_CHECK(cublasLtCreate(&s.lt));
   R3_CUDA_CHECK(cudaMalloc(&s.lt_workspace, cuda::kLtWorkspaceBytes));

@@ -14,6 +14,7 @@ namespace r3::backend::cuda {
 
 struct State {
   int device = 0;
+  int sm_count = 1;  // streaming multiprocessors: kernels size their grids to fill them
   cudaStream_t stream = nullptr;
   cublasLtHandle_t lt = nullptr;
   void* lt_workspace = nullptr;

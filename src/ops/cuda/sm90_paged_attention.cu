@@ -2,19 +2,25 @@
 // attention of every token over its sequence's cached positions, both through the block tables
 // of the step (ops/device_step.h).
 //
-// Attention splits each token's window into chunks of kChunk positions (flash-decoding). One
-// block per (token, group of query heads sharing a KV head, chunk) loads each key and value row
-// of its chunk once for all the group's heads (GQA: 8 query heads per KV head in Qwen3-30B-A3B),
-// in three phases: scores (each warp a quarter of the chunk's positions, all its key rows loaded
-// before any is used, a head's dot product reduced across the warp), the chunk's softmax per head
-// (one lane per position: max, exponentials, sum), and the weighted sum of the value rows (one
-// thread per head dimension, every head's accumulator in registers). A second kernel merges the
-// chunks of each (token, head) in chunk order, adding a sink's exp(sink - max) to the sum
-// (GPT-OSS). The chunk length is fixed, so how a window is split depends only on its length: a
-// token's result does not depend on the batch (batch invariant by construction). Scores and sums
-// in float32; the order of the additions differs from the CPU's two-pass softmax, hence a
-// tolerance in the tests.
+// Attention splits each token's window into chunks (flash-decoding). One block per (token, group
+// of query heads sharing a KV head, chunk) reads each key and value row of its chunk once for all
+// the group's heads (GQA: 8 query heads per KV head in Qwen3-30B-A3B). Its warps take the chunk's
+// 32-position tiles in turn, each keeping an online softmax per head: every lane owns d / 32
+// consecutive dimensions of every head's query and accumulator, so key and value rows are read
+// whole by the warp (128-bit loads for head_dim 128), eight rows in flight at once. A tile's
+// scores meet across the lanes in a reduce-scatter (the group's heads summed together: G - 1 + 5
+// - log2 G shuffles per position instead of 5 G), its softmax runs one lane per position, and its
+// probabilities, through shared memory, weight the value rows. The warps' partials merge in
+// shared memory into the chunk's (max, sum, accumulator); a second kernel merges the chunks of
+// each (token, head) in chunk order, adding a sink's exp(sink - max) to the sum (GPT-OSS).
+//
+// The chunk length is 128 positions with --batch-invariant (how a window is split then depends
+// only on its length, so a token's result does not depend on the batch); otherwise up to 1024,
+// as long as the step still has two blocks per SM, so that large batches write and merge fewer
+// partials. Scores and sums in float32; the order of the additions differs from the CPU's
+// two-pass softmax, hence a tolerance in the tests.
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/state.h"
 #include "ops/attention.h"
@@ -39,106 +45,181 @@ __global__ void write_kv_rows(const float* __restrict__ k, int64_t k_stride, con
   }
 }
 
-constexpr int kChunk = kWarp;  // positions per block: phase 2 gives each lane one
+constexpr int kTile = kWarp;    // positions per warp tile: the softmax gives each lane one
 constexpr int kBlockWarps = 4;
-constexpr int kPositionsPerWarp = kChunk / kBlockWarps;
-constexpr int kMaxGroup = 16;  // query heads per block
+constexpr int kMaxGroup = 8;     // query heads per block
 
-// One block per (token, head group, chunk): each head's partial max, sum and accumulator over the
-// chunk (max -inf and sum 0 for a chunk past the window or a padding row).
-template <int kPerLane>
-__global__ void attention_chunks(const float* __restrict__ q, DeviceStep step, DeviceKvPool pool, int64_t heads,
-                                 int64_t kv_heads, int64_t group, int64_t d, float scale, int64_t sliding_window,
-                                 int64_t chunks, float* __restrict__ part_max, float* __restrict__ part_sum,
-                                 float* __restrict__ part_acc) {
-  __shared__ float weights[kMaxGroup][kChunk];  // scores, then their exponentials
-  __shared__ int64_t rows[kChunk];
-  extern __shared__ float q_group[];  // [group, d]
+// A lane's kD consecutive elements of a row (from `dim`, zeros past d): one or two 128-bit loads
+// when kVec (d == 32 kD, rows 16-byte aligned), element loads otherwise.
+template <int kD, bool kVec>
+__device__ inline void load_dims(const float* row, int dim, int64_t d, float (&out)[kD]) {
+  if constexpr (kVec) {
+#pragma unroll
+    for (int i = 0; i < kD; i += 4) {
+      const float4 v = *reinterpret_cast<const float4*>(row + dim + i);
+      out[i] = v.x; out[i + 1] = v.y; out[i + 2] = v.z; out[i + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kD; ++i) out[i] = dim + i < d ? row[dim + i] : 0.0f;
+  }
+}
+
+// v[h] summed over the warp's lanes, for kG heads at once: halving exchanges leave lane l with
+// head l % kG summed over its kG-lane group (kG - 1 shuffles), then the groups add up.
+template <int kG>
+__device__ inline float reduce_scatter(float (&v)[kG], int lane) {
+#pragma unroll
+  for (int half = kG / 2; half >= 1; half /= 2) {
+    const bool upper = (lane & half) != 0;
+#pragma unroll
+    for (int i = 0; i < half; ++i) {
+      const float received = __shfl_xor_sync(0xffffffffu, upper ? v[i] : v[i + half], half);
+      v[i] = (upper ? v[i + half] : v[i]) + received;
+    }
+  }
+  float sum = v[0];
+#pragma unroll
+  for (int offset = kG; offset < kWarp; offset *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  return sum;
+}
+
+// One block per (token, head group, chunk of `chunk_len` positions): each head's partial max, sum
+// and accumulator over the chunk (max -inf and sum 0 for a chunk past the window or a padding row).
+template <int kG, int kD, bool kVec>
+__global__ void __launch_bounds__(kBlockWarps * kWarp)
+    attention_chunks(const float* __restrict__ q, DeviceStep step, DeviceKvPool pool, int64_t heads, int64_t kv_heads,
+                     int64_t d, float scale, int64_t sliding_window, int64_t chunks, int64_t chunk_len,
+                     float* __restrict__ part_max, float* __restrict__ part_sum, float* __restrict__ part_acc) {
+  __shared__ float probs[kBlockWarps][kTile][kG];  // a tile's scores, then their exponentials
+  __shared__ float warp_max_of[kBlockWarps][kG], warp_sum_of[kBlockWarps][kG];
+  __shared__ float warp_acc[kBlockWarps][kG][kD * kWarp];
   const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
-  const int64_t groups_per_token = heads / group;
+  const int64_t groups_per_token = heads / kG;
   const int64_t chunk = blockIdx.x % chunks, tg = blockIdx.x / chunks;
-  const int64_t t = tg / groups_per_token, first_head = (tg % groups_per_token) * group;
+  const int64_t t = tg / groups_per_token, first_head = (tg % groups_per_token) * kG;
   const int64_t kv_offset = (first_head / (heads / kv_heads)) * d;
   const int32_t seq = step.seqs[t];
   int64_t first = 0, count = 0;
   if (seq >= 0) {
     const int64_t pos = step.positions[t];
     const int64_t begin = sliding_window > 0 ? max(int64_t{0}, pos - sliding_window + 1) : 0;
-    first = begin + chunk * kChunk;
-    count = max(int64_t{0}, min(pos + 1, first + kChunk) - first);
+    first = begin + chunk * chunk_len;
+    count = max(int64_t{0}, min(pos + 1, first + chunk_len) - first);
   }
   const int64_t part = (t * heads + first_head) * chunks + chunk;  // head g's is part + g * chunks
   if (count == 0) {
-    for (int64_t g = threadIdx.x; g < group; g += blockDim.x) {
+    for (int g = static_cast<int>(threadIdx.x); g < kG; g += static_cast<int>(blockDim.x)) {
       part_max[part + g * chunks] = -INFINITY;
       part_sum[part + g * chunks] = 0.0f;  // the merge skips the chunk: its accumulator is never read
     }
     return;
   }
-  for (int64_t i = threadIdx.x; i < group * d; i += blockDim.x) q_group[i] = q[(t * heads + first_head) * d + i];
-  if (threadIdx.x < count) rows[threadIdx.x] = cache_row(step, pool, seq, first + threadIdx.x);
-  __syncthreads();
-
-  // Scores: this warp's key rows loaded together, then each head's dot products.
-  float key[kPositionsPerWarp][kPerLane];
+  // Key or value rows a lane loads before using them (fewer for the widest heads: registers).
+  constexpr int kRowsInFlight = kD >= 8 ? 4 : 8;
+  const int dim = lane * kD;
+  float qr[kG][kD], acc[kG][kD], run_max[kG], lane_sum[kG];
 #pragma unroll
-  for (int pp = 0; pp < kPositionsPerWarp; ++pp) {
-    const int p = warp + pp * kBlockWarps;
-    const float* k_row = pool.keys + rows[p < count ? p : 0] * pool.key_width + kv_offset;
+  for (int g = 0; g < kG; ++g) {
+    load_dims<kD, kVec>(q + (t * heads + first_head + g) * d, dim, d, qr[g]);
+    run_max[g] = -INFINITY;
+    lane_sum[g] = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      const int64_t i = lane + j * kWarp;
-      key[pp][j] = p < count && i < d ? k_row[i] : 0.0f;
-    }
+    for (int i = 0; i < kD; ++i) acc[g][i] = 0.0f;
   }
+  const float* keys = pool.keys + kv_offset;
+  const float* values = pool.values + kv_offset;
+
+  for (int64_t tile_first = static_cast<int64_t>(warp) * kTile; tile_first < count; tile_first += kBlockWarps * kTile) {
+    const int n = static_cast<int>(min(int64_t{kTile}, count - tile_first));
+    const int64_t my_row = lane < n ? cache_row(step, pool, seq, first + tile_first + lane) : 0;
+    // Scores, kRowsInFlight key rows at a time.
+    for (int j0 = 0; j0 < n; j0 += kRowsInFlight) {
+      float key[kRowsInFlight][kD];
 #pragma unroll
-  for (int pp = 0; pp < kPositionsPerWarp; ++pp) {
-    const int p = warp + pp * kBlockWarps;
-    if (p >= count) break;
-    for (int64_t g = 0; g < group; ++g) {
-      float partial = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kPerLane; ++j) {
-        const int64_t i = lane + j * kWarp;
-        if (i < d) partial += q_group[g * d + i] * key[pp][j];
+      for (int j = 0; j < kRowsInFlight; ++j) {
+        const int64_t row = __shfl_sync(0xffffffffu, my_row, (j0 + j) % kWarp);
+        if (j0 + j < n) load_dims<kD, kVec>(keys + row * pool.key_width, dim, d, key[j]);
       }
-      partial = warp_sum(partial);
-      if (lane == 0) weights[g][p] = partial * scale;
+#pragma unroll
+      for (int j = 0; j < kRowsInFlight; ++j) {
+        if (j0 + j >= n) break;
+        float dots[kG];
+#pragma unroll
+        for (int g = 0; g < kG; ++g) {
+          dots[g] = 0.0f;
+#pragma unroll
+          for (int i = 0; i < kD; ++i) dots[g] += qr[g][i] * key[j][i];
+        }
+        const float score = reduce_scatter<kG>(dots, lane);
+        if (lane < kG) probs[warp][j0 + j][lane] = score * scale;
+      }
     }
+    __syncwarp();
+    // The tile's softmax, one lane per position, folded into each head's running max and sums.
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+      const float score = lane < n ? probs[warp][lane][g] : -INFINITY;
+      const float new_max = fmaxf(run_max[g], warp_max(score));
+      const float rescale = expf(run_max[g] - new_max);  // 0 for the first tile
+      const float e = lane < n ? expf(score - new_max) : 0.0f;
+      probs[warp][lane][g] = e;
+      lane_sum[g] = lane_sum[g] * rescale + e;
+#pragma unroll
+      for (int i = 0; i < kD; ++i) acc[g][i] *= rescale;
+      run_max[g] = new_max;
+    }
+    __syncwarp();
+    // The weighted value rows.
+    for (int j0 = 0; j0 < n; j0 += kRowsInFlight) {
+      float value[kRowsInFlight][kD];
+#pragma unroll
+      for (int j = 0; j < kRowsInFlight; ++j) {
+        const int64_t row = __shfl_sync(0xffffffffu, my_row, (j0 + j) % kWarp);
+        if (j0 + j < n) load_dims<kD, kVec>(values + row * pool.value_width, dim, d, value[j]);
+      }
+#pragma unroll
+      for (int j = 0; j < kRowsInFlight; ++j) {
+        if (j0 + j >= n) break;
+#pragma unroll
+        for (int g = 0; g < kG; ++g) {
+          const float p = probs[warp][j0 + j][g];
+#pragma unroll
+          for (int i = 0; i < kD; ++i) acc[g][i] += p * value[j][i];
+        }
+      }
+    }
+    __syncwarp();  // the next tile overwrites probs
+  }
+
+  // The warps' partials, then the chunk's: max over the warps, sums and accumulators rescaled to it.
+#pragma unroll
+  for (int g = 0; g < kG; ++g) {
+    const float sum = warp_sum(lane_sum[g]);
+    if (lane == 0) {
+      warp_max_of[warp][g] = run_max[g];
+      warp_sum_of[warp][g] = sum;
+    }
+#pragma unroll
+    for (int i = 0; i < kD; ++i) warp_acc[warp][g][dim + i] = acc[g][i];
   }
   __syncthreads();
-
-  // The chunk's softmax per head: one lane per position.
-  for (int64_t g = warp; g < group; g += kBlockWarps) {
-    const float score = lane < count ? weights[g][lane] : -INFINITY;
-    const float m = warp_max(score);
-    const float e = lane < count ? expf(score - m) : 0.0f;
-    const float sum = warp_sum(e);
-    weights[g][lane] = e;
-    if (lane == 0) {
+  for (int64_t i = threadIdx.x; i < kG * d; i += blockDim.x) {
+    const int g = static_cast<int>(i / d), e = static_cast<int>(i % d);
+    float m = -INFINITY;
+    for (int w = 0; w < kBlockWarps; ++w) m = fmaxf(m, warp_max_of[w][g]);
+    float sum = 0.0f, a = 0.0f;
+    for (int w = 0; w < kBlockWarps; ++w) {
+      if (warp_sum_of[w][g] == 0.0f) continue;  // a warp without positions
+      const float f = expf(warp_max_of[w][g] - m);
+      sum += warp_sum_of[w][g] * f;
+      a += warp_acc[w][g][e] * f;
+    }
+    if (e == 0) {
       part_max[part + g * chunks] = m;
       part_sum[part + g * chunks] = sum;
     }
-  }
-  __syncthreads();
-
-  // The weighted value rows: one thread per head dimension, every head of the group at once.
-  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
-    float acc[kMaxGroup];
-#pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) acc[g] = 0.0f;
-#pragma unroll 4
-    for (int p = 0; p < count; ++p) {
-      const float v = pool.values[rows[p] * pool.value_width + kv_offset + i];
-#pragma unroll
-      for (int g = 0; g < kMaxGroup; ++g) {
-        if (g < group) acc[g] += weights[g][p] * v;
-      }
-    }
-#pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
-      if (g < group) part_acc[(part + g * chunks) * d + i] = acc[g];
-    }
+    part_acc[(part + g * chunks) * d + e] = a;
   }
 }
 
@@ -173,27 +254,51 @@ void paged_attention(backend::Context& ctx, const Tensor& q, const DeviceStep& s
            pool.key_width, " floats (head_dim at most ", kMaxHeadDim, ")");
   if (step.tokens * heads == 0) return;
   R3_CHECK(step.max_context > 0, "attention (cuda): the step's max_context is not set");
-  // Chunks: enough for the longest window of the step (the step's largest position + 1).
+  // Query heads per block: the largest power of two up to kMaxGroup dividing the KV head's group.
+  int64_t group = 1;
+  while (group * 2 <= kMaxGroup && (heads / num_kv_heads) % (group * 2) == 0) group *= 2;
+  // Chunks: enough for the longest window of the step (the step's largest position + 1), of a
+  // length that depends only on the mode (batch invariant) or on the step's size.
   const int64_t longest = sliding_window > 0 ? std::min(step.max_context, sliding_window) : step.max_context;
-  const int64_t chunks = std::max<int64_t>(1, (longest + kChunk - 1) / kChunk);
-  // Query heads per block: the KV head's whole group, or the largest divisor of it that fits.
-  int64_t group = heads / num_kv_heads;
-  while (group > kMaxGroup || (heads / num_kv_heads) % group != 0) --group;
+  const int64_t min_len = kTile * kBlockWarps, max_len = 8 * min_len;
+  const auto chunks_of = [&](int64_t len) { return std::max<int64_t>(1, (longest + len - 1) / len); };
+  int64_t chunk_len = min_len;
+  if (!ctx.batch_invariant()) {
+    const int64_t enough_blocks = 2 * ctx.cuda_state().sm_count, blocks_per_chunk = step.tokens * (heads / group);
+    while (chunk_len < max_len && chunk_len < longest && blocks_per_chunk * chunks_of(2 * chunk_len) >= enough_blocks) {
+      chunk_len *= 2;
+    }
+  }
+  const int64_t chunks = chunks_of(chunk_len);
   const int64_t parts = step.tokens * heads * chunks;
   backend::Workspace::Scope scope(ctx.workspace());
   Tensor part_max = ctx.scratch_for_output(DType::F32, {parts}), part_sum = ctx.scratch_for_output(DType::F32, {parts});
   Tensor part_acc = ctx.scratch_for_output(DType::F32, {parts, d});
   const auto blocks = static_cast<unsigned>(step.tokens * (heads / group) * chunks);
-  const auto q_bytes = static_cast<std::size_t>(group * d) * sizeof(float);
   const cudaStream_t stream = ctx.cuda_state().stream;
+  const bool aligned = pool.key_width % 4 == 0 && pool.value_width % 4 == 0 && d % 4 == 0;
   auto launch = [&](auto kernel) {
-    kernel<<<blocks, kBlockWarps * kWarp, q_bytes, stream>>>(q.data<float>(), step, pool, heads, num_kv_heads, group,
-                                                             d, scale, sliding_window, chunks, part_max.data<float>(),
-                                                             part_sum.data<float>(), part_acc.data<float>());
+    kernel<<<blocks, kBlockWarps * kWarp, 0, stream>>>(q.data<float>(), step, pool, heads, num_kv_heads, d, scale,
+                                                       sliding_window, chunks, chunk_len, part_max.data<float>(),
+                                                       part_sum.data<float>(), part_acc.data<float>());
   };
-  if (d <= 64) launch(attention_chunks<2>);
-  else if (d <= 128) launch(attention_chunks<4>);
-  else launch(attention_chunks<8>);
+  // Dimensions per lane: 1, 2, 4 or 8 (head_dim up to 32, 64, 128, 256), 128-bit loads when a
+  // lane's share of a whole head is 4 or 8 aligned elements.
+  auto by_dims = [&](auto group_tag) {
+    constexpr int kG = decltype(group_tag)::value;
+    if (d <= 32) launch(attention_chunks<kG, 1, false>);
+    else if (d <= 64) launch(attention_chunks<kG, 2, false>);
+    else if (d == 128 && aligned) launch(attention_chunks<kG, 4, true>);
+    else if (d <= 128) launch(attention_chunks<kG, 4, false>);
+    else if (d == 256 && aligned) launch(attention_chunks<kG, 8, true>);
+    else launch(attention_chunks<kG, 8, false>);
+  };
+  switch (group) {
+    case 1: by_dims(std::integral_constant<int, 1>{}); break;
+    case 2: by_dims(std::integral_constant<int, 2>{}); break;
+    case 4: by_dims(std::integral_constant<int, 4>{}); break;
+    default: by_dims(std::integral_constant<int, 8>{}); break;
+  }
   merge_chunks<<<static_cast<unsigned>(step.tokens * heads), merge_threads(d), 0, stream>>>(
       part_max.data<float>(), part_sum.data<float>(), part_acc.data<float>(), heads, d, chunks, sinks, step.seqs,
       out.data<float>());
