@@ -8,6 +8,9 @@
 //   bandwidth, the yardstick).
 // - attention: paged GQA decode over a 1024-token context per sequence, float32 cache, at batch
 //   1, 8 and 64. Bytes: every sequence's keys and values for one layer.
+// - linear: the step's dense projections (ops::linear: weight-streaming rows for a few rows,
+//   cuBLASLt on split bfloat16 for more), bf16 weights (the router's float32), at batch 1, 8, 64
+//   and 256. Bytes: the weights plus the float32 activations in and out.
 // Each measurement: 5 warm-up calls, then the mean of 50 timed with CUDA events.
 #include <cuda_runtime.h>
 
@@ -23,6 +26,7 @@
 #include "moe/device_experts.h"
 #include "moe/device_routing.h"
 #include "ops/attention.h"
+#include "ops/linear.h"
 #include "gpu_event_timer.h"
 
 namespace r3 {
@@ -108,6 +112,25 @@ void attention(backend::Context& gpu) {
   }
 }
 
+void linear(backend::Context& gpu) {
+  struct Shape2 { const char* name; int64_t n, k; DType dtype; };
+  for (const Shape2 w : {Shape2{"q_proj", 4096, 2048, DType::BF16}, Shape2{"k_proj", 512, 2048, DType::BF16},
+                         Shape2{"o_proj", 2048, 4096, DType::BF16}, Shape2{"router", 128, 2048, DType::F32},
+                         Shape2{"lm_head", 151936, 2048, DType::BF16}}) {
+    const Tensor weight = backend::to_device(gpu, random_host(w.dtype, {w.n, w.k}, 9, 0.02f));
+    for (const int64_t batch : {1, 8, 64, 256}) {
+      const Tensor x = backend::to_device(gpu, random_host(DType::F32, {batch, w.k}, 10, 1.0f));
+      Tensor y = backend::device_empty(gpu, DType::F32, {batch, w.n});
+      const double ms = mean_ms(gpu, [&] { ops::linear(gpu, x, weight, nullptr, y); });
+      const double bytes = static_cast<double>(weight.nbytes()) + 4.0 * static_cast<double>(batch * (w.n + w.k));
+      const double floor_ms = bytes / kCopyBandwidth * 1e3;
+      std::printf("{\"bench\":\"linear\",\"weight\":\"%s\",\"batch\":%lld,\"MB\":%.1f,\"ms\":%.4f,\"floor_ms\":%.4f,"
+                  "\"of_floor\":%.3f}\n",
+                  w.name, static_cast<long long>(batch), bytes / 1e6, ms, floor_ms, floor_ms / ms);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace r3
 
@@ -116,6 +139,7 @@ int main() {
     auto gpu = r3::backend::Context::cuda(0);
     r3::moe_layer(*gpu);
     r3::attention(*gpu);
+    r3::linear(*gpu);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "r3_gpu_kernels_bench: error: %s\n", e.what());
     return 1;

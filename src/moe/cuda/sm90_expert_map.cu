@@ -2,6 +2,7 @@
 // choice) pair; counts by atomicAdd (integers: the order does not matter).
 #include <vector>
 
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
 #include "core/check.h"
 #include "moe/device_expert_map.h"
@@ -12,6 +13,7 @@ namespace {
 
 __global__ void map_pairs(const int32_t* logical, const int32_t* seqs, int64_t pairs, int32_t k, int32_t experts,
                           const int32_t* offsets, const int32_t* replicas, int32_t* physical, int32_t* counts) {
+  backend::cuda::wait_for_predecessor();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= pairs) return;
   const int32_t e = logical[i];
@@ -67,9 +69,9 @@ void DeviceExpertMap::map(backend::Context& ctx, const int32_t* logical, const i
   const int64_t pairs = tokens * k;
   if (pairs == 0) return;
   constexpr int kThreads = 256;
-  map_pairs<<<static_cast<unsigned>((pairs + kThreads - 1) / kThreads), kThreads, 0, ctx.cuda_state().stream>>>(
-      logical, seqs, pairs, static_cast<int32_t>(k), static_cast<int32_t>(logical_), tables_, tables_ + logical_ + 1,
-      physical, counts);
+  backend::cuda::launch_kernel(map_pairs, static_cast<unsigned>((pairs + kThreads - 1) / kThreads), kThreads, 0,
+                               ctx.cuda_state().stream, logical, seqs, pairs, static_cast<int32_t>(k),
+                               static_cast<int32_t>(logical_), tables_, tables_ + logical_ + 1, physical, counts);
   R3_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -16,6 +16,7 @@
 // in expert order for down, whose results go back to each pair's row for the combine.
 #include <cuda_bf16.h>
 
+#include "backend/cuda/launch.cuh"
 #include "moe/cuda/experts_parts.cuh"
 #include "ops/cuda/warp_row_dots.cuh"
 
@@ -46,6 +47,7 @@ __device__ inline void store_split(const SplitRows& s, int64_t row, int64_t col,
 
 // Row r of the gathered copy = hidden row of the pair order[r]'s token.
 __global__ void gather_split(const float* __restrict__ hidden, int64_t k, Grouping g, int64_t pairs, SplitRows out) {
+  backend::cuda::wait_for_predecessor();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < pairs * out.width;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / out.width, c = i % out.width;
@@ -137,6 +139,7 @@ __global__ void __launch_bounds__(kWarps * 32) gate_up_tiles(SplitRows x, Groupi
                                                               const float* __restrict__ gate_bias,
                                                               const float* __restrict__ up_bias, int64_t inter,
                                                               Activation act, SplitRows activated) {
+  backend::cuda::wait_for_predecessor();
   int64_t slot, n0;
   if (!warp_tile(g, inter, &slot, &n0)) return;
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -166,6 +169,7 @@ __global__ void __launch_bounds__(kWarps * 32) down_tiles(SplitRows activated, G
                                                            const __nv_bfloat16* __restrict__ down,
                                                            const float* __restrict__ down_bias, int64_t h,
                                                            float* __restrict__ expert_out) {
+  backend::cuda::wait_for_predecessor();
   int64_t slot, n0;
   if (!warp_tile(g, h, &slot, &n0)) return;
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -194,11 +198,12 @@ void launch_tiles(cudaStream_t stream, const Grouping& g, const DeviceExperts& x
   const int64_t inter = x.gate.dim(1), h = x.gate.dim(2);
   auto bias = [](const Tensor& b) { return b.defined() ? b.data<float>() : nullptr; };
   const auto blocks = [&](int64_t n) { return static_cast<unsigned>(slots * ((n + kRowsPerBlock - 1) / kRowsPerBlock)); };
-  gate_up_tiles<kN><<<blocks(inter), kWarps * 32, 0, stream>>>(
-      xs, g, static_cast<const __nv_bfloat16*>(x.gate.raw_data()), static_cast<const __nv_bfloat16*>(x.up.raw_data()),
-      bias(x.gate_bias), bias(x.up_bias), inter, act, as);
-  down_tiles<kN><<<blocks(h), kWarps * 32, 0, stream>>>(as, g, static_cast<const __nv_bfloat16*>(x.down.raw_data()),
-                                                        bias(x.down_bias), h, expert_out);
+  backend::cuda::launch_kernel(gate_up_tiles<kN>, blocks(inter), kWarps * 32, 0, stream, xs, g,
+                               static_cast<const __nv_bfloat16*>(x.gate.raw_data()),
+                               static_cast<const __nv_bfloat16*>(x.up.raw_data()), bias(x.gate_bias), bias(x.up_bias),
+                               inter, act, as);
+  backend::cuda::launch_kernel(down_tiles<kN>, blocks(h), kWarps * 32, 0, stream, as, g,
+                               static_cast<const __nv_bfloat16*>(x.down.raw_data()), bias(x.down_bias), h, expert_out);
 }
 
 }  // namespace
@@ -218,8 +223,8 @@ void experts_on_tensor_cores(cudaStream_t stream, const float* hidden, int64_t k
   auto* gathered = reinterpret_cast<__nv_bfloat16*>(expert_out);
   auto* act_parts = reinterpret_cast<__nv_bfloat16*>(activated);
   const SplitRows xs{gathered, gathered + rows * h, h}, as{act_parts, act_parts + rows * inter, inter};
-  gather_split<<<static_cast<unsigned>(std::min<int64_t>((pairs * h + 255) / 256, 65535)), 256, 0, stream>>>(
-      hidden, k, g, pairs, xs);
+  backend::cuda::launch_kernel(gather_split, static_cast<unsigned>(std::min<int64_t>((pairs * h + 255) / 256, 65535)),
+                               256, 0, stream, hidden, k, g, pairs, xs);
   // Pair columns per pass for the pairs an expert is likely to have; an expert with more takes
   // another pass over its rows, which are then in L2.
   if (likely_pairs <= kPairsPerTile) launch_tiles<1>(stream, g, x, act, slots, xs, as, expert_out);

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
 #include "moe/device_experts.h"
 #include "moe/cuda/experts_parts.cuh"
@@ -39,6 +40,7 @@ constexpr int kMaxPairsPerPass = 8;
 __global__ void group_pairs_by_expert(const int32_t* __restrict__ ids, int64_t pairs, int64_t experts,
                                       int32_t* __restrict__ offsets, int32_t* __restrict__ order,
                                       int32_t* __restrict__ used, int32_t* __restrict__ used_count) {
+  backend::cuda::wait_for_predecessor();
   extern __shared__ int32_t counts[];  // [experts] counts, then [experts] cursors
   int32_t* cursor = counts + experts;
   for (int64_t e = threadIdx.x; e < experts; e += blockDim.x) counts[e] = 0;
@@ -89,6 +91,7 @@ __global__ void gate_up_rows(const float* __restrict__ hidden, int64_t k, Groupi
                              const W* __restrict__ up, const float* __restrict__ gate_bias,
                              const float* __restrict__ up_bias, int64_t h, int64_t inter, Activation act,
                              float* __restrict__ activated) {
+  backend::cuda::wait_for_predecessor();
   const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   const int64_t slot = warp / inter, i = warp % inter;
   if (slot >= *g.used_count) return;
@@ -125,6 +128,7 @@ __global__ void gate_up_rows(const float* __restrict__ hidden, int64_t k, Groupi
 template <typename W, bool kVec8, int kPairsPerPass>
 __global__ void down_rows(const float* __restrict__ activated, Grouping g, const W* __restrict__ down,
                           const float* __restrict__ down_bias, int64_t h, int64_t inter, float* __restrict__ expert_out) {
+  backend::cuda::wait_for_predecessor();
   const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   const int64_t slot = warp / h, d = warp % h;
   if (slot >= *g.used_count) return;
@@ -154,6 +158,7 @@ __global__ void down_rows(const float* __restrict__ activated, Grouping g, const
 
 __global__ void combine_choices(const float* __restrict__ expert_out, const float* __restrict__ weights, int64_t tokens,
                                 int64_t k, int64_t h, float* __restrict__ out) {
+  backend::cuda::wait_for_predecessor();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= tokens * h) return;
   const int64_t t = i / h, d = i % h;
@@ -180,8 +185,8 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
   const int64_t pairs = tokens * k;
   int32_t* gp = grouping.data<int32_t>();
   const Grouping g{gp, gp + experts + 1, gp + experts + 1 + pairs, gp + 2 * experts + 1 + pairs};
-  group_pairs_by_expert<<<1, 1024, 2 * experts * sizeof(int32_t), stream>>>(
-      ids, pairs, experts, gp, gp + experts + 1, gp + experts + 1 + pairs, gp + 2 * experts + 1 + pairs);
+  backend::cuda::launch_kernel(group_pairs_by_expert, 1, 1024, 2 * experts * sizeof(int32_t), stream, ids, pairs,
+                               experts, gp, gp + experts + 1, gp + experts + 1 + pairs, gp + 2 * experts + 1 + pairs);
   auto bias = [](const Tensor& b) { return b.defined() ? b.data<float>() : nullptr; };
   const Activation act{x.activation.kind, x.activation.limit, x.activation.alpha};
   // Sized for every expert being used (at most `pairs` of them).
@@ -204,11 +209,12 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
     auto rows = [&](auto vec8_tag, auto pairs_tag) {
       constexpr bool kVec8 = decltype(vec8_tag)::value;
       constexpr int kPairs = decltype(pairs_tag)::value;
-      gate_up_rows<W, kVec8, kPairs><<<gate_blocks, kThreads, 0, stream>>>(
-          hidden.data<float>(), k, g, gw, uw, bias(x.gate_bias), bias(x.up_bias), h, inter, act, activated.data<float>());
-      down_rows<W, kVec8, kPairs><<<down_blocks, kThreads, 0, stream>>>(activated.data<float>(), g, dw,
-                                                                       bias(x.down_bias), h, inter,
-                                                                       expert_out.data<float>());
+      backend::cuda::launch_kernel(gate_up_rows<W, kVec8, kPairs>, gate_blocks, kThreads, 0, stream,
+                                   hidden.data<float>(), k, g, gw, uw, bias(x.gate_bias), bias(x.up_bias), h, inter,
+                                   act, activated.data<float>());
+      backend::cuda::launch_kernel(down_rows<W, kVec8, kPairs>, down_blocks, kThreads, 0, stream,
+                                   activated.data<float>(), g, dw, bias(x.down_bias), h, inter,
+                                   expert_out.data<float>());
     };
     auto by_pairs = [&](auto vec8_tag) {
       if (likely <= 1) rows(vec8_tag, std::integral_constant<int, 1>{});
@@ -219,8 +225,8 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
     if (vec8) by_pairs(std::true_type{});
     else by_pairs(std::false_type{});
   }
-  combine_choices<<<static_cast<unsigned>((tokens * h + 255) / 256), 256, 0, stream>>>(expert_out.data<float>(), weights,
-                                                                                         tokens, k, h, out.data<float>());
+  backend::cuda::launch_kernel(combine_choices, static_cast<unsigned>((tokens * h + 255) / 256), 256, 0, stream,
+                               expert_out.data<float>(), weights, tokens, k, h, out.data<float>());
   R3_CUDA_CHECK(cudaGetLastError());
 }
 

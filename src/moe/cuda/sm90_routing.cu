@@ -4,6 +4,7 @@
 // in the CPU's order; the top-k selections are k rounds of a warp argmax that prefers the lower
 // id on equal values, which is the CPU's stable order. Scores must be finite (NaN logits are
 // outside the contract: the CPU and the GPU may then choose differently).
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
 #include "moe/device_routing.h"
 
@@ -114,6 +115,7 @@ __device__ void mask_ineligible_groups(WarpScratch& w, const DeviceRoutingRule& 
 __global__ void route_tokens(const float* __restrict__ logits, int64_t tokens, int64_t experts, DeviceRoutingRule rule,
                              const int32_t* __restrict__ forced, const uint8_t* __restrict__ replayed,
                              int32_t* __restrict__ ids_out, float* __restrict__ weights_out, DeviceCaptureRows capture) {
+  backend::cuda::wait_for_predecessor();
   __shared__ WarpScratch scratch[kWarpsPerBlock];
   const int lane = threadIdx.x % kWarp;
   const int64_t t = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
@@ -241,9 +243,9 @@ void route_on_device(backend::Context& ctx, const Tensor& logits, const DeviceRo
                         rule.topk_groups <= rule.groups),
            "routing (cuda): grouped routing needs 1 to 64 groups dividing ", experts, " experts");
   if (tokens == 0) return;
-  route_tokens<<<static_cast<unsigned>((tokens + kWarpsPerBlock - 1) / kWarpsPerBlock), kWarpsPerBlock * kWarp, 0,
-                 ctx.cuda_state().stream>>>(
-      logits.data<float>(), tokens, experts, rule, forced, replayed, ids, weights, capture);
+  backend::cuda::launch_kernel(route_tokens, static_cast<unsigned>((tokens + kWarpsPerBlock - 1) / kWarpsPerBlock),
+                               kWarpsPerBlock * kWarp, 0, ctx.cuda_state().stream, logits.data<float>(), tokens,
+                               experts, rule, forced, replayed, ids, weights, capture);
   R3_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/launch.cuh"
 #include "ops/cuda/warp_row_dots.cuh"
 #include "ops/device_step.h"
 
@@ -29,6 +30,7 @@ __device__ inline float warp_max(float v) {
 __global__ void merge_chunks(const float* __restrict__ part_max, const float* __restrict__ part_sum,
                              const float* __restrict__ part_acc, int64_t heads, int64_t d, int64_t chunks,
                              const float* __restrict__ sinks, const int32_t* __restrict__ seqs, float* __restrict__ out) {
+  backend::cuda::wait_for_predecessor();
   const int64_t th = blockIdx.x;
   float* o = out + th * d;
   if (seqs[th / heads] < 0) {  // a padding row attends to nothing

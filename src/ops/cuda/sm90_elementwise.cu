@@ -2,6 +2,7 @@
 // the GPU, element for element the CPU's arithmetic (the clamp as std::clamp: NaN stays NaN).
 #include <algorithm>
 
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
 #include "ops/elementwise.h"
 
@@ -13,6 +14,7 @@ unsigned blocks_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>(
 
 __global__ void add_rows_elements(const float* __restrict__ x, const float* __restrict__ gate, int64_t d, int64_t n,
                                   float* __restrict__ y) {
+  backend::cuda::wait_for_predecessor();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     if (gate == nullptr) {
@@ -25,6 +27,7 @@ __global__ void add_rows_elements(const float* __restrict__ x, const float* __re
 }
 
 __global__ void clamp_elements(float* __restrict__ x, int64_t n, float limit) {
+  backend::cuda::wait_for_predecessor();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     x[i] = x[i] < -limit ? -limit : (limit < x[i] ? limit : x[i]);
@@ -41,8 +44,8 @@ void add_rows(backend::Context& ctx, const Tensor& x, const Tensor* gate, Tensor
            "add_rows (cuda): one gate per row, on the device");
   const int64_t n = x.numel();
   if (n == 0) return;
-  add_rows_elements<<<blocks_for(n), 256, 0, ctx.cuda_state().stream>>>(
-      x.data<float>(), gate ? gate->data<float>() : nullptr, x.dim(1), n, y.data<float>());
+  backend::cuda::launch_kernel(add_rows_elements, blocks_for(n), 256, 0, ctx.cuda_state().stream, x.data<float>(),
+                               gate ? gate->data<float>() : nullptr, x.dim(1), n, y.data<float>());
   R3_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -50,7 +53,8 @@ void clamp(backend::Context& ctx, Tensor& x, float limit) {
   R3_CHECK(x.is_contiguous() && x.device() == Device::kCuda, "clamp (cuda): a contiguous device tensor expected");
   const int64_t n = x.numel();
   if (n == 0) return;
-  clamp_elements<<<blocks_for(n), 256, 0, ctx.cuda_state().stream>>>(x.data<float>(), n, limit);
+  backend::cuda::launch_kernel(clamp_elements, blocks_for(n), 256, 0, ctx.cuda_state().stream, x.data<float>(), n,
+                               limit);
   R3_CUDA_CHECK(cudaGetLastError());
 }
 

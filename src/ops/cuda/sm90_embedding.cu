@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
 #include "ops/embedding.h"
 
@@ -21,6 +22,7 @@ template <> __device__ inline float widen(__half v) { return __half2float(v); }
 template <typename T>
 __global__ void gather_rows(const T* __restrict__ table, int64_t vocab, int64_t hidden, const int32_t* __restrict__ ids,
                             float* __restrict__ out) {
+  backend::cuda::wait_for_predecessor();
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   float* o = out + t * hidden;
@@ -41,15 +43,17 @@ void embedding_ids_on_device(backend::Context& ctx, const Tensor& table, const i
   const auto blocks = static_cast<unsigned>(count);
   switch (table.dtype()) {
     case DType::F32:
-      gather_rows<<<blocks, 256, 0, stream>>>(table.data<float>(), vocab, hidden, ids, out.data<float>());
+      backend::cuda::launch_kernel(gather_rows<float>, blocks, 256, 0, stream, table.data<float>(), vocab, hidden, ids,
+                                   out.data<float>());
       break;
     case DType::BF16:
-      gather_rows<<<blocks, 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(table.raw_data()), vocab, hidden, ids,
-                                              out.data<float>());
+      backend::cuda::launch_kernel(gather_rows<__nv_bfloat16>, blocks, 256, 0, stream,
+                                   static_cast<const __nv_bfloat16*>(table.raw_data()), vocab, hidden, ids,
+                                   out.data<float>());
       break;
     case DType::F16:
-      gather_rows<<<blocks, 256, 0, stream>>>(static_cast<const __half*>(table.raw_data()), vocab, hidden, ids,
-                                              out.data<float>());
+      backend::cuda::launch_kernel(gather_rows<__half>, blocks, 256, 0, stream,
+                                   static_cast<const __half*>(table.raw_data()), vocab, hidden, ids, out.data<float>());
       break;
     default:
       R3_FAIL("embedding (cuda): table of dtype ", dtype_name(table.dtype()), " (expected F32, BF16 or F16)");

@@ -1,5 +1,6 @@
 #include <cuda_bf16.h>
 
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
 #include "ops/fill_random.h"
 
@@ -16,6 +17,7 @@ __device__ inline uint64_t mix(uint64_t z) {
 
 template <typename T>
 __global__ void fill(T* __restrict__ out, int64_t n, uint64_t seed, float center, float bound) {
+  backend::cuda::wait_for_predecessor();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const uint64_t bits = mix(seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(i));
@@ -35,10 +37,10 @@ void fill_uniform(backend::Context& ctx, Tensor& t, uint64_t seed, float center,
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((t.numel() + 255) / 256, 65536));
   const cudaStream_t stream = ctx.cuda_state().stream;
   if (t.dtype() == DType::F32) {
-    fill<float><<<blocks, 256, 0, stream>>>(t.data<float>(), t.numel(), seed, center, bound);
+    backend::cuda::launch_kernel(fill<float>, blocks, 256, 0, stream, t.data<float>(), t.numel(), seed, center, bound);
   } else {
-    fill<__nv_bfloat16><<<blocks, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(t.raw_data()), t.numel(), seed,
-                                                    center, bound);
+    backend::cuda::launch_kernel(fill<__nv_bfloat16>, blocks, 256, 0, stream, static_cast<__nv_bfloat16*>(t.raw_data()),
+                                 t.numel(), seed, center, bound);
   }
   R3_CUDA_CHECK(cudaGetLastError());
 }

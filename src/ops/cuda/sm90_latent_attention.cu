@@ -12,6 +12,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
 #include "ops/cuda/paged_attention_parts.cuh"
 #include "ops/cuda/warp_row_dots.cuh"
@@ -29,6 +30,7 @@ constexpr int kMaxRope = 64;     // qk_rope_head_dim: 2 elements per lane
 template <typename W>
 __global__ void latent_queries(const float* __restrict__ q, const W* __restrict__ kv_b, LatentAttentionShape s,
                                float* __restrict__ q_cat) {
+  backend::cuda::wait_for_predecessor();
   const int64_t th = blockIdx.x, h = th % s.heads, width = s.lora + s.rope;
   const float* qh = q + th * (s.nope + s.rope);
   const W* w_k = kv_b + h * (s.nope + s.value) * s.lora;
@@ -49,6 +51,7 @@ template <int kPerLane>
 __global__ void latent_chunks(const float* __restrict__ q_cat, DeviceStep step, DeviceKvPool pool,
                               LatentAttentionShape s, float scale, int64_t chunks, float* __restrict__ part_max,
                               float* __restrict__ part_sum, float* __restrict__ part_acc) {
+  backend::cuda::wait_for_predecessor();
   constexpr int kWarpsPerBlock = 4;
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
@@ -113,6 +116,7 @@ __global__ void latent_chunks(const float* __restrict__ q_cat, DeviceStep step, 
 template <typename W>
 __global__ void latent_values(const float* __restrict__ latent_out, const W* __restrict__ kv_b, LatentAttentionShape s,
                               int64_t outputs, float* __restrict__ out) {
+  backend::cuda::wait_for_predecessor();
   constexpr int kWarpsPerBlock = 8;
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int64_t o = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
@@ -138,21 +142,22 @@ void run(backend::Context& ctx, const Tensor& q, const W* kv_b, const DeviceStep
   Tensor part_sum = ctx.scratch_for_output(DType::F32, {th * chunks});
   Tensor part_acc = ctx.scratch_for_output(DType::F32, {th * chunks, s.lora});
   Tensor latent_out = ctx.scratch_for_output(DType::F32, {th, s.lora});
-  latent_queries<W><<<static_cast<unsigned>(th), 128, 0, stream>>>(q.data<float>(), kv_b, s, q_cat.data<float>());
+  backend::cuda::launch_kernel(latent_queries<W>, static_cast<unsigned>(th), 128, 0, stream, q.data<float>(), kv_b, s,
+                               q_cat.data<float>());
   const auto chunk_blocks = static_cast<unsigned>((th * chunks + 3) / 4);
   auto chunked = [&](auto kernel) {
-    kernel<<<chunk_blocks, 128, 0, stream>>>(q_cat.data<float>(), step, pool, s, scale, chunks, part_max.data<float>(),
-                                             part_sum.data<float>(), part_acc.data<float>());
+    backend::cuda::launch_kernel(kernel, chunk_blocks, 128, 0, stream, q_cat.data<float>(), step, pool, s, scale,
+                                 chunks, part_max.data<float>(), part_sum.data<float>(), part_acc.data<float>());
   };
   if (s.lora <= 32) chunked(latent_chunks<1>);
   else if (s.lora <= 128) chunked(latent_chunks<4>);
   else chunked(latent_chunks<kMaxLatent / kWarp>);
-  merge_chunks<<<static_cast<unsigned>(th), merge_threads(s.lora), 0, stream>>>(
-      part_max.data<float>(), part_sum.data<float>(), part_acc.data<float>(), s.heads, s.lora, chunks, nullptr,
-      step.seqs, latent_out.data<float>());
+  backend::cuda::launch_kernel(merge_chunks, static_cast<unsigned>(th), merge_threads(s.lora), 0, stream,
+                               part_max.data<float>(), part_sum.data<float>(), part_acc.data<float>(), s.heads, s.lora,
+                               chunks, nullptr, step.seqs, latent_out.data<float>());
   const int64_t outputs = th * s.value;
-  latent_values<W><<<static_cast<unsigned>((outputs + 7) / 8), 256, 0, stream>>>(latent_out.data<float>(), kv_b, s,
-                                                                                  outputs, out.data<float>());
+  backend::cuda::launch_kernel(latent_values<W>, static_cast<unsigned>((outputs + 7) / 8), 256, 0, stream,
+                               latent_out.data<float>(), kv_b, s, outputs, out.data<float>());
   R3_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
 #include "ops/cuda/linear_rows.h"
 #include "ops/cuda/warp_row_dots.cuh"
@@ -24,6 +25,7 @@ constexpr int kMaxRowsPerPass = 8;
 template <bool kVec8, typename W, int kRowsPerPass>
 __global__ void rows_kernel(const float* __restrict__ x, int64_t m, int64_t k, const W* __restrict__ w,
                             int64_t n, const float* __restrict__ bias, float* __restrict__ y) {
+  backend::cuda::wait_for_predecessor();
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   const int64_t first = static_cast<int64_t>(blockIdx.y) * kRowsPerPass;
@@ -51,11 +53,11 @@ void launch(cudaStream_t stream, const Tensor& x, const Tensor& w, const float* 
                   static_cast<unsigned>((m + kRowsPerPass - 1) / kRowsPerPass));
   const auto* wp = static_cast<const W*>(w.raw_data());
   if (k % 8 == 0 && aligned16(x.raw_data()) && aligned16(w.raw_data())) {
-    rows_kernel<true, W, kRowsPerPass>
-        <<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(x.data<float>(), m, k, wp, n, bias, y.data<float>());
+    backend::cuda::launch_kernel(rows_kernel<true, W, kRowsPerPass>, grid, kWarpsPerBlock * kWarp, 0, stream,
+                                 x.data<float>(), m, k, wp, n, bias, y.data<float>());
   } else {
-    rows_kernel<false, W, kRowsPerPass>
-        <<<grid, kWarpsPerBlock * kWarp, 0, stream>>>(x.data<float>(), m, k, wp, n, bias, y.data<float>());
+    backend::cuda::launch_kernel(rows_kernel<false, W, kRowsPerPass>, grid, kWarpsPerBlock * kWarp, 0, stream,
+                                 x.data<float>(), m, k, wp, n, bias, y.data<float>());
   }
 }
 

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
 #include "ops/attention.h"
 #include "ops/cuda/paged_attention_parts.cuh"
@@ -35,6 +36,7 @@ constexpr int kMaxHeadDim = 256;  // 8 elements per lane
 
 __global__ void write_kv_rows(const float* __restrict__ k, int64_t k_stride, const float* __restrict__ v,
                               int64_t v_stride, DeviceStep step, DeviceKvPool pool) {
+  backend::cuda::wait_for_predecessor();
   const int64_t t = blockIdx.x;
   const int32_t seq = step.seqs[t];
   if (seq < 0) return;  // padding
@@ -91,6 +93,7 @@ __global__ void __launch_bounds__(kBlockWarps * kWarp)
     attention_chunks(const float* __restrict__ q, DeviceStep step, DeviceKvPool pool, int64_t heads, int64_t kv_heads,
                      int64_t d, float scale, int64_t sliding_window, int64_t chunks, int64_t chunk_len,
                      float* __restrict__ part_max, float* __restrict__ part_sum, float* __restrict__ part_acc) {
+  backend::cuda::wait_for_predecessor();
   __shared__ float probs[kBlockWarps][kTile][kG];  // a tile's scores, then their exponentials
   __shared__ float warp_max_of[kBlockWarps][kG], warp_sum_of[kBlockWarps][kG];
   __shared__ float warp_acc[kBlockWarps][kG][kD * kWarp];
@@ -235,8 +238,8 @@ void write_kv_paged(backend::Context& ctx, const float* keys, int64_t key_stride
                     int64_t value_stride, const DeviceStep& step, const DeviceKvPool& pool) {
   check_step(step, pool, "write_kv");
   if (step.tokens == 0) return;
-  write_kv_rows<<<static_cast<unsigned>(step.tokens), 128, 0, ctx.cuda_state().stream>>>(keys, key_stride, values,
-                                                                                         value_stride, step, pool);
+  backend::cuda::launch_kernel(write_kv_rows, static_cast<unsigned>(step.tokens), 128, 0, ctx.cuda_state().stream, keys,
+                               key_stride, values, value_stride, step, pool);
   R3_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -278,9 +281,9 @@ void paged_attention(backend::Context& ctx, const Tensor& q, const DeviceStep& s
   const cudaStream_t stream = ctx.cuda_state().stream;
   const bool aligned = pool.key_width % 4 == 0 && pool.value_width % 4 == 0 && d % 4 == 0;
   auto launch = [&](auto kernel) {
-    kernel<<<blocks, kBlockWarps * kWarp, 0, stream>>>(q.data<float>(), step, pool, heads, num_kv_heads, d, scale,
-                                                       sliding_window, chunks, chunk_len, part_max.data<float>(),
-                                                       part_sum.data<float>(), part_acc.data<float>());
+    backend::cuda::launch_kernel(kernel, blocks, kBlockWarps * kWarp, 0, stream, q.data<float>(), step, pool, heads,
+                                 num_kv_heads, d, scale, sliding_window, chunks, chunk_len, part_max.data<float>(),
+                                 part_sum.data<float>(), part_acc.data<float>());
   };
   // Dimensions per lane: 1, 2, 4 or 8 (head_dim up to 32, 64, 128, 256), 128-bit loads when a
   // lane's share of a whole head is 4 or 8 aligned elements.
@@ -299,9 +302,9 @@ void paged_attention(backend::Context& ctx, const Tensor& q, const DeviceStep& s
     case 4: by_dims(std::integral_constant<int, 4>{}); break;
     default: by_dims(std::integral_constant<int, 8>{}); break;
   }
-  merge_chunks<<<static_cast<unsigned>(step.tokens * heads), merge_threads(d), 0, stream>>>(
-      part_max.data<float>(), part_sum.data<float>(), part_acc.data<float>(), heads, d, chunks, sinks, step.seqs,
-      out.data<float>());
+  backend::cuda::launch_kernel(merge_chunks, static_cast<unsigned>(step.tokens * heads), merge_threads(d), 0, stream,
+                               part_max.data<float>(), part_sum.data<float>(), part_acc.data<float>(), heads, d, chunks,
+                               sinks, step.seqs, out.data<float>());
   R3_CUDA_CHECK(cudaGetLastError());
 }
 

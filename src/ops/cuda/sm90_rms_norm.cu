@@ -2,6 +2,7 @@
 // kernel does, so the normaliser stays as exact as the float64 reference), then each element
 // scaled by it and by the weight. Optionally the residual add before it (add_rms_norm): each
 // thread adds, stores and squares its own elements, so the sum sees the stored values.
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
 #include "ops/rms_norm.h"
 
@@ -15,6 +16,7 @@ constexpr int kThreads = 256;
 template <bool kAdd>
 __global__ void rms_norm_rows(float* __restrict__ x, const float* __restrict__ branch, const float* __restrict__ weight,
                               int64_t d, float eps, float* __restrict__ y) {
+  backend::cuda::wait_for_predecessor();
   const int64_t row = blockIdx.x;
   float* xr = x + row * d;
   float* yr = y + row * d;
@@ -51,8 +53,8 @@ void rms_norm(backend::Context& ctx, const Tensor& x, const Tensor* weight, floa
   if (rows == 0) return;
   // Not written without kAdd.
   auto* xp = const_cast<float*>(x.data<float>());
-  rms_norm_rows<false><<<static_cast<unsigned>(rows), kThreads, 0, ctx.cuda_state().stream>>>(
-      xp, nullptr, weight ? weight->data<float>() : nullptr, d, eps, y.data<float>());
+  backend::cuda::launch_kernel(rms_norm_rows<false>, static_cast<unsigned>(rows), kThreads, 0, ctx.cuda_state().stream,
+                               xp, nullptr, weight ? weight->data<float>() : nullptr, d, eps, y.data<float>());
   R3_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -67,8 +69,9 @@ void add_rms_norm(backend::Context& ctx, const Tensor& branch, Tensor& residual,
   R3_CHECK(weight == nullptr || (weight->rank() == 1 && weight->dim(0) == d && weight->device() == Device::kCuda),
            "add_rms_norm (cuda): weight must be [", d, "] on the device");
   if (rows == 0 || d == 0) return;
-  rms_norm_rows<true><<<static_cast<unsigned>(rows), kThreads, 0, ctx.cuda_state().stream>>>(
-      residual.data<float>(), branch.data<float>(), weight ? weight->data<float>() : nullptr, d, eps, y.data<float>());
+  backend::cuda::launch_kernel(rms_norm_rows<true>, static_cast<unsigned>(rows), kThreads, 0, ctx.cuda_state().stream,
+                               residual.data<float>(), branch.data<float>(), weight ? weight->data<float>() : nullptr,
+                               d, eps, y.data<float>());
   R3_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -5,6 +5,7 @@
 // (pairs (2i, 2i + 1) of the trailing rope dims, ops/interleaved_rotary.h). One block per token,
 // positions from the step's device metadata. rotary_and_write_kv also writes the rotated keys and
 // the values to the paged pool after the rotation, in the same block (one kernel for three).
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
 #include "ops/interleaved_rotary.h"
 #include "ops/cuda/paged_attention_parts.cuh"
@@ -46,6 +47,7 @@ __device__ inline void angle(float position, const Frequencies& freq, int64_t i,
 template <bool kInterleavedTail>
 __global__ void rotate_heads(float* __restrict__ x, int64_t heads, int64_t head_dim, int64_t half,
                              const int32_t* __restrict__ positions, Frequencies freq, float scaling) {
+  backend::cuda::wait_for_predecessor();
   const int64_t t = blockIdx.x;
   const float position = static_cast<float>(positions[t]);
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
@@ -59,6 +61,7 @@ __global__ void rotate_heads(float* __restrict__ x, int64_t heads, int64_t head_
 __global__ void rotate_and_write(float* __restrict__ q, int64_t q_heads, float* __restrict__ k, int64_t kv_heads,
                                  const float* __restrict__ v, int64_t head_dim, int64_t half, DeviceStep step,
                                  DeviceKvPool pool, Frequencies freq, float scaling) {
+  backend::cuda::wait_for_predecessor();
   const int64_t t = blockIdx.x;
   const float position = static_cast<float>(step.positions[t]);
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
@@ -94,8 +97,9 @@ void rotate(backend::Context& ctx, int64_t rotary_dim, std::span<const float> in
            rotary_dim, " (at most ", 2 * kMaxHalf, ")");
   if (tokens == 0 || half == 0) return;
   const Frequencies freq = frequencies(inv_freq, half);
-  rotate_heads<kInterleavedTail><<<static_cast<unsigned>(tokens), 64, 0, ctx.cuda_state().stream>>>(
-      x.data<float>(), heads, head_dim, half, positions, freq, scaling);
+  backend::cuda::launch_kernel(rotate_heads<kInterleavedTail>, static_cast<unsigned>(tokens), 64, 0,
+                               ctx.cuda_state().stream, x.data<float>(), heads, head_dim, half, positions, freq,
+                               scaling);
   R3_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -125,9 +129,9 @@ void rotary_and_write_kv(backend::Context& ctx, const Rotary& rotary, Tensor& q,
            "rotary_and_write_kv (cuda): head_dim ", head_dim, ", rotary dim ", rotary.rotary_dim(), ", pool rows of ",
            pool.key_width, " + ", pool.value_width, " floats for ", width);
   if (step.tokens == 0) return;
-  rotate_and_write<<<static_cast<unsigned>(step.tokens), 128, 0, ctx.cuda_state().stream>>>(
-      q.data<float>(), q.dim(1), k.data<float>(), k.dim(1), v.data<float>(), head_dim, half, step, pool,
-      frequencies(rotary.inv_freq(), half), rotary.attention_scaling());
+  backend::cuda::launch_kernel(rotate_and_write, static_cast<unsigned>(step.tokens), 128, 0, ctx.cuda_state().stream,
+                               q.data<float>(), q.dim(1), k.data<float>(), k.dim(1), v.data<float>(), head_dim, half,
+                               step, pool, frequencies(rotary.inv_freq(), half), rotary.attention_scaling());
   R3_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
 #include "ops/cuda/split_bf16.h"
 
@@ -14,6 +15,7 @@ namespace {
 unsigned blocks_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65535)); }
 
 __global__ void split_elements(const float* __restrict__ x, int64_t n, __nv_bfloat16* __restrict__ parts) {
+  backend::cuda::wait_for_predecessor();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const __nv_bfloat16 hi = __float2bfloat16_rn(x[i]);
@@ -24,6 +26,7 @@ __global__ void split_elements(const float* __restrict__ x, int64_t n, __nv_bflo
 
 __global__ void add_halves(const float* __restrict__ halves, int64_t n, int64_t cols, const float* __restrict__ bias,
                            float* __restrict__ y) {
+  backend::cuda::wait_for_predecessor();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float sum = halves[i] + halves[n + i];
@@ -39,8 +42,8 @@ void split_rows_bf16(backend::Context& ctx, const Tensor& x, Tensor& parts) {
            "split_rows_bf16 (cuda): x ", shape_to_string(x.shape()), " parts ", shape_to_string(parts.shape()));
   const int64_t n = x.numel();
   if (n == 0) return;
-  split_elements<<<blocks_for(n), 256, 0, ctx.cuda_state().stream>>>(
-      x.data<float>(), n, static_cast<__nv_bfloat16*>(parts.raw_data()));
+  backend::cuda::launch_kernel(split_elements, blocks_for(n), 256, 0, ctx.cuda_state().stream, x.data<float>(), n,
+                               static_cast<__nv_bfloat16*>(parts.raw_data()));
   R3_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -50,8 +53,8 @@ void add_split_halves(backend::Context& ctx, const Tensor& halves, const float* 
            "add_split_halves (cuda): halves ", shape_to_string(halves.shape()), " y ", shape_to_string(y.shape()));
   const int64_t n = y.numel();
   if (n == 0) return;
-  add_halves<<<blocks_for(n), 256, 0, ctx.cuda_state().stream>>>(halves.data<float>(), n, y.dim(1), bias,
-                                                                 y.data<float>());
+  backend::cuda::launch_kernel(add_halves, blocks_for(n), 256, 0, ctx.cuda_state().stream, halves.data<float>(), n,
+                               y.dim(1), bias, y.data<float>());
   R3_CUDA_CHECK(cudaGetLastError());
 }
 
