@@ -135,14 +135,19 @@ TEST_F(CudaOps, SiluAndMulMatchesTheCpuWithAndWithoutClamp) {
   }
 }
 
-// Float32 weights through cuBLASLt and bfloat16 weights through the weight-streaming kernel,
-// against the CPU's linear over the same weights: for bf16 the 128-bit path (k a multiple of 8),
-// the element path (k = 1001), rows filling several passes of 8 and a partial last pass.
+// Every path of ops::cuda::linear against the CPU's linear over the same weights: float32
+// weights through the weight-streaming kernel (up to 8 rows) and cuBLASLt; bfloat16 weights
+// through the weight-streaming kernel (1 row), the tensor-core rows kernel (2 to 256 rows: 8-,
+// 16- and 32-row blocks, partial last blocks, several blocks of rows) and cuBLASLt (more rows, or
+// shapes the tensor-core rows kernel does not take: k = 1001, n = 129).
 TEST_F(CudaOps, LinearMatchesTheCpu) {
   struct Case { int64_t m, k, n; bool bias; DType weights; };
-  for (const Case c : {Case{1, 2048, 768, false, DType::F32}, Case{16, 1024, 3072, true, DType::F32},
-                       Case{257, 512, 129, true, DType::F32}, Case{1, 2048, 768, false, DType::BF16},
-                       Case{8, 1024, 3072, true, DType::BF16}, Case{19, 1001, 129, true, DType::BF16}}) {
+  for (const Case c : {Case{1, 2048, 768, false, DType::F32}, Case{5, 2048, 128, true, DType::F32},
+                       Case{16, 1024, 3072, true, DType::F32}, Case{257, 512, 129, true, DType::F32},
+                       Case{1, 2048, 768, false, DType::BF16}, Case{8, 1024, 3072, true, DType::BF16},
+                       Case{2, 2048, 512, false, DType::BF16}, Case{13, 512, 1024, false, DType::BF16},
+                       Case{70, 1024, 640, true, DType::BF16}, Case{256, 2048, 512, false, DType::BF16},
+                       Case{300, 512, 256, true, DType::BF16}, Case{19, 1001, 129, true, DType::BF16}}) {
     const Tensor x = gpu_random({c.m, c.k}, 6), b = gpu_random({c.n}, 8);
     Tensor w = Tensor::empty(c.weights, {c.n, c.k});
     backend::convert_matrix(gpu_random({c.n, c.k}, 7, 0.05f), c.weights, w.raw_data());

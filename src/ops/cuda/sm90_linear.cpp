@@ -1,13 +1,15 @@
-// y = x · wᵀ (+ bias) on the GPU, three ways:
+// y = x · wᵀ (+ bias) on the GPU, four ways:
 // - float32 weights (the parity mode) through cuBLASLt, float32 in and out with float32
-//   accumulation and no TF32;
-// - bfloat16 weights with a few rows (decode) through r3's weight-streaming kernel
-//   (ops/cuda/linear_rows.h), which reads every weight once and keeps the activations float32;
+//   accumulation and no TF32, or for a few rows through r3's weight-streaming kernel (the
+//   routers' float32 weights at decode: cuBLASLt takes ~14 us for their 1 MB);
+// - bfloat16 weights with one row through the weight-streaming kernel (ops/cuda/linear_rows.h),
+//   which reads every weight once and keeps the activations float32;
+// - bfloat16 weights with up to kMmaRows rows through r3's tensor-core rows kernel
+//   (ops/cuda/linear_mma_rows.h), which still reads every weight once from memory;
 // - bfloat16 weights with more rows through cuBLASLt on tensor cores, the float32 activations
-//   split into high and low bfloat16 parts (ops/cuda/split_bf16.h): the row kernel would re-read
-//   the weights every few rows.
-// A batch-invariant context takes the row kernel for all of them: cuBLASLt picks its algorithm,
-// and so its reduction order, by the matrix sizes, rows included.
+//   split into high and low bfloat16 parts (ops/cuda/split_bf16.h).
+// A batch-invariant context takes the weight-streaming kernel for all of them: cuBLASLt picks its
+// algorithm, and so its reduction order, by the matrix sizes, rows included.
 // cuBLASLt is column-major: row-major y [m, n] is column-major [n, m], so it computes
 // yᵀ = w · xᵀ with w, stored row-major [n, k], read as the transpose of a column-major [k, n]
 // matrix. The bias rides on the GEMM's epilogue.
@@ -15,6 +17,7 @@
 #include <cstdint>
 
 #include "backend/cuda/state.h"
+#include "ops/cuda/linear_mma_rows.h"
 #include "ops/cuda/linear_rows.h"
 #include "ops/cuda/split_bf16.h"
 #include "ops/linear.h"
@@ -84,9 +87,12 @@ void lt_matmul(backend::Context& ctx, cudaDataType_t inputs, const void* x, int6
                                s.lt_workspace, s.lt_workspace_bytes, s.stream));
 }
 
-// The most rows the weight-streaming kernel takes in one pass over the weights: above, the
-// tensor-core path reads them once instead of once per pass.
+// The most rows the weight-streaming kernel takes for float32 weights (one pass over them); above,
+// cuBLASLt.
 constexpr int64_t kStreamingRows = 8;
+// The most rows the tensor-core rows kernel takes (its blocks of 32 rows each read the weights,
+// from L2 after the first); above, cuBLASLt's tiles reuse them better (prefill).
+constexpr int64_t kMmaRows = 256;
 
 }  // namespace
 
@@ -105,10 +111,11 @@ void linear(backend::Context& ctx, const Tensor& x, const Tensor& w, const Tenso
   R3_CHECK(x.is_contiguous() && w.is_contiguous() && y.is_contiguous(), "linear (cuda): contiguous tensors expected");
   R3_CHECK(bias == nullptr || (bias->rank() == 1 && bias->dim(0) == n), "linear (cuda): bias shape");
   if (m == 0 || n == 0) return;
-  if (ctx.batch_invariant() || (w.dtype() == DType::BF16 && m <= kStreamingRows)) {
+  const float* bp = bias != nullptr ? bias->data<float>() : nullptr;
+  if (ctx.batch_invariant() || m == 1 || (w.dtype() == DType::F32 && m <= kStreamingRows)) {
     return linear_rows(ctx, x, w, bias, y);
   }
-  const float* bp = bias != nullptr ? bias->data<float>() : nullptr;
+  if (m <= kMmaRows && linear_mma_rows_fit(w)) return linear_mma_rows(ctx, x, w, bp, y);
   if (w.dtype() == DType::F32) return lt_matmul(ctx, CUDA_R_32F, x.raw_data(), m, k, w.raw_data(), n, bp, y.data<float>());
   backend::Workspace::Scope scope(ctx.workspace());
   Tensor parts = ctx.scratch_for_output(DType::BF16, {2 * m, k});

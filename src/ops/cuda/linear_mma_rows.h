@@ -1,0 +1,21 @@
+// The dense projection of decode-sized steps on bfloat16 tensor cores (ops/cuda/
+// sm90_linear_mma_rows.cu): the float32 activations split into high and low bfloat16 parts, then
+// one warp per 16 weight rows running ops/cuda/mma_rows.cuh's swapped-operand MMAs over up to 32
+// activation rows per block. Each weight is read once from memory (blocks of later rows find it
+// in L2), which the weight-streaming kernel only does for a single row and cuBLASLt's tiles for
+// a few hundred. Internal to ops/cuda: ops::linear reaches it through ops::cuda::linear.
+#pragma once
+
+#include "backend/context.h"
+#include "core/tensor.h"
+
+namespace r3::ops::cuda {
+
+// Whether w (on the device) has what the kernel needs: bfloat16, rows a multiple of 16, columns
+// a multiple of 32.
+bool linear_mma_rows_fit(const Tensor& w);
+
+// y[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n]); x, bias, y: F32 on the device; w: what linear_mma_rows_fit accepts.
+void linear_mma_rows(backend::Context& ctx, const Tensor& x, const Tensor& w, const float* bias, Tensor& y);
+
+}  // namespace r3::ops::cuda
