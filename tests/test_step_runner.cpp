@@ -128,6 +128,29 @@ TEST_P(MixedStep, TwoEnginesOverOneModelDoNotSeeEachOthersRouting) {
   EXPECT_EQ(rb.flat(), solo_rows(b));
 }
 
+// The runner keeps its logits buffer across steps (page-locked on a GPU), but never writes over
+// logits a caller still holds: those of a first step keep their values through a second; once
+// released, the buffer is used again instead of a new allocation.
+TEST(StepRunnerLogits, ABufferIsReusedOnlyOnceTheCallerHasLetGoOfIt) {
+  const auto model = load(MoePath::kModular);
+  backend::Context ctx(2);
+  auto cache = model->make_cache(2, 16);
+  engine::StepRunner runner(*model, ctx, *cache, 16);
+  engine::RoutedExperts ra(3, 2), rb(3, 2);
+  const Tensor first = runner.run({{0, prompt(0, 6), &ra, {}}, {1, prompt(1, 4), &rb, {}}});
+  const std::vector<float> kept(first.data<float>(), first.data<float>() + first.numel());
+  const void* held = first.raw_data();
+  const void* second_data = nullptr;
+  {
+    const Tensor second = runner.run({{0, {7}, &ra, {}}, {1, {9}, &rb, {}}});
+    second_data = second.raw_data();
+    EXPECT_NE(second_data, held) << "the second step wrote where the first step's logits are still held";
+  }
+  EXPECT_EQ(std::vector<float>(first.data<float>(), first.data<float>() + first.numel()), kept);
+  const Tensor third = runner.run({{0, {11}, &ra, {}}, {1, {13}, &rb, {}}});
+  EXPECT_EQ(third.raw_data(), second_data) << "a released buffer was not reused";
+}
+
 INSTANTIATE_TEST_SUITE_P(Paths, MixedStep,
                          ::testing::Values(MoePath::kModular, MoePath::kMonolithic, MoePath::kMega),
                          [](const auto& p) { return std::string(moe::moe_path_name(p.param)); });

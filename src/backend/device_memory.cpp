@@ -13,6 +13,7 @@ namespace r3::backend {
 namespace cuda {
 Tensor empty(Context& ctx, DType dtype, Shape shape);
 Tensor upload(Context& ctx, const Tensor& host);
+Tensor pinned_host(Context& ctx, DType dtype, Shape shape);
 Tensor download(Context& ctx, const Tensor& t);
 void download_into(Context& ctx, const Tensor& t, Tensor& host);
 void copy_device_to_device(Context& ctx, const Tensor& src, Tensor& dst);
@@ -24,6 +25,14 @@ void synchronize(Context& ctx);
 Tensor device_empty(Context& ctx, DType dtype, Shape shape) {
 #if R3_WITH_CUDA
   if (ctx.device() == Device::kCuda) return cuda::empty(ctx, dtype, std::move(shape));
+#endif
+  (void)ctx;
+  return Tensor::empty(dtype, std::move(shape));
+}
+
+Tensor host_staging_empty(Context& ctx, DType dtype, Shape shape) {
+#if R3_WITH_CUDA
+  if (ctx.device() == Device::kCuda) return cuda::pinned_host(ctx, dtype, std::move(shape));
 #endif
   (void)ctx;
   return Tensor::empty(dtype, std::move(shape));

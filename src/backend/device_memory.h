@@ -9,6 +9,10 @@ namespace r3::backend {
 
 // A zero-filled tensor on ctx's device, freed with its last copy.
 Tensor device_empty(Context& ctx, DType dtype, Shape shape);
+// A zero-filled host tensor that copies from ctx's device reach at full speed: page-locked on a
+// CUDA context (several times faster to copy into than ordinary memory, slow to allocate: keep
+// it across steps), ordinary memory on the CPU.
+Tensor host_staging_empty(Context& ctx, DType dtype, Shape shape);
 // A contiguous host tensor on ctx's device (a copy on CUDA; `host` itself on the CPU).
 Tensor to_device(Context& ctx, const Tensor& host);
 // The same as F32 or BF16: widened exactly, or rounded to the nearest bfloat16 (ties to even).

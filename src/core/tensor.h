@@ -82,6 +82,9 @@ class Tensor {
     return const_cast<Tensor*>(this)->data<T>();
   }
 
+  // Whether another tensor (a view, a copy of this handle) still holds this tensor's memory, so
+  // that writing it would change what someone else reads. False for an unowned view.
+  bool storage_shared() const { return owner_.use_count() > 1; }
   // View of rows [begin, end) along axis 0 (shares the owner).
   Tensor rows(int64_t begin, int64_t end) const;
   // Same memory, new contiguous shape with the same element count.

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <set>
 
+#include "backend/device_memory.h"
+
 namespace r3::engine {
 
 StepRunner::StepRunner(models::CausalLM& model, backend::Context& ctx, models::ModelCache& cache,
@@ -124,7 +126,15 @@ Tensor StepRunner::execute(const std::vector<StepSequence>& sequences, const std
   batch.loads = &loads_;
   loads_.clear();
   capturer_.begin_step(batch.size());
-  Tensor logits = model_.forward(ctx_, batch, cache_);
+  // The logits land in a host buffer kept across steps (page-locked on a GPU: the step's copy of
+  // [rows, vocab] float32 is then several times faster), replaced when a step needs more rows or
+  // a caller still holds the logits of an earlier step.
+  const int64_t rows = models::logit_row_count(batch);
+  if (!logits_buffer_.defined() || logits_buffer_.dim(0) < rows || logits_buffer_.storage_shared()) {
+    logits_buffer_ = backend::host_staging_empty(ctx_, DType::F32, {rows, vocab});
+  }
+  Tensor logits = logits_buffer_.rows(0, rows);
+  model_.forward_into(ctx_, batch, cache_, logits);
   capturer_.end_step();
   if (eplb_) eplb_->end_step(loads_);
   for (std::size_t a = 0; a < accepted.size(); ++a) {

@@ -62,6 +62,7 @@ class StepRunner {
   models::ModelCache& cache_;
   moe::RoutingCapturer capturer_;
   moe::ExpertLoads loads_;  // this step's tokens per physical expert
+  Tensor logits_buffer_;    // the steps' logits, [most rows so far, vocab] on the host
   std::optional<moe::EplbController> eplb_;
 };
 

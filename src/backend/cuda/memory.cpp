@@ -21,6 +21,17 @@ Tensor empty(Context& ctx, DType dtype, Shape shape) {
   return Tensor::view(dtype, std::move(shape), data, std::move(owner), Storage::kOwned, Device::kCuda);
 }
 
+Tensor pinned_host(Context& ctx, DType dtype, Shape shape) {
+  const std::size_t bytes =
+      checked_mul(static_cast<std::size_t>(shape_numel(shape)), dtype_size(dtype), "pinned host tensor bytes");
+  void* data = nullptr;
+  R3_CUDA_CHECK(cudaSetDevice(ctx.cuda_state().device));
+  R3_CUDA_CHECK(cudaHostAlloc(&data, bytes == 0 ? 1 : bytes, cudaHostAllocDefault));
+  std::shared_ptr<const void> owner(data, [](const void* p) { cudaFreeHost(const_cast<void*>(p)); });
+  std::memset(data, 0, bytes);
+  return Tensor::view(dtype, std::move(shape), data, std::move(owner), Storage::kOwned, Device::kCpu);
+}
+
 Tensor upload(Context& ctx, const Tensor& host) {
   Tensor t = empty(ctx, host.dtype(), host.shape());
   State& s = ctx.cuda_state();
