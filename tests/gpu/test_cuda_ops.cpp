@@ -137,9 +137,9 @@ TEST_F(CudaOps, SiluAndMulMatchesTheCpuWithAndWithoutClamp) {
 
 // Every path of ops::cuda::linear against the CPU's linear over the same weights: float32
 // weights through the weight-streaming kernel (up to 8 rows) and cuBLASLt; bfloat16 weights
-// through the weight-streaming kernel (1 row), the tensor-core rows kernel (2 to 256 rows: 8-,
-// 16- and 32-row blocks, partial last blocks, several blocks of rows) and cuBLASLt (more rows, or
-// shapes the tensor-core rows kernel does not take: k = 1001, n = 129).
+// through the weight-streaming kernel (1 row), the tensor-core rows kernel (2 to 16 rows: 8- and
+// 16-row blocks, partial last blocks) and cuBLASLt (more rows, or shapes the tensor-core rows
+// kernel does not take: k = 1001, n = 129).
 TEST_F(CudaOps, LinearMatchesTheCpu) {
   struct Case { int64_t m, k, n; bool bias; DType weights; };
   for (const Case c : {Case{1, 2048, 768, false, DType::F32}, Case{5, 2048, 128, true, DType::F32},

@@ -4,8 +4,10 @@
 //   routers' float32 weights at decode: cuBLASLt takes ~14 us for their 1 MB);
 // - bfloat16 weights with one row through the weight-streaming kernel (ops/cuda/linear_rows.h),
 //   which reads every weight once and keeps the activations float32;
-// - bfloat16 weights with up to kMmaRows rows through r3's tensor-core rows kernel
-//   (ops/cuda/linear_mma_rows.h), which still reads every weight once from memory;
+// - bfloat16 weights with 2 to kMmaRows rows through r3's tensor-core rows kernel
+//   (ops/cuda/linear_mma_rows.h), which reads every weight once: 8 rows of Qwen3-30B-A3B's
+//   lm_head at 89% of the bandwidth floor (21% on the weight-streaming kernel, which re-reads
+//   the activations for every weight row);
 // - bfloat16 weights with more rows through cuBLASLt on tensor cores, the float32 activations
 //   split into high and low bfloat16 parts (ops/cuda/split_bf16.h).
 // A batch-invariant context takes the weight-streaming kernel for all of them: cuBLASLt picks its
@@ -90,9 +92,10 @@ void lt_matmul(backend::Context& ctx, cudaDataType_t inputs, const void* x, int6
 // The most rows the weight-streaming kernel takes for float32 weights (one pass over them); above,
 // cuBLASLt.
 constexpr int64_t kStreamingRows = 8;
-// The most rows the tensor-core rows kernel takes (its blocks of 32 rows each read the weights,
-// from L2 after the first); above, cuBLASLt's tiles reuse them better (prefill).
-constexpr int64_t kMmaRows = 256;
+// The most rows the tensor-core rows kernel takes: above, each further block of rows reads the
+// weights again (lm_head at 64 rows: 0.51 ms against cuBLASLt's 0.23), and one 16-row tile per
+// warp leaves the smaller projections with too few warps in flight.
+constexpr int64_t kMmaRows = 16;
 
 }  // namespace
 

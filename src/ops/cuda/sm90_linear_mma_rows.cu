@@ -67,7 +67,7 @@ void linear_mma_rows(backend::Context& ctx, const Tensor& x, const Tensor& w, co
   auto* hi = static_cast<__nv_bfloat16*>(parts.raw_data());
   const SplitRows split{hi, hi + m * k, k};
   const cudaStream_t stream = ctx.cuda_state().stream;
-  // Activation rows per block: the step's rows up to 32 (more blocks re-read the weights from L2).
+  // Activation rows per block: the step's rows up to 32 (more blocks read the weights again).
   if (m <= kColsPerTile) launch<1>(stream, split, m, w, bias, y);
   else if (m <= 2 * kColsPerTile) launch<2>(stream, split, m, w, bias, y);
   else launch<4>(stream, split, m, w, bias, y);
