@@ -1,0 +1,64 @@
+// Kimi Delta Attention's core (Kimi Linear, Kimi K3): the gated delta rule with one decay per key
+// channel, over one sequence's rows and its recurrent state, in the two forms transformers has:
+// the recurrent one (token by token, for decode) and the chunked one (the WY/UT form over chunks
+// of positions, for prefill). They are the same function of their inputs; only the rounding
+// differs. Per head h, with q and k L2-normalised (x / sqrt(sum x² + 1e-6)) and q scaled by
+// 1 / sqrt(dk), each token t does
+//   S ← diag(exp(g_t)) S                       (S: [dk, dv], row i decays by exp(g_t[i]))
+//   S ← S + k_t (beta_t (v_t - k_tᵀ S))ᵀ        (the delta rule: write what S mispredicts)
+//   o_t = q_tᵀ S
+// Also here: the log-decays from the forget-gate projection (both published forms) and the
+// per-head gated RMSNorm of the output.
+#pragma once
+
+#include <cstdint>
+
+// Head dimensions up to kMaxDeltaRuleHeadDim (the recurrent form keeps a head's normalised q and k
+// on the stack).
+
+namespace r3::ops {
+
+constexpr int64_t kMaxDeltaRuleHeadDim = 512;
+
+struct DeltaRuleShape {
+  int64_t heads = 0;
+  int64_t key_dim = 0;    // dk per head
+  int64_t value_dim = 0;  // dv per head
+};
+
+// One sequence's rows, row-major: q, k, g [tokens, heads, dk]; v [tokens, heads, dv]; beta
+// [tokens, heads]; out [tokens, heads, dv]; state [heads, dk, dv], read and updated. q and k are
+// normalised and scaled inside (their buffers are left as given).
+struct DeltaRuleRows {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  const float* g = nullptr;  // log-decays (<= 0)
+  const float* beta = nullptr;
+  int64_t tokens = 0;
+  float* out = nullptr;
+};
+
+// Token by token (transformers' recurrent_kimi_delta_attention).
+void delta_rule_recurrent(const DeltaRuleShape& shape, const DeltaRuleRows& rows, float* state);
+
+// Chunks of `chunk` positions (transformers' chunk_kimi_delta_attention with chunk_size 64; a last
+// partial chunk is taken as it is, which is what zero padding amounts to). scratch: at least
+// delta_rule_chunked_scratch(shape, chunk) doubles.
+void delta_rule_chunked(const DeltaRuleShape& shape, const DeltaRuleRows& rows, int64_t chunk, float* state,
+                        double* scratch);
+int64_t delta_rule_chunked_scratch(const DeltaRuleShape& shape, int64_t chunk);
+
+// Log-decays from the forget-gate projection f [tokens, heads * dk] (f_b_proj(f_a_proj(x))):
+// Kimi Linear's g = -exp(A_log[h]) * softplus(f + dt_bias) (softplus(x) = x above 20), or, with a
+// lower bound (Kimi K3's gate_lower_bound), g = lower_bound * sigmoid(exp(A_log[h]) * (f + dt_bias)).
+// a_log: [heads]; dt_bias: [heads * dk]; g: [tokens, heads * dk] (may alias f).
+void delta_rule_log_decay(const float* f, int64_t tokens, const DeltaRuleShape& shape, const float* a_log,
+                          const float* dt_bias, const float* lower_bound, float* g);
+
+// The output's per-head gated RMSNorm: y = x / sqrt(mean(x²) + eps) * weight * sigmoid(gate),
+// over each head's dv values. x, gate, y: [rows, heads * dv] (y may alias x); weight: [dv].
+void gated_rms_norm_heads(const float* x, const float* gate, const float* weight, int64_t rows, int64_t heads,
+                          int64_t dv, float eps, float* y);
+
+}  // namespace r3::ops
