@@ -11,7 +11,7 @@ namespace {
 
 constexpr double kL2Eps = 1e-6;  // transformers' (and fla's) l2norm: x / sqrt(sum x² + eps)
 
-void check_shape(const DeltaRuleShape& s) {
+void check_delta_shape(const DeltaRuleShape& s) {
   R3_CHECK(s.heads > 0 && s.key_dim > 0 && s.value_dim > 0 && s.key_dim <= kMaxDeltaRuleHeadDim &&
                s.value_dim <= kMaxDeltaRuleHeadDim,
            "delta rule: ", s.heads, " heads of ", s.key_dim, " x ", s.value_dim, " (head dims at most ",
@@ -29,7 +29,7 @@ void l2_normalised(const float* x, int64_t n, double scale, double* out) {
 }  // namespace
 
 void delta_rule_recurrent(const DeltaRuleShape& s, const DeltaRuleRows& r, float* state) {
-  check_shape(s);
+  check_delta_shape(s);
   const int64_t dk = s.key_dim, dv = s.value_dim;
   const double scale = 1.0 / std::sqrt(static_cast<double>(dk));
   double q[kMaxDeltaRuleHeadDim], k[kMaxDeltaRuleHeadDim], delta[kMaxDeltaRuleHeadDim];
@@ -70,7 +70,7 @@ int64_t delta_rule_chunked_scratch(const DeltaRuleShape& s, int64_t chunk) {
 
 void delta_rule_chunked(const DeltaRuleShape& s, const DeltaRuleRows& r, int64_t chunk, float* state,
                         double* scratch) {
-  check_shape(s);
+  check_delta_shape(s);
   R3_CHECK(chunk > 0, "delta rule: chunk of ", chunk, " positions");
   const int64_t dk = s.key_dim, dv = s.value_dim, C = chunk;
   const double scale = 1.0 / std::sqrt(static_cast<double>(dk));
