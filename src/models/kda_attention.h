@@ -1,0 +1,71 @@
+// Kimi Delta Attention (KDA), the linear-attention layer of Kimi Linear and Kimi K3, over one
+// sequence's rows and that sequence's state (transformers 5.17's KimiLinearDeltaAttention):
+// q, k and v projections, each through the causal short convolution with SiLU
+// (ops/short_conv.h), the forget gate's per-channel log-decays from a low-rank projection, beta
+// from b_proj, the gated delta rule (ops/delta_rule.h: the chunked form over several tokens, the
+// recurrent form for one), the per-head gated RMSNorm with a low-rank output gate, and o_proj.
+// A sequence's state is fixed-size whatever its length: the last kernel - 1 inputs of each
+// convolution channel and the recurrent state [heads, head_dim, head_dim].
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "backend/context.h"
+#include "core/tensor.h"
+#include "io/checkpoint.h"
+
+namespace r3::models {
+
+struct KdaSpec {
+  int64_t hidden = 0;
+  int64_t heads = 0;
+  int64_t head_dim = 0;     // key and value dimension per head
+  int64_t conv_kernel = 0;  // short convolution taps
+  float rms_eps = 1e-6f;    // of the output's gated norm
+  std::optional<float> gate_lower_bound;  // Kimi K3's bounded forget gate; none for Kimi Linear
+
+  int64_t width() const { return heads * head_dim; }
+};
+
+struct KdaWeights {
+  Tensor q, k, v;           // [width, hidden]
+  Tensor q_conv, k_conv, v_conv;  // [width, kernel]
+  Tensor f_a, f_b;          // forget gate: [head_dim, hidden], [width, head_dim]
+  Tensor dt_bias;           // [width]
+  Tensor a_log;             // [heads]
+  Tensor b;                 // beta: [heads, hidden]
+  Tensor g_a, g_b;          // output gate: [head_dim, hidden], [width, head_dim]
+  Tensor o_norm;            // [head_dim]
+  Tensor o;                 // [hidden, width]
+};
+
+// One sequence's state: conv [3 * width, kernel - 1] (q, k, then v channels), recurrent
+// [heads, head_dim, head_dim]; zeros before the sequence's first token.
+struct KdaState {
+  float* conv = nullptr;
+  float* recurrent = nullptr;
+};
+
+class KdaAttention {
+ public:
+  KdaAttention(const KdaSpec& spec, KdaWeights weights);
+  // Kimi Linear's checkpoint names under `prefix` (e.g. "model.layers.0.self_attn."): q/k/v_proj,
+  // q/k/v_conv1d [width, 1, kernel], f_a_proj, f_b_proj, dt_bias, A_log [1, 1, heads, 1],
+  // b_proj, g_a_proj, g_b_proj, o_norm, o_proj.
+  static KdaWeights load(const Checkpoint& checkpoint, const std::string& prefix, const KdaSpec& spec);
+
+  const KdaSpec& spec() const { return spec_; }
+  int64_t conv_state_floats() const { return 3 * spec_.width() * (spec_.conv_kernel - 1); }
+  int64_t recurrent_state_floats() const { return spec_.heads * spec_.head_dim * spec_.head_dim; }
+
+  // x: one sequence's normalised hidden rows F32 [tokens, hidden], continuing `state` (which it
+  // updates); out: F32 [tokens, hidden].
+  void forward_sequence(backend::Context& ctx, const Tensor& x, KdaState state, Tensor& out) const;
+
+ private:
+  KdaSpec spec_;
+  KdaWeights w_;
+};
+
+}  // namespace r3::models
