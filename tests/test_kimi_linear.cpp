@@ -10,6 +10,7 @@
 
 #include "io/checkpoint.h"
 #include "models/kda_attention.h"
+#include "models/kv_cache.h"
 #include "models/swiglu_mlp.h"
 #include "ops/elementwise.h"
 #include "ops/rms_norm.h"
@@ -61,6 +62,78 @@ TEST(KimiLinearLayers, FirstLayerReproducesTransformersHiddenStates) {
       EXPECT_LT(err / scale, 1e-5) << "sequence " << index << ", prefill of " << prefill << " tokens";
     }
   }
+}
+
+// The layer inside a step: a KV cache holds each sequence's state (a recurrent-state layer beside
+// an ordinary one), a batch's sequences (and a padding row) run from their own states and give
+// what each gives alone, decode continues them in any order, and the cache refuses what a
+// recurrent state cannot do: rows that skip positions, shortening, prefix sharing.
+TEST(KimiLinearLayers, KdaLayerRunsEachSequenceOfABatchFromItsCachedState) {
+  const Checkpoint c = Checkpoint::open(family_dir("kimi_linear"));
+  const models::KdaSpec spec{64, 4, 16, 4, 1e-6f, std::nullopt};
+  const models::KdaAttention kda(spec, models::KdaAttention::load(c, "model.layers.0.self_attn.", spec));
+  backend::Context ctx(2);
+  models::KvCache cache({kda.cache_spec(), models::CacheSpec::full_kv(8)}, 2, 32);
+  EXPECT_NE(cache.prefix_sharing_unsupported().find("recurrent state"), std::string::npos);
+  auto file = SafetensorsFile::open(family_dir("kimi_linear") + "/reference_0.safetensors");
+  const std::vector<double> hidden = read_as_f64(*file, "hidden_states");
+  auto rows = [&](int64_t first, int64_t n) {  // embedding rows as the layer's input
+    Tensor x = Tensor::empty(DType::F32, {n, 64});
+    for (int64_t i = 0; i < n * 64; ++i) x.data<float>()[i] = static_cast<float>(hidden[first * 64 + i]);
+    return x;
+  };
+  // Alone: sequence A = rows 0..10, sequence B = rows 4..10, each from a zero state.
+  std::vector<float> a_conv(kda.conv_state_floats()), a_rec(kda.recurrent_state_floats()),
+      b_conv(kda.conv_state_floats()), b_rec(kda.recurrent_state_floats());
+  Tensor want_a = Tensor::empty(DType::F32, {11, 64}), want_b = Tensor::empty(DType::F32, {7, 64});
+  {
+    Tensor a0 = want_a.rows(0, 10), a1 = want_a.rows(10, 11), b0 = want_b.rows(0, 6), b1 = want_b.rows(6, 7);
+    kda.forward_sequence(ctx, rows(0, 10), {a_conv.data(), a_rec.data()}, a0);
+    kda.forward_sequence(ctx, rows(10, 1), {a_conv.data(), a_rec.data()}, a1);
+    kda.forward_sequence(ctx, rows(4, 6), {b_conv.data(), b_rec.data()}, b0);
+    kda.forward_sequence(ctx, rows(10, 1), {b_conv.data(), b_rec.data()}, b1);
+  }
+  auto run = [&](const std::vector<int32_t>& seqs, const std::vector<int32_t>& positions, const Tensor& x) {
+    models::ForwardBatch batch;
+    batch.seqs = seqs;
+    batch.positions = positions;
+    batch.token_ids.assign(seqs.size(), 0);
+    Tensor out = Tensor::empty(DType::F32, {x.dim(0), 64});
+    kda.forward(ctx, x, batch, cache, 0, out);
+    for (std::size_t t = 0; t < seqs.size(); ++t) {
+      if (seqs[t] != models::ForwardBatch::kPadding) cache.set_length(seqs[t], positions[t] + 1);
+    }
+    return out;
+  };
+  auto row_of = [](const Tensor& t, int64_t r) { return std::vector<float>(t.data<float>() + r * 64, t.data<float>() + (r + 1) * 64); };
+  // Step 1: A's 10 prompt rows, a padding row, B's 6. Step 2: B's and A's next rows, B first.
+  Tensor x1 = Tensor::empty(DType::F32, {17, 64});
+  std::copy_n(rows(0, 10).data<float>(), 10 * 64, x1.data<float>());
+  std::copy_n(rows(4, 6).data<float>(), 6 * 64, x1.data<float>() + 11 * 64);
+  std::vector<int32_t> seqs1(17, 0), positions1(17, 0);
+  for (int t = 0; t < 10; ++t) positions1[t] = t;
+  seqs1[10] = models::ForwardBatch::kPadding;
+  for (int t = 0; t < 6; ++t) {
+    seqs1[11 + t] = 1;
+    positions1[11 + t] = t;
+  }
+  const Tensor out1 = run(seqs1, positions1, x1);
+  for (int t = 0; t < 10; ++t) EXPECT_EQ(row_of(out1, t), row_of(want_a, t)) << "A row " << t;
+  EXPECT_EQ(row_of(out1, 10), std::vector<float>(64, 0.0f)) << "padding row";
+  for (int t = 0; t < 6; ++t) EXPECT_EQ(row_of(out1, 11 + t), row_of(want_b, t)) << "B row " << t;
+  Tensor x2 = Tensor::empty(DType::F32, {2, 64});
+  std::copy_n(rows(10, 1).data<float>(), 64, x2.data<float>());
+  std::copy_n(rows(10, 1).data<float>(), 64, x2.data<float>() + 64);
+  const Tensor out2 = run({1, 0}, {6, 10}, x2);
+  EXPECT_EQ(row_of(out2, 0), row_of(want_b, 6));
+  EXPECT_EQ(row_of(out2, 1), row_of(want_a, 10));
+  // Rows that do not continue the cached positions, and shortening, are refused.
+  EXPECT_NE(error_of([&] { run({0}, {5}, rows(5, 1)); }).find("state holds 11 positions"), std::string::npos);
+  EXPECT_NE(error_of([&] { cache.set_length(0, 3); }).find("recurrent state"), std::string::npos);
+  // Length 0 starts the sequence over from a zero state.
+  cache.set_length(0, 0);
+  const Tensor again = run(std::vector<int32_t>(10, 0), {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, rows(0, 10));
+  for (int t = 0; t < 10; ++t) EXPECT_EQ(row_of(again, t), row_of(want_a, t)) << "A again, row " << t;
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 // window is ever read, or multi-head latent attention's latent and rotary key. DeepSeek-V4's
 // layers declare several of these streams each: the shared K=V rows of its sliding window, its
 // compressors' per-position projections (read only until their window is compressed), and the
-// compressed entries (one per window of `rate` positions; the indexer's are its keys).
+// compressed entries (one per window of `rate` positions; the indexer's are its keys). Linear
+// attention layers (Kimi Delta Attention) keep no rows at all, but a fixed-size state per
+// sequence that every token updates.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +20,7 @@ struct CacheSpec {
     kSharedSlidingKv,    // one row per position that is both key and value (V4), window `window`
     kCompressorRows,     // a compressor's projections per position: kv (key_width) and gate (value_width)
     kCompressedEntries,  // one entry of key_width floats per completed window of `rate` positions
+    kRecurrentState,     // per sequence, not per position: key_width + value_width floats of state
   };
 
   Kind kind = Kind::kFullKv;
@@ -33,9 +36,11 @@ struct CacheSpec {
   int64_t rate = 0;
   bool overlap = false;
 
-  // kCompressedEntries cost one row per `rate` positions (rounded up to whole bytes per token).
+  // kCompressedEntries cost one row per `rate` positions (rounded up to whole bytes per token);
+  // kRecurrentState nothing per token (its state is per sequence).
   int64_t bytes_per_token() const {
     const int64_t row = (key_width + value_width) * static_cast<int64_t>(sizeof(float));
+    if (kind == Kind::kRecurrentState) return 0;
     return kind == Kind::kCompressedEntries ? (row + rate - 1) / rate : row;
   }
 
@@ -54,6 +59,10 @@ struct CacheSpec {
   }
   static CacheSpec compressed_entries(int64_t dim, int64_t rate) {
     return {Kind::kCompressedEntries, dim, 0, 0, rate, false};
+  }
+  // A sequence's state: `first` floats (e.g. convolution state), then `second` (recurrent state).
+  static CacheSpec recurrent_state(int64_t first, int64_t second) {
+    return {Kind::kRecurrentState, first, second, 0};
   }
 
   bool operator==(const CacheSpec&) const = default;

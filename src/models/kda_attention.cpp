@@ -1,8 +1,10 @@
 #include "models/kda_attention.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/check.h"
+#include "models/kv_cache.h"
 #include "ops/delta_rule.h"
 #include "ops/linear.h"
 #include "ops/short_conv.h"
@@ -41,6 +43,32 @@ KdaWeights KdaAttention::load(const Checkpoint& c, const std::string& p, const K
   w.o_norm = c.load_f32(p + "o_norm.weight", {d});
   w.o = c.load_weight(p + "o_proj.weight", {hidden, width});
   return w;
+}
+
+void KdaAttention::forward(backend::Context& ctx, const Tensor& x, const ForwardBatch& batch, KvCache& cache,
+                           int64_t layer, Tensor& out) const {
+  const int64_t tokens = x.dim(0);
+  for (int64_t t = 0; t < tokens;) {
+    const int32_t seq = batch.seqs[static_cast<std::size_t>(t)];
+    if (seq == ForwardBatch::kPadding) {
+      std::fill(out.data<float>() + t * spec_.hidden, out.data<float>() + (t + 1) * spec_.hidden, 0.0f);
+      ++t;
+      continue;
+    }
+    int64_t end = t + 1;
+    while (end < tokens && batch.seqs[static_cast<std::size_t>(end)] == seq &&
+           batch.positions[static_cast<std::size_t>(end)] == batch.positions[static_cast<std::size_t>(end - 1)] + 1) {
+      ++end;
+    }
+    // The state has taken in exactly the sequence's cached positions: the run must continue them.
+    R3_CHECK(batch.positions[static_cast<std::size_t>(t)] == cache.length(seq), "KDA layer ", layer, ": sequence ", seq,
+             "'s rows start at position ", batch.positions[static_cast<std::size_t>(t)], " but its state holds ",
+             cache.length(seq), " positions (a sequence's rows of a step must be consecutive)");
+    const KvCache::SequenceState state = cache.state(layer, seq);
+    Tensor rows_out = out.rows(t, end);
+    forward_sequence(ctx, x.rows(t, end), {state.first, state.second}, rows_out);
+    t = end;
+  }
 }
 
 void KdaAttention::forward_sequence(backend::Context& ctx, const Tensor& x, KdaState state, Tensor& out) const {

@@ -14,6 +14,7 @@
 #include "backend/context.h"
 #include "core/tensor.h"
 #include "io/checkpoint.h"
+#include "models/attention_layer.h"
 
 namespace r3::models {
 
@@ -47,7 +48,7 @@ struct KdaState {
   float* recurrent = nullptr;
 };
 
-class KdaAttention {
+class KdaAttention final : public AttentionLayer {
  public:
   KdaAttention(const KdaSpec& spec, KdaWeights weights);
   // Kimi Linear's checkpoint names under `prefix` (e.g. "model.layers.0.self_attn."): q/k/v_proj,
@@ -59,6 +60,14 @@ class KdaAttention {
   int64_t conv_state_floats() const { return 3 * spec_.width() * (spec_.conv_kernel - 1); }
   int64_t recurrent_state_floats() const { return spec_.heads * spec_.head_dim * spec_.head_dim; }
 
+  // A fixed-size state per sequence, no rows.
+  CacheSpec cache_spec() const override {
+    return CacheSpec::recurrent_state(conv_state_floats(), recurrent_state_floats());
+  }
+  // Each sequence's rows of the batch (consecutive, continuing its cached length) through
+  // forward_sequence with its state in `cache`; padding rows give zeros.
+  void forward(backend::Context& ctx, const Tensor& x, const ForwardBatch& batch, KvCache& cache, int64_t layer,
+               Tensor& out) const override;
   // x: one sequence's normalised hidden rows F32 [tokens, hidden], continuing `state` (which it
   // updates); out: F32 [tokens, hidden].
   void forward_sequence(backend::Context& ctx, const Tensor& x, KdaState state, Tensor& out) const;

@@ -49,6 +49,20 @@ KvCache::KvCache(std::vector<CacheSpec> layers, int64_t max_seqs, int64_t capaci
     layer.spec = spec;
     layer.seq_blocks = table_blocks_;
     layer.positions_per_pass = capacity_;
+    if (spec.kind == CacheSpec::Kind::kRecurrentState) {  // one state per sequence, no blocks
+      R3_CHECK(!on_device_, "KV cache: layer ", l, "'s recurrent state has no device storage yet");
+      const Shape first{checked_mul(max_seqs_, spec.key_width, "KV cache: recurrent state")};
+      const Shape second{checked_mul(max_seqs_, spec.value_width, "KV cache: recurrent state")};
+      if (pass == 0) {
+        total_bytes = checked_add(total_bytes, (first[0] + second[0]) * static_cast<int64_t>(sizeof(float)),
+                                  "KV cache: bytes");
+        continue;
+      }
+      layer.keys = Tensor::empty(DType::F32, first);
+      layer.values = Tensor::empty(DType::F32, second);
+      layers_.push_back(std::move(layer));
+      continue;
+    }
     R3_CHECK(!on_device_ || spec.kind == CacheSpec::Kind::kFullKv || spec.kind == CacheSpec::Kind::kSlidingWindowKv ||
                  spec.kind == CacheSpec::Kind::kLatent,
              "KV cache: layer ", l, "'s cache kind has no device storage yet");
@@ -108,6 +122,23 @@ KvCache::KvCache(std::vector<CacheSpec> layers, int64_t max_seqs, int64_t capaci
   high_water_.assign(static_cast<std::size_t>(max_seqs_), 0);
 }
 
+const KvCache::Layer& KvCache::paged_layer() const {
+  for (const Layer& layer : layers_) {
+    if (!is_recurrent(layer)) return layer;
+  }
+  R3_FAIL("KV cache: no layer keeps positions");
+}
+
+std::string KvCache::prefix_sharing_unsupported() const {
+  for (const Layer& layer : layers_) {
+    if (is_recurrent(layer)) {
+      return "its linear-attention layers keep one recurrent state per sequence, not per position, so a cached "
+             "prefix's blocks do not hold the state after it";
+    }
+  }
+  return engine_pool_blocks_ > 0 ? "" : "its blocks are fixed per sequence (made without pool_blocks)";
+}
+
 const KvCache::Layer& KvCache::at(int64_t layer) const {
   R3_CHECK(layer >= 0 && layer < num_layers(), "KV cache: layer ", layer, " out of range");
   return layers_[static_cast<std::size_t>(layer)];
@@ -128,17 +159,25 @@ int64_t KvCache::pool_bytes() const {
 }
 
 std::span<const int32_t> KvCache::block_table(int64_t layer, int64_t seq) const {
-  const Layer& l = at(layer);
+  const Layer& l = is_recurrent(at(layer)) ? paged_layer() : at(layer);  // every paged layer has the same table
   R3_CHECK(seq >= 0 && seq < max_seqs_, "KV cache: seq ", seq, " out of range");
   return std::span<const int32_t>(l.tables).subspan(static_cast<std::size_t>(seq * table_blocks_),
                                                     static_cast<std::size_t>(table_blocks_));
 }
 
 ops::PagedKv KvCache::view(int64_t layer, int64_t seq) {
+  R3_CHECK(!is_recurrent(at(layer)), "KV cache: layer ", layer, " keeps a recurrent state, not rows");
   const std::span<const int32_t> table = block_table(layer, seq);
   R3_CHECK(!on_device_, "KV cache: the pools are in device memory (use device_pool)");
   Layer& l = layers_[static_cast<std::size_t>(layer)];
   return {l.keys.data<float>(), l.values.data<float>(), l.spec.key_width, l.spec.value_width, block_size_, table};
+}
+
+KvCache::SequenceState KvCache::state(int64_t layer, int64_t seq) {
+  R3_CHECK(is_recurrent(at(layer)), "KV cache: layer ", layer, " keeps rows, not a recurrent state");
+  R3_CHECK(seq >= 0 && seq < max_seqs_, "KV cache: seq ", seq, " out of range");
+  Layer& l = layers_[static_cast<std::size_t>(layer)];
+  return {l.keys.data<float>() + seq * l.spec.key_width, l.values.data<float>() + seq * l.spec.value_width};
 }
 
 ops::DeviceKvPool KvCache::device_pool(int64_t layer) {
@@ -158,6 +197,7 @@ void KvCache::set_block_table(int64_t seq, std::span<const int32_t> blocks) {
     R3_CHECK(b >= 0 && b < engine_pool_blocks_, "KV cache: block ", b, " outside the pool of ", engine_pool_blocks_);
   }
   for (Layer& layer : layers_) {
+    if (is_recurrent(layer)) continue;
     const auto row = layer.tables.begin() + seq * table_blocks_;
     std::fill(std::copy(blocks.begin(), blocks.end(), row), row + table_blocks_, -1);
   }
@@ -165,7 +205,7 @@ void KvCache::set_block_table(int64_t seq, std::span<const int32_t> blocks) {
 
 bool KvCache::covers(int64_t seq, int64_t pos) const {
   if (pos < 0 || pos >= capacity_) return false;
-  return layers_.front().tables[static_cast<std::size_t>(seq * table_blocks_ + pos / block_size_)] >= 0;
+  return paged_layer().tables[static_cast<std::size_t>(seq * table_blocks_ + pos / block_size_)] >= 0;
 }
 
 void KvCache::set_length(int64_t seq, int64_t length) {
@@ -175,8 +215,16 @@ void KvCache::set_length(int64_t seq, int64_t length) {
   const auto s = static_cast<std::size_t>(seq);
   if (length == 0) {
     high_water_[s] = 0;
+    for (Layer& layer : layers_) {
+      if (!is_recurrent(layer)) continue;
+      const SequenceState state = this->state(&layer - layers_.data(), seq);
+      std::fill(state.first, state.first + layer.spec.key_width, 0.0f);
+      std::fill(state.second, state.second + layer.spec.value_width, 0.0f);
+    }
   } else if (length < high_water_[s]) {
     for (const Layer& layer : layers_) {
+      R3_CHECK(!is_recurrent(layer), "KV cache: cannot shorten seq ", seq, " from ", high_water_[s], " to ", length,
+               " positions: its recurrent state has taken in every position since");
       if (!is_ring(layer)) continue;
       // The next token (at `length`) reads back to length - W + 1; positions up to
       // high_water - 1 were written since, and must not have wrapped onto those blocks.

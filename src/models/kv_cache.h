@@ -4,7 +4,9 @@
 // through that view (ops::PagedKv), so that how blocks are handed out (today: each sequence gets its
 // blocks up front; later: a block pool with prefix sharing) is the allocator's business alone.
 // Each layer's storage follows the CacheSpec the layer declares; a sliding-window layer holds a
-// ring of blocks just large enough for its window instead of the whole capacity.
+// ring of blocks just large enough for its window instead of the whole capacity; a recurrent-state
+// layer holds one fixed-size state per sequence (no blocks), zeroed when the sequence restarts at
+// length 0 and never rolled back.
 #pragma once
 
 #include <cstdint>
@@ -53,9 +55,7 @@ class KvCache final : public ModelCache {
   int64_t block_size() const override { return block_size_; }
   int64_t pool_blocks() const override { return engine_pool_blocks_; }
   void set_block_table(int64_t seq, std::span<const int32_t> blocks) override;
-  std::string prefix_sharing_unsupported() const override {
-    return engine_pool_blocks_ > 0 ? "" : "its blocks are fixed per sequence (made without pool_blocks)";
-  }
+  std::string prefix_sharing_unsupported() const override;
   // Whether position `pos` of the sequence has a block to live in (always, unless engine-managed).
   bool covers(int64_t seq, int64_t pos) const;
   const CacheSpec& spec(int64_t layer) const { return at(layer).spec; }
@@ -76,6 +76,12 @@ class KvCache final : public ModelCache {
   std::span<const int32_t> block_table(int64_t layer, int64_t seq) const;
   // The paged view of (layer, sequence) that kernels read and write through (host pools only).
   ops::PagedKv view(int64_t layer, int64_t seq);
+  // A recurrent-state layer's state of `seq`: [spec.key_width] then [spec.value_width] floats.
+  struct SequenceState {
+    float* first = nullptr;
+    float* second = nullptr;
+  };
+  SequenceState state(int64_t layer, int64_t seq);
   // Whether the pools are in device memory (KvCacheOptions::device).
   bool on_device() const { return on_device_; }
   // The layer's pool as the CUDA kernels take it (device pools only).
@@ -88,7 +94,8 @@ class KvCache final : public ModelCache {
   // Positions [0, length) of a sequence hold valid rows.
   int64_t length(int64_t seq) const override { return lengths_.at(static_cast<std::size_t>(seq)); }
   // Shortening a sequence (other than to 0) is refused when a sliding-window ring has already
-  // overwritten positions the next token's window would need.
+  // overwritten positions the next token's window would need, or when a recurrent state has
+  // taken in positions past the new length. Length 0 zeroes the recurrent states.
   void set_length(int64_t seq, int64_t length) override;
 
  private:
@@ -103,6 +110,8 @@ class KvCache final : public ModelCache {
   const Layer& at(int64_t layer) const;
   static uint64_t next_serial();
   bool is_ring(const Layer& layer) const { return layer.seq_blocks < table_blocks_; }
+  static bool is_recurrent(const Layer& layer) { return layer.spec.kind == CacheSpec::Kind::kRecurrentState; }
+  const Layer& paged_layer() const;  // the first layer with block tables
 
   int64_t max_seqs_, capacity_, block_size_, table_blocks_;
   int64_t engine_pool_blocks_ = 0;
