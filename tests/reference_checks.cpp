@@ -64,13 +64,25 @@ void expect_forward_dump_matches(const Reference& ref, const std::string& dump_p
 void expect_generate_output_matches(const Reference& ref, const std::string& json_out) {
   const auto out = nlohmann::json::parse(json_out);
   EXPECT_EQ(out.at("prompt_ids").get<std::vector<int64_t>>(), prompt_ids(ref));
-  EXPECT_EQ(out.at("output_ids").get<std::vector<int64_t>>(), ref.generated);
+  const auto output = out.at("output_ids").get<std::vector<int64_t>>();
+  // Where transformers' own generate left its float64 forward, the reference only fixes the first
+  // token (the forward's argmax after the prompt) and the prompt's routing; after that the
+  // sequences differ by construction.
+  int64_t compared_rows = ref.tokens;
+  if (ref.generate_agrees) {
+    EXPECT_EQ(output, ref.generated);
+  } else {
+    ASSERT_FALSE(output.empty());
+    const double* row = ref.logits.data() + (ref.prompt_len - 1) * ref.vocab;
+    EXPECT_EQ(output[0], std::max_element(row, row + ref.vocab) - row) << "the first token is the forward's argmax";
+    compared_rows = ref.prompt_len;
+  }
   EXPECT_EQ(out.at("moe_layers").get<std::vector<int64_t>>(), ref.moe_layers);
 
   // Rows: prompt + generated - 1 = every input of the reference forward.
   const auto& routed = out.at("routed_experts");
   ASSERT_EQ(static_cast<int64_t>(routed.size()), ref.tokens);
-  for (int64_t t = 0; t < ref.tokens; ++t) {
+  for (int64_t t = 0; t < compared_rows; ++t) {
     ASSERT_EQ(static_cast<int64_t>(routed[t].size()), ref.layers);
     for (int64_t l = 0; l < ref.layers; ++l) {
       auto ours = routed[t][l].get<std::vector<int64_t>>();

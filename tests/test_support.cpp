@@ -112,6 +112,7 @@ Reference load_reference(const std::string& family, int index) {
   r.prompt_len = seq.at("prompt_len").get<int64_t>();
   r.generated = seq.at("generated").get<std::vector<int64_t>>();
   r.moe_layers = seq.at("moe_layers").get<std::vector<int64_t>>();
+  r.generate_agrees = seq.value("f64_greedy_agrees_with_f32_generate", true);
   r.logits = read_as_f64(*file, "logits");
   r.topk_ids = read_as_i64(*file, "topk_ids");
   r.topk_weights = read_as_f64(*file, "topk_weights");

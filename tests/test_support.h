@@ -55,6 +55,9 @@ struct Reference {
   std::vector<int64_t> input_ids;  // prompt + generated
   int64_t prompt_len = 0;
   std::vector<int64_t> generated;
+  // False where transformers' float32 generate left its own float64 forward's argmax (Kimi
+  // Linear's second sequence): the stored tokens are then not what an exact greedy run produces.
+  bool generate_agrees = true;
   std::vector<int64_t> moe_layers;
   int64_t tokens = 0;  // T = input_ids.size() - 1
   int64_t vocab = 0, layers = 0, top_k = 0;

@@ -1,5 +1,6 @@
 #include "models/decoder_builder.h"
 
+#include "models/kda_attention.h"
 #include "models/mla_attention.h"
 #include "moe/moe_path.h"
 
@@ -28,8 +29,19 @@ class LayerLoader {
   }
 
   std::unique_ptr<AttentionLayer> attention() const {
+    if (!spec_.layer_attention.empty() &&
+        spec_.layer_attention[static_cast<std::size_t>(layer_)] == LayerAttention::kKimiDelta) {
+      return kimi_delta_attention();
+    }
     if (spec_.attention.kind == AttentionKind::kLatent) return latent_attention();
     return std::make_unique<GqaAttention>(grouped_query_attention());
+  }
+
+  std::unique_ptr<AttentionLayer> kimi_delta_attention() const {
+    const LinearAttentionSpec& l = spec_.linear_attention;
+    const KdaSpec kda{spec_.hidden_size, l.num_heads, l.head_dim, l.conv_kernel, static_cast<float>(spec_.rms_norm_eps),
+                      l.gate_lower_bound};
+    return std::make_unique<KdaAttention>(kda, KdaAttention::load(ckpt_, prefix_ + spec_.names.attention, kda));
   }
 
   std::unique_ptr<AttentionLayer> latent_attention() const {
@@ -52,8 +64,11 @@ class LayerLoader {
     w.o_proj = load_matrix(p + "o_proj.weight", {h, a.num_heads * m.v_head_dim});
     if (a.qkv_bias) w.kv_a_bias = load(p + "kv_a_proj_with_mqa.bias", {m.kv_lora_rank + m.qk_rope_head_dim});
     if (a.o_bias) w.o_bias = load(p + "o_proj.bias", {h});
-    return std::make_unique<MlaAttention>(a, static_cast<float>(spec_.rms_norm_eps), std::move(w),
-                                          rope_frequencies(m.qk_rope_head_dim));
+    ops::RopeFrequencies rope = rope_frequencies(m.qk_rope_head_dim);
+    // No position encoding: every angle 0, so the rotation multiplies by cos 0 = 1 and adds
+    // sin 0 = 0 times the pair's other element, which leaves each value exactly as it was.
+    if (!a.rotary) rope = {std::vector<float>(rope.inv_freq.size(), 0.0f), 1.0f};
+    return std::make_unique<MlaAttention>(a, static_cast<float>(spec_.rms_norm_eps), std::move(w), rope);
   }
 
   GqaAttention grouped_query_attention() const {

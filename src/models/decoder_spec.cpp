@@ -1,5 +1,7 @@
 #include "models/decoder_spec.h"
 
+#include <algorithm>
+
 #include "core/check.h"
 #include "core/checked.h"
 
@@ -46,6 +48,15 @@ void DecoderSpec::validate() const {
   }
   if (moe_layers().size() < static_cast<std::size_t>(num_layers)) {
     positive(dense_intermediate, "intermediate_size");
+  }
+  R3_CHECK(layer_attention.empty() || static_cast<int64_t>(layer_attention.size()) == num_layers, family,
+           " config: attention kinds for ", layer_attention.size(), " of ", num_layers, " layers");
+  if (std::find(layer_attention.begin(), layer_attention.end(), LayerAttention::kKimiDelta) != layer_attention.end()) {
+    positive(linear_attention.num_heads, "linear attention num_heads");
+    positive(linear_attention.head_dim, "linear attention head_dim");
+    R3_CHECK(linear_attention.conv_kernel >= 1 && linear_attention.conv_kernel <= 64, family,
+             " config: short convolution kernel of ", linear_attention.conv_kernel, " taps (1 to 64)");
+    checked_mul(linear_attention.num_heads, linear_attention.head_dim, (family + " config: linear attention width").c_str());
   }
 }
 

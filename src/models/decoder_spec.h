@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,23 @@ struct AttentionSpec {
   ops::RopeScaling rope_scaling;
   int64_t sliding_window = 0;  // 0: full causal attention (see DecoderSpec::layer_sliding)
   bool sinks = false;          // GPT-OSS: a learned per-head logit that absorbs probability mass
+  // false: positions are not encoded (Kimi Linear's MLA keeps DeepSeek's rotary key part but
+  // never rotates it).
+  bool rotary = true;
+};
+
+// Which attention a layer has when a family mixes kinds (DecoderSpec::layer_attention).
+enum class LayerAttention {
+  kDefault,    // AttentionSpec::kind
+  kKimiDelta,  // Kimi Delta Attention (models/kda_attention.h), with DecoderSpec::linear_attention
+};
+
+// Kimi Delta Attention's sizes.
+struct LinearAttentionSpec {
+  int64_t num_heads = 0;
+  int64_t head_dim = 0;
+  int64_t conv_kernel = 0;
+  std::optional<float> gate_lower_bound;  // Kimi K3's bounded forget gate
 };
 
 enum class RouterKind {
@@ -115,6 +133,9 @@ struct DecoderSpec {
   std::vector<bool> layer_is_moe;  // one entry per layer
   // Which layers use attention.sliding_window (GPT-OSS alternates); empty: every layer.
   std::vector<bool> layer_sliding;
+  // Each layer's attention when a family mixes kinds (Kimi Linear); empty: every layer kDefault.
+  std::vector<LayerAttention> layer_attention;
+  LinearAttentionSpec linear_attention;
   DecoderNames names;
 
   std::vector<int64_t> moe_layers() const;  // indices of the MoE layers

@@ -12,6 +12,7 @@ const std::vector<Family>& all_families() {
       {"deepseek_v2", {"DeepseekV2ForCausalLM"}, &parse_deepseek_v2},
       {"deepseek_v3", {"DeepseekV3ForCausalLM"}, &parse_deepseek_v3},
       {"gpt_oss", {"GptOssForCausalLM"}, &parse_gpt_oss},
+      {"kimi_linear", {"KimiLinearForCausalLM"}, &parse_kimi_linear},
       {"deepseek_v4", {"DeepseekV4ForCausalLM"}, nullptr, &load_deepseek_v4},
   };
   return families;

@@ -31,6 +31,7 @@ DecoderSpec parse_glm4_moe(const HfConfig& config);
 DecoderSpec parse_deepseek_v2(const HfConfig& config);
 DecoderSpec parse_deepseek_v3(const HfConfig& config);
 DecoderSpec parse_gpt_oss(const HfConfig& config);
+DecoderSpec parse_kimi_linear(const HfConfig& config);
 std::unique_ptr<CausalLM> load_deepseek_v4(const HfConfig& config, const Checkpoint& checkpoint,
                                            const LoadOptions& options);
 
