@@ -1,14 +1,16 @@
 // Kimi Linear (issue 13), layer by layer while the family is being built: the fixture's first
 // decoder layer (Kimi Delta Attention, then a dense SwiGLU MLP) reproduces transformers 5.17's
 // float64 hidden_states[1] from hidden_states[0], on both reference sequences, whether the
-// sequence runs at once (the chunked delta rule), token by token (the recurrent one, through the
-// kept state), or as a prefill continued token by token.
+// sequence runs at once (with the chunked delta rule and with the recurrent one), token by token
+// (through the kept state), or as a prefill continued token by token.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <vector>
 
+#include "engine/engine.h"
 #include "io/checkpoint.h"
+#include "models/registry.h"
 #include "models/kda_attention.h"
 #include "models/kv_cache.h"
 #include "models/swiglu_mlp.h"
@@ -35,31 +37,34 @@ TEST(KimiLinearLayers, FirstLayerReproducesTransformersHiddenStates) {
     const std::vector<double> hidden = read_as_f64(*file, "hidden_states");  // [layers + 1, T, 64]
     const auto tokens = static_cast<int64_t>(hidden.size()) / (5 * 64);
     // One decoder layer over rows [first, first + n) of the sequence, continuing `state`.
-    auto layer = [&](int64_t first, int64_t n, models::KdaState state, std::vector<float>& out) {
+    auto layer = [&](int64_t first, int64_t n, models::KdaState state, std::vector<float>& out, bool chunked) {
       Tensor x = Tensor::empty(DType::F32, {n, 64});
       for (int64_t i = 0; i < n * 64; ++i) x.data<float>()[i] = static_cast<float>(hidden[first * 64 + i]);
       Tensor normed = Tensor::empty(DType::F32, {n, 64}), branch = Tensor::empty(DType::F32, {n, 64});
       ops::rms_norm(ctx, x, &input_norm, 1e-6f, normed);
-      kda.forward_sequence(ctx, normed, state, branch);
+      kda.forward_sequence(ctx, normed, state, branch, chunked);
       ops::add_rows(ctx, branch, nullptr, x);
       ops::rms_norm(ctx, x, &post_norm, 1e-6f, normed);
       dense.forward(ctx, normed, branch);
       ops::add_rows(ctx, branch, nullptr, x);
       std::copy(x.data<float>(), x.data<float>() + n * 64, out.begin() + first * 64);
     };
-    for (const int64_t prefill : {tokens, int64_t{0}, int64_t{7}}) {  // at once, token by token, 7 then one by one
+    // At once, token by token, 7 then one by one; each prefill chunked or recurrent.
+    for (const int64_t prefill : {tokens, int64_t{0}, int64_t{7}})
+    for (const bool chunked : {true, false}) {
       std::vector<float> conv(static_cast<std::size_t>(kda.conv_state_floats()), 0.0f),
           recurrent(static_cast<std::size_t>(kda.recurrent_state_floats()), 0.0f), got(static_cast<std::size_t>(tokens * 64));
       const models::KdaState state{conv.data(), recurrent.data()};
-      if (prefill > 0) layer(0, prefill, state, got);
-      for (int64_t t = prefill; t < tokens; ++t) layer(t, 1, state, got);
+      if (prefill > 0) layer(0, prefill, state, got, chunked);
+      for (int64_t t = prefill; t < tokens; ++t) layer(t, 1, state, got, chunked);
       double err = 0, scale = 0;
       for (int64_t i = 0; i < tokens * 64; ++i) {
         const double want = hidden[tokens * 64 + i];  // hidden_states[1]
         err = std::max(err, std::abs(got[i] - want));
         scale = std::max(scale, std::abs(want));
       }
-      EXPECT_LT(err / scale, 1e-5) << "sequence " << index << ", prefill of " << prefill << " tokens";
+      EXPECT_LT(err / scale, 1e-5) << "sequence " << index << ", prefill of " << prefill << " tokens"
+                                   << (chunked ? ", chunked" : ", recurrent");
     }
   }
 }
@@ -88,10 +93,10 @@ TEST(KimiLinearLayers, KdaLayerRunsEachSequenceOfABatchFromItsCachedState) {
   Tensor want_a = Tensor::empty(DType::F32, {11, 64}), want_b = Tensor::empty(DType::F32, {7, 64});
   {
     Tensor a0 = want_a.rows(0, 10), a1 = want_a.rows(10, 11), b0 = want_b.rows(0, 6), b1 = want_b.rows(6, 7);
-    kda.forward_sequence(ctx, rows(0, 10), {a_conv.data(), a_rec.data()}, a0);
-    kda.forward_sequence(ctx, rows(10, 1), {a_conv.data(), a_rec.data()}, a1);
-    kda.forward_sequence(ctx, rows(4, 6), {b_conv.data(), b_rec.data()}, b0);
-    kda.forward_sequence(ctx, rows(10, 1), {b_conv.data(), b_rec.data()}, b1);
+    kda.forward_sequence(ctx, rows(0, 10), {a_conv.data(), a_rec.data()}, a0, false);
+    kda.forward_sequence(ctx, rows(10, 1), {a_conv.data(), a_rec.data()}, a1, false);
+    kda.forward_sequence(ctx, rows(4, 6), {b_conv.data(), b_rec.data()}, b0, false);
+    kda.forward_sequence(ctx, rows(10, 1), {b_conv.data(), b_rec.data()}, b1, false);
   }
   auto run = [&](const std::vector<int32_t>& seqs, const std::vector<int32_t>& positions, const Tensor& x) {
     models::ForwardBatch batch;
@@ -134,6 +139,18 @@ TEST(KimiLinearLayers, KdaLayerRunsEachSequenceOfABatchFromItsCachedState) {
   cache.set_length(0, 0);
   const Tensor again = run(std::vector<int32_t>(10, 0), {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, rows(0, 10));
   for (int t = 0; t < 10; ++t) EXPECT_EQ(row_of(again, t), row_of(want_a, t)) << "A again, row " << t;
+}
+
+// Prefix caching is turned off for Kimi Linear at start-up, with its reason: a cached prefix's
+// blocks would not hold the recurrent state after it.
+TEST(KimiLinearServing, PrefixCachingIsOffWithItsReason) {
+  auto model = models::load_model(family_dir("kimi_linear"));
+  backend::Context ctx(2);
+  engine::EngineOptions options;
+  options.prefix_caching = true;
+  const engine::Engine e(*model, ctx, options);
+  EXPECT_NE(e.prefix_caching_off_reason().find("recurrent state per sequence"), std::string::npos)
+      << e.prefix_caching_off_reason();
 }
 
 }  // namespace

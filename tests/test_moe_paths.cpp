@@ -18,7 +18,7 @@ namespace {
 
 using moe::MoePath;
 
-const std::vector<std::string> kFamilies = {"qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v4"};
+const std::vector<std::string> kFamilies = {"qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v4", "kimi_linear"};
 const std::vector<MoePath> kCapturingPaths = {MoePath::kModular, MoePath::kMonolithic,
                                                     MoePath::kMega};
 

@@ -66,12 +66,13 @@ void KdaAttention::forward(backend::Context& ctx, const Tensor& x, const Forward
              cache.length(seq), " positions (a sequence's rows of a step must be consecutive)");
     const KvCache::SequenceState state = cache.state(layer, seq);
     Tensor rows_out = out.rows(t, end);
-    forward_sequence(ctx, x.rows(t, end), {state.first, state.second}, rows_out);
+    forward_sequence(ctx, x.rows(t, end), {state.first, state.second}, rows_out, !ctx.batch_invariant());
     t = end;
   }
 }
 
-void KdaAttention::forward_sequence(backend::Context& ctx, const Tensor& x, KdaState state, Tensor& out) const {
+void KdaAttention::forward_sequence(backend::Context& ctx, const Tensor& x, KdaState state, Tensor& out,
+                                    bool chunked) const {
   const int64_t tokens = x.dim(0), width = spec_.width(), d = spec_.head_dim, kept = spec_.conv_kernel - 1;
   R3_CHECK(x.rank() == 2 && x.dim(1) == spec_.hidden && out.rank() == 2 && out.dim(0) == tokens &&
                out.dim(1) == spec_.hidden,
@@ -105,11 +106,11 @@ void KdaAttention::forward_sequence(backend::Context& ctx, const Tensor& x, KdaS
   for (int64_t i = 0; i < beta.numel(); ++i) {
     beta.data<float>()[i] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(beta.data<float>()[i]))));
   }
-  // The delta rule: chunked over several tokens (prefill), recurrent for one (decode).
+  // The delta rule: recurrent, or chunked over several tokens.
   Tensor core = ctx.scratch(DType::F32, {tokens, width});
   const ops::DeltaRuleRows rows{q.data<float>(), k.data<float>(), v.data<float>(), g.data<float>(),
                                 beta.data<float>(), tokens, core.data<float>()};
-  if (tokens == 1) {
+  if (tokens == 1 || !chunked) {
     ops::delta_rule_recurrent(shape, rows, state.recurrent);
   } else {
     Tensor scratch = ctx.scratch(DType::F64, {ops::delta_rule_chunked_scratch(shape, kChunk)});

@@ -2,8 +2,8 @@
 // sequence's rows and that sequence's state (transformers 5.17's KimiLinearDeltaAttention):
 // q, k and v projections, each through the causal short convolution with SiLU
 // (ops/short_conv.h), the forget gate's per-channel log-decays from a low-rank projection, beta
-// from b_proj, the gated delta rule (ops/delta_rule.h: the chunked form over several tokens, the
-// recurrent form for one), the per-head gated RMSNorm with a low-rank output gate, and o_proj.
+// from b_proj, the gated delta rule (ops/delta_rule.h: recurrent, or chunked for prefill where
+// batch invariance is not asked for), the per-head gated RMSNorm with a low-rank output gate, and o_proj.
 // A sequence's state is fixed-size whatever its length: the last kernel - 1 inputs of each
 // convolution channel and the recurrent state [heads, head_dim, head_dim].
 #pragma once
@@ -65,12 +65,16 @@ class KdaAttention final : public AttentionLayer {
     return CacheSpec::recurrent_state(conv_state_floats(), recurrent_state_floats());
   }
   // Each sequence's rows of the batch (consecutive, continuing its cached length) through
-  // forward_sequence with its state in `cache`; padding rows give zeros.
+  // forward_sequence with its state in `cache`; padding rows give zeros. The chunked form only
+  // where the context is not batch invariant (a GPU without --batch-invariant): its rounding
+  // depends on where a prefill is split into steps, the recurrent form's does not, and the CPU
+  // engine's rows are bit-identical however a request is split or batched.
   void forward(backend::Context& ctx, const Tensor& x, const ForwardBatch& batch, KvCache& cache, int64_t layer,
                Tensor& out) const override;
   // x: one sequence's normalised hidden rows F32 [tokens, hidden], continuing `state` (which it
-  // updates); out: F32 [tokens, hidden].
-  void forward_sequence(backend::Context& ctx, const Tensor& x, KdaState state, Tensor& out) const;
+  // updates); out: F32 [tokens, hidden]. chunked: the delta rule's chunked form (same function,
+  // other rounding) instead of the recurrent one.
+  void forward_sequence(backend::Context& ctx, const Tensor& x, KdaState state, Tensor& out, bool chunked) const;
 
  private:
   KdaSpec spec_;
