@@ -7,6 +7,7 @@
 #include "backend/cuda/state.h"
 #include "backend/device_memory.h"
 #include "models/cuda/device_decoder_parts.h"
+#include "models/kda_attention.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/linear.h"
@@ -286,6 +287,9 @@ std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr
     device::Layer d;
     d.input_norm = device::on_device(ctx, layer.input_norm, DType::F32);
     d.post_attention_norm = device::on_device(ctx, layer.post_attention_norm, DType::F32);
+    R3_CHECK(dynamic_cast<const KdaAttention*>(layer.attention.get()) == nullptr, "--device cuda: ",
+             parts.info.architecture, " layer ", l,
+             " is a Kimi Delta Attention layer, which has no CUDA kernels yet; use --device cpu");
     if (const auto* gqa = dynamic_cast<const GqaAttention*>(layer.attention.get())) {
       d.attention.emplace(ctx, *gqa, weights);
     } else {
