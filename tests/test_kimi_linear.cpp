@@ -4,8 +4,10 @@
 // sequence runs at once (with the chunked delta rule and with the recurrent one), token by token
 // (through the kept state), or as a prefill continued token by token.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <fstream>
 #include <vector>
 
 #include "engine/engine.h"
@@ -151,6 +153,30 @@ TEST(KimiLinearServing, PrefixCachingIsOffWithItsReason) {
   const engine::Engine e(*model, ctx, options);
   EXPECT_NE(e.prefix_caching_off_reason().find("recurrent state per sequence"), std::string::npos)
       << e.prefix_caching_off_reason();
+}
+
+// Kimi Linear configs that cannot describe the checkpoint are refused with a message naming the
+// field: an unknown layer type, too few layer types, an unknown MLP type, and (without
+// layer_types) a 1-indexed layer outside the model.
+TEST(KimiLinearConfig, MalformedLayerKindsAreRefusedByName) {
+  TempDir tmp;
+  struct ConfigCase { const char* key; const char* value; const char* message; };
+  int n = 0;
+  for (const ConfigCase c : {ConfigCase{"layer_types", R"(["linear_attention","linear_attention","sliding_attention","linear_attention"])",
+                            "layer type 'sliding_attention'"},
+                       ConfigCase{"layer_types", R"(["linear_attention","full_attention"])", "2 layer types for 4 layers"},
+                       ConfigCase{"mlp_layer_types", R"(["dense","sparse","moe","sparse"])", "mlp layer type 'moe'"},
+                       ConfigCase{"linear_attn_config", R"({"kda_layers":[1,2,5],"full_attn_layers":[3]})",
+                            "kda_layers names layer 5 of 4"}}) {
+    const std::string dir = copy_model_with_config("kimi_linear", tmp, "case" + std::to_string(n++), c.key, c.value);
+    if (std::string(c.key) == "linear_attn_config") {  // only read when layer_types is absent
+      nlohmann::json config = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
+      config.erase("layer_types");
+      std::ofstream(dir + "/config.json") << config.dump(2);
+    }
+    const std::string error = error_of([&] { models::load_model(dir); });
+    EXPECT_NE(error.find(c.message), std::string::npos) << c.key << ": " << error;
+  }
 }
 
 }  // namespace

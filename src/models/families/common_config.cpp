@@ -74,12 +74,11 @@ void read_common_decoder_config(const HfConfig& config, DecoderSpec& spec) {
   spec.moe.normalize_topk = config.get_bool("norm_topk_prob", false);
 }
 
-void read_deepseek_common(const HfConfig& config, DecoderSpec& spec) {
-  read_common_decoder_config(config, spec);
+void read_latent_attention(const HfConfig& config, DecoderSpec& spec) {
   AttentionSpec& a = spec.attention;
   a.kind = AttentionKind::kLatent;
   LatentAttentionSpec& m = a.latent;
-  m.q_lora_rank = config.get_int<int32_t>("q_lora_rank", 0);
+  m.q_lora_rank = config.get_int<int32_t>("q_lora_rank", 0);  // absent or null: a plain q projection
   m.kv_lora_rank = config.get_int<int32_t>("kv_lora_rank");
   m.qk_nope_head_dim = config.get_int<int32_t>("qk_nope_head_dim");
   m.qk_rope_head_dim = config.get_int<int32_t>("qk_rope_head_dim");
@@ -89,12 +88,17 @@ void read_deepseek_common(const HfConfig& config, DecoderSpec& spec) {
                            (config.source() + ": qk_nope_head_dim + qk_rope_head_dim").c_str());
   a.rotary_dim = 0;
   a.qkv_bias = a.o_bias = config.get_bool("attention_bias", false);
-  R3_CHECK(config.get_bool("rope_interleave", true), config.source(),
-           ": rope_interleave false is not supported yet (DeepSeek checkpoints use interleaved pairs)");
-  R3_CHECK(!config.get_bool("mlp_bias", false), config.source(), ": mlp_bias true is not supported yet");
   R3_CHECK(m.kv_lora_rank > 0 && m.qk_nope_head_dim > 0 && m.qk_rope_head_dim > 0 && m.qk_rope_head_dim % 2 == 0 &&
                m.v_head_dim > 0,
            config.source(), ": latent attention sizes must be positive (and qk_rope_head_dim even)");
+}
+
+void read_deepseek_common(const HfConfig& config, DecoderSpec& spec) {
+  read_common_decoder_config(config, spec);
+  read_latent_attention(config, spec);
+  R3_CHECK(config.get_bool("rope_interleave", true), config.source(),
+           ": rope_interleave false is not supported yet (DeepSeek checkpoints use interleaved pairs)");
+  R3_CHECK(!config.get_bool("mlp_bias", false), config.source(), ": mlp_bias true is not supported yet");
   read_deepseek_style_moe(config, 0, spec);
 }
 

@@ -23,6 +23,9 @@ void read_common_decoder_config(const HfConfig& config, DecoderSpec& spec);
 // `first_k_dense_replace` layers dense. The router kind is the caller's.
 void read_deepseek_style_moe(const HfConfig& config, int64_t default_shared_experts, DecoderSpec& spec);
 
+// Multi-head latent attention's sizes (DeepSeek-V2/V3, Kimi Linear's full-attention layers).
+void read_latent_attention(const HfConfig& config, DecoderSpec& spec);
+
 // DeepSeek-V2/V3 family fields: multi-head latent attention plus the DeepSeek-style MoE.
 void read_deepseek_common(const HfConfig& config, DecoderSpec& spec);
 

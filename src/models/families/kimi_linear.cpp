@@ -42,22 +42,8 @@ DecoderSpec parse_kimi_linear(const HfConfig& config) {
   read_common_decoder_config(config, spec);
   spec.max_position_embeddings = config.get_int<int32_t>("model_max_length", 0);
   // The full-attention layers: DeepSeek-V2's latent attention, never rotated.
-  AttentionSpec& a = spec.attention;
-  a.kind = AttentionKind::kLatent;
-  a.rotary = false;
-  LatentAttentionSpec& m = a.latent;
-  m.q_lora_rank = config.get_int<int32_t>("q_lora_rank", 0);  // null in Kimi Linear: a plain q projection
-  m.kv_lora_rank = config.get_int<int32_t>("kv_lora_rank");
-  m.qk_nope_head_dim = config.get_int<int32_t>("qk_nope_head_dim");
-  m.qk_rope_head_dim = config.get_int<int32_t>("qk_rope_head_dim");
-  m.v_head_dim = config.get_int<int32_t>("v_head_dim");
-  a.num_kv_heads = a.num_heads;
-  a.head_dim = m.qk_nope_head_dim + m.qk_rope_head_dim;
-  a.rotary_dim = 0;
-  a.qkv_bias = a.o_bias = config.get_bool("attention_bias", false);
-  R3_CHECK(m.kv_lora_rank > 0 && m.qk_nope_head_dim > 0 && m.qk_rope_head_dim > 0 && m.qk_rope_head_dim % 2 == 0 &&
-               m.v_head_dim > 0,
-           config.source(), ": latent attention sizes must be positive (and qk_rope_head_dim even)");
+  read_latent_attention(config, spec);
+  spec.attention.rotary = false;
   // The linear-attention layers.
   const std::optional<HfConfig> linear = config.get_object("linear_attn_config");
   auto linear_int = [&](const char* nested, const char* top, int32_t fallback) {
