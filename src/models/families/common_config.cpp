@@ -119,6 +119,13 @@ void read_deepseek_style_moe(const HfConfig& config, int64_t default_shared_expe
   spec.names.shared_expert = "shared_experts.";
 }
 
+void use_block_sparse_moe_names(DecoderSpec& spec) {
+  spec.names.moe = "block_sparse_moe.";
+  spec.names.expert_gate = "w1.weight";
+  spec.names.expert_up = "w3.weight";
+  spec.names.expert_down = "w2.weight";
+}
+
 std::vector<bool> sparse_step_moe_layers(const HfConfig& config, int64_t num_layers,
                                          int64_t num_experts) {
   const int64_t step = config.get_int<int32_t>("decoder_sparse_step", 1);

@@ -29,6 +29,10 @@ void read_latent_attention(const HfConfig& config, DecoderSpec& spec);
 // DeepSeek-V2/V3 family fields: multi-head latent attention plus the DeepSeek-style MoE.
 void read_deepseek_common(const HfConfig& config, DecoderSpec& spec);
 
+// Mixtral's expert names, which Kimi Linear's checkpoints use too: experts.{e}.w1 (gate), w3 (up)
+// and w2 (down) under block_sparse_moe.
+void use_block_sparse_moe_names(DecoderSpec& spec);
+
 std::vector<bool> sparse_step_moe_layers(const HfConfig& config, int64_t num_layers,
                                          int64_t num_experts);
 

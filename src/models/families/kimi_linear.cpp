@@ -86,12 +86,9 @@ DecoderSpec parse_kimi_linear(const HfConfig& config) {
              "' (expected dense or sparse)");
     spec.layer_is_moe.push_back(type == "sparse");
   }
-  spec.names.moe = "block_sparse_moe.";
+  use_block_sparse_moe_names(spec);
   spec.names.dense_mlp = "block_sparse_moe.";
   spec.names.shared_expert = "shared_experts.";
-  spec.names.expert_gate = "w1.weight";
-  spec.names.expert_up = "w3.weight";
-  spec.names.expert_down = "w2.weight";
   return spec;
 }
 

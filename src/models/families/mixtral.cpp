@@ -14,10 +14,7 @@ DecoderSpec parse_mixtral(const HfConfig& config) {
   spec.moe.expert_intermediate = config.get_int<int32_t>("intermediate_size");
   spec.moe.normalize_topk = true;
   spec.layer_is_moe.assign(static_cast<std::size_t>(spec.num_layers), true);
-  spec.names.moe = "block_sparse_moe.";
-  spec.names.expert_gate = "w1.weight";
-  spec.names.expert_up = "w3.weight";
-  spec.names.expert_down = "w2.weight";
+  use_block_sparse_moe_names(spec);
   return spec;
 }
 
