@@ -8,7 +8,7 @@
 //   bandwidth, the yardstick).
 // - attention: paged GQA decode over a 1024-token context per sequence, float32 cache, at batch
 //   1, 8 and 64. Bytes: every sequence's keys and values for one layer.
-// - linear: the step's dense projections (ops::linear: weight-streaming rows for a few rows,
+// - linear: the step's dense projections (q, k and v fused as the decoder runs them, and apart; ops::linear: weight-streaming rows for a few rows,
 //   cuBLASLt on split bfloat16 for more), bf16 weights (the router's float32), at batch 1, 8, 64
 //   and 256. Bytes: the weights plus the float32 activations in and out.
 // Each measurement: 5 warm-up calls, then the mean of 50 timed with CUDA events.
@@ -114,7 +114,8 @@ void attention(backend::Context& gpu) {
 
 void linear(backend::Context& gpu) {
   struct Shape2 { const char* name; int64_t n, k; DType dtype; };
-  for (const Shape2 w : {Shape2{"q_proj", 4096, 2048, DType::BF16}, Shape2{"k_proj", 512, 2048, DType::BF16},
+  for (const Shape2 w : {Shape2{"qkv_proj", 5120, 2048, DType::BF16}, Shape2{"q_proj", 4096, 2048, DType::BF16},
+                         Shape2{"k_proj", 512, 2048, DType::BF16},
                          Shape2{"o_proj", 2048, 4096, DType::BF16}, Shape2{"router", 128, 2048, DType::F32},
                          Shape2{"lm_head", 151936, 2048, DType::BF16}}) {
     const Tensor weight = backend::to_device(gpu, random_host(w.dtype, {w.n, w.k}, 9, 0.02f));

@@ -19,11 +19,26 @@ void rotary(const Rotary& rotary, Tensor& x, std::span<const int32_t> positions)
 namespace cuda {  // ops/cuda/sm90_rotary.cu
 // The same rotation of a device tensor, with the positions on the device.
 void rotary_positions_on_device(backend::Context& ctx, const Rotary& rotary, Tensor& x, const int32_t* positions);
-// A GQA layer's step in one kernel: q [tokens, heads, d] and k [tokens, kv_heads, d] rotated at
-// the step's positions, then k and v (as many floats as k) written to the paged pool as
-// write_kv_paged does.
-void rotary_and_write_kv(backend::Context& ctx, const Rotary& rotary, Tensor& q, Tensor& k, const Tensor& v,
-                         const DeviceStep& step, const DeviceKvPool& pool);
+// A GQA layer's rows between its projection and its attention: the q, k and v of each token
+// (rows of the given strides in floats, so they may be parts of one fused projection's output),
+// and the per-head RMSNorm weights of q and k (both null: no norm).
+struct AttentionRows {
+  const float* q;
+  int64_t q_stride;
+  const float* k;
+  int64_t k_stride;
+  const float* v;
+  int64_t v_stride;
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+};
+// In one kernel: every query and key head normalised (when the norms are given, with `eps`) and
+// rotated at the step's positions; the queries to q_out ([tokens, heads, head_dim], contiguous;
+// it may be the q rows themselves when their stride is heads * head_dim), the keys and the
+// values (kv_heads * head_dim floats per row) to the paged pool as write_kv_paged writes them.
+void prepare_attention_rows(backend::Context& ctx, const Rotary& rotary, const AttentionRows& rows, int64_t heads,
+                            int64_t kv_heads, int64_t head_dim, float eps, const DeviceStep& step,
+                            const DeviceKvPool& pool, Tensor& q_out);
 }
 #endif
 

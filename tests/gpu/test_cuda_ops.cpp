@@ -218,6 +218,63 @@ TEST_F(CudaOps, RotaryOfDevicePositionsMatchesTheCpu) {
   }
 }
 
+// The rows between a GQA layer's fused projection and its attention, in one kernel: from one
+// [tokens, q + k + v] row per token, per-head RMSNorm of q and k, a partial rotary (24 of 32
+// dims), q to its own tensor, k and v to the pool through the block table; equal to the CPU's
+// rms_norm and rotary, and a padding token writes nothing to the pool.
+TEST_F(CudaOps, PreparedAttentionRowsMatchTheCpuNormsAndRotary) {
+  const int64_t heads = 4, kv_heads = 2, d = 32, block = 4, tokens = 3;
+  const int64_t q_width = heads * d, kv_width = kv_heads * d, width = q_width + 2 * kv_width;
+  const float eps = 1e-6f;
+  const ops::Rotary rotary(24, 1e4);
+  const Tensor projected = gpu_random({tokens, width}, 70, 3.0f);
+  const Tensor q_norm = gpu_random({d}, 71), k_norm = gpu_random({d}, 72);
+  const std::vector<int32_t> positions = {5, 0, 9}, seqs = {0, -1, 1};
+  const std::vector<int32_t> tables = {2, 0, 7, 1, 3, 5};  // two sequences, stride 3
+  // The CPU: slices of the row, per-head norms, then the rotation.
+  Tensor q = Tensor::empty(DType::F32, {tokens * heads, d}), k = Tensor::empty(DType::F32, {tokens * kv_heads, d});
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::memcpy(q.data<float>() + t * q_width, projected.data<float>() + t * width, q_width * sizeof(float));
+    std::memcpy(k.data<float>() + t * kv_width, projected.data<float>() + t * width + q_width, kv_width * sizeof(float));
+  }
+  ops::rms_norm(cpu_, q, &q_norm, eps, q);
+  ops::rms_norm(cpu_, k, &k_norm, eps, k);
+  Tensor qh = q.reshaped({tokens, heads, d}), kh = k.reshaped({tokens, kv_heads, d});
+  rotary.apply(cpu_, qh, positions);
+  rotary.apply(cpu_, kh, positions);
+
+  Tensor keys_d = backend::device_empty(*gpu_, DType::F32, {8 * block, kv_width});
+  Tensor values_d = backend::device_empty(*gpu_, DType::F32, {8 * block, kv_width});
+  const Tensor seqs_d = gpu_ints(*gpu_, seqs), positions_d = gpu_ints(*gpu_, positions), tables_d = gpu_ints(*gpu_, tables);
+  const ops::DeviceStep step{tokens, nullptr, positions_d.data<int32_t>(), seqs_d.data<int32_t>(),
+                             tables_d.data<int32_t>(), 3, 10};
+  const ops::DeviceKvPool pool{keys_d.data<float>(), values_d.data<float>(), kv_width, kv_width, block, 8};
+  const Tensor projected_d = backend::to_device(*gpu_, projected);
+  const Tensor q_norm_d = backend::to_device(*gpu_, q_norm), k_norm_d = backend::to_device(*gpu_, k_norm);
+  const float* p = projected_d.data<float>();
+  const ops::cuda::AttentionRows rows{p, width, p + q_width, width, p + q_width + kv_width, width,
+                                      q_norm_d.data<float>(), k_norm_d.data<float>()};
+  Tensor q_d = backend::device_empty(*gpu_, DType::F32, {tokens, heads, d});
+  ops::cuda::prepare_attention_rows(*gpu_, rotary, rows, heads, kv_heads, d, eps, step, pool, q_d);
+  EXPECT_LT(gpu_relative_error(backend::to_host(*gpu_, q_d), qh), 1e-6);
+  const Tensor keys = backend::to_host(*gpu_, keys_d), values = backend::to_host(*gpu_, values_d);
+  std::vector<bool> written(8 * block, false);
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (seqs[t] < 0) continue;
+    const int64_t row = tables[seqs[t] * 3 + positions[t] / block] * block + positions[t] % block;
+    written[row] = true;
+    for (int64_t i = 0; i < kv_width; ++i) {
+      EXPECT_NEAR(keys.data<float>()[row * kv_width + i], k.data<float>()[t * kv_width + i], 1e-5) << "token " << t;
+      EXPECT_EQ(values.data<float>()[row * kv_width + i], projected.data<float>()[t * width + q_width + kv_width + i])
+          << "token " << t;
+    }
+  }
+  for (int64_t row = 0; row < 8 * block; ++row) {
+    if (written[row]) continue;
+    for (int64_t i = 0; i < kv_width; ++i) ASSERT_EQ(keys.data<float>()[row * kv_width + i], 0.0f) << "pool row " << row;
+  }
+}
+
 // Three sequences with cached positions, a step mixing decode tokens, a prefill chunk and a padding
 // row: the device write puts every row where the CPU's does, and the device attention matches the
 // CPU's over the same block tables, for GQA head sizes 64 and 128, with and without sinks and a
@@ -417,10 +474,13 @@ TEST_F(CudaOps, FusedExpertsMatchADoubleEvaluation) {
   // kernels' 128-bit loads, 36 their element loads; 64 with bf16 weights, the tensor cores (every
   // routing has at least two pairs per expert on average), in 8-pair tiles of which the last of
   // each expert is partly empty.
+  // Two tokens take the decode steps' pair-major kernels (no grouping, the combine in the down kernel).
   for (const int64_t inter : {40, 36, 64})
-  for (const int64_t tokens : {5, 20, 70}) {
+  for (const int64_t tokens : {2, 5, 20, 70}) {
     std::vector<int32_t> ids = {0, 5, 2, 2, 0, 1, 5, 4, 3, 1, 2, 0, 4, 5, 3};
     std::vector<float> weights = {0.5f, 0.3f, 0.2f, 0.9f, 0.05f, 0.05f, 0.4f, 0.4f, 0.2f, 1.0f, 0.0f, 0.0f, 0.25f, 0.5f, 0.25f};
+    ids.resize(static_cast<std::size_t>(std::min<int64_t>(tokens, 5) * k));
+    weights.resize(ids.size());
     if (tokens > 5) {
       ids.clear();
       weights.clear();
@@ -501,6 +561,61 @@ TEST_F(CudaOps, FusedExpertsMatchADoubleEvaluation) {
       }
     }
   }
+}
+
+// A token's expert output has the same bits whichever kernels run it: alone or with one other
+// token (the pair-major kernels of decode steps) and among 37 (grouped by expert), with
+// --batch-invariant (which keeps the tensor cores out) and float32 or bf16 weights, over
+// 128-bit and element loads. That is what lets a step of any size take either path.
+TEST_F(CudaOps, FusedExpertsGiveATokenTheSameBitsOnEveryPath) {
+  const int64_t experts = 6, h = 64, k = 3, tokens = 37;
+  std::mt19937 rng(7);
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<int32_t> order = {0, 1, 2, 3, 4, 5};
+    std::shuffle(order.begin(), order.end(), rng);
+    for (int64_t j = 0; j < k; ++j) {
+      ids.push_back(order[static_cast<std::size_t>(j)]);
+      weights.push_back(0.2f + 0.1f * static_cast<float>(j) + 0.01f * static_cast<float>(t));
+    }
+  }
+  const Tensor x = gpu_random({tokens, h}, 60);
+  gpu_->set_batch_invariant(true);
+  for (const int64_t inter : {40, 36}) {
+    for (const DType dtype : {DType::F32, DType::BF16}) {
+      moe::DeviceExperts dev;
+      dev.gate = backend::to_device_as(*gpu_, gpu_random({experts, inter, h}, 61, 0.2f), dtype);
+      dev.up = backend::to_device_as(*gpu_, gpu_random({experts, inter, h}, 62, 0.2f), dtype);
+      dev.down = backend::to_device_as(*gpu_, gpu_random({experts, h, inter}, 63, 0.2f), dtype);
+      dev.down_bias = backend::to_device(*gpu_, gpu_random({experts, h}, 64));
+      // Tokens [first, first + n) through the kernels.
+      auto run = [&](int64_t first, int64_t n) {
+        const std::vector<int32_t> step_ids(ids.begin() + first * k, ids.begin() + (first + n) * k);
+        const std::vector<float> step_weights(weights.begin() + first * k, weights.begin() + (first + n) * k);
+        Tensor step_x = Tensor::empty(DType::F32, {n, h});
+        std::memcpy(step_x.raw_data(), x.data<float>() + first * h, step_x.nbytes());
+        const Tensor ids_d = gpu_ints(*gpu_, step_ids), weights_d = backend::to_device(*gpu_, Tensor::from(step_weights, {n, k}));
+        Tensor grouping = backend::device_empty(*gpu_, DType::I32, {moe::grouping_ints(experts, n * k)});
+        Tensor activated = backend::device_empty(*gpu_, DType::F32, {moe::expert_scratch_rows(n * k), inter});
+        Tensor expert_out = backend::device_empty(*gpu_, DType::F32, {moe::expert_scratch_rows(n * k), h});
+        Tensor out = backend::device_empty(*gpu_, DType::F32, {n, h});
+        moe::fused_experts_on_device(*gpu_, backend::to_device(*gpu_, step_x), ids_d.data<int32_t>(),
+                                     weights_d.data<float>(), k, dev, grouping, activated, expert_out, out);
+        return backend::to_host(*gpu_, out);
+      };
+      const Tensor all = run(0, tokens);
+      for (const int64_t first : {0, 11, 36}) {
+        const Tensor alone = run(first, 1);
+        EXPECT_EQ(std::memcmp(alone.raw_data(), all.data<float>() + first * h, alone.nbytes()), 0)
+            << "token " << first << " alone, intermediate " << inter << ", " << dtype_name(dtype);
+      }
+      const Tensor two = run(20, 2);
+      EXPECT_EQ(std::memcmp(two.raw_data(), all.data<float>() + 20 * h, two.nbytes()), 0)
+          << "tokens 20 and 21, intermediate " << inter << ", " << dtype_name(dtype);
+    }
+  }
+  gpu_->set_batch_invariant(false);
 }
 
 // The step's device capture buffer: two steps of two MoE layers routed on the device; after each

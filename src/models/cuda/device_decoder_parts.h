@@ -41,10 +41,17 @@ struct Attention {
   ops::Rotary rotary;  // frequencies, passed to the kernel by value
   int64_t sliding_window;
   GqaAttentionWeights w;  // on the device: projections as the model's dtype, the rest float32
+  // q, k and v as one projection ([q_width + 2 kv_width, hidden], its bias the three biases, zeros
+  // for an absent one): one launch, one pass over the activations. Set (and w.q, w.k, w.v left
+  // empty) unless the layer normalises the whole q / k projection or clips it (OLMoE-style),
+  // which then runs on the separate projections.
+  Tensor qkv, qkv_bias;
 
   Attention(const AttentionSpec& attention, float eps, ops::Rotary rope, int64_t window)
       : spec(attention), rms_eps(eps), rotary(std::move(rope)), sliding_window(window) {}
   Attention(backend::Context& ctx, const GqaAttention& host, DType dtype);
+  // Whether q, k and v run as one projection (the kernel after it does the per-head norms).
+  static bool fuses_qkv(const AttentionSpec& spec) { return spec.qk_norm != QkNorm::kFull && spec.clip_qkv <= 0; }
   // Every row's keys and values are written before any token reads the pool, so a step may
   // bring any number of a sequence's positions (the device pools keep every position).
   void forward(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, const ops::DeviceKvPool& pool,

@@ -2,9 +2,11 @@
 // steps (GqaAttention::forward, SwigluMlp::forward, MoeFeedForward::forward) with each piece
 // replaced by its device kernel and the per-token metadata read from the step's one upload.
 #include <cmath>
+#include <initializer_list>
 
 #include "backend/cuda/state.h"
 #include "backend/device_memory.h"
+#include "core/dtype.h"
 #include "models/cuda/device_decoder_parts.h"
 #include "ops/attention.h"
 #include "ops/kv_write.h"
@@ -17,6 +19,22 @@ namespace r3::models::device {
 namespace {
 // Norms, biases, sinks, gates: always float32.
 Tensor f32_on_device(backend::Context& ctx, const Tensor& host) { return on_device(ctx, host, DType::F32); }
+
+// Host tensors of one width stacked as the rows of one float32 host tensor (each widened exactly).
+Tensor stacked_rows(std::initializer_list<const Tensor*> parts) {
+  const int64_t cols = (*parts.begin())->rank() == 1 ? 1 : (*parts.begin())->shape().back();
+  int64_t rows = 0;
+  for (const Tensor* t : parts) rows += t->numel() / cols;
+  Tensor out = Tensor::empty(DType::F32, cols == 1 ? Shape{rows} : Shape{rows, cols});
+  float* dst = out.data<float>();
+  for (const Tensor* t : parts) {
+    R3_CHECK(t->is_contiguous() && (t->rank() == 1 ? cols == 1 : t->shape().back() == cols),
+             "stacking projections: ", shape_to_string(t->shape()), " does not have ", cols, " columns");
+    convert_to_f32(t->raw_data(), t->dtype(), static_cast<std::size_t>(t->numel()), dst);
+    dst += t->numel();
+  }
+  return out;
+}
 }  // namespace
 
 Tensor on_device(backend::Context& ctx, const Tensor& host, DType dtype) {
@@ -31,13 +49,24 @@ SwigluMlp mlp_on_device(backend::Context& ctx, const SwigluMlp& host, DType dtyp
 Attention::Attention(backend::Context& ctx, const GqaAttention& host, DType dtype)
     : Attention(host.spec(), host.rms_eps(), host.rotary(), host.sliding_window()) {
   const GqaAttentionWeights& h = host.weights();
-  w.q = on_device(ctx, h.q, dtype);
-  w.k = on_device(ctx, h.k, dtype);
-  w.v = on_device(ctx, h.v, dtype);
+  if (fuses_qkv(spec)) {
+    qkv = on_device(ctx, stacked_rows({&h.q, &h.k, &h.v}), dtype);
+    if (h.q_bias.defined() || h.k_bias.defined() || h.v_bias.defined()) {
+      const int64_t q_width = spec.num_heads * spec.head_dim, kv_width = spec.num_kv_heads * spec.head_dim;
+      const Tensor zq = Tensor::empty(DType::F32, {q_width}), zkv = Tensor::empty(DType::F32, {kv_width});
+      qkv_bias = f32_on_device(ctx, stacked_rows({h.q_bias.defined() ? &h.q_bias : &zq,
+                                                  h.k_bias.defined() ? &h.k_bias : &zkv,
+                                                  h.v_bias.defined() ? &h.v_bias : &zkv}));
+    }
+  } else {
+    w.q = on_device(ctx, h.q, dtype);
+    w.k = on_device(ctx, h.k, dtype);
+    w.v = on_device(ctx, h.v, dtype);
+    w.q_bias = f32_on_device(ctx, h.q_bias);
+    w.k_bias = f32_on_device(ctx, h.k_bias);
+    w.v_bias = f32_on_device(ctx, h.v_bias);
+  }
   w.o = on_device(ctx, h.o, dtype);
-  w.q_bias = f32_on_device(ctx, h.q_bias);
-  w.k_bias = f32_on_device(ctx, h.k_bias);
-  w.v_bias = f32_on_device(ctx, h.v_bias);
   w.o_bias = f32_on_device(ctx, h.o_bias);
   w.q_norm = f32_on_device(ctx, h.q_norm);
   w.k_norm = f32_on_device(ctx, h.k_norm);
@@ -49,14 +78,31 @@ void Attention::forward(backend::Context& ctx, const Tensor& x, const ops::Devic
   const int64_t tokens = x.dim(0), d = spec.head_dim;
   const int64_t q_width = spec.num_heads * d, kv_width = spec.num_kv_heads * d;
   backend::Workspace::Scope scope(ctx.workspace());
-  // Outputs the projections write in full: no fill.
-  Tensor qt = ctx.scratch_for_output(DType::F32, {tokens, q_width});
-  Tensor kt = ctx.scratch_for_output(DType::F32, {tokens, kv_width});
-  Tensor vt = ctx.scratch_for_output(DType::F32, {tokens, kv_width});
-  project_qkv(ctx, spec, rms_eps, w, x, qt, kt, vt);
-  Tensor qh = qt.reshaped({tokens, spec.num_heads, d});
-  Tensor kh = kt.reshaped({tokens, spec.num_kv_heads, d});
-  ops::cuda::rotary_and_write_kv(ctx, rotary, qh, kh, vt, step, pool);
+  Tensor qh = ctx.scratch_for_output(DType::F32, {tokens, spec.num_heads, d});  // written in full by the kernels
+  if (qkv.defined()) {
+    const int64_t width = q_width + 2 * kv_width;
+    Tensor projected = ctx.scratch_for_output(DType::F32, {tokens, width});
+    ops::linear(ctx, x, qkv, qkv_bias.if_defined(), projected);
+    const float* p = projected.data<float>();
+    const bool norms = spec.qk_norm == QkNorm::kPerHead;
+    const ops::cuda::AttentionRows rows{p,
+                                        width,
+                                        p + q_width,
+                                        width,
+                                        p + q_width + kv_width,
+                                        width,
+                                        norms ? w.q_norm.data<float>() : nullptr,
+                                        norms ? w.k_norm.data<float>() : nullptr};
+    ops::cuda::prepare_attention_rows(ctx, rotary, rows, spec.num_heads, spec.num_kv_heads, d, rms_eps, step, pool, qh);
+  } else {
+    // Norms over the whole projection or clipping: the host layer's projections, then the rows.
+    Tensor qt = qh.reshaped({tokens, q_width});
+    Tensor kt = ctx.scratch_for_output(DType::F32, {tokens, kv_width});
+    Tensor vt = ctx.scratch_for_output(DType::F32, {tokens, kv_width});
+    project_qkv(ctx, spec, rms_eps, w, x, qt, kt, vt);
+    const ops::cuda::AttentionRows rows{qt.data<float>(), q_width, kt.data<float>(), kv_width, vt.data<float>(), kv_width};
+    ops::cuda::prepare_attention_rows(ctx, rotary, rows, spec.num_heads, spec.num_kv_heads, d, rms_eps, step, pool, qh);
+  }
   Tensor attended = ctx.scratch(DType::F32, {tokens, spec.num_heads, d});
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   ops::cuda::paged_attention(ctx, qh, step, pool, spec.num_kv_heads, scale, sliding_window,

@@ -69,9 +69,7 @@ std::unique_ptr<CausalLM> synthetic_on_device(backend::Context& ctx, const Synth
     layer.input_norm = random.ones(s.hidden);
     layer.post_attention_norm = random.ones(s.hidden);
     device::Attention& a = layer.attention.emplace(attention, parts.rms_eps, ops::Rotary(s.head_dim, 1e6), 0);
-    a.w.q = random.matrix(DType::BF16, {q_width, s.hidden});
-    a.w.k = random.matrix(DType::BF16, {kv_width, s.hidden});
-    a.w.v = random.matrix(DType::BF16, {kv_width, s.hidden});
+    a.qkv = random.matrix(DType::BF16, {q_width + 2 * kv_width, s.hidden});  // fan-in is the hidden size
     a.w.o = random.matrix(DType::BF16, {s.hidden, q_width});
     a.w.q_norm = random.ones(s.head_dim);
     a.w.k_norm = random.ones(s.head_dim);

@@ -6,7 +6,8 @@
 // every 32nd element and the partial sums meet through shuffles. Gate/up + activation, then down,
 // then the combine per (token, hidden element), summing the k choices in order as the CPU does
 // (each product rounded, then added). Launches are sized for every expert being used; warps
-// past the used count return at once, so nothing is read back to the host.
+// past the used count return at once, so nothing is read back to the host. Decode steps of a few
+// tokens take a shorter way with the same arithmetic (kPairMajorTokens).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -167,6 +168,74 @@ __global__ void combine_choices(const float* __restrict__ expert_out, const floa
   out[i] = sum;
 }
 
+// Steps of at most kPairMajorTokens tokens (decode of a few sequences) skip the grouping: one warp
+// per (pair, row) for gate/up, which reads an expert's rows once per token choosing it (the
+// second time mostly from L2), and one warp per (token, hidden row) for down, over the token's k
+// choices, summing them in order as combine_choices does (the combine inside the down kernel).
+// Every dot product, bias and sum is the grouped kernels' own, in the same order, so both paths
+// give the same bits and a step may take either even with --batch-invariant; a decode step saves
+// the grouping and combine launches.
+constexpr int64_t kPairMajorTokens = 4;
+constexpr int kChoicesInFlight = 4;  // down rows whose loads a warp has in flight together
+
+template <typename W, bool kVec8>
+__global__ void gate_up_by_pair(const float* __restrict__ hidden, const int32_t* __restrict__ ids, int64_t pairs,
+                                int64_t k, const W* __restrict__ gate, const W* __restrict__ up,
+                                const float* __restrict__ gate_bias, const float* __restrict__ up_bias, int64_t h,
+                                int64_t inter, Activation act, float* __restrict__ activated) {
+  backend::cuda::wait_for_predecessor();
+  const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
+  const int64_t p = warp / inter, i = warp % inter;
+  if (p >= pairs) return;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t row = ids[p] * inter + i;
+  const W* const gate_up[2] = {gate + row * h, up + row * h};
+  const float* const x[1] = {hidden + (p / k) * h};
+  float acc[2][1] = {{0.0f}, {0.0f}};
+  row_dots<kVec8>(gate_up, x, 1, h, lane, acc);
+  float gs = warp_sum(acc[0][0]), us = warp_sum(acc[1][0]);
+  if (lane == 0) {
+    if (gate_bias) gs += gate_bias[row];
+    if (up_bias) us += up_bias[row];
+    activated[p * inter + i] = act(gs, us);
+  }
+}
+
+template <typename W, bool kVec8>
+__global__ void down_and_combine_by_token(const float* __restrict__ activated, const int32_t* __restrict__ ids,
+                                          const float* __restrict__ weights, int64_t tokens, int64_t k,
+                                          const W* __restrict__ down, const float* __restrict__ down_bias, int64_t h,
+                                          int64_t inter, float* __restrict__ out) {
+  backend::cuda::wait_for_predecessor();
+  const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
+  const int64_t t = warp / h, d = warp % h;
+  if (t >= tokens) return;
+  const int lane = threadIdx.x % kWarp;
+  float sum = 0.0f;
+  for (int64_t first = 0; first < k; first += kChoicesInFlight) {
+    const int n = static_cast<int>(min(int64_t{kChoicesInFlight}, k - first));
+    const W* w[kChoicesInFlight];
+    const float* a[kChoicesInFlight];
+    float acc[kChoicesInFlight];
+#pragma unroll
+    for (int j = 0; j < kChoicesInFlight; ++j) {
+      const int64_t p = t * k + first + j;
+      w[j] = j < n ? down + (ids[p] * h + d) * inter : nullptr;
+      a[j] = j < n ? activated + p * inter : nullptr;
+      acc[j] = 0.0f;
+    }
+    ops::cuda::paired_row_dots<kVec8>(w, a, n, inter, lane, acc);
+#pragma unroll
+    for (int j = 0; j < kChoicesInFlight; ++j) {
+      if (j >= n) break;
+      const float y = warp_sum(acc[j]);
+      const int64_t p = t * k + first + j;
+      sum = __fadd_rn(sum, __fmul_rn(weights[p], down_bias ? y + down_bias[ids[p] * h + d] : y));
+    }
+  }
+  if (lane == 0) out[t * h + d] = sum;
+}
+
 unsigned warp_blocks(int64_t warps) { return static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
 // The tensor-core path once the experts have a few pairs each on average (batch 64 of
@@ -183,21 +252,36 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
   const cudaStream_t stream = ctx.cuda_state().stream;
   const int64_t tokens = hidden.dim(0), h = hidden.dim(1), experts = x.gate.dim(0), inter = x.gate.dim(1);
   const int64_t pairs = tokens * k;
-  int32_t* gp = grouping.data<int32_t>();
-  const Grouping g{gp, gp + experts + 1, gp + experts + 1 + pairs, gp + 2 * experts + 1 + pairs};
-  backend::cuda::launch_kernel(group_pairs_by_expert, 1, 1024, 2 * experts * sizeof(int32_t), stream, ids, pairs,
-                               experts, gp, gp + experts + 1, gp + experts + 1 + pairs, gp + 2 * experts + 1 + pairs);
   auto bias = [](const Tensor& b) { return b.defined() ? b.data<float>() : nullptr; };
   const Activation act{x.activation.kind, x.activation.limit, x.activation.alpha};
-  // Sized for every expert being used (at most `pairs` of them).
-  const int64_t slots = std::min(experts, pairs);
   // 128-bit loads when every row starts on a multiple of 8 elements (buffers are 256-byte aligned).
   const bool vec8 = h % 8 == 0 && inter % 8 == 0;
   const auto* gw = static_cast<const W*>(x.gate.raw_data());
   const auto* uw = static_cast<const W*>(x.up.raw_data());
   const auto* dw = static_cast<const W*>(x.down.raw_data());
-  const unsigned gate_blocks = warp_blocks(slots * inter), down_blocks = warp_blocks(slots * h);
   constexpr unsigned kThreads = kWarpsPerBlock * kWarp;
+  if (tokens <= kPairMajorTokens) {
+    auto pair_major = [&](auto vec8_tag) {
+      constexpr bool kVec8 = decltype(vec8_tag)::value;
+      backend::cuda::launch_kernel(gate_up_by_pair<W, kVec8>, warp_blocks(pairs * inter), kThreads, 0, stream,
+                                   hidden.data<float>(), ids, pairs, k, gw, uw, bias(x.gate_bias), bias(x.up_bias), h,
+                                   inter, act, activated.data<float>());
+      backend::cuda::launch_kernel(down_and_combine_by_token<W, kVec8>, warp_blocks(tokens * h), kThreads, 0, stream,
+                                   activated.data<float>(), ids, weights, tokens, k, dw, bias(x.down_bias), h, inter,
+                                   out.data<float>());
+    };
+    if (vec8) pair_major(std::true_type{});
+    else pair_major(std::false_type{});
+    R3_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
+  int32_t* gp = grouping.data<int32_t>();
+  const Grouping g{gp, gp + experts + 1, gp + experts + 1 + pairs, gp + 2 * experts + 1 + pairs};
+  backend::cuda::launch_kernel(group_pairs_by_expert, 1, 1024, 2 * experts * sizeof(int32_t), stream, ids, pairs,
+                               experts, gp, gp + experts + 1, gp + experts + 1 + pairs, gp + 2 * experts + 1 + pairs);
+  // Sized for every expert being used (at most `pairs` of them).
+  const int64_t slots = std::min(experts, pairs);
+  const unsigned gate_blocks = warp_blocks(slots * inter), down_blocks = warp_blocks(slots * h);
   // Partial sums for the pairs an expert is likely to have (at most one per token, about
   // pairs / experts on average); an expert with more takes another pass over its rows, which
   // are then in L2.

@@ -3,8 +3,9 @@
 // update with each product rounded (no fused multiply-add). Two layouts: "rotate half" (pairs
 // (i, i + half) of the leading rotary dims, ops/rotary.h) and DeepSeek's trailing interleaved one
 // (pairs (2i, 2i + 1) of the trailing rope dims, ops/interleaved_rotary.h). One block per token,
-// positions from the step's device metadata. rotary_and_write_kv also writes the rotated keys and
-// the values to the paged pool after the rotation, in the same block (one kernel for three).
+// positions from the step's device metadata. prepare_attention_rows does a GQA layer's work
+// between its projection and its attention in one kernel: q/k norms, rotation, and the writes of
+// the keys and values to the paged pool.
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
 #include "ops/interleaved_rotary.h"
@@ -57,27 +58,62 @@ __global__ void rotate_heads(float* __restrict__ x, int64_t heads, int64_t head_
   }
 }
 
-// Rotates token t's query and key heads, then writes its key and value rows to the pool.
-__global__ void rotate_and_write(float* __restrict__ q, int64_t q_heads, float* __restrict__ k, int64_t kv_heads,
-                                 const float* __restrict__ v, int64_t head_dim, int64_t half, DeviceStep step,
-                                 DeviceKvPool pool, Frequencies freq, float scaling) {
+// Token t's attention rows (one block per token, one warp per head in turn): each query and key
+// head read from its projection (rows of any stride, so q, k and v may be parts of one fused
+// projection's output), RMS-normalised over the head when the layer has q/k norms (the mean of
+// squares in double, as rms_norm computes it), rotated at the token's position, then the query
+// head written to q_out and the key head to the paged pool; the value row goes to the pool as
+// it is. The head passes through the warp's shared row, so the rotation's pairs may sit in
+// different lanes and q_out may be the query input itself.
+__global__ void prepare_rows(AttentionRows rows, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                       int64_t half, float eps, DeviceStep step, DeviceKvPool pool, Frequencies freq,
+                                       float scaling, float* q_out) {  // q_out may be rows.q
   backend::cuda::wait_for_predecessor();
+  extern __shared__ float head_rows[];  // [warps][head_dim]
   const int64_t t = blockIdx.x;
+  const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
+  const int warps = static_cast<int>(blockDim.x) / kWarp;
+  float* row = head_rows + warp * head_dim;
   const float position = static_cast<float>(step.positions[t]);
-  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-    float c, s;
-    angle(position, freq, i, scaling, &c, &s);
-    rotate_pair<false>(q + t * q_heads * head_dim, q_heads, head_dim, half, i, c, s);
-    rotate_pair<false>(k + t * kv_heads * head_dim, kv_heads, head_dim, half, i, c, s);
-  }
-  __syncthreads();  // the rotated keys, written by other threads, are what the pool gets
   const int32_t seq = step.seqs[t];
-  if (seq < 0) return;  // padding
-  const int64_t row = cache_row(step, pool, seq, step.positions[t]);
+  const int64_t cache = seq >= 0 ? cache_row(step, pool, seq, step.positions[t]) : -1;  // padding: no write
+  for (int64_t h = warp; h < heads + kv_heads; h += warps) {
+    const bool is_q = h < heads;
+    const int64_t head = is_q ? h : h - heads;
+    const float* in = is_q ? rows.q + t * rows.q_stride + head * head_dim : rows.k + t * rows.k_stride + head * head_dim;
+    const float* norm = is_q ? rows.q_norm : rows.k_norm;
+    double sum = 0;
+    for (int64_t i = lane; i < head_dim; i += kWarp) {
+      const float v = in[i];
+      row[i] = v;
+      sum += static_cast<double>(v) * v;
+    }
+    if (norm != nullptr) {
+      for (int offset = kWarp / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      const auto inv = static_cast<float>(1.0 / sqrt(sum / static_cast<double>(head_dim) + eps));
+      for (int64_t i = lane; i < head_dim; i += kWarp) row[i] = norm[i] * (row[i] * inv);
+    }
+    __syncwarp();
+    // Where the head goes: q_out, or the key's place in the pool (none for a padding token).
+    float* out = is_q ? q_out + (t * heads + head) * head_dim
+                      : (cache >= 0 ? pool.keys + cache * pool.key_width + head * head_dim : nullptr);
+    if (out != nullptr) {
+      for (int64_t i = lane; i < half; i += kWarp) {
+        float c, s;
+        angle(position, freq, i, scaling, &c, &s);
+        const float a = row[i], b = row[i + half];
+        // Rounded products, then the sum: no fused multiply-add, as on the CPU.
+        out[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+        out[i + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+      }
+      for (int64_t i = 2 * half + lane; i < head_dim; i += kWarp) out[i] = row[i];  // past a partial rotary
+    }
+    __syncwarp();  // the row is the next head's
+  }
+  if (cache < 0) return;
   const int64_t width = kv_heads * head_dim;
   for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
-    pool.keys[row * pool.key_width + i] = k[t * width + i];
-    pool.values[row * pool.value_width + i] = v[t * width + i];
+    pool.values[cache * pool.value_width + i] = rows.v[t * rows.v_stride + i];
   }
 }
 
@@ -114,24 +150,28 @@ void interleaved_rotary_on_device(backend::Context& ctx, const TrailingInterleav
   rotate<true>(ctx, rotary.rope_dim(), rotary.inv_freq(), rotary.attention_scaling(), x, positions);
 }
 
-void rotary_and_write_kv(backend::Context& ctx, const Rotary& rotary, Tensor& q, Tensor& k, const Tensor& v,
-                         const DeviceStep& step, const DeviceKvPool& pool) {
-  R3_CHECK(q.rank() == 3 && k.rank() == 3 && q.is_contiguous() && k.is_contiguous() && v.is_contiguous() &&
-               q.dim(0) == step.tokens && k.dim(0) == step.tokens && q.dim(2) == k.dim(2) &&
-               v.numel() == k.numel() && q.device() == Device::kCuda && k.device() == Device::kCuda &&
-               v.device() == Device::kCuda,
-           "rotary_and_write_kv (cuda): q ", shape_to_string(q.shape()), " k ", shape_to_string(k.shape()), " v ",
-           shape_to_string(v.shape()), " for ", step.tokens, " tokens");
-  const int64_t head_dim = k.dim(2), half = rotary.rotary_dim() / 2, width = k.dim(1) * head_dim;
+void prepare_attention_rows(backend::Context& ctx, const Rotary& rotary, const AttentionRows& rows, int64_t heads,
+                            int64_t kv_heads, int64_t head_dim, float eps, const DeviceStep& step,
+                            const DeviceKvPool& pool, Tensor& q_out) {
+  const int64_t half = rotary.rotary_dim() / 2, width = kv_heads * head_dim;
+  R3_CHECK(q_out.is_contiguous() && q_out.device() == Device::kCuda &&
+               q_out.numel() == step.tokens * heads * head_dim && rows.q && rows.k && rows.v &&
+               rows.q_stride >= heads * head_dim && rows.k_stride >= width && rows.v_stride >= width &&
+               (rows.q_norm == nullptr) == (rows.k_norm == nullptr),
+           "prepare_attention_rows (cuda): q_out ", shape_to_string(q_out.shape()), " for ", step.tokens, " tokens of ",
+           heads, " + ", kv_heads, " heads of ", head_dim, ", row strides ", rows.q_stride, ", ", rows.k_stride, ", ",
+           rows.v_stride);
   R3_CHECK(head_dim >= rotary.rotary_dim() && half <= kMaxHalf && pool.key_width >= width &&
                pool.value_width >= width && pool.keys && pool.values && pool.block_size > 0 &&
                (step.tokens == 0 || (step.seqs && step.positions && step.block_tables)),
-           "rotary_and_write_kv (cuda): head_dim ", head_dim, ", rotary dim ", rotary.rotary_dim(), ", pool rows of ",
+           "prepare_attention_rows (cuda): head_dim ", head_dim, ", rotary dim ", rotary.rotary_dim(), ", pool rows of ",
            pool.key_width, " + ", pool.value_width, " floats for ", width);
   if (step.tokens == 0) return;
-  backend::cuda::launch_kernel(rotate_and_write, static_cast<unsigned>(step.tokens), 128, 0, ctx.cuda_state().stream,
-                               q.data<float>(), q.dim(1), k.data<float>(), k.dim(1), v.data<float>(), head_dim, half,
-                               step, pool, frequencies(rotary.inv_freq(), half), rotary.attention_scaling());
+  constexpr int kWarps = 8;
+  backend::cuda::launch_kernel(prepare_rows, static_cast<unsigned>(step.tokens), kWarps * kWarp,
+                               kWarps * head_dim * sizeof(float), ctx.cuda_state().stream, rows, heads, kv_heads,
+                               head_dim, half, eps, step, pool, frequencies(rotary.inv_freq(), half),
+                               rotary.attention_scaling(), q_out.data<float>());
   R3_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -126,6 +126,48 @@ __device__ inline void row_dots(const W* const (&w)[kRows], const float* const (
   }
 }
 
+// row_dots for kPairs separate (weight row, activation row) pairs: acc[j] += this lane's part of
+// w[j] . x[j] for j < count, the weight loads of every pair in flight together. Each lane adds
+// its elements in row_dots' order, so acc[j] gets the bits row_dots gives that pair.
+template <bool kVec8, typename W, int kPairs>
+__device__ inline void paired_row_dots(const W* const (&w)[kPairs], const float* const (&x)[kPairs], int count,
+                                       int64_t n, int lane, float (&acc)[kPairs]) {
+  if constexpr (kVec8) {
+    constexpr int64_t kStride = kWarp * 8;
+    for (int64_t base = static_cast<int64_t>(lane) * 8; base < n; base += kStride * kGroupsInFlight) {
+      Raw8<W> raw[kPairs][kGroupsInFlight];
+#pragma unroll
+      for (int j = 0; j < kPairs; ++j) {
+#pragma unroll
+        for (int u = 0; u < kGroupsInFlight; ++u) {
+          if (j < count && base + u * kStride < n) load_raw8(w[j] + base + u * kStride, raw[j][u]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kPairs; ++j) {
+        if (j >= count) break;
+#pragma unroll
+        for (int u = 0; u < kGroupsInFlight; ++u) {
+          const int64_t c = base + u * kStride;
+          if (c >= n) break;
+          float wv[8], xv[8];
+          widen8(raw[j][u], wv);
+          load8(x[j] + c, xv);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[j] += xv[i] * wv[i];
+        }
+      }
+    }
+  } else {
+    for (int64_t c = lane; c < n; c += kWarp) {
+#pragma unroll
+      for (int j = 0; j < kPairs; ++j) {
+        if (j < count) acc[j] += x[j][c] * load(w[j], c);
+      }
+    }
+  }
+}
+
 // The sum of v over the warp's lanes, in every lane.
 __device__ inline float warp_sum(float v) {
 #pragma unroll
