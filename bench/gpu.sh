@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build r3 with its CUDA backend (sm_90a) from the carried library
 # headers (scripts/gpu-deps.sh, carried as .gpu-deps), run the GPU tests and the kernel
-# benchmark, and leave the logs in $OUT (or ./gpu-out). Usage there: R3_COMMIT=<commit the tree was sent from> bash bench/gpu.sh
+# benchmark (and, with R3_BREAKDOWN=1, a per-kernel profile of a decode step), and leave the logs
+# in $OUT (or ./gpu-out). Usage there: R3_COMMIT=<commit the tree was sent from> bash bench/gpu.sh
 # (the copy of the tree on that machine may carry an older .git).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,5 +21,12 @@ status=0
 ./build-gpu/r3_gpu_tests 2>&1 | tee "$out/gpu_tests.log" || status=1
 ./build-gpu/r3_gpu_kernels_bench 2>&1 | tee "$out/gpu_kernels_bench.jsonl" || status=1
 ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --json 2>"$out/gpu_decode_bench.log" | tee "$out/gpu_decode_bench.json" || status=1
+# R3_BREAKDOWN=1: each kernel's time in one eager decode step at batch 1 (Nsight Compute, kernels
+# serialised; the launches skipped are the synthetic model's weight fills).
+if [[ "${R3_BREAKDOWN:-0}" == 1 ]] && command -v ncu > /dev/null; then
+  ncu --csv --metrics gpu__time_duration.sum --launch-skip "${R3_BREAKDOWN_SKIP:-440}" --launch-count 600 \
+    ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-batches 1 > "$out/ncu_step.csv" 2> "$out/ncu_step.log"
+  python3 bench/kernel_breakdown.py "$out/ncu_step.csv" | tee "$out/kernel_breakdown.txt"
+fi
 cat "$out/device.txt"
 exit $status
