@@ -170,13 +170,15 @@ __global__ void combine_choices(const float* __restrict__ expert_out, const floa
 
 // Steps of at most kPairMajorTokens tokens (decode of a few sequences) skip the grouping: one warp
 // per (pair, row) for gate/up, which reads an expert's rows once per token choosing it (the
-// second time mostly from L2), and one warp per (token, hidden row) for down, over the token's k
-// choices, summing them in order as combine_choices does (the combine inside the down kernel).
-// Every dot product, bias and sum is the grouped kernels' own, in the same order, so both paths
-// give the same bits and a step may take either even with --batch-invariant; a decode step saves
-// the grouping and combine launches.
+// second time mostly from L2), and for down one block per (token, hidden row) whose warps take
+// the token's k choices, their results summed in order as combine_choices does (the combine
+// inside the down kernel). Every dot product, bias and sum is the grouped kernels' own, in the
+// same order, so both paths give the same bits and a step may take either even with
+// --batch-invariant; a decode step saves the grouping and combine launches. With few warps in
+// flight, each lane has a whole 2048-wide row's share of loads out at once (kPairMajorInFlight).
 constexpr int64_t kPairMajorTokens = 4;
-constexpr int kChoicesInFlight = 4;  // down rows whose loads a warp has in flight together
+constexpr int kPairMajorInFlight = 8;
+constexpr int kMaxChoiceWarps = 8;  // warps of a down block (choices beyond take turns)
 
 template <typename W, bool kVec8>
 __global__ void gate_up_by_pair(const float* __restrict__ hidden, const int32_t* __restrict__ ids, int64_t pairs,
@@ -192,7 +194,7 @@ __global__ void gate_up_by_pair(const float* __restrict__ hidden, const int32_t*
   const W* const gate_up[2] = {gate + row * h, up + row * h};
   const float* const x[1] = {hidden + (p / k) * h};
   float acc[2][1] = {{0.0f}, {0.0f}};
-  row_dots<kVec8>(gate_up, x, 1, h, lane, acc);
+  row_dots<kVec8, kPairMajorInFlight>(gate_up, x, 1, h, lane, acc);
   float gs = warp_sum(acc[0][0]), us = warp_sum(acc[1][0]);
   if (lane == 0) {
     if (gate_bias) gs += gate_bias[row];
@@ -203,37 +205,29 @@ __global__ void gate_up_by_pair(const float* __restrict__ hidden, const int32_t*
 
 template <typename W, bool kVec8>
 __global__ void down_and_combine_by_token(const float* __restrict__ activated, const int32_t* __restrict__ ids,
-                                          const float* __restrict__ weights, int64_t tokens, int64_t k,
-                                          const W* __restrict__ down, const float* __restrict__ down_bias, int64_t h,
-                                          int64_t inter, float* __restrict__ out) {
+                                          const float* __restrict__ weights, int64_t k, const W* __restrict__ down,
+                                          const float* __restrict__ down_bias, int64_t h, int64_t inter,
+                                          float* __restrict__ out) {
   backend::cuda::wait_for_predecessor();
-  const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
-  const int64_t t = warp / h, d = warp % h;
-  if (t >= tokens) return;
-  const int lane = threadIdx.x % kWarp;
-  float sum = 0.0f;
-  for (int64_t first = 0; first < k; first += kChoicesInFlight) {
-    const int n = static_cast<int>(min(int64_t{kChoicesInFlight}, k - first));
-    const W* w[kChoicesInFlight];
-    const float* a[kChoicesInFlight];
-    float acc[kChoicesInFlight];
-#pragma unroll
-    for (int j = 0; j < kChoicesInFlight; ++j) {
-      const int64_t p = t * k + first + j;
-      w[j] = j < n ? down + (ids[p] * h + d) * inter : nullptr;
-      a[j] = j < n ? activated + p * inter : nullptr;
-      acc[j] = 0.0f;
-    }
-    ops::cuda::paired_row_dots<kVec8>(w, a, n, inter, lane, acc);
-#pragma unroll
-    for (int j = 0; j < kChoicesInFlight; ++j) {
-      if (j >= n) break;
-      const float y = warp_sum(acc[j]);
-      const int64_t p = t * k + first + j;
-      sum = __fadd_rn(sum, __fmul_rn(weights[p], down_bias ? y + down_bias[ids[p] * h + d] : y));
-    }
+  extern __shared__ float choice_out[];  // [k]: each choice's down row . activation (+ bias)
+  const int64_t t = blockIdx.x / h, d = blockIdx.x % h;
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int warps = static_cast<int>(blockDim.x) / kWarp;
+  for (int64_t j = threadIdx.x / kWarp; j < k; j += warps) {
+    const int64_t p = t * k + j;
+    const W* const w[1] = {down + (ids[p] * h + d) * inter};
+    const float* const a[1] = {activated + p * inter};
+    float acc[1][1] = {{0.0f}};
+    row_dots<kVec8, kPairMajorInFlight>(w, a, 1, inter, lane, acc);
+    const float y = warp_sum(acc[0][0]);
+    if (lane == 0) choice_out[j] = down_bias ? y + down_bias[ids[p] * h + d] : y;
   }
-  if (lane == 0) out[t * h + d] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float sum = 0.0f;
+    for (int64_t j = 0; j < k; ++j) sum = __fadd_rn(sum, __fmul_rn(weights[t * k + j], choice_out[j]));
+    out[t * h + d] = sum;
+  }
 }
 
 unsigned warp_blocks(int64_t warps) { return static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock); }
@@ -266,9 +260,10 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
       backend::cuda::launch_kernel(gate_up_by_pair<W, kVec8>, warp_blocks(pairs * inter), kThreads, 0, stream,
                                    hidden.data<float>(), ids, pairs, k, gw, uw, bias(x.gate_bias), bias(x.up_bias), h,
                                    inter, act, activated.data<float>());
-      backend::cuda::launch_kernel(down_and_combine_by_token<W, kVec8>, warp_blocks(tokens * h), kThreads, 0, stream,
-                                   activated.data<float>(), ids, weights, tokens, k, dw, bias(x.down_bias), h, inter,
-                                   out.data<float>());
+      const auto choice_warps = static_cast<unsigned>(std::min<int64_t>(k, kMaxChoiceWarps));
+      backend::cuda::launch_kernel(down_and_combine_by_token<W, kVec8>, static_cast<unsigned>(tokens * h),
+                                   choice_warps * kWarp, k * sizeof(float), stream, activated.data<float>(), ids,
+                                   weights, k, dw, bias(x.down_bias), h, inter, out.data<float>());
     };
     if (vec8) pair_major(std::true_type{});
     else pair_major(std::false_type{});

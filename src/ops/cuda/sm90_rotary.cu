@@ -58,26 +58,34 @@ __global__ void rotate_heads(float* __restrict__ x, int64_t heads, int64_t head_
   }
 }
 
-// Token t's attention rows (one block per token, one warp per head in turn): each query and key
-// head read from its projection (rows of any stride, so q, k and v may be parts of one fused
-// projection's output), RMS-normalised over the head when the layer has q/k norms (the mean of
-// squares in double, as rms_norm computes it), rotated at the token's position, then the query
-// head written to q_out and the key head to the paged pool; the value row goes to the pool as
-// it is. The head passes through the warp's shared row, so the rotation's pairs may sit in
+// The attention rows of the step: one block per (token, group of kHeadsPerBlock heads), one warp
+// per head. Each query and key head is read from its projection (rows of any stride, so q, k and
+// v may be parts of one fused projection's output), RMS-normalised over the head when the layer
+// has q/k norms (the mean of squares in double, as rms_norm computes it), rotated at the token's
+// position (the cosines and sines computed once per block), then the query head is written to
+// q_out and the key head to the paged pool; the first block of a token copies its value row to
+// the pool. The head passes through the warp's shared row, so the rotation's pairs may sit in
 // different lanes and q_out may be the query input itself.
-__global__ void prepare_rows(AttentionRows rows, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                                       int64_t half, float eps, DeviceStep step, DeviceKvPool pool, Frequencies freq,
-                                       float scaling, float* q_out) {  // q_out may be rows.q
+constexpr int kHeadsPerBlock = 8;
+
+__global__ void prepare_rows(AttentionRows rows, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t half,
+                             float eps, DeviceStep step, DeviceKvPool pool, Frequencies freq, float scaling,
+                             float* q_out) {  // q_out may be rows.q
   backend::cuda::wait_for_predecessor();
-  extern __shared__ float head_rows[];  // [warps][head_dim]
-  const int64_t t = blockIdx.x;
+  extern __shared__ float shared[];  // [kHeadsPerBlock][head_dim] rows, then [half] cosines, [half] sines
+  const int64_t blocks_per_token = (heads + kv_heads + kHeadsPerBlock - 1) / kHeadsPerBlock;
+  const int64_t t = blockIdx.x / blocks_per_token, first_head = (blockIdx.x % blocks_per_token) * kHeadsPerBlock;
   const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
-  const int warps = static_cast<int>(blockDim.x) / kWarp;
-  float* row = head_rows + warp * head_dim;
+  float* row = shared + warp * head_dim;
+  float* cosines = shared + kHeadsPerBlock * head_dim;
+  float* sines = cosines + half;
   const float position = static_cast<float>(step.positions[t]);
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) angle(position, freq, i, scaling, &cosines[i], &sines[i]);
+  __syncthreads();
   const int32_t seq = step.seqs[t];
   const int64_t cache = seq >= 0 ? cache_row(step, pool, seq, step.positions[t]) : -1;  // padding: no write
-  for (int64_t h = warp; h < heads + kv_heads; h += warps) {
+  const int64_t h = first_head + warp;
+  if (h < heads + kv_heads) {
     const bool is_q = h < heads;
     const int64_t head = is_q ? h : h - heads;
     const float* in = is_q ? rows.q + t * rows.q_stride + head * head_dim : rows.k + t * rows.k_stride + head * head_dim;
@@ -99,18 +107,15 @@ __global__ void prepare_rows(AttentionRows rows, int64_t heads, int64_t kv_heads
                       : (cache >= 0 ? pool.keys + cache * pool.key_width + head * head_dim : nullptr);
     if (out != nullptr) {
       for (int64_t i = lane; i < half; i += kWarp) {
-        float c, s;
-        angle(position, freq, i, scaling, &c, &s);
-        const float a = row[i], b = row[i + half];
+        const float c = cosines[i], s = sines[i], a = row[i], b = row[i + half];
         // Rounded products, then the sum: no fused multiply-add, as on the CPU.
         out[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
         out[i + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
       }
       for (int64_t i = 2 * half + lane; i < head_dim; i += kWarp) out[i] = row[i];  // past a partial rotary
     }
-    __syncwarp();  // the row is the next head's
   }
-  if (cache < 0) return;
+  if (cache < 0 || first_head != 0) return;
   const int64_t width = kv_heads * head_dim;
   for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
     pool.values[cache * pool.value_width + i] = rows.v[t * rows.v_stride + i];
@@ -167,9 +172,10 @@ void prepare_attention_rows(backend::Context& ctx, const Rotary& rotary, const A
            "prepare_attention_rows (cuda): head_dim ", head_dim, ", rotary dim ", rotary.rotary_dim(), ", pool rows of ",
            pool.key_width, " + ", pool.value_width, " floats for ", width);
   if (step.tokens == 0) return;
-  constexpr int kWarps = 8;
-  backend::cuda::launch_kernel(prepare_rows, static_cast<unsigned>(step.tokens), kWarps * kWarp,
-                               kWarps * head_dim * sizeof(float), ctx.cuda_state().stream, rows, heads, kv_heads,
+  const int64_t blocks_per_token = (heads + kv_heads + kHeadsPerBlock - 1) / kHeadsPerBlock;
+  const std::size_t shared_bytes = (kHeadsPerBlock * head_dim + 2 * half) * sizeof(float);
+  backend::cuda::launch_kernel(prepare_rows, static_cast<unsigned>(step.tokens * blocks_per_token),
+                               kHeadsPerBlock * kWarp, shared_bytes, ctx.cuda_state().stream, rows, heads, kv_heads,
                                head_dim, half, eps, step, pool, frequencies(rotary.inv_freq(), half),
                                rotary.attention_scaling(), q_out.data<float>());
   R3_CUDA_CHECK(cudaGetLastError());

@@ -72,24 +72,25 @@ constexpr int kGroupsInFlight = 4;
 // lane's partial sums acc[r][j]: element by element, or eight at a time with 128-bit loads
 // (kVec8: n a multiple of 8 and the rows aligned to 8 elements). Several weight rows (a gated
 // MLP's gate and up rows) share the activation loads and have their loads in flight together.
-// Each lane adds its elements in increasing order, whatever the unrolling, so the sums do not
-// depend on it.
-template <bool kVec8, typename W, int kMax, int kRows = 1>
+// Each lane adds its elements in increasing order, whatever the unrolling or kInFlight (groups of
+// eight per weight row a lane loads before using them: more for a kernel with few warps), so the
+// sums do not depend on them.
+template <bool kVec8, int kInFlight = kGroupsInFlight, typename W, int kMax, int kRows = 1>
 __device__ inline void row_dots(const W* const (&w)[kRows], const float* const (&x)[kMax], int count, int64_t n,
                                 int lane, float (&acc)[kRows][kMax]) {
   if constexpr (kVec8) {
     constexpr int64_t kStride = kWarp * 8;
-    for (int64_t base = static_cast<int64_t>(lane) * 8; base < n; base += kStride * kGroupsInFlight) {
-      Raw8<W> raw[kRows][kGroupsInFlight];
+    for (int64_t base = static_cast<int64_t>(lane) * 8; base < n; base += kStride * kInFlight) {
+      Raw8<W> raw[kRows][kInFlight];
 #pragma unroll
-      for (int u = 0; u < kGroupsInFlight; ++u) {
+      for (int u = 0; u < kInFlight; ++u) {
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
           if (base + u * kStride < n) load_raw8(w[r] + base + u * kStride, raw[r][u]);
         }
       }
 #pragma unroll
-      for (int u = 0; u < kGroupsInFlight; ++u) {
+      for (int u = 0; u < kInFlight; ++u) {
         const int64_t c = base + u * kStride;
         if (c >= n) break;
         float wv[kRows][8];
@@ -121,48 +122,6 @@ __device__ inline void row_dots(const W* const (&w)[kRows], const float* const (
 #pragma unroll
           for (int r = 0; r < kRows; ++r) acc[r][j] += xv * wv[r];
         }
-      }
-    }
-  }
-}
-
-// row_dots for kPairs separate (weight row, activation row) pairs: acc[j] += this lane's part of
-// w[j] . x[j] for j < count, the weight loads of every pair in flight together. Each lane adds
-// its elements in row_dots' order, so acc[j] gets the bits row_dots gives that pair.
-template <bool kVec8, typename W, int kPairs>
-__device__ inline void paired_row_dots(const W* const (&w)[kPairs], const float* const (&x)[kPairs], int count,
-                                       int64_t n, int lane, float (&acc)[kPairs]) {
-  if constexpr (kVec8) {
-    constexpr int64_t kStride = kWarp * 8;
-    for (int64_t base = static_cast<int64_t>(lane) * 8; base < n; base += kStride * kGroupsInFlight) {
-      Raw8<W> raw[kPairs][kGroupsInFlight];
-#pragma unroll
-      for (int j = 0; j < kPairs; ++j) {
-#pragma unroll
-        for (int u = 0; u < kGroupsInFlight; ++u) {
-          if (j < count && base + u * kStride < n) load_raw8(w[j] + base + u * kStride, raw[j][u]);
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kPairs; ++j) {
-        if (j >= count) break;
-#pragma unroll
-        for (int u = 0; u < kGroupsInFlight; ++u) {
-          const int64_t c = base + u * kStride;
-          if (c >= n) break;
-          float wv[8], xv[8];
-          widen8(raw[j][u], wv);
-          load8(x[j] + c, xv);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) acc[j] += xv[i] * wv[i];
-        }
-      }
-    }
-  } else {
-    for (int64_t c = lane; c < n; c += kWarp) {
-#pragma unroll
-      for (int j = 0; j < kPairs; ++j) {
-        if (j < count) acc[j] += x[j][c] * load(w[j], c);
       }
     }
   }
