@@ -174,10 +174,8 @@ __global__ void combine_choices(const float* __restrict__ expert_out, const floa
 // the token's k choices, their results summed in order as combine_choices does (the combine
 // inside the down kernel). Every dot product, bias and sum is the grouped kernels' own, in the
 // same order, so both paths give the same bits and a step may take either even with
-// --batch-invariant; a decode step saves the grouping and combine launches. With few warps in
-// flight, each lane has a whole 2048-wide row's share of loads out at once (kPairMajorInFlight).
+// --batch-invariant; a decode step saves the grouping and combine launches.
 constexpr int64_t kPairMajorTokens = 4;
-constexpr int kPairMajorInFlight = 8;
 constexpr int kMaxChoiceWarps = 8;  // warps of a down block (choices beyond take turns)
 
 template <typename W, bool kVec8>
@@ -194,7 +192,7 @@ __global__ void gate_up_by_pair(const float* __restrict__ hidden, const int32_t*
   const W* const gate_up[2] = {gate + row * h, up + row * h};
   const float* const x[1] = {hidden + (p / k) * h};
   float acc[2][1] = {{0.0f}, {0.0f}};
-  row_dots<kVec8, kPairMajorInFlight>(gate_up, x, 1, h, lane, acc);
+  row_dots<kVec8>(gate_up, x, 1, h, lane, acc);
   float gs = warp_sum(acc[0][0]), us = warp_sum(acc[1][0]);
   if (lane == 0) {
     if (gate_bias) gs += gate_bias[row];
@@ -218,7 +216,7 @@ __global__ void down_and_combine_by_token(const float* __restrict__ activated, c
     const W* const w[1] = {down + (ids[p] * h + d) * inter};
     const float* const a[1] = {activated + p * inter};
     float acc[1][1] = {{0.0f}};
-    row_dots<kVec8, kPairMajorInFlight>(w, a, 1, inter, lane, acc);
+    row_dots<kVec8>(w, a, 1, inter, lane, acc);
     const float y = warp_sum(acc[0][0]);
     if (lane == 0) choice_out[j] = down_bias ? y + down_bias[ids[p] * h + d] : y;
   }

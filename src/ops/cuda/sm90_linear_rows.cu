@@ -36,7 +36,7 @@ __global__ void rows_kernel(const float* __restrict__ x, int64_t m, int64_t k, c
   for (int j = 0; j < kRowsPerPass; ++j) rows[j] = x + (first + min(j, count - 1)) * k;
   float acc[1][kRowsPerPass] = {};
   const W* const weight_row[1] = {w + col * k};
-  row_dots<kVec8, kGroupsInFlight, W, kRowsPerPass>(weight_row, rows, count, k, lane, acc);
+  row_dots<kVec8, W, kRowsPerPass>(weight_row, rows, count, k, lane, acc);
 #pragma unroll
   for (int j = 0; j < kRowsPerPass; ++j) {
     const float sum = warp_sum(acc[0][j]);

@@ -86,16 +86,9 @@ __device__ inline float reduce_scatter(float (&v)[kG], int lane) {
   return sum;
 }
 
-// Key or value rows a lane loads before using them: fewer for the widest heads (registers), and
-// twice as many for head_dim 128 in a step of few blocks (decode of a few sequences), where each
-// warp's chain of round trips to memory is the kernel's time and occupancy does not matter.
-// Only the loads are grouped differently: the arithmetic is the same either way.
-template <int kD>
-constexpr int kRowsInFlightOf = kD >= 8 ? 4 : 8;
-
 // One block per (token, head group, chunk of `chunk_len` positions): each head's partial max, sum
 // and accumulator over the chunk (max -inf and sum 0 for a chunk past the window or a padding row).
-template <int kG, int kD, bool kVec, int kRowsInFlight = kRowsInFlightOf<kD>>
+template <int kG, int kD, bool kVec>
 __global__ void __launch_bounds__(kBlockWarps * kWarp)
     attention_chunks(const float* __restrict__ q, DeviceStep step, DeviceKvPool pool, int64_t heads, int64_t kv_heads,
                      int64_t d, float scale, int64_t sliding_window, int64_t chunks, int64_t chunk_len,
@@ -125,6 +118,8 @@ __global__ void __launch_bounds__(kBlockWarps * kWarp)
     }
     return;
   }
+  // Key or value rows a lane loads before using them (fewer for the widest heads: registers).
+  constexpr int kRowsInFlight = kD >= 8 ? 4 : 8;
   const int dim = lane * kD;
   float qr[kG][kD], acc[kG][kD], run_max[kG], lane_sum[kG];
 #pragma unroll
@@ -285,7 +280,6 @@ void paged_attention(backend::Context& ctx, const Tensor& q, const DeviceStep& s
   const auto blocks = static_cast<unsigned>(step.tokens * (heads / group) * chunks);
   const cudaStream_t stream = ctx.cuda_state().stream;
   const bool aligned = pool.key_width % 4 == 0 && pool.value_width % 4 == 0 && d % 4 == 0;
-  const bool few_blocks = static_cast<int64_t>(blocks) < ctx.cuda_state().sm_count;
   auto launch = [&](auto kernel) {
     backend::cuda::launch_kernel(kernel, blocks, kBlockWarps * kWarp, 0, stream, q.data<float>(), step, pool, heads,
                                  num_kv_heads, d, scale, sliding_window, chunks, chunk_len, part_max.data<float>(),
@@ -297,7 +291,6 @@ void paged_attention(backend::Context& ctx, const Tensor& q, const DeviceStep& s
     constexpr int kG = decltype(group_tag)::value;
     if (d <= 32) launch(attention_chunks<kG, 1, false>);
     else if (d <= 64) launch(attention_chunks<kG, 2, false>);
-    else if (d == 128 && aligned && few_blocks) launch(attention_chunks<kG, 4, true, 16>);
     else if (d == 128 && aligned) launch(attention_chunks<kG, 4, true>);
     else if (d <= 128) launch(attention_chunks<kG, 4, false>);
     else if (d == 256 && aligned) launch(attention_chunks<kG, 8, true>);

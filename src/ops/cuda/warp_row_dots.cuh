@@ -72,25 +72,24 @@ constexpr int kGroupsInFlight = 4;
 // lane's partial sums acc[r][j]: element by element, or eight at a time with 128-bit loads
 // (kVec8: n a multiple of 8 and the rows aligned to 8 elements). Several weight rows (a gated
 // MLP's gate and up rows) share the activation loads and have their loads in flight together.
-// Each lane adds its elements in increasing order, whatever the unrolling or kInFlight (groups of
-// eight per weight row a lane loads before using them: more for a kernel with few warps), so the
-// sums do not depend on them.
-template <bool kVec8, int kInFlight = kGroupsInFlight, typename W, int kMax, int kRows = 1>
+// Each lane adds its elements in increasing order, whatever the unrolling, so the sums do not
+// depend on it.
+template <bool kVec8, typename W, int kMax, int kRows = 1>
 __device__ inline void row_dots(const W* const (&w)[kRows], const float* const (&x)[kMax], int count, int64_t n,
                                 int lane, float (&acc)[kRows][kMax]) {
   if constexpr (kVec8) {
     constexpr int64_t kStride = kWarp * 8;
-    for (int64_t base = static_cast<int64_t>(lane) * 8; base < n; base += kStride * kInFlight) {
-      Raw8<W> raw[kRows][kInFlight];
+    for (int64_t base = static_cast<int64_t>(lane) * 8; base < n; base += kStride * kGroupsInFlight) {
+      Raw8<W> raw[kRows][kGroupsInFlight];
 #pragma unroll
-      for (int u = 0; u < kInFlight; ++u) {
+      for (int u = 0; u < kGroupsInFlight; ++u) {
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
           if (base + u * kStride < n) load_raw8(w[r] + base + u * kStride, raw[r][u]);
         }
       }
 #pragma unroll
-      for (int u = 0; u < kInFlight; ++u) {
+      for (int u = 0; u < kGroupsInFlight; ++u) {
         const int64_t c = base + u * kStride;
         if (c >= n) break;
         float wv[kRows][8];
