@@ -24,11 +24,11 @@
 namespace r3::test {
 namespace {
 
-constexpr int64_t kHidden = 64;
-constexpr float kEps = 1e-5f;  // the fixture's rms_norm_eps
+constexpr int64_t kK3Hidden = 64;
+constexpr float kK3Eps = 1e-5f;  // the fixture's rms_norm_eps
 
 models::KdaSpec k3_kda_spec() {
-  models::KdaSpec spec{kHidden, 4, 16, 4, kEps, -5.0f};
+  models::KdaSpec spec{kK3Hidden, 4, 16, 4, kK3Eps, -5.0f};
   spec.full_rank_output_gate = true;
   return spec;
 }
@@ -38,38 +38,38 @@ TEST(KimiK3Layers, FirstLayerReproducesTransformersHiddenStates) {
   const models::KdaSpec spec = k3_kda_spec();
   const models::KdaAttention kda(spec, models::KdaAttention::load(c, "model.layers.0.self_attn.", spec));
   const std::string p = "model.layers.0.";
-  const models::SituMlp dense(c.load_weight(p + "mlp.gate_proj.weight", {128, kHidden}),
-                              c.load_weight(p + "mlp.up_proj.weight", {128, kHidden}),
-                              c.load_weight(p + "mlp.down_proj.weight", {kHidden, 128}),
+  const models::SituMlp dense(c.load_weight(p + "mlp.gate_proj.weight", {128, kK3Hidden}),
+                              c.load_weight(p + "mlp.up_proj.weight", {128, kK3Hidden}),
+                              c.load_weight(p + "mlp.down_proj.weight", {kK3Hidden, 128}),
                               moe::ExpertActivation::situ(4.0f, 25.0f));
-  const models::AttentionResidual post_mix(c.load_f32(p + "mlp_res_proj.weight", {1, kHidden}),
-                                           c.load_f32(p + "mlp_res_norm.weight", {kHidden}), kEps);
-  const Tensor input_norm = c.load_f32(p + "input_layernorm.weight", {kHidden});
-  const Tensor post_norm = c.load_f32(p + "post_attention_layernorm.weight", {kHidden});
+  const models::AttentionResidual post_mix(c.load_f32(p + "mlp_res_proj.weight", {1, kK3Hidden}),
+                                           c.load_f32(p + "mlp_res_norm.weight", {kK3Hidden}), kK3Eps);
+  const Tensor input_norm = c.load_f32(p + "input_layernorm.weight", {kK3Hidden});
+  const Tensor post_norm = c.load_f32(p + "post_attention_layernorm.weight", {kK3Hidden});
   backend::Context ctx(2);
   for (const int index : {0, 1}) {
     auto file = SafetensorsFile::open(family_dir("kimi_k3") + "/reference_" + std::to_string(index) + ".safetensors");
     const std::vector<double> hidden = read_as_f64(*file, "hidden_states");  // [layers + 1, T, 64]
-    const auto tokens = static_cast<int64_t>(hidden.size()) / (5 * kHidden);
+    const auto tokens = static_cast<int64_t>(hidden.size()) / (5 * kK3Hidden);
     for (const bool chunked : {true, false}) {
       // Layer 0 starts a block: its input is the embedding h0, which becomes the first snapshot
       // and leaves the running sum; the MLP reads the mix of [h0] and the attention output a.
-      Tensor h0 = Tensor::empty(DType::F32, {tokens, kHidden});
-      for (int64_t i = 0; i < tokens * kHidden; ++i) h0.data<float>()[i] = static_cast<float>(hidden[i]);
-      Tensor normed = Tensor::empty(DType::F32, {tokens, kHidden}), a = Tensor::empty(DType::F32, {tokens, kHidden});
+      Tensor h0 = Tensor::empty(DType::F32, {tokens, kK3Hidden});
+      for (int64_t i = 0; i < tokens * kK3Hidden; ++i) h0.data<float>()[i] = static_cast<float>(hidden[i]);
+      Tensor normed = Tensor::empty(DType::F32, {tokens, kK3Hidden}), a = Tensor::empty(DType::F32, {tokens, kK3Hidden});
       std::vector<float> conv(static_cast<std::size_t>(kda.conv_state_floats()), 0.0f),
           recurrent(static_cast<std::size_t>(kda.recurrent_state_floats()), 0.0f);
-      ops::rms_norm(ctx, h0, &input_norm, kEps, normed);
+      ops::rms_norm(ctx, h0, &input_norm, kK3Eps, normed);
       kda.forward_sequence(ctx, normed, {conv.data(), recurrent.data()}, a, chunked);
-      Tensor snapshots = h0.reshaped({1, tokens, kHidden});
-      Tensor mixed = Tensor::empty(DType::F32, {tokens, kHidden}), m = Tensor::empty(DType::F32, {tokens, kHidden});
+      Tensor snapshots = h0.reshaped({1, tokens, kK3Hidden});
+      Tensor mixed = Tensor::empty(DType::F32, {tokens, kK3Hidden}), m = Tensor::empty(DType::F32, {tokens, kK3Hidden});
       post_mix.mix(ctx, snapshots, 1, a, mixed);
-      ops::rms_norm(ctx, mixed, &post_norm, kEps, normed);
+      ops::rms_norm(ctx, mixed, &post_norm, kK3Eps, normed);
       dense.forward(ctx, normed, m);
       ops::add_rows(ctx, m, nullptr, a);
       double err = 0, scale = 0;
-      for (int64_t i = 0; i < tokens * kHidden; ++i) {
-        const double want = hidden[tokens * kHidden + i];  // hidden_states[1]
+      for (int64_t i = 0; i < tokens * kK3Hidden; ++i) {
+        const double want = hidden[tokens * kK3Hidden + i];  // hidden_states[1]
         err = std::max(err, std::abs(a.data<float>()[i] - want));
         scale = std::max(scale, std::abs(want));
       }
@@ -91,12 +91,12 @@ TEST(KimiK3Layers, SequenceOfSeveralChunksDecodesAsItsFullForward) {
   const Checkpoint c = Checkpoint::open(family_dir("kimi_k3"));
   const models::KdaSpec spec = k3_kda_spec();
   const models::KdaAttention kda(spec, models::KdaAttention::load(c, "model.layers.2.self_attn.", spec));
-  const Tensor x = random_normal({kTokens, kHidden}, 7);
+  const Tensor x = random_normal({kTokens, kK3Hidden}, 7);
   std::vector<std::vector<float>> outs;
   for (const bool chunked : {true, false}) {
     std::vector<float> conv(static_cast<std::size_t>(kda.conv_state_floats()), 0.0f),
         recurrent(static_cast<std::size_t>(kda.recurrent_state_floats()), 0.0f);
-    Tensor out = Tensor::empty(DType::F32, {kTokens, kHidden});
+    Tensor out = Tensor::empty(DType::F32, {kTokens, kK3Hidden});
     kda.forward_sequence(ctx, x, {conv.data(), recurrent.data()}, out, chunked);
     outs.push_back(float_values(out));
   }

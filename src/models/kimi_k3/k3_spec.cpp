@@ -69,6 +69,8 @@ KimiK3Spec KimiK3Spec::parse(const HfConfig& config) {
   R3_CHECK(s.situ_linear_beta > 0, config.source(), ": 'activation_situ_linear_beta' must be positive, got ",
            s.situ_linear_beta);
   d.moe.activation = moe::ExpertActivation::situ(s.situ_beta, s.situ_linear_beta);
+  // Kimi Linear's reader defaults the scaling to Kimi Linear's 2.446; K3's default is 1.
+  d.moe.routed_scaling_factor = config.get_double("routed_scaling_factor", 1.0);
   d.validate();
   return s;
 }
