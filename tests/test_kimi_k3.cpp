@@ -7,12 +7,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <random>
 #include <vector>
 
 #include "engine/engine.h"
 #include "engine/step_runner.h"
 #include "io/checkpoint.h"
+#include "io/safetensors.h"
 #include "models/kda_attention.h"
 #include "models/kimi_k3/attention_residual.h"
 #include "models/kimi_k3/situ_mlp.h"
@@ -169,6 +171,36 @@ TEST(KimiK3Config, MalformedConfigsAreRefusedByName) {
     const std::string dir = copy_model_with_config("kimi_k3", tmp, "case" + std::to_string(n++), c.key, c.value);
     const std::string error = error_of([&] { models::load_model(dir); });
     EXPECT_NE(error.find(c.message), std::string::npos) << c.key << " = " << c.value << ": " << error;
+    EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+  }
+}
+
+// A checkpoint without one of K3's own tensors, or with one of the wrong shape, is refused naming it.
+TEST(KimiK3Config, MissingOrMisshapenTensorsAreRefusedByName) {
+  TempDir tmp;
+  auto file = SafetensorsFile::open(family_dir("kimi_k3") + "/model.safetensors");
+  struct TensorCase { const char* name; bool drop; const char* message; };
+  int n = 0;
+  for (const TensorCase c : {TensorCase{"model.output_attn_res_proj.weight", true, "model.output_attn_res_proj.weight"},
+                             TensorCase{"model.layers.3.mlp_res_norm.weight", true, "model.layers.3.mlp_res_norm.weight"},
+                             TensorCase{"model.layers.1.self_attn.g_proj.weight", true,
+                                        "model.layers.1.self_attn.g_proj.weight"},
+                             TensorCase{"model.layers.2.block_sparse_moe.routed_expert_norm.weight", false,
+                                        "model.layers.2.block_sparse_moe.routed_expert_norm.weight"}}) {
+    const std::string dir = tmp.path("case" + std::to_string(n++));
+    std::filesystem::create_directories(dir);
+    std::filesystem::copy_file(family_dir("kimi_k3") + "/config.json", dir + "/config.json");
+    std::vector<NamedTensor> tensors;
+    for (const auto& [name, entry] : file->entries()) {
+      if (name != c.name) {
+        tensors.push_back({name, file->view(name)});
+      } else if (!c.drop) {
+        tensors.push_back({name, Tensor::empty(DType::F32, {entry.shape[0] + 1})});  // one value too many
+      }
+    }
+    write_safetensors(dir + "/model.safetensors", tensors);
+    const std::string error = error_of([&] { models::load_model(dir); });
+    EXPECT_NE(error.find(c.message), std::string::npos) << c.name << ": " << error;
     EXPECT_EQ(error.find('\n'), std::string::npos) << error;
   }
 }
