@@ -122,7 +122,8 @@ def build(m, cfg, out, torch, reinit_weights, seed):
     torch.manual_seed(seed)
     model = m.KimiK3ForCausalLM(config).float()
     reinit_weights(model, torch, seed)
-    hub = m.to_hub_state_dict(model.state_dict(), config)
+    # cloned: the per-expert w1/w3 are slices of one stacked parameter, and safetensors refuses shared storage
+    hub = {k: v.clone() for k, v in m.to_hub_state_dict(model.state_dict(), config).items()}
     path = os.path.join(out, "model.safetensors")
     save_file(hub, path, metadata={"format": "pt"})
     config.save_pretrained(out)
