@@ -18,7 +18,8 @@ namespace {
 
 using moe::MoePath;
 
-const std::vector<std::string> kFamilies = {"qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v4", "kimi_linear"};
+const std::vector<std::string> kFamilies = {"qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v4", "kimi_linear",
+                                             "kimi_k3"};
 const std::vector<MoePath> kCapturingPaths = {MoePath::kModular, MoePath::kMonolithic,
                                                     MoePath::kMega};
 
@@ -110,7 +111,7 @@ TEST(MoePaths, NonCapturingMonolithicKernelComputesTheSameWithoutCapture) {
 }
 
 TEST(Eplb, ReplicasAndRebalancingChangeNeitherLogitsNorCapturedIds) {
-  for (const auto& family : {"qwen3_moe", "mixtral", "deepseek_v4"}) {
+  for (const auto& family : {"qwen3_moe", "mixtral", "deepseek_v4", "kimi_k3"}) {
     const auto ids = reference_forward_ids(family);
     for (MoePath backend : kCapturingPaths) {
       auto plain = load(family, backend);
@@ -205,6 +206,14 @@ TEST(CaptureOrder, CaptureHoldsLogicalIdsBeforeTheEplbMapRuns) {
 TEST(CaptureOrder, DeepseekV4MegaPathHashAndScoredLayers) {
   expect_capture_before_map("deepseek_v4", MoePath::kMega, 0);  // hash_moe: tid2eid[token]
   expect_capture_before_map("deepseek_v4", MoePath::kMega, 1);  // moe: sqrt-softplus biased top-k
+}
+
+// Kimi K3's latent MoE: the experts run on a down-projection of the hidden state, and on the mega
+// path the fused experts module that takes that latent is the capture source of every MoE layer.
+TEST(CaptureOrder, KimiK3LatentMoeOnEveryPath) {
+  for (MoePath backend : kCapturingPaths) {
+    for (int64_t layer : {0, 1, 2}) expect_capture_before_map("kimi_k3", backend, layer);
+  }
 }
 
 TEST(CaptureBinder, NonCapturingMonolithicKernelFailsAtStartUp) {

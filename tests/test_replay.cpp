@@ -31,7 +31,7 @@ ForwardRun forward(models::CausalLM& model, const std::vector<int32_t>& ids, con
 }
 
 TEST(Replay, CapturedRoutingReproducesLogitsBitForBit) {
-  for (const std::string family : {"qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "kimi_linear"}) {
+  for (const std::string family : {"qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "kimi_linear", "kimi_k3"}) {
     for (const std::string backend : {"modular", "monolithic", "mega"}) {
       models::LoadOptions options;
       options.moe_path = moe::parse_moe_path(backend);

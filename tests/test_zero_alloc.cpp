@@ -144,7 +144,8 @@ TEST_P(ZeroAllocDecode, WarmDecodeStepMakesNoHeapAllocation) {
 std::vector<Case> cases() {
   std::vector<Case> out;
   for (const std::string family : {"qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "glm4_moe", "deepseek_v2",
-                                   "deepseek_v3", "gpt_oss", "deepseek_v4", "deepseek_v4_yarn", "kimi_linear"}) {
+                                   "deepseek_v3", "gpt_oss", "deepseek_v4", "deepseek_v4_yarn", "kimi_linear",
+                                   "kimi_k3"}) {
     for (moe::MoePath path : {moe::MoePath::kModular, moe::MoePath::kMonolithic, moe::MoePath::kMega}) {
       out.push_back({family, path, false});
     }

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source_dir="${1:-../shared/reference}"
-families=(qwen3_moe qwen2_moe mixtral olmoe deepseek_v4 glm4_moe deepseek_v2 deepseek_v3 gpt_oss kimi_linear)
+families=(qwen3_moe qwen2_moe mixtral olmoe deepseek_v4 glm4_moe deepseek_v2 deepseek_v3 gpt_oss kimi_linear kimi_k3)
 files=(config.json generation_config.json model.safetensors reference.json
        reference_0.safetensors reference_1.safetensors)
 for family in "${families[@]}"; do

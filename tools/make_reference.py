@@ -12,6 +12,10 @@ writes reference_i.safetensors + reference.json next to the checkpoint.
 --family also takes the names in RELEASED_STYLE (e.g. deepseek_v4_yarn): a tiny config written the way
 that family's released checkpoints write config.json; transformers loads the model from that file.
 
+--family kimi_k3 (and --from-checkpoint of a kimi_k3 folder) runs the shared Kimi K3 oracle instead of a
+transformers class (tools/k3_oracle.py): give --k3-oracle (reference/kimi_k3/oracle) and --k3-modular
+(transformers' modular_kimi_k3.py at commit e6ffd13); the config overrides use KimiK3TextConfig's names.
+
 Needs torch, transformers (5.17 was used for the shipped fixtures) and safetensors.
 """
 import argparse
@@ -20,6 +24,9 @@ import json
 import os
 import shutil
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import k3_oracle  # noqa: E402
 
 # Tiny configs of the shipped fixtures (noise keys such as transformers_version, dtype, use_cache,
 # initializer_range and training-only router losses removed). COMMON is merged into every family.
@@ -154,7 +161,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--family", help="build a random tiny checkpoint of this family: "
-                     + ", ".join(list(TINY_CONFIGS) + list(RELEASED_STYLE)))
+                     + ", ".join(list(TINY_CONFIGS) + list(RELEASED_STYLE) + [k3_oracle.MODEL_TYPE]))
     src.add_argument("--from-checkpoint", metavar="DIR", help="use an existing HF folder instead of a random model")
     p.add_argument("--out", required=True, help="output folder (checkpoint + reference files)")
     p.add_argument("--seed", type=int, default=1234, help="seed for weights and prompt ids (default 1234)")
@@ -166,11 +173,17 @@ def parse_args(argv):
                    help="reuse the prompts stored in REFDIR/reference.json + reference_i.safetensors "
                         "(replaces --prompt-lens; the seed recorded is REFDIR's)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu: deterministic, tiny models)")
+    default_oracle = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "reference",
+                                  "kimi_k3", "oracle")
+    p.add_argument("--k3-oracle", default=os.path.normpath(default_oracle), metavar="DIR",
+                   help="kimi_k3: the shared oracle folder (default ../shared/reference/kimi_k3/oracle)")
+    p.add_argument("--k3-modular", metavar="FILE",
+                   help="kimi_k3: transformers' modular_kimi_k3.py at commit e6ffd1347cc61c22b7120d1b556101c6908ba12e")
     p.add_argument("--check-rope-scaling", action="store_true",
                    help="also run the float64 forwards with the config's RoPE scaling removed (same weights) and "
                         "fail unless the logits change; the change is recorded in reference.json")
     a = p.parse_args(argv)
-    known = list(TINY_CONFIGS) + list(RELEASED_STYLE)
+    known = list(TINY_CONFIGS) + list(RELEASED_STYLE) + [k3_oracle.MODEL_TYPE]
     if a.family is not None and a.family not in known:
         die(f"unknown family '{a.family}'; known families: {', '.join(known)}")
     if a.from_checkpoint and a.config_override:
@@ -453,7 +466,15 @@ def main(argv=None):
     torch.set_float32_matmul_precision("highest")  # no TF32 in the float32 generate
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
-    if args.family:
+    k3 = args.family == k3_oracle.MODEL_TYPE or (args.from_checkpoint and k3_oracle.is_k3_folder(args.from_checkpoint))
+    k3_model = k3_oracle.install(args.k3_oracle, args.k3_modular) if k3 else None
+    if k3:
+        k3_oracle.set_compute_dtype(k3_model, torch.float32)  # the float32 generate: float32 everywhere
+    if args.family == k3_oracle.MODEL_TYPE:
+        cfg = copy.deepcopy(k3_oracle.TINY)
+        apply_overrides(cfg, args.config_override)
+        k3_oracle.build(k3_model, cfg, out, torch, reinit_weights, args.seed)
+    elif args.family:
         build_random(args, out, torch, transformers)
     else:
         src = os.path.abspath(args.from_checkpoint)
@@ -464,7 +485,8 @@ def main(argv=None):
                 if os.path.exists(os.path.join(src, f)):
                     shutil.copy2(os.path.join(src, f), out)
 
-    model = load_eager(out, torch, transformers, args.device)
+    model = k3_oracle.load_eager(k3_model, out, torch, args.device) if k3 else load_eager(out, torch, transformers,
+                                                                                          args.device)
     cfg, seed = model.config, args.seed
     if args.input_ids_from:
         prompts, ref_seed = load_prompts(args.input_ids_from, torch)
@@ -490,6 +512,8 @@ def main(argv=None):
             die(f"generate returned {y.shape[1] - p.shape[0]} tokens instead of {args.gen}")
 
     # 2) one float64 forward per sequence over input_ids[:-1]
+    if k3:
+        k3_oracle.set_compute_dtype(k3_model, torch.float64)  # Kimi K3's own code in float64 too
     model = model.double()
     layer, gate, experts = find_moe_blocks(model, torch)[0]
     print(f"{type(model).__name__}: gate {type(gate).__name__}, experts {type(experts).__name__} "
@@ -514,6 +538,11 @@ def main(argv=None):
             "transformers": transformers.__version__, "torch": torch.__version__, "seed": seed,
             "num_experts": int(res["router_logits"].shape[-1]),
             "top_k": int(res["topk_ids"].shape[-1]), "sequences": sequences, "note": NOTE}
+    if k3:
+        meta["layer_types"], meta["mlp_layer_types"] = list(cfg.layer_types), list(cfg.mlp_layer_types)
+        meta["source"] = {"model_code": "reference/kimi_k3/oracle (configuration, model, cache, hub names) on "
+                                        "transformers' modular_kimi_k3.py @ e6ffd13, patched as tools/k3_oracle.py",
+                          "float64": "Kimi K3's own code in float64 (the modular's float32 upcasts lifted)"}
     if args.check_rope_scaling:
         checks = check_rope_scaling(out, refs, torch, transformers, args.device)
         for i, c in enumerate(checks):

@@ -38,8 +38,12 @@ KdaWeights KdaAttention::load(const Checkpoint& c, const std::string& p, const K
   w.dt_bias = c.load_f32(p + "dt_bias", {width});
   w.a_log = c.load_f32(p + "A_log", {1, 1, s.heads, 1}).reshaped({s.heads});
   w.b = c.load_weight(p + "b_proj.weight", {s.heads, hidden});
-  w.g_a = c.load_weight(p + "g_a_proj.weight", {d, hidden});
-  w.g_b = c.load_weight(p + "g_b_proj.weight", {width, d});
+  if (s.full_rank_output_gate) {
+    w.g = c.load_weight(p + "g_proj.weight", {width, hidden});
+  } else {
+    w.g_a = c.load_weight(p + "g_a_proj.weight", {d, hidden});
+    w.g_b = c.load_weight(p + "g_b_proj.weight", {width, d});
+  }
   w.o_norm = c.load_f32(p + "o_norm.weight", {d});
   w.o = c.load_weight(p + "o_proj.weight", {hidden, width});
   return w;
@@ -116,8 +120,8 @@ void KdaAttention::forward_sequence(backend::Context& ctx, const Tensor& x, KdaS
     Tensor scratch = ctx.scratch(DType::F64, {ops::delta_rule_chunked_scratch(shape, kChunk)});
     ops::delta_rule_chunked(shape, rows, kChunk, state.recurrent, scratch.data<double>());
   }
-  // The gated norm with the low-rank output gate, then o_proj.
-  const Tensor gate = project(w_.g_b, project(w_.g_a, x));
+  // The gated norm with the output gate, then o_proj.
+  const Tensor gate = spec_.full_rank_output_gate ? project(w_.g, x) : project(w_.g_b, project(w_.g_a, x));
   ops::gated_rms_norm_heads(core.data<float>(), gate.data<float>(), w_.o_norm.data<float>(), tokens, spec_.heads, d,
                             spec_.rms_eps, core.data<float>());
   ops::linear(ctx, core, w_.o, nullptr, out);

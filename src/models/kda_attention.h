@@ -3,7 +3,8 @@
 // q, k and v projections, each through the causal short convolution with SiLU
 // (ops/short_conv.h), the forget gate's per-channel log-decays from a low-rank projection, beta
 // from b_proj, the gated delta rule (ops/delta_rule.h: recurrent, or chunked for prefill where
-// batch invariance is not asked for), the per-head gated RMSNorm with a low-rank output gate, and o_proj.
+// batch invariance is not asked for), the per-head gated RMSNorm with the output gate (low-rank
+// g_a/g_b in Kimi Linear, full-rank g_proj in Kimi K3), and o_proj.
 // A sequence's state is fixed-size whatever its length: the last kernel - 1 inputs of each
 // convolution channel and the recurrent state [heads, head_dim, head_dim].
 #pragma once
@@ -25,6 +26,7 @@ struct KdaSpec {
   int64_t conv_kernel = 0;  // short convolution taps
   float rms_eps = 1e-6f;    // of the output's gated norm
   std::optional<float> gate_lower_bound;  // Kimi K3's bounded forget gate; none for Kimi Linear
+  bool full_rank_output_gate = false;     // Kimi K3's g_proj instead of g_a_proj / g_b_proj
 
   int64_t width() const { return heads * head_dim; }
 };
@@ -36,7 +38,8 @@ struct KdaWeights {
   Tensor dt_bias;           // [width]
   Tensor a_log;             // [heads]
   Tensor b;                 // beta: [heads, hidden]
-  Tensor g_a, g_b;          // output gate: [head_dim, hidden], [width, head_dim]
+  Tensor g_a, g_b;          // low-rank output gate: [head_dim, hidden], [width, head_dim]
+  Tensor g;                 // full-rank output gate: [width, hidden]
   Tensor o_norm;            // [head_dim]
   Tensor o;                 // [hidden, width]
 };
@@ -53,7 +56,8 @@ class KdaAttention final : public AttentionLayer {
   KdaAttention(const KdaSpec& spec, KdaWeights weights);
   // Kimi Linear's checkpoint names under `prefix` (e.g. "model.layers.0.self_attn."): q/k/v_proj,
   // q/k/v_conv1d [width, 1, kernel], f_a_proj, f_b_proj, dt_bias, A_log [1, 1, heads, 1],
-  // b_proj, g_a_proj, g_b_proj, o_norm, o_proj.
+  // b_proj, g_a_proj, g_b_proj (g_proj [width, hidden] when spec.full_rank_output_gate), o_norm,
+  // o_proj.
   static KdaWeights load(const Checkpoint& checkpoint, const std::string& prefix, const KdaSpec& spec);
 
   const KdaSpec& spec() const { return spec_; }

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "ops/kv_write.h"
+#include "ops/activation.h"
 #include "ops/latent_attention.h"
 #include "ops/linear.h"
 #include "ops/rms_norm.h"
@@ -81,6 +82,13 @@ void MlaAttention::forward(backend::Context& ctx, const Tensor& x, const Forward
   ops::write_kv(ctx, latent.data<float>(), lora, rope_key.data<float>(), rope, writes);
   Tensor attended = ctx.scratch(DType::F32, {tokens, heads * vd});
   ops::latent_attention(ctx, q, w_.kv_b_proj, windows, {heads, nope, rope, vd, lora}, softmax_scale_, attended);
+  if (w_.g_proj.defined()) {
+    Tensor gate = ctx.scratch(DType::F32, {tokens, heads * vd});
+    ops::linear(ctx, x, w_.g_proj, nullptr, gate);
+    float* a = attended.data<float>();
+    const float* g = gate.data<float>();
+    for (int64_t i = 0; i < attended.numel(); ++i) a[i] *= ops::sigmoid(g[i]);
+  }
   ops::linear(ctx, attended, w_.o_proj, w_.o_bias.if_defined(), out);
 }
 

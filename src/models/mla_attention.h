@@ -3,6 +3,7 @@
 // [W_k c | k_r] and values W_v c, with W_k, W_v the head's rows of kv_b_proj; attention runs in
 // the latent space (q_nope projected through W_k, values projected after the weighted sum),
 // which is the same arithmetic as expanding every cached position, with far less work.
+// Kimi K3's gated MLA multiplies the attended values by sigmoid(g_proj x) before o_proj.
 #pragma once
 
 #include "models/attention_layer.h"
@@ -18,6 +19,7 @@ struct MlaWeights {
   Tensor kv_a_proj, kv_a_norm, kv_b_proj; // [kv_lora + rope, hidden], [kv_lora], [heads * (nope + v), kv_lora]
   Tensor o_proj;                          // [hidden, heads * v]
   Tensor q_a_bias, kv_a_bias, o_bias;     // when attention_bias
+  Tensor g_proj;                          // Kimi K3's output gate [heads * v, hidden], or undefined
 };
 
 // The layer's projections up to its cache rows, for the host and the device layer alike: q

@@ -20,7 +20,7 @@ MegaMoe::MegaMoe(std::unique_ptr<Router> gate, std::shared_ptr<PhysicalExperts> 
 
 void MegaMoe::forward(backend::Context& ctx, const MoeInput& input, Tensor& out) const {
   backend::Workspace::Scope scope(ctx.workspace());
-  mega_.forward(ctx, input.hidden, gate_->compute(ctx, input), input.capture, input.load_count(layer_id()), out);
+  mega_.forward(ctx, input.experts_rows(), gate_->compute(ctx, input), input.capture, input.load_count(layer_id()), out);
 }
 
 }  // namespace r3::moe

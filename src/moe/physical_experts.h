@@ -33,13 +33,24 @@ struct ExpertActivation {
   enum class Kind {
     kSwiglu,   // silu(min(gate, limit)) * clamp(up, ±limit); limit inf: plain SwiGLU
     kGptOss,   // g = min(gate, limit): (clamp(up, ±limit) + 1) * g * sigmoid(alpha * g)
+    kSitu,     // Kimi K3: ops::situ(gate, up, beta, linear_beta)
   } kind = Kind::kSwiglu;
   float limit = INFINITY;
   float alpha = 1.702f;
+  float beta = 4.0f, linear_beta = INFINITY;  // kSitu
+
+  static ExpertActivation situ(float beta, float linear_beta) {
+    ExpertActivation a;
+    a.kind = Kind::kSitu;
+    a.beta = beta;
+    a.linear_beta = linear_beta;
+    return a;
+  }
 
   // Inline: the expert kernels call it once per (row, channel).
   float operator()(float gate, float up) const {
     if (kind == Kind::kSwiglu) return ops::clamped_swiglu(gate, up, limit);
+    if (kind == Kind::kSitu) return ops::situ(gate, up, beta, linear_beta);
     const float g = gate > limit ? limit : gate;
     const float u = up > limit ? limit : (up < -limit ? -limit : up);
     return (u + 1.0f) * (g * ops::sigmoid(g * alpha));

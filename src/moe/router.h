@@ -26,6 +26,12 @@ struct MoeInput {
   CaptureBuffer* capture = nullptr;        // the step's capture buffer (moe/capture.h)
   ExpertLoads* loads = nullptr;            // the step's per-expert token counts, or nullptr
   std::span<const uint8_t> padding = {};   // [tokens]; 1 = padding row (not counted); empty: none
+  // What the routed experts multiply, when it is not `hidden` (Kimi K3's latent MoE routes on the
+  // hidden state and runs its experts on a down-projection of it): F32 [tokens, expert width].
+  // The experts' output then has the experts' width too.
+  const Tensor* experts_input = nullptr;
+
+  const Tensor& experts_rows() const { return experts_input != nullptr ? *experts_input : hidden; }
 
   // Where MoE layer `layer_id`'s EPLB map counts this step's tokens.
   LoadCount load_count(int64_t layer_id) const {

@@ -1,4 +1,4 @@
-// Gated activations used by SwiGLU feed-forward layers.
+// Gated activations used by SwiGLU (and Kimi K3's SiTU) feed-forward layers.
 #pragma once
 
 #include <cmath>
@@ -18,6 +18,14 @@ inline float clamped_swiglu(float gate, float up, float limit) {
   const float g = gate > limit ? limit : gate;
   const float u = up > limit ? limit : (up < -limit ? -limit : up);
   return silu(g) * u;
+}
+
+// Kimi K3's SiTU-GLU: beta * tanh(gate / beta) * sigmoid(gate) * u, with the up input soft-capped
+// first, u = linear_beta * tanh(up / linear_beta) (transformers' situ_and_mul; linear_beta inf:
+// u = up). Both tanh caps keep the product bounded however large the projections grow.
+inline float situ(float gate, float up, float beta, float linear_beta) {
+  const float u = std::isinf(linear_beta) ? up : linear_beta * std::tanh(up / linear_beta);
+  return beta * std::tanh(gate / beta) * sigmoid(gate) * u;
 }
 
 namespace cpu {

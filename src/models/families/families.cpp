@@ -14,6 +14,7 @@ const std::vector<Family>& all_families() {
       {"gpt_oss", {"GptOssForCausalLM"}, &parse_gpt_oss},
       {"kimi_linear", {"KimiLinearForCausalLM"}, &parse_kimi_linear},
       {"deepseek_v4", {"DeepseekV4ForCausalLM"}, nullptr, &load_deepseek_v4},
+      {"kimi_k3", {"KimiK3ForCausalLM"}, nullptr, &load_kimi_k3},
   };
   return families;
 }

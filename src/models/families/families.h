@@ -32,6 +32,8 @@ DecoderSpec parse_deepseek_v2(const HfConfig& config);
 DecoderSpec parse_deepseek_v3(const HfConfig& config);
 DecoderSpec parse_gpt_oss(const HfConfig& config);
 DecoderSpec parse_kimi_linear(const HfConfig& config);
+std::unique_ptr<CausalLM> load_kimi_k3(const HfConfig& config, const Checkpoint& checkpoint,
+                                       const LoadOptions& options);
 std::unique_ptr<CausalLM> load_deepseek_v4(const HfConfig& config, const Checkpoint& checkpoint,
                                            const LoadOptions& options);
 
