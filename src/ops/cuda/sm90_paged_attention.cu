@@ -67,6 +67,11 @@ __device__ inline void load_dims(const float* row, int dim, int64_t d, float (&o
   }
 }
 
+// Brings the n floats at p into L2 (one prefetch per 128-byte line).
+__device__ inline void prefetch_l2(const float* p, int64_t n) {
+  for (int64_t i = 0; i < n; i += 32) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + i));
+}
+
 // v[h] summed over the warp's lanes, for kG heads at once: halving exchanges leave lane l with
 // head l % kG summed over its kG-lane group (kG - 1 shuffles), then the groups add up.
 template <int kG>
@@ -136,6 +141,13 @@ __global__ void __launch_bounds__(kBlockWarps * kWarp)
   for (int64_t tile_first = static_cast<int64_t>(warp) * kTile; tile_first < count; tile_first += kBlockWarps * kTile) {
     const int n = static_cast<int>(min(int64_t{kTile}, count - tile_first));
     const int64_t my_row = lane < n ? cache_row(step, pool, seq, first + tile_first + lane) : 0;
+    // Each lane asks L2 for its position's key and value head at once, so that the rounds of
+    // loads below wait on L2 rather than on memory (a decode step of few sequences is a chain of
+    // such rounds; the arithmetic is unchanged).
+    if (lane < n) {
+      prefetch_l2(keys + my_row * pool.key_width, d);
+      prefetch_l2(values + my_row * pool.value_width, d);
+    }
     // Scores, kRowsInFlight key rows at a time.
     for (int j0 = 0; j0 < n; j0 += kRowsInFlight) {
       float key[kRowsInFlight][kD];
