@@ -44,7 +44,7 @@ std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (const std::string family :
        {"qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v4", "deepseek_v4_alt", "deepseek_v4_yarn", "glm4_moe",
-        "deepseek_v2", "deepseek_v3", "gpt_oss", "kimi_linear", "kimi_linear_alt", "kimi_k3"}) {
+        "deepseek_v2", "deepseek_v3", "gpt_oss", "kimi_linear", "kimi_linear_alt", "kimi_k3", "kimi_k3_alt"}) {
     for (int index : {0, 1}) {
       for (const std::string backend : {"modular", "monolithic", "mega"}) {
         for (bool eplb : {false, true}) cases.push_back({family, index, backend, eplb});
