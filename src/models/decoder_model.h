@@ -19,6 +19,10 @@ struct DecoderLayer {
   std::unique_ptr<FeedForward> feed_forward;
 };
 
+// The cache a model of these per-layer cache specs made, or an error saying it was made by
+// another model (the host decoder and Kimi K3 both check it).
+KvCache& model_kv_cache(ModelCache& model_cache, const std::vector<CacheSpec>& specs);
+
 // Throws unless every non-padding token's position has a KV block in `cache` (the engine assigns
 // blocks before a step); the host and device decoders both check it.
 void check_kv_blocks(const ForwardBatch& batch, const KvCache& cache);

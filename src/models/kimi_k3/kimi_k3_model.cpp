@@ -46,14 +46,7 @@ void KimiK3Model::forward_into(backend::Context& ctx, const ForwardBatch& batch,
                                Tensor& logits) const {
   validate_batch(ctx.workspace(), batch, model_cache, info_);
   check_logits_shape(batch, info_, logits);
-  auto* kv = dynamic_cast<KvCache*>(&model_cache);
-  R3_CHECK(kv != nullptr && kv->num_layers() == static_cast<int64_t>(layers_.size()),
-           "forward: the cache was not made by this model");
-  for (std::size_t l = 0; l < layers_.size(); ++l) {
-    R3_CHECK(kv->spec(static_cast<int64_t>(l)) == cache_specs_[l], "forward: the cache of layer ", l,
-             " does not hold what the layer caches");
-  }
-  KvCache& cache = *kv;
+  KvCache& cache = model_kv_cache(model_cache, cache_specs_);
   check_kv_blocks(batch, cache);
   const int64_t tokens = batch.size(), hidden = info_.hidden_size;
   const auto layer_count = static_cast<int64_t>(layers_.size());
