@@ -137,7 +137,7 @@ class SyntheticBench {
     const double gate = 4.0 * f(s_.experts * s_.hidden);
     const double expert = 2.0 * 3.0 * f(s_.expert_width * s_.hidden);
     const double lm_head = 2.0 * f(s_.vocab * s_.hidden);
-    const double kv = 2.0 * 4.0 * f(batch * kContext * kv_width) * f(s_.layers);
+    const double kv = 2.0 * 2.0 * f(batch * kContext * kv_width) * f(s_.layers);  // bf16 keys and values
     return f(s_.layers) * (attention + gate) + distinct_sum * expert + lm_head + kv;
   }
 

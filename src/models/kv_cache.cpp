@@ -38,6 +38,8 @@ KvCache::KvCache(std::vector<CacheSpec> layers, int64_t max_seqs, int64_t capaci
       engine_pool_blocks_(options.pool_blocks), on_device_(options.device != nullptr) {
   R3_CHECK(!layers.empty() && max_seqs > 0 && capacity > 0 && block_size_ > 0 && engine_pool_blocks_ >= 0,
            "KV cache: layers, seqs, capacity and block size must be positive");
+  R3_CHECK(options.device_dtype == DType::F32 || (on_device_ && options.device_dtype == DType::BF16),
+           "KV cache: pools of ", dtype_name(options.device_dtype), " (float32, or bfloat16 on a device)");
   table_blocks_ = ceil_div(capacity_, block_size_);
   int64_t total_bytes = 0;  // every layer's pool, checked before any is allocated
   for (std::size_t pass = 0; pass < 2; ++pass) {
@@ -91,9 +93,9 @@ KvCache::KvCache(std::vector<CacheSpec> layers, int64_t max_seqs, int64_t capaci
     }
     const Shape key_shape{pool_blocks * block_size_ * spec.key_width};
     const Shape value_shape{pool_blocks * block_size_ * spec.value_width};
-    layer.keys = on_device_ ? backend::device_empty(*options.device, DType::F32, key_shape)
+    layer.keys = on_device_ ? backend::device_empty(*options.device, options.device_dtype, key_shape)
                             : Tensor::empty(DType::F32, key_shape);
-    layer.values = on_device_ ? backend::device_empty(*options.device, DType::F32, value_shape)
+    layer.values = on_device_ ? backend::device_empty(*options.device, options.device_dtype, value_shape)
                               : Tensor::empty(DType::F32, value_shape);
     layer.pool_blocks = pool_blocks;
     // Today's allocator: every sequence takes its blocks from the free list up front.
@@ -146,7 +148,11 @@ const KvCache::Layer& KvCache::at(int64_t layer) const {
 
 int64_t KvCache::bytes_per_token() const {
   int64_t bytes = 0;
-  for (const Layer& layer : layers_) bytes += layer.spec.bytes_per_token();
+  for (const Layer& layer : layers_) {
+    // The spec counts float32 rows; a bf16 device pool stores half of that.
+    const bool bf16 = layer.keys.defined() && layer.keys.dtype() == DType::BF16;
+    bytes += bf16 ? layer.spec.bytes_per_token() / 2 : layer.spec.bytes_per_token();
+  }
   return bytes;
 }
 
@@ -184,8 +190,8 @@ ops::DeviceKvPool KvCache::device_pool(int64_t layer) {
   R3_CHECK(on_device_, "KV cache: the pools are in host memory (use view)");
   at(layer);  // range check
   Layer& l = layers_[static_cast<std::size_t>(layer)];
-  return {l.keys.data<float>(), l.values.data<float>(), l.spec.key_width, l.spec.value_width, block_size_,
-          l.pool_blocks};
+  return {l.keys.raw_data(), l.values.raw_data(), l.spec.key_width, l.spec.value_width, block_size_,
+          l.pool_blocks, l.keys.dtype() == DType::BF16};
 }
 
 void KvCache::set_block_table(int64_t seq, std::span<const int32_t> blocks) {

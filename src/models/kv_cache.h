@@ -42,6 +42,9 @@ struct KvCacheOptions {
   // all its rows before any attention reads them), and every layer has the same block tables
   // (the step uploads one set for all layers).
   backend::Context* device = nullptr;
+  // The device pools' element type: F32, or BF16 for a bf16 model (the kernels widen on load and
+  // round on store, ops/device_step.h). Host pools are always F32.
+  DType device_dtype = DType::F32;
 };
 
 class KvCache final : public ModelCache {

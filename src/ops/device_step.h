@@ -27,14 +27,18 @@ struct DeviceStep {
 };
 
 // One layer's paged cache on the device: blocks of block_size rows of key_width / value_width
-// floats, block b's rows starting at keys + b * block_size * key_width (values likewise).
+// elements, block b's rows starting at keys + b * block_size * key_width (values likewise). The
+// elements are float32, or bfloat16 when `bf16` (a bf16 model's cache: half the bytes every
+// decode step reads, the precision the model's own K/V projections carry); kernels widen them
+// to float32 as they load them and round to nearest even as they store them.
 struct DeviceKvPool {
-  float* keys = nullptr;
-  float* values = nullptr;
+  void* keys = nullptr;
+  void* values = nullptr;
   int64_t key_width = 0;
   int64_t value_width = 0;
   int64_t block_size = 0;
   int64_t blocks = 0;  // pool size, for the kernels' bounds checks
+  bool bf16 = false;
 };
 
 }  // namespace r3::ops

@@ -45,6 +45,13 @@ Tensor gpu_host_copy(const Tensor& t) {
   return c;
 }
 
+// A host bf16 tensor widened to float32 (exactly).
+Tensor gpu_widened_bf16(const Tensor& t) {
+  Tensor f = Tensor::empty(DType::F32, t.shape());
+  convert_to_f32(t.raw_data(), t.dtype(), static_cast<std::size_t>(t.numel()), f.data<float>());
+  return f;
+}
+
 // Largest |a - b| over the largest |b|: a relative error of the whole tensor.
 double gpu_relative_error(const Tensor& a, const Tensor& b) {
   double diff = 0, scale = 0;
@@ -327,6 +334,78 @@ TEST_F(CudaOps, PagedKvWriteAndAttentionMatchTheCpu) {
     EXPECT_EQ(std::memcmp(values_back.raw_data(), values.raw_data(), values.nbytes()), 0) << "value pool, d " << c.d;
     EXPECT_LT(gpu_relative_error(backend::to_host(*gpu_, out_d), want), 1e-5)
         << c.heads << " heads over " << c.kv_heads << " of " << c.d << ", window " << c.window << (c.sinks ? ", sinks" : "");
+  }
+}
+
+// A bf16 pool (a bf16 model's): the write stores each row rounded to nearest even, and attention
+// over it gives the bits of attention over a float32 pool holding the same (widened) values, for
+// head sizes 64 (element loads) and 128 (vector loads), with sinks and a sliding window. The
+// prepared attention rows (norms, rotary) land in it rounded from the float32 pool's.
+TEST_F(CudaOps, BfloatKvPoolsHoldRoundedRowsAndAttendAsTheirWidening) {
+  struct Case { int64_t heads, kv_heads, d, window; bool sinks; };
+  for (const Case c : {Case{8, 2, 64, 20, true}, Case{16, 4, 128, 0, false}, Case{8, 1, 128, 70, true}}) {
+    const int64_t block = 16, pool_blocks = 24, width = c.kv_heads * c.d, stride = 8;
+    const std::vector<int32_t> flat = {5, 9, 2, 6, -1, -1, -1, -1, 11, -1, -1, -1, -1, -1, -1, -1,
+                                       0, 23, 7, 8, 21, 22, 1, -1};
+    const std::vector<int32_t> seqs = {0, 1, 1, -1, 2}, positions = {37, 5, 6, 0, 100};
+    const auto tokens = static_cast<int64_t>(seqs.size());
+    const Tensor keys = gpu_random({pool_blocks * block, width}, 80), values = gpu_random({pool_blocks * block, width}, 81);
+    const Tensor k = gpu_random({tokens, width}, 82), v = gpu_random({tokens, width}, 83);
+    const Tensor q_d = backend::to_device(*gpu_, gpu_random({tokens, c.heads, c.d}, 84));
+    const Tensor sinks_d = backend::to_device(*gpu_, gpu_random({c.heads}, 85));
+    const Tensor seqs_d = gpu_ints(*gpu_, seqs), positions_d = gpu_ints(*gpu_, positions), tables_d = gpu_ints(*gpu_, flat);
+    const ops::DeviceStep step{tokens, nullptr, positions_d.data<int32_t>(), seqs_d.data<int32_t>(), tables_d.data<int32_t>(),
+                               stride, 101};
+    const Tensor k_d = backend::to_device(*gpu_, k), v_d = backend::to_device(*gpu_, v);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+
+    Tensor keys16 = backend::to_device_as(*gpu_, keys, DType::BF16), values16 = backend::to_device_as(*gpu_, values, DType::BF16);
+    const ops::DeviceKvPool pool16{keys16.raw_data(), values16.raw_data(), width, width, block, pool_blocks, true};
+    ops::cuda::write_kv_paged(*gpu_, k_d.data<float>(), width, v_d.data<float>(), width, step, pool16);
+    Tensor out16 = backend::device_empty(*gpu_, DType::F32, {tokens, c.heads, c.d});
+    ops::cuda::paged_attention(*gpu_, q_d, step, pool16, c.kv_heads, scale, c.window,
+                               c.sinks ? sinks_d.data<float>() : nullptr, out16);
+    // The bf16 pool's rows: the old ones as uploaded, the step's rounded.
+    const Tensor keys_back = backend::to_host(*gpu_, keys16), values_back = backend::to_host(*gpu_, values16);
+    for (int64_t t = 0; t < tokens; ++t) {
+      if (seqs[t] < 0) continue;
+      const int64_t row = flat[seqs[t] * stride + positions[t] / block] * block + positions[t] % block;
+      for (int64_t i = 0; i < width; ++i) {
+        ASSERT_EQ(keys_back.data<uint16_t>()[row * width + i], f32_to_bf16(k.data<float>()[t * width + i])) << "token " << t;
+        ASSERT_EQ(values_back.data<uint16_t>()[row * width + i], f32_to_bf16(v.data<float>()[t * width + i])) << "token " << t;
+      }
+    }
+    // A float32 pool of the widened bf16 rows: the same attention, bit for bit.
+    Tensor keys32 = backend::to_device(*gpu_, gpu_widened_bf16(keys_back));
+    Tensor values32 = backend::to_device(*gpu_, gpu_widened_bf16(values_back));
+    const ops::DeviceKvPool pool32{keys32.data<float>(), values32.data<float>(), width, width, block, pool_blocks};
+    Tensor out32 = backend::device_empty(*gpu_, DType::F32, {tokens, c.heads, c.d});
+    ops::cuda::paged_attention(*gpu_, q_d, step, pool32, c.kv_heads, scale, c.window,
+                               c.sinks ? sinks_d.data<float>() : nullptr, out32);
+    const Tensor got = backend::to_host(*gpu_, out16), want = backend::to_host(*gpu_, out32);
+    EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), got.nbytes()), 0)
+        << c.heads << " heads over " << c.kv_heads << " of " << c.d << ", window " << c.window;
+
+    // prepare_attention_rows into both pools: the bf16 pool holds the float32 pool's rows rounded.
+    const Tensor projected = backend::to_device(*gpu_, gpu_random({tokens, c.heads * c.d + 2 * width}, 86, 3.0f));
+    const Tensor norm_d = backend::to_device(*gpu_, gpu_random({c.d}, 87));
+    const int64_t row_width = c.heads * c.d + 2 * width;
+    const float* p = projected.data<float>();
+    const ops::cuda::AttentionRows rows{p, row_width, p + c.heads * c.d, row_width, p + c.heads * c.d + width, row_width,
+                                        norm_d.data<float>(), norm_d.data<float>()};
+    const ops::Rotary rotary(c.d / 2, 1e4);
+    Tensor q16 = backend::device_empty(*gpu_, DType::F32, {tokens, c.heads, c.d});
+    Tensor q32 = backend::device_empty(*gpu_, DType::F32, {tokens, c.heads, c.d});
+    ops::cuda::prepare_attention_rows(*gpu_, rotary, rows, c.heads, c.kv_heads, c.d, 1e-6f, step, pool16, q16);
+    ops::cuda::prepare_attention_rows(*gpu_, rotary, rows, c.heads, c.kv_heads, c.d, 1e-6f, step, pool32, q32);
+    const Tensor k16 = backend::to_host(*gpu_, keys16), k32 = backend::to_host(*gpu_, keys32);
+    const Tensor v16 = backend::to_host(*gpu_, values16), v32 = backend::to_host(*gpu_, values32);
+    for (int64_t i = 0; i < k32.numel(); ++i) {
+      ASSERT_EQ(k16.data<uint16_t>()[i], f32_to_bf16(k32.data<float>()[i])) << "key element " << i;
+      ASSERT_EQ(v16.data<uint16_t>()[i], f32_to_bf16(v32.data<float>()[i])) << "value element " << i;
+    }
+    const Tensor q16_host = backend::to_host(*gpu_, q16), q32_host = backend::to_host(*gpu_, q32);
+    EXPECT_EQ(std::memcmp(q16_host.raw_data(), q32_host.raw_data(), q16_host.nbytes()), 0) << "queries";
   }
 }
 

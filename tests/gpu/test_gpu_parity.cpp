@@ -18,6 +18,7 @@
 #include "engine/generator.h"
 #include "engine/step_runner.h"
 #include "models/device_decoder.h"
+#include "models/kv_cache.h"
 #include "models/registry.h"
 #include "moe/routing_capturer.h"
 #include "engine_checks.h"
@@ -264,6 +265,23 @@ TEST(GpuGraphs, DecodeStepsReplayAsOneGraphWithCaptureOn) {
   // Decode steps: one per generated token after the first (which the prefill step produces).
   const auto decode_steps = static_cast<int64_t>(ref.generated.size()) - 1;
   EXPECT_EQ(models::graph_replays(*model), decode_steps - 1);
+}
+
+// The device KV pools take the weights' precision: a bf16 placement's cache holds half the bytes
+// of a float32 one of the same size (its keys and values are bf16).
+TEST(GpuCache, Bf16WeightsCacheBf16KeysAndValues) {
+  auto gpu = backend::Context::cuda(0);
+  int64_t bytes[2] = {0, 0};
+  for (const DType weights : {DType::F32, DType::BF16}) {
+    auto model = models::place_on_device(*gpu, models::load_model(family_dir("qwen3_moe")), weights);
+    auto cache = model->make_cache(2, 64);
+    const auto* kv = dynamic_cast<const models::KvCache*>(cache.get());
+    ASSERT_NE(kv, nullptr);
+    bytes[weights == DType::BF16] = kv->pool_bytes();
+    EXPECT_EQ(kv->bytes_per_token() * 64 * 2, kv->pool_bytes()) << dtype_name(weights);
+  }
+  EXPECT_GT(bytes[0], 0);
+  EXPECT_EQ(bytes[1] * 2, bytes[0]);
 }
 
 // A model of random weights made on the GPU (the benchmark's; no host layers behind it), at a

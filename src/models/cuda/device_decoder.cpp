@@ -32,6 +32,7 @@ void Decoder::drop_graphs() const {
 std::unique_ptr<ModelCache> Decoder::make_cache(int64_t max_seqs, int64_t capacity) const {
   KvCacheOptions options;
   options.device = &ctx_;
+  options.device_dtype = p_.kv_dtype;
   return std::make_unique<KvCache>(p_.cache_specs, max_seqs, capacity, options);
 }
 
@@ -41,6 +42,7 @@ std::unique_ptr<ModelCache> Decoder::make_paged_cache(int64_t max_seqs, int64_t 
   options.block_size = block_size;
   options.pool_blocks = pool_blocks;
   options.device = &ctx_;
+  options.device_dtype = p_.kv_dtype;
   return std::make_unique<KvCache>(p_.cache_specs, max_seqs, capacity, options);
 }
 
@@ -278,6 +280,7 @@ std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr
   parts.info = host->info();
   parts.rms_eps = host->rms_eps();
   parts.cache_specs = host->cache_specs();
+  parts.kv_dtype = weights;
   parts.embed = device::on_device(ctx, host->embed(), weights);  // the lookup widens it exactly
   parts.final_norm = device::on_device(ctx, host->final_norm(), DType::F32);
   const bool tied = host->lm_head().raw_data() == host->embed().raw_data();

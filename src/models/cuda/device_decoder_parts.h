@@ -128,6 +128,9 @@ struct DecoderParts {
   // False: the routing kernels write no capture rows and nothing is copied back (benchmarks measure
   // capture's cost with it; a model the engine runs always captures).
   bool capture_routing = true;
+  // The KV pools' element type: the weights' (a bf16 model keeps bf16 keys and values, as its
+  // projections produce them at that precision; float32 for parity runs).
+  DType kv_dtype = DType::F32;
 };
 
 class Decoder final : public CausalLM {

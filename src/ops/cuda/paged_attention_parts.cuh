@@ -1,5 +1,6 @@
-// Pieces shared by the paged attention kernels (sm90_paged_attention.cu,
-// sm90_latent_attention.cu): the cache row of a position through the step's block table, the
+// Pieces shared by the kernels that read or write the paged pools (sm90_paged_attention.cu,
+// sm90_latent_attention.cu, sm90_rotary.cu): the pool's element type, the cache row of a
+// position through the step's block table, the
 // warp max (the warp sum is warp_row_dots.cuh's), and the second half of flash-decoding, where each (token, head)'s chunk partials
 // (max, sum of exponentials, weighted sum of values) merge in chunk order into its output row.
 // Internal to ops/cuda; each including file gets its own copy of the kernel.
@@ -13,6 +14,22 @@
 
 namespace r3::ops::cuda {
 namespace {
+
+// Calls f(KV{}) with KV = float or __nv_bfloat16, the pool's element type (ops/device_step.h),
+// so that a host function launches the kernel instantiated for it.
+template <typename F>
+void with_pool_type(const DeviceKvPool& pool, F&& f) {
+  if (pool.bf16) f(__nv_bfloat16{});
+  else f(float{});
+}
+
+template <typename KV> __device__ inline KV* pool_keys(const DeviceKvPool& pool) { return static_cast<KV*>(pool.keys); }
+template <typename KV> __device__ inline KV* pool_values(const DeviceKvPool& pool) {
+  return static_cast<KV*>(pool.values);
+}
+// Stores v in the pool's element type (bf16: rounded to nearest even).
+__device__ inline void store(float* p, int64_t i, float v) { p[i] = v; }
+__device__ inline void store(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
 
 __device__ inline int64_t cache_row(const DeviceStep& step, const DeviceKvPool& pool, int32_t seq, int64_t pos) {
   const int32_t block = step.block_tables[seq * step.table_stride + pos / pool.block_size];

@@ -47,7 +47,7 @@ __global__ void latent_queries(const float* __restrict__ q, const W* __restrict_
 }
 
 // One warp per (token, head, chunk): partial max, sum and latent accumulator of the chunk.
-template <int kPerLane>
+template <typename KV, int kPerLane>
 __global__ void latent_chunks(const float* __restrict__ q_cat, DeviceStep step, DeviceKvPool pool,
                               LatentAttentionShape s, float scale, int64_t chunks, float* __restrict__ part_max,
                               float* __restrict__ part_sum, float* __restrict__ part_acc) {
@@ -76,20 +76,20 @@ __global__ void latent_chunks(const float* __restrict__ q_cat, DeviceStep step, 
     const int64_t first = chunk * kChunkPositions, last = min(pos + 1, first + kChunkPositions);
     for (int64_t p = first; p < last; ++p) {
       const int64_t row = cache_row(step, pool, seq, p);
-      const float* latent = pool.keys + row * pool.key_width;
-      const float* rope_key = pool.values + row * pool.value_width;
+      const KV* latent = pool_keys<KV>(pool) + row * pool.key_width;
+      const KV* rope_key = pool_values<KV>(pool) + row * pool.value_width;
       float lv[kPerLane];
       float partial = 0.0f;
 #pragma unroll
       for (int j = 0; j < kPerLane; ++j) {
         const int64_t i = lane + j * kWarp;
-        lv[j] = i < s.lora ? latent[i] : 0.0f;
+        lv[j] = i < s.lora ? load(latent, i) : 0.0f;
         partial += ql[j] * lv[j];
       }
 #pragma unroll
       for (int j = 0; j < kMaxRope / kWarp; ++j) {
         const int64_t i = lane + j * kWarp;
-        if (i < s.rope) partial += qr[j] * rope_key[i];
+        if (i < s.rope) partial += qr[j] * load(rope_key, i);
       }
       const float score = warp_sum(partial) * scale;
       const float new_max = fmaxf(running_max, score);
@@ -149,9 +149,12 @@ void run(backend::Context& ctx, const Tensor& q, const W* kv_b, const DeviceStep
     backend::cuda::launch_kernel(kernel, chunk_blocks, 128, 0, stream, q_cat.data<float>(), step, pool, s, scale,
                                  chunks, part_max.data<float>(), part_sum.data<float>(), part_acc.data<float>());
   };
-  if (s.lora <= 32) chunked(latent_chunks<1>);
-  else if (s.lora <= 128) chunked(latent_chunks<4>);
-  else chunked(latent_chunks<kMaxLatent / kWarp>);
+  with_pool_type(pool, [&](auto kv) {
+    using KV = decltype(kv);
+    if (s.lora <= 32) chunked(latent_chunks<KV, 1>);
+    else if (s.lora <= 128) chunked(latent_chunks<KV, 4>);
+    else chunked(latent_chunks<KV, kMaxLatent / kWarp>);
+  });
   backend::cuda::launch_kernel(merge_chunks, static_cast<unsigned>(th), merge_threads(s.lora), 0, stream,
                                part_max.data<float>(), part_sum.data<float>(), part_acc.data<float>(), s.heads, s.lora,
                                chunks, nullptr, step.seqs, latent_out.data<float>());

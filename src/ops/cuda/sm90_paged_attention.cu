@@ -7,7 +7,8 @@
 // the group's heads (GQA: 8 query heads per KV head in Qwen3-30B-A3B). Its warps take the chunk's
 // 32-position tiles in turn, each keeping an online softmax per head: every lane owns d / 32
 // consecutive dimensions of every head's query and accumulator, so key and value rows are read
-// whole by the warp (128-bit loads for head_dim 128), eight rows in flight at once. A tile's
+// whole by the warp (128-bit loads of float32 rows of head_dim 128, 64-bit ones of bf16 rows),
+// four rows in flight at once. A tile's
 // scores meet across the lanes in a reduce-scatter (the group's heads summed together: G - 1 + 5
 // - log2 G shuffles per position instead of 5 G), its softmax runs one lane per position, and its
 // probabilities, through shared memory, weight the value rows. The warps' partials merge in
@@ -34,6 +35,7 @@ namespace {
 
 constexpr int kMaxHeadDim = 256;  // 8 elements per lane
 
+template <typename KV>
 __global__ void write_kv_rows(const float* __restrict__ k, int64_t k_stride, const float* __restrict__ v,
                               int64_t v_stride, DeviceStep step, DeviceKvPool pool) {
   backend::cuda::wait_for_predecessor();
@@ -41,18 +43,19 @@ __global__ void write_kv_rows(const float* __restrict__ k, int64_t k_stride, con
   const int32_t seq = step.seqs[t];
   if (seq < 0) return;  // padding
   const int64_t row = cache_row(step, pool, seq, step.positions[t]);
-  for (int64_t i = threadIdx.x; i < pool.key_width; i += blockDim.x) pool.keys[row * pool.key_width + i] = k[t * k_stride + i];
-  for (int64_t i = threadIdx.x; i < pool.value_width; i += blockDim.x) {
-    pool.values[row * pool.value_width + i] = v[t * v_stride + i];
-  }
+  KV* keys = pool_keys<KV>(pool) + row * pool.key_width;
+  KV* values = pool_values<KV>(pool) + row * pool.value_width;
+  for (int64_t i = threadIdx.x; i < pool.key_width; i += blockDim.x) store(keys, i, k[t * k_stride + i]);
+  for (int64_t i = threadIdx.x; i < pool.value_width; i += blockDim.x) store(values, i, v[t * v_stride + i]);
 }
 
 constexpr int kTile = kWarp;    // positions per warp tile: the softmax gives each lane one
 constexpr int kBlockWarps = 4;
 constexpr int kMaxGroup = 8;     // query heads per block
 
-// A lane's kD consecutive elements of a row (from `dim`, zeros past d): one or two 128-bit loads
-// when kVec (d == 32 kD, rows 16-byte aligned), element loads otherwise.
+// A lane's kD consecutive elements of a row (from `dim`, zeros past d), widened to float32: one
+// or two 128-bit loads (float32) or one 64/128-bit load (bf16) when kVec (d == 32 kD, rows
+// 16-byte aligned), element loads otherwise.
 template <int kD, bool kVec>
 __device__ inline void load_dims(const float* row, int dim, int64_t d, float (&out)[kD]) {
   if constexpr (kVec) {
@@ -67,9 +70,30 @@ __device__ inline void load_dims(const float* row, int dim, int64_t d, float (&o
   }
 }
 
-// Brings the n floats at p into L2 (one prefetch per 128-byte line).
-__device__ inline void prefetch_l2(const float* p, int64_t n) {
-  for (int64_t i = 0; i < n; i += 32) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + i));
+template <int kD, bool kVec>
+__device__ inline void load_dims(const __nv_bfloat16* row, int dim, int64_t d, float (&out)[kD]) {
+  if constexpr (kVec) {
+    static_assert(kD == 4 || kD == 8, "vector loads of 4 or 8 bf16");
+    __nv_bfloat162 pairs[kD / 2];
+    if constexpr (kD == 4) *reinterpret_cast<uint2*>(pairs) = *reinterpret_cast<const uint2*>(row + dim);
+    else *reinterpret_cast<uint4*>(pairs) = *reinterpret_cast<const uint4*>(row + dim);
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) {
+      const float2 f = __bfloat1622float2(pairs[i]);
+      out[2 * i] = f.x;
+      out[2 * i + 1] = f.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kD; ++i) out[i] = dim + i < d ? __bfloat162float(row[dim + i]) : 0.0f;
+  }
+}
+
+// Brings the n elements at p into L2 (one prefetch per 128-byte line).
+template <typename KV>
+__device__ inline void prefetch_l2(const KV* p, int64_t n) {
+  constexpr int64_t kLine = 128 / sizeof(KV);
+  for (int64_t i = 0; i < n; i += kLine) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + i));
 }
 
 // v[h] summed over the warp's lanes, for kG heads at once: halving exchanges leave lane l with
@@ -93,7 +117,7 @@ __device__ inline float reduce_scatter(float (&v)[kG], int lane) {
 
 // One block per (token, head group, chunk of `chunk_len` positions): each head's partial max, sum
 // and accumulator over the chunk (max -inf and sum 0 for a chunk past the window or a padding row).
-template <int kG, int kD, bool kVec>
+template <typename KV, int kG, int kD, bool kVec>
 __global__ void __launch_bounds__(kBlockWarps * kWarp)
     attention_chunks(const float* __restrict__ q, DeviceStep step, DeviceKvPool pool, int64_t heads, int64_t kv_heads,
                      int64_t d, float scale, int64_t sliding_window, int64_t chunks, int64_t chunk_len,
@@ -135,8 +159,8 @@ __global__ void __launch_bounds__(kBlockWarps * kWarp)
 #pragma unroll
     for (int i = 0; i < kD; ++i) acc[g][i] = 0.0f;
   }
-  const float* keys = pool.keys + kv_offset;
-  const float* values = pool.values + kv_offset;
+  const KV* keys = pool_keys<KV>(pool) + kv_offset;
+  const KV* values = pool_values<KV>(pool) + kv_offset;
 
   for (int64_t tile_first = static_cast<int64_t>(warp) * kTile; tile_first < count; tile_first += kBlockWarps * kTile) {
     const int n = static_cast<int>(min(int64_t{kTile}, count - tile_first));
@@ -250,8 +274,10 @@ void write_kv_paged(backend::Context& ctx, const float* keys, int64_t key_stride
                     int64_t value_stride, const DeviceStep& step, const DeviceKvPool& pool) {
   check_step(step, pool, "write_kv");
   if (step.tokens == 0) return;
-  backend::cuda::launch_kernel(write_kv_rows, static_cast<unsigned>(step.tokens), 128, 0, ctx.cuda_state().stream, keys,
-                               key_stride, values, value_stride, step, pool);
+  with_pool_type(pool, [&](auto kv) {
+    backend::cuda::launch_kernel(write_kv_rows<decltype(kv)>, static_cast<unsigned>(step.tokens), 128, 0,
+                                 ctx.cuda_state().stream, keys, key_stride, values, value_stride, step, pool);
+  });
   R3_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -291,29 +317,33 @@ void paged_attention(backend::Context& ctx, const Tensor& q, const DeviceStep& s
   Tensor part_acc = ctx.scratch_for_output(DType::F32, {parts, d});
   const auto blocks = static_cast<unsigned>(step.tokens * (heads / group) * chunks);
   const cudaStream_t stream = ctx.cuda_state().stream;
-  const bool aligned = pool.key_width % 4 == 0 && pool.value_width % 4 == 0 && d % 4 == 0;
+  const int64_t vector = pool.bf16 ? 8 : 4;  // elements a 128-bit load takes from a row
+  const bool aligned = pool.key_width % vector == 0 && pool.value_width % vector == 0 && d % vector == 0;
   auto launch = [&](auto kernel) {
     backend::cuda::launch_kernel(kernel, blocks, kBlockWarps * kWarp, 0, stream, q.data<float>(), step, pool, heads,
                                  num_kv_heads, d, scale, sliding_window, chunks, chunk_len, part_max.data<float>(),
                                  part_sum.data<float>(), part_acc.data<float>());
   };
-  // Dimensions per lane: 1, 2, 4 or 8 (head_dim up to 32, 64, 128, 256), 128-bit loads when a
-  // lane's share of a whole head is 4 or 8 aligned elements.
-  auto by_dims = [&](auto group_tag) {
+  // Dimensions per lane: 1, 2, 4 or 8 (head_dim up to 32, 64, 128, 256), vector loads when a
+  // lane's share of a whole head is 4 or 8 aligned elements; per pool element type.
+  auto by_dims = [&](auto kv, auto group_tag) {
+    using KV = decltype(kv);
     constexpr int kG = decltype(group_tag)::value;
-    if (d <= 32) launch(attention_chunks<kG, 1, false>);
-    else if (d <= 64) launch(attention_chunks<kG, 2, false>);
-    else if (d == 128 && aligned) launch(attention_chunks<kG, 4, true>);
-    else if (d <= 128) launch(attention_chunks<kG, 4, false>);
-    else if (d == 256 && aligned) launch(attention_chunks<kG, 8, true>);
-    else launch(attention_chunks<kG, 8, false>);
+    if (d <= 32) launch(attention_chunks<KV, kG, 1, false>);
+    else if (d <= 64) launch(attention_chunks<KV, kG, 2, false>);
+    else if (d == 128 && aligned) launch(attention_chunks<KV, kG, 4, true>);
+    else if (d <= 128) launch(attention_chunks<KV, kG, 4, false>);
+    else if (d == 256 && aligned) launch(attention_chunks<KV, kG, 8, true>);
+    else launch(attention_chunks<KV, kG, 8, false>);
   };
-  switch (group) {
-    case 1: by_dims(std::integral_constant<int, 1>{}); break;
-    case 2: by_dims(std::integral_constant<int, 2>{}); break;
-    case 4: by_dims(std::integral_constant<int, 4>{}); break;
-    default: by_dims(std::integral_constant<int, 8>{}); break;
-  }
+  with_pool_type(pool, [&](auto kv) {
+    switch (group) {
+      case 1: by_dims(kv, std::integral_constant<int, 1>{}); break;
+      case 2: by_dims(kv, std::integral_constant<int, 2>{}); break;
+      case 4: by_dims(kv, std::integral_constant<int, 4>{}); break;
+      default: by_dims(kv, std::integral_constant<int, 8>{}); break;
+    }
+  });
   backend::cuda::launch_kernel(merge_chunks, static_cast<unsigned>(step.tokens * heads), merge_threads(d), 0, stream,
                                part_max.data<float>(), part_sum.data<float>(), part_acc.data<float>(), heads, d, chunks,
                                sinks, step.seqs, out.data<float>());

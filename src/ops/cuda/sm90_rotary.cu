@@ -68,6 +68,20 @@ __global__ void rotate_heads(float* __restrict__ x, int64_t heads, int64_t head_
 // different lanes and q_out may be the query input itself.
 constexpr int kHeadsPerBlock = 8;
 
+// A warp's head row rotated with the block's cosines and sines into `out` (float32, or the pool's
+// element type): rounded products, then the sum, no fused multiply-add, as on the CPU.
+template <typename T>
+__device__ inline void write_rotated(const float* row, const float* cosines, const float* sines, int64_t half,
+                                     int64_t head_dim, int lane, T* out) {
+  for (int64_t i = lane; i < half; i += kWarp) {
+    const float c = cosines[i], s = sines[i], a = row[i], b = row[i + half];
+    store(out, i, __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
+    store(out, i + half, __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
+  }
+  for (int64_t i = 2 * half + lane; i < head_dim; i += kWarp) store(out, i, row[i]);  // past a partial rotary
+}
+
+template <typename KV>
 __global__ void prepare_rows(AttentionRows rows, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t half,
                              float eps, DeviceStep step, DeviceKvPool pool, Frequencies freq, float scaling,
                              float* q_out) {  // q_out may be rows.q
@@ -103,23 +117,17 @@ __global__ void prepare_rows(AttentionRows rows, int64_t heads, int64_t kv_heads
     }
     __syncwarp();
     // Where the head goes: q_out, or the key's place in the pool (none for a padding token).
-    float* out = is_q ? q_out + (t * heads + head) * head_dim
-                      : (cache >= 0 ? pool.keys + cache * pool.key_width + head * head_dim : nullptr);
-    if (out != nullptr) {
-      for (int64_t i = lane; i < half; i += kWarp) {
-        const float c = cosines[i], s = sines[i], a = row[i], b = row[i + half];
-        // Rounded products, then the sum: no fused multiply-add, as on the CPU.
-        out[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-        out[i + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
-      }
-      for (int64_t i = 2 * half + lane; i < head_dim; i += kWarp) out[i] = row[i];  // past a partial rotary
+    if (is_q) {
+      write_rotated(row, cosines, sines, half, head_dim, lane, q_out + (t * heads + head) * head_dim);
+    } else if (cache >= 0) {
+      write_rotated(row, cosines, sines, half, head_dim, lane,
+                    pool_keys<KV>(pool) + cache * pool.key_width + head * head_dim);
     }
   }
   if (cache < 0 || first_head != 0) return;
   const int64_t width = kv_heads * head_dim;
-  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
-    pool.values[cache * pool.value_width + i] = rows.v[t * rows.v_stride + i];
-  }
+  KV* values = pool_values<KV>(pool) + cache * pool.value_width;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) store(values, i, rows.v[t * rows.v_stride + i]);
 }
 
 Frequencies frequencies(std::span<const float> inv_freq, int64_t half) {
@@ -174,10 +182,12 @@ void prepare_attention_rows(backend::Context& ctx, const Rotary& rotary, const A
   if (step.tokens == 0) return;
   const int64_t blocks_per_token = (heads + kv_heads + kHeadsPerBlock - 1) / kHeadsPerBlock;
   const std::size_t shared_bytes = (kHeadsPerBlock * head_dim + 2 * half) * sizeof(float);
-  backend::cuda::launch_kernel(prepare_rows, static_cast<unsigned>(step.tokens * blocks_per_token),
-                               kHeadsPerBlock * kWarp, shared_bytes, ctx.cuda_state().stream, rows, heads, kv_heads,
-                               head_dim, half, eps, step, pool, frequencies(rotary.inv_freq(), half),
-                               rotary.attention_scaling(), q_out.data<float>());
+  with_pool_type(pool, [&](auto kv) {
+    backend::cuda::launch_kernel(prepare_rows<decltype(kv)>, static_cast<unsigned>(step.tokens * blocks_per_token),
+                                 kHeadsPerBlock * kWarp, shared_bytes, ctx.cuda_state().stream, rows, heads, kv_heads,
+                                 head_dim, half, eps, step, pool, frequencies(rotary.inv_freq(), half),
+                                 rotary.attention_scaling(), q_out.data<float>());
+  });
   R3_CUDA_CHECK(cudaGetLastError());
 }
 
