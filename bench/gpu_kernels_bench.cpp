@@ -87,10 +87,11 @@ void moe_layer(backend::Context& gpu) {
 
 void attention(backend::Context& gpu) {
   const int64_t heads = 32, kv_heads = 4, d = 128, context = 1024, block = 16, width = kv_heads * d;
+  for (const DType pool_dtype : {DType::F32, DType::BF16})
   for (const int64_t batch : {1, 8, 64, 256}) {
     const int64_t blocks_per_seq = context / block, pool_blocks = batch * blocks_per_seq;
-    Tensor keys = backend::to_device(gpu, random_host(DType::F32, {pool_blocks * block, width}, 6, 1.0f));
-    Tensor values = backend::to_device(gpu, random_host(DType::F32, {pool_blocks * block, width}, 7, 1.0f));
+    Tensor keys = backend::to_device(gpu, random_host(pool_dtype, {pool_blocks * block, width}, 6, 1.0f));
+    Tensor values = backend::to_device(gpu, random_host(pool_dtype, {pool_blocks * block, width}, 7, 1.0f));
     std::vector<int32_t> tables(static_cast<std::size_t>(pool_blocks)), seqs(static_cast<std::size_t>(batch)),
         positions(static_cast<std::size_t>(batch), static_cast<int32_t>(context - 1));
     for (int64_t i = 0; i < pool_blocks; ++i) tables[static_cast<std::size_t>(i)] = static_cast<int32_t>(i);
@@ -100,15 +101,17 @@ void attention(backend::Context& gpu) {
     const Tensor positions_d = backend::to_device(gpu, Tensor::from(positions, {batch}));
     const ops::DeviceStep step{batch, nullptr, positions_d.data<int32_t>(), seqs_d.data<int32_t>(), tables_d.data<int32_t>(),
                                blocks_per_seq, context};
-    const ops::DeviceKvPool pool{keys.data<float>(), values.data<float>(), width, width, block, pool_blocks};
+    const ops::DeviceKvPool pool{keys.raw_data(), values.raw_data(), width, width, block, pool_blocks,
+                                 pool_dtype == DType::BF16};
     const Tensor q = backend::to_device(gpu, random_host(DType::F32, {batch, heads, d}, 8, 1.0f));
     Tensor out = backend::device_empty(gpu, DType::F32, {batch, heads, d});
     const double ms = mean_ms(gpu, [&] { ops::cuda::paged_attention(gpu, q, step, pool, kv_heads, 0.088f, 0, nullptr, out); });
-    const double bytes = 2.0 * static_cast<double>(batch * context * width) * 4;
+    const double bytes = 2.0 * static_cast<double>(batch * context * width) * static_cast<double>(dtype_size(pool_dtype));
     const double floor_ms = bytes / kCopyBandwidth * 1e3;
-    std::printf("{\"bench\":\"attention_decode\",\"batch\":%lld,\"context\":%lld,\"MB\":%.1f,\"ms\":%.4f,\"floor_ms\":%.4f,"
-                "\"of_floor\":%.3f}\n",
-                static_cast<long long>(batch), static_cast<long long>(context), bytes / 1e6, ms, floor_ms, floor_ms / ms);
+    std::printf("{\"bench\":\"attention_decode\",\"kv\":\"%s\",\"batch\":%lld,\"context\":%lld,\"MB\":%.1f,\"ms\":%.4f,"
+                "\"floor_ms\":%.4f,\"of_floor\":%.3f}\n",
+                pool_dtype == DType::BF16 ? "bf16" : "f32", static_cast<long long>(batch), static_cast<long long>(context),
+                bytes / 1e6, ms, floor_ms, floor_ms / ms);
   }
 }
 

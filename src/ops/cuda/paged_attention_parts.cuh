@@ -42,6 +42,34 @@ __device__ inline float warp_max(float v) {
   return v;
 }
 
+// A block's warps' partials over a chunk for kG heads (each warp's max, sum of exponentials and
+// accumulator of d elements, in shared memory) merged into the chunk's: the max over the warps,
+// sums and accumulators rescaled to it, head g's written at part + g * chunks. Called by every
+// thread of the block after a barrier.
+template <int kWarps, int kG, int kStride>
+__device__ inline void write_chunk_partials(const float (&warp_max_of)[kWarps][kG], const float (&warp_sum_of)[kWarps][kG],
+                                            const float (&warp_acc)[kWarps][kG][kStride], int64_t d, int64_t part,
+                                            int64_t chunks, float* __restrict__ part_max, float* __restrict__ part_sum,
+                                            float* __restrict__ part_acc) {
+  for (int64_t i = threadIdx.x; i < kG * d; i += blockDim.x) {
+    const int g = static_cast<int>(i / d), e = static_cast<int>(i % d);
+    float m = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, warp_max_of[w][g]);
+    float sum = 0.0f, a = 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      if (warp_sum_of[w][g] == 0.0f) continue;  // a warp without positions
+      const float f = expf(warp_max_of[w][g] - m);
+      sum += warp_sum_of[w][g] * f;
+      a += warp_acc[w][g][e] * f;
+    }
+    if (e == 0) {
+      part_max[part + g * chunks] = m;
+      part_sum[part + g * chunks] = sum;
+    }
+    part_acc[(part + g * chunks) * d + e] = a;
+  }
+}
+
 // One block per (token, head), its threads taking the d elements in turn: the chunks merged in
 // order, the sink joining the sum.
 __global__ void merge_chunks(const float* __restrict__ part_max, const float* __restrict__ part_sum,

@@ -15,6 +15,10 @@
 // shared memory into the chunk's (max, sum, accumulator); a second kernel merges the chunks of
 // each (token, head) in chunk order, adding a sink's exp(sink - max) to the sum (GPT-OSS).
 //
+// A bf16 pool of head size 64 or 128 takes the same blocks and partials on tensor cores
+// instead (attention_chunks_mma.cuh; 64-position chunks at least); other pools and sizes run the
+// per-lane kernel below, which widens bf16 rows as it loads them.
+//
 // The chunk length is 128 positions with --batch-invariant (how a window is split then depends
 // only on its length, so a token's result does not depend on the batch); otherwise up to 1024,
 // as long as the step still has two blocks per SM, so that large batches write and merge fewer
@@ -26,6 +30,7 @@
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
 #include "ops/attention.h"
+#include "ops/cuda/attention_chunks_mma.cuh"
 #include "ops/cuda/paged_attention_parts.cuh"
 #include "ops/kv_write.h"
 
@@ -243,23 +248,7 @@ __global__ void __launch_bounds__(kBlockWarps * kWarp)
     for (int i = 0; i < kD; ++i) warp_acc[warp][g][dim + i] = acc[g][i];
   }
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < kG * d; i += blockDim.x) {
-    const int g = static_cast<int>(i / d), e = static_cast<int>(i % d);
-    float m = -INFINITY;
-    for (int w = 0; w < kBlockWarps; ++w) m = fmaxf(m, warp_max_of[w][g]);
-    float sum = 0.0f, a = 0.0f;
-    for (int w = 0; w < kBlockWarps; ++w) {
-      if (warp_sum_of[w][g] == 0.0f) continue;  // a warp without positions
-      const float f = expf(warp_max_of[w][g] - m);
-      sum += warp_sum_of[w][g] * f;
-      a += warp_acc[w][g][e] * f;
-    }
-    if (e == 0) {
-      part_max[part + g * chunks] = m;
-      part_sum[part + g * chunks] = sum;
-    }
-    part_acc[(part + g * chunks) * d + e] = a;
-  }
+  write_chunk_partials(warp_max_of, warp_sum_of, warp_acc, d, part, chunks, part_max, part_sum, part_acc);
 }
 
 void check_step(const DeviceStep& step, const DeviceKvPool& pool, const char* op) {
@@ -301,7 +290,10 @@ void paged_attention(backend::Context& ctx, const Tensor& q, const DeviceStep& s
   // Chunks: enough for the longest window of the step (the step's largest position + 1), of a
   // length that depends only on the mode (batch invariant) or on the step's size.
   const int64_t longest = sliding_window > 0 ? std::min(step.max_context, sliding_window) : step.max_context;
-  const int64_t min_len = kTile * kBlockWarps, max_len = 8 * min_len;
+  // bf16 rows of a head size the tensor-core kernel takes go to it (attention_chunks_mma.cuh).
+  const bool rows_aligned = pool.key_width % 8 == 0 && pool.value_width % 8 == 0;
+  const bool on_tensor_cores = pool.bf16 && rows_aligned && (d == 64 || d == 128);
+  const int64_t min_len = on_tensor_cores ? kMmaTile * kMmaBlockWarps : kTile * kBlockWarps, max_len = 8 * min_len;
   const auto chunks_of = [&](int64_t len) { return std::max<int64_t>(1, (longest + len - 1) / len); };
   int64_t chunk_len = min_len;
   if (!ctx.batch_invariant()) {
@@ -336,7 +328,24 @@ void paged_attention(backend::Context& ctx, const Tensor& q, const DeviceStep& s
     else if (d == 256 && aligned) launch(attention_chunks<KV, kG, 8, true>);
     else launch(attention_chunks<KV, kG, 8, false>);
   };
-  with_pool_type(pool, [&](auto kv) {
+  auto on_mma = [&](auto group_tag) {
+    constexpr int kG = decltype(group_tag)::value;
+    auto launch_mma = [&](auto kernel) {
+      backend::cuda::launch_kernel(kernel, blocks, kMmaBlockWarps * kWarp, 0, stream, q.data<float>(), step, pool, heads,
+                                   num_kv_heads, scale, sliding_window, chunks, chunk_len, part_max.data<float>(),
+                                   part_sum.data<float>(), part_acc.data<float>());
+    };
+    if (d == 64) launch_mma(attention_chunks_mma<kG, 64>);
+    else launch_mma(attention_chunks_mma<kG, 128>);
+  };
+  if (on_tensor_cores) {
+    switch (group) {
+      case 1: on_mma(std::integral_constant<int, 1>{}); break;
+      case 2: on_mma(std::integral_constant<int, 2>{}); break;
+      case 4: on_mma(std::integral_constant<int, 4>{}); break;
+      default: on_mma(std::integral_constant<int, 8>{}); break;
+    }
+  } else with_pool_type(pool, [&](auto kv) {
     switch (group) {
       case 1: by_dims(kv, std::integral_constant<int, 1>{}); break;
       case 2: by_dims(kv, std::integral_constant<int, 2>{}); break;
