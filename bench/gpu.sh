@@ -21,11 +21,16 @@ status=0
 ./build-gpu/r3_gpu_tests 2>&1 | tee "$out/gpu_tests.log" || status=1
 ./build-gpu/r3_gpu_kernels_bench 2>&1 | tee "$out/gpu_kernels_bench.jsonl" || status=1
 ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --json 2>"$out/gpu_decode_bench.log" | tee "$out/gpu_decode_bench.json" || status=1
-# R3_BREAKDOWN=1: each kernel's time in one eager decode step at batch 1 (Nsight Compute, kernels
-# serialised; the launches skipped are the synthetic model's weight fills).
+# llama.cpp's reference ran 128-token prompts and 128 generated tokens per sequence: the same
+# sizes at its mean context, 192.
+./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-batches 2,4,8,16,32 --synthetic-context 192 \
+  --json 2>>"$out/gpu_decode_bench.log" | tee "$out/gpu_decode_bench_192.json" || status=1
+# R3_BREAKDOWN=1: each kernel's time in one eager decode step at batch 1, or R3_BREAKDOWN_BATCH
+# (Nsight Compute, kernels serialised; the launches skipped are the synthetic model's weight fills).
 if [[ "${R3_BREAKDOWN:-0}" == 1 ]] && command -v ncu > /dev/null; then
   ncu --csv --metrics gpu__time_duration.sum --launch-skip "${R3_BREAKDOWN_SKIP:-440}" --launch-count 600 \
-    ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-batches 1 > "$out/ncu_step.csv" 2> "$out/ncu_step.log"
+    ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-batches "${R3_BREAKDOWN_BATCH:-1}" \
+    > "$out/ncu_step.csv" 2> "$out/ncu_step.log"
   python3 bench/kernel_breakdown.py "$out/ncu_step.csv" | tee "$out/kernel_breakdown.txt"
 fi
 cat "$out/device.txt"

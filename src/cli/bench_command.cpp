@@ -44,6 +44,7 @@ struct BenchCommandOptions {
   bool json = false;
   std::string synthetic;  // a model shape to make on the GPU instead of --model
   std::vector<int64_t> synthetic_batches = {1, 8, 64, 256};
+  int64_t synthetic_context = 1024;  // cached positions per sequence in --synthetic's decode steps
 
   int64_t prefix_len() const {
     return static_cast<int64_t>(std::llround(shared_prefix * static_cast<double>(prompt_len)));
@@ -209,7 +210,10 @@ void print_report(const BenchResult& r) {
 
 int run_bench(const BenchCommandOptions& options) {
   auto ctx = options.model.make_context();
-  if (!options.synthetic.empty()) return run_synthetic_bench(*ctx, options.synthetic, options.synthetic_batches, options.json);
+  if (!options.synthetic.empty()) {
+    return run_synthetic_bench(*ctx, options.synthetic, options.synthetic_batches, options.synthetic_context,
+                               options.json);
+  }
   R3_CHECK(!options.model.model_dir.empty(), "give --model DIR (or --synthetic NAME with --device cuda)");
   auto model = options.model.load(*ctx);
   const auto& info = model->info();
@@ -260,6 +264,11 @@ Command add_bench_command(CLI::App& app) {
       ->excludes("--model");
   cmd->add_option("--synthetic-batches", options->synthetic_batches, "Decode batch sizes of --synthetic")
       ->delimiter(',')
+      ->capture_default_str()
+      ->check(at_least<int64_t>(1))
+      ->needs("--synthetic");
+  cmd->add_option("--synthetic-context", options->synthetic_context,
+                  "Context of each sequence in --synthetic's decode steps (positions already cached + 1)")
       ->capture_default_str()
       ->check(at_least<int64_t>(1))
       ->needs("--synthetic");

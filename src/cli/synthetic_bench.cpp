@@ -1,10 +1,10 @@
 // Bytes a decode step must read: the attention projections and router gates of every layer, the
 // distinct experts the step routed to (counted per layer from its captured ids), lm_head, and
-// every sequence's K/V (float32) over its context. Floor = bytes / copy bandwidth. Each figure is
+// every sequence's K/V (bf16, as the pools hold them) over its context. Floor = bytes / copy bandwidth. Each figure is
 // the mean of 20 steps after 3 warm-up steps (the second captures the step's CUDA graph), on the
 // host clock around forward_into (a step ends with its logits on the host, in page-locked memory
 // as the engine's; that copy alone is reported as logits_copy_ms). Before each step
-// every sequence is set back to 1023 cached positions (their values do not change the time).
+// every sequence is set back to context - 1 cached positions (their values do not change the time).
 // Capture's cost is measured on the same model, steps with and without it interleaved.
 #include "cli/synthetic_bench.h"
 
@@ -29,24 +29,25 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-constexpr int64_t kContext = 1024;
 constexpr int64_t kPrefillTokens = 4096;
 
 class SyntheticBench {
  public:
-  SyntheticBench(backend::Context& ctx, models::SyntheticShape shape) : ctx_(ctx), s_(shape) {}
+  SyntheticBench(backend::Context& ctx, models::SyntheticShape shape, int64_t context)
+      : ctx_(ctx), s_(shape), context_(context) {}
 
-  // Decode steps of `batch` sequences at position kContext - 1 on one cache, with or without
+  // Decode steps of `batch` sequences at position context - 1 on one cache, with or without
   // capture (the model's capture switched to match).
   class DecodeSteps {
    public:
-    DecodeSteps(backend::Context& ctx, models::CausalLM& model, const models::SyntheticShape& s, int64_t batch)
-        : ctx_(ctx), model_(model), batch_(batch), cache_(model.make_cache(batch, kContext + 16)),
+    DecodeSteps(backend::Context& ctx, models::CausalLM& model, const models::SyntheticShape& s, int64_t batch,
+                int64_t context)
+        : ctx_(ctx), model_(model), batch_(batch), context_(context), cache_(model.make_cache(batch, context + 16)),
           capturer_(batch, s.layers, s.top_k, s.experts),
           logits_(backend::host_staging_empty(ctx, DType::F32, {batch, s.vocab})) {
       for (int64_t b = 0; b < batch; ++b) {
         step_.token_ids.push_back(static_cast<int32_t>((b * 7919 + 11) % s.vocab));
-        step_.positions.push_back(static_cast<int32_t>(kContext - 1));
+        step_.positions.push_back(static_cast<int32_t>(context - 1));
         step_.seqs.push_back(static_cast<int32_t>(b));
       }
     }
@@ -56,7 +57,7 @@ class SyntheticBench {
       step_.capture = capture ? &capturer_ : nullptr;
       const auto start = Clock::now();
       for (int i = 0; i < steps; ++i) {
-        for (int64_t b = 0; b < batch_; ++b) cache_->set_length(b, kContext - 1);
+        for (int64_t b = 0; b < batch_; ++b) cache_->set_length(b, context_ - 1);
         if (capture) capturer_.begin_step(batch_);
         model_.forward_into(ctx_, step_, *cache_, logits_);
         if (capture) capturer_.end_step();
@@ -76,7 +77,7 @@ class SyntheticBench {
    private:
     backend::Context& ctx_;
     models::CausalLM& model_;
-    int64_t batch_;
+    int64_t batch_, context_;
     std::unique_ptr<models::ModelCache> cache_;
     models::ForwardBatch step_;
     moe::RoutingCapturer capturer_;
@@ -86,7 +87,7 @@ class SyntheticBench {
   // Mean step time with capture on (3 warm-up steps, the second captures the step's CUDA graph,
   // then 20), and the step's distinct experts per layer, summed over layers.
   double decode_ms(models::CausalLM& model, int64_t batch, double* distinct_sum, double* copy_ms = nullptr) const {
-    DecodeSteps steps(ctx_, model, s_, batch);
+    DecodeSteps steps(ctx_, model, s_, batch, context_);
     steps.run(3, true);
     const double ms = steps.run(20, true);
     if (copy_ms != nullptr) *copy_ms = steps.logits_copy_ms(20);
@@ -110,7 +111,7 @@ class SyntheticBench {
   // of 10 steps with capture and 10 without (the order alternating), on one model and cache;
   // medians of the rounds' means and of their ratios.
   CaptureCost capture_cost(models::CausalLM& model, int64_t batch) const {
-    DecodeSteps steps(ctx_, model, s_, batch);
+    DecodeSteps steps(ctx_, model, s_, batch, context_);
     steps.run(3, true);
     steps.run(3, false);
     std::vector<double> on, off, ratio;
@@ -137,7 +138,7 @@ class SyntheticBench {
     const double gate = 4.0 * f(s_.experts * s_.hidden);
     const double expert = 2.0 * 3.0 * f(s_.expert_width * s_.hidden);
     const double lm_head = 2.0 * f(s_.vocab * s_.hidden);
-    const double kv = 2.0 * 2.0 * f(batch * kContext * kv_width) * f(s_.layers);  // bf16 keys and values
+    const double kv = 2.0 * 2.0 * f(batch * context_ * kv_width) * f(s_.layers);  // bf16 keys and values
     return f(s_.layers) * (attention + gate) + distinct_sum * expert + lm_head + kv;
   }
 
@@ -169,15 +170,16 @@ class SyntheticBench {
  private:
   backend::Context& ctx_;
   models::SyntheticShape s_;
+  int64_t context_;
 };
 
 }  // namespace
 
 int run_synthetic_bench(backend::Context& ctx, const std::string& name, const std::vector<int64_t>& batches,
-                        bool json) {
+                        int64_t context, bool json) {
   R3_CHECK(ctx.device() == Device::kCuda, "--synthetic makes its weights on the GPU: add --device cuda");
   const models::SyntheticShape shape = models::SyntheticShape::named(name);
-  const SyntheticBench bench(ctx, shape);
+  const SyntheticBench bench(ctx, shape, context);
   const auto built = Clock::now();
   auto model = models::synthetic_on_device(ctx, shape);
   spdlog::info("bench: synthetic {} ({:.1f} GB of random weights) made on the GPU in {:.2f} s", name,
@@ -189,7 +191,7 @@ int run_synthetic_bench(backend::Context& ctx, const std::string& name, const st
     const double ms = bench.decode_ms(*model, batch, &distinct, &copy_ms);
     const double bytes = bench.step_bytes(batch, distinct);
     const double floor_ms = bytes / bandwidth * 1e3;
-    decode.push_back({{"batch", batch}, {"context", kContext}, {"ms", ms}, {"GB", bytes / 1e9},
+    decode.push_back({{"batch", batch}, {"context", context}, {"ms", ms}, {"GB", bytes / 1e9},
                       {"distinct_experts_per_layer", distinct / static_cast<double>(shape.layers)},
                       {"achieved_TB_per_s", bytes / (ms * 1e-3) / 1e12}, {"floor_ms", floor_ms},
                       {"of_floor", floor_ms / ms}, {"logits_copy_ms", copy_ms}});
@@ -223,7 +225,7 @@ int run_synthetic_bench(backend::Context& ctx, const std::string& name, const st
     return 0;
   }
   fmt::print("synthetic {}: copy bandwidth {:.3f} TB/s; decode with a {}-token context per sequence\n", name,
-             bandwidth / 1e12, kContext);
+             bandwidth / 1e12, context);
   fmt::print("{:>6} {:>10} {:>9} {:>8} {:>9} {:>8} {:>12} {:>9} {:>16}\n", "batch", "step ms", "GB", "experts",
              "TB/s", "floor", "capture off", "capture", "batch-invariant");
   for (const auto& d : decode) {

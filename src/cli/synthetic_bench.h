@@ -10,11 +10,12 @@
 
 namespace r3::cli {
 
-// Decode steps at each of `batches` (r3 bench: 1, 8, 64 and 256 unless --synthetic-batches) with a 1k context per sequence (step time, the bytes
+// Decode steps at each of `batches` (r3 bench: 1, 8, 64 and 256 unless --synthetic-batches) with
+// `context` positions per sequence (1024 unless --synthetic-context; step time, the bytes
 // the step must read, achieved bandwidth and its share of the copy bandwidth measured in the
 // same run), the same steps with routing capture off and with the batch-invariant kernels, and a
 // 4k-token prefill. json: one JSON object; otherwise a table.
 int run_synthetic_bench(backend::Context& ctx, const std::string& name, const std::vector<int64_t>& batches,
-                        bool json);
+                        int64_t context, bool json);
 
 }  // namespace r3::cli

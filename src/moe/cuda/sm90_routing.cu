@@ -1,8 +1,8 @@
 // The routing kernel (moe/device_routing.h): one warp per token. The per-expert work (the
-// scores, their exp, bias) runs across the lanes into shared memory, each element with the CPU
-// rule's arithmetic; the steps whose order matters for the bits (the double sums) run on lane 0
-// in the CPU's order; the top-k selections are k rounds of a warp argmax that prefers the lower
-// id on equal values, which is the CPU's stable order. Scores must be finite (NaN logits are
+// scores, their exp, bias, each weight's division) runs across the lanes, each element with the
+// CPU rule's arithmetic; the steps whose order matters for the bits (the double sums) run on
+// lane 0 in the CPU's order; the top-k selections are k rounds of a warp argmax (two warp
+// reductions) that prefers the lower id on equal values, which is the CPU's stable order. Scores must be finite (NaN logits are
 // outside the contract: the CPU and the GPU may then choose differently).
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
@@ -20,11 +20,19 @@ __device__ inline float exp_rounded(float x) { return static_cast<float>(exp(sta
 constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 4;
 
+// A float's bits as an unsigned key with the float's order (-0 below +0; no NaN).
+__device__ inline uint32_t ordered_key(float v) {
+  const uint32_t bits = __float_as_uint(v);
+  return (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
+}
+
 // The k best of values[0, n) in order (equal values: lower index first), as the CPU's topk_indices,
-// by the whole warp; every lane gets the same out[]. `taken` is scratch of n flags.
+// by the whole warp; every lane gets the same out[]. `taken` is scratch of n flags. Lane l owns
+// the entries l, l + 32, ...: it alone reads and writes their flags (here and in warp_margin), so
+// the rounds need no barrier. Each round: the lane's best untaken entry (the first of equals),
+// then two warp reductions, the largest value and the lowest index holding it.
 __device__ void warp_topk(const float* values, int64_t n, int32_t k, int32_t* out, uint8_t* taken, int lane) {
   for (int64_t i = lane; i < n; i += kWarp) taken[i] = 0;
-  __syncwarp();
   for (int32_t r = 0; r < k; ++r) {
     float best = -INFINITY;
     int32_t best_i = -1;
@@ -34,18 +42,14 @@ __device__ void warp_topk(const float* values, int64_t n, int32_t k, int32_t* ou
         best_i = static_cast<int32_t>(i);
       }
     }
-    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
-      const float other = __shfl_xor_sync(0xffffffffu, best, offset);
-      const int32_t other_i = __shfl_xor_sync(0xffffffffu, best_i, offset);
-      if (other_i >= 0 && (best_i < 0 || other > best || (other == best && other_i < best_i))) {
-        best = other;
-        best_i = other_i;
-      }
-    }
-    out[r] = best_i;
-    if (lane == 0) taken[best_i] = 1;
-    __syncwarp();
+    const uint32_t key = best_i < 0 ? 0u : ordered_key(best);  // 0: below every value (-inf is 0x007fffff)
+    const uint32_t top = __reduce_max_sync(0xffffffffu, key);
+    const auto chosen = static_cast<int32_t>(
+        __reduce_min_sync(0xffffffffu, best_i >= 0 && key == top ? static_cast<uint32_t>(best_i) : 0xffffffffu));
+    out[r] = chosen;
+    if (chosen % kWarp == lane) taken[chosen] = 1;
   }
+  __syncwarp();
 }
 
 // A free row's routing margin, as the CPU's choose(): the k-th choice's value minus the best value
@@ -75,13 +79,16 @@ __device__ void warp_softmax(float* v, int64_t n, int lane) {
   __syncwarp();
 }
 
-// weights[j] = scores[ids[j]] / (sum + eps) * scaling, in double, as the CPU's renormalised(). Lane 0.
+// weights[j] = scores[ids[j]] / (sum + eps) * scaling, in double, as the CPU's renormalised(): the
+// sum in choice order on lane 0, then lane j computes weight j.
 __device__ void renormalised(const float* scores, int32_t k, const int32_t* ids, float eps, float scaling,
-                             float* weights) {
+                             float* weights, int lane) {
   double sum = 0;
-  for (int32_t j = 0; j < k; ++j) sum = __dadd_rn(sum, static_cast<double>(scores[ids[j]]));
-  const double denominator = __dadd_rn(sum, static_cast<double>(eps));
-  for (int32_t j = 0; j < k; ++j) {
+  if (lane == 0) {
+    for (int32_t j = 0; j < k; ++j) sum = __dadd_rn(sum, static_cast<double>(scores[ids[j]]));
+  }
+  const double denominator = __dadd_rn(__shfl_sync(0xffffffffu, sum, 0), static_cast<double>(eps));
+  for (int32_t j = lane; j < k; j += kWarp) {
     weights[j] = static_cast<float>(
         __dmul_rn(__ddiv_rn(static_cast<double>(scores[ids[j]]), denominator), static_cast<double>(scaling)));
   }
@@ -147,10 +154,8 @@ __global__ void route_tokens(const float* __restrict__ logits, int64_t tokens, i
       warp_topk(scores, experts, k, ids, w.taken, lane);
       note_margin(scores);
     }
-    if (lane == 0) {
-      if (rule.normalize) renormalised(scores, k, ids, 0.0f, 1.0f, weights);
-      else for (int32_t j = 0; j < k; ++j) weights[j] = scores[ids[j]];
-    }
+    if (rule.normalize) renormalised(scores, k, ids, 0.0f, 1.0f, weights, lane);
+    else for (int32_t j = lane; j < k; j += kWarp) weights[j] = scores[ids[j]];
   } else if (rule.kind == Kind::kSigmoidGroupTopK) {
     for (int64_t e = lane; e < experts; e += kWarp) {
       scores[e] = __fdiv_rn(1.0f, __fadd_rn(1.0f, exp_rounded(-scores[e])));
@@ -177,10 +182,8 @@ __global__ void route_tokens(const float* __restrict__ logits, int64_t tokens, i
       warp_topk(choice, experts, k, ids, w.taken, lane);
       note_margin(choice);
     }
-    if (lane == 0) {
-      if (rule.normalize) renormalised(scores, k, ids, 1e-20f, rule.scaling, weights);
-      else for (int32_t j = 0; j < k; ++j) weights[j] = __fmul_rn(scores[ids[j]], rule.scaling);
-    }
+    if (rule.normalize) renormalised(scores, k, ids, 1e-20f, rule.scaling, weights, lane);
+    else for (int32_t j = lane; j < k; j += kWarp) weights[j] = __fmul_rn(scores[ids[j]], rule.scaling);
   } else if (rule.kind == Kind::kSoftmaxGroupGreedy) {
     warp_softmax(scores, experts, lane);
     if (replay) {

@@ -125,7 +125,8 @@ __global__ void __launch_bounds__(kMmaBlockWarps * kWarp, 3)
   for (int m = 0; m < kSteps; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.0f;
   float run_max[2] = {-INFINITY, -INFINITY}, lane_sum[2] = {0.0f, 0.0f};
   const auto* keys = static_cast<const __nv_bfloat16*>(pool.keys) + kv_offset;
-  const auto* values = static_cast<const __nv_bfloat16*>(pool.values) + kv_offset + (kD / 8) * r;
+  const auto* value_heads = static_cast<const __nv_bfloat16*>(pool.values) + kv_offset;
+  const __nv_bfloat16* values = value_heads + (kD / 8) * r;
 
   for (int64_t tile_first = static_cast<int64_t>(warp) * kMmaTile; tile_first < count;
        tile_first += kMmaBlockWarps * kMmaTile) {
@@ -150,6 +151,14 @@ __global__ void __launch_bounds__(kMmaBlockWarps * kWarp, 3)
           valid ? values + cache_row(step, pool, seq, first + tile_first + value_rows[i]) * pool.value_width : nullptr;
 #pragma unroll
       for (int j = 0; j < kValueLoads; ++j) value[i][j] = valid ? load_streaming(row + 8 * j) : make_uint4(0, 0, 0, 0);
+    }
+    // The warp's next tile into L2 while this one is computed (lanes 0-15 its key rows, 16-31
+    // its value rows), so that its loads wait on L2 rather than memory.
+    const int64_t next = tile_first + kMmaBlockWarps * kMmaTile + lane % 16;
+    if (next < count) {
+      const int64_t row = cache_row(step, pool, seq, first + next);
+      if (lane < 16) prefetch_l2(keys + row * pool.key_width, kD);
+      else prefetch_l2(value_heads + row * pool.value_width, kD);
     }
     // Scores: element 0 = (position r, head 2c), 1 = (r, 2c + 1), 2 = (r + 8, 2c), 3 = (r + 8, 2c + 1).
     float score[4] = {0.0f, 0.0f, 0.0f, 0.0f};

@@ -31,6 +31,13 @@ template <typename KV> __device__ inline KV* pool_values(const DeviceKvPool& poo
 __device__ inline void store(float* p, int64_t i, float v) { p[i] = v; }
 __device__ inline void store(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
 
+// Brings the n elements at p into L2 (one prefetch per 128-byte line).
+template <typename KV>
+__device__ inline void prefetch_l2(const KV* p, int64_t n) {
+  constexpr int64_t kLine = 128 / sizeof(KV);
+  for (int64_t i = 0; i < n; i += kLine) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + i));
+}
+
 __device__ inline int64_t cache_row(const DeviceStep& step, const DeviceKvPool& pool, int32_t seq, int64_t pos) {
   const int32_t block = step.block_tables[seq * step.table_stride + pos / pool.block_size];
   return static_cast<int64_t>(block) * pool.block_size + pos % pool.block_size;

@@ -94,13 +94,6 @@ __device__ inline void load_dims(const __nv_bfloat16* row, int dim, int64_t d, f
   }
 }
 
-// Brings the n elements at p into L2 (one prefetch per 128-byte line).
-template <typename KV>
-__device__ inline void prefetch_l2(const KV* p, int64_t n) {
-  constexpr int64_t kLine = 128 / sizeof(KV);
-  for (int64_t i = 0; i < n; i += kLine) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + i));
-}
-
 // v[h] summed over the warp's lanes, for kG heads at once: halving exchanges leave lane l with
 // head l % kG summed over its kG-lane group (kG - 1 shuffles), then the groups add up.
 template <int kG>
