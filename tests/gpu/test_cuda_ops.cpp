@@ -157,7 +157,9 @@ TEST_F(CudaOps, LinearMatchesTheCpu) {
                        Case{1, 2048, 768, false, DType::BF16}, Case{8, 1024, 3072, true, DType::BF16},
                        Case{2, 2048, 512, false, DType::BF16}, Case{13, 512, 1024, false, DType::BF16},
                        Case{70, 1024, 640, true, DType::BF16}, Case{256, 2048, 512, false, DType::BF16},
-                       Case{300, 512, 256, true, DType::BF16}, Case{19, 1001, 129, true, DType::BF16}}) {
+                       Case{300, 512, 256, true, DType::BF16}, Case{19, 1001, 129, true, DType::BF16},
+                       // Few weight rows: K split into 8 and 4 ranges on the tensor-core rows kernel.
+                       Case{6, 4096, 2048, true, DType::BF16}, Case{16, 2048, 5120, false, DType::BF16}}) {
     const Tensor x = gpu_random({c.m, c.k}, 6), b = gpu_random({c.n}, 8);
     Tensor w = Tensor::empty(c.weights, {c.n, c.k});
     backend::convert_matrix(gpu_random({c.n, c.k}, 7, 0.05f), c.weights, w.raw_data());

@@ -3,8 +3,9 @@
 // one warp per 16 weight rows running ops/cuda/mma_rows.cuh's swapped-operand MMAs over up to 32
 // activation rows per block. Each weight is read once per block of rows, which for a few rows
 // the weight-streaming kernel does not achieve (it re-reads the activations for every weight
-// row) and cuBLASLt's tiles only do for a few hundred. Internal to ops/cuda: ops::linear
-// reaches it through ops::cuda::linear for 2 to 16 rows.
+// row) and cuBLASLt's tiles only do for a few hundred. A projection of few weight rows also
+// splits K into ranges (about 8 warps per SM), whose partial sums a second kernel adds in range
+// order. Internal to ops/cuda: ops::linear reaches it through ops::cuda::linear for 5 to 16 rows.
 #pragma once
 
 #include "backend/context.h"

@@ -49,34 +49,34 @@ __device__ inline void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
 }
 
 // acc[m][n] += W_m (16 rows at w[m], stride a.width) x the activation rows [first + 8n, first +
-// 8n + 8) of `a` (rows from `end` on count as zeros), over the whole K = a.width (a multiple of
-// 32). In the fragments, lane (g = lane / 4, t = lane % 4) holds weight rows g and g + 8 and
-// activation row g, and K slots 2t, 2t + 1, 2t + 8, 2t + 9 of each MMA; here those slots carry K
-// positions 8t + 4s + {0, 1, 2, 3} of the 32-position step for its MMA s, the same for weights and
-// activations.
+// 8n + 8) of `a` (rows from `end` on count as zeros), over K positions [k_begin, k_end) (k_end 0:
+// the whole K = a.width; both multiples of 32). In the fragments, lane (g = lane / 4, t = lane %
+// 4) holds weight rows g and g + 8 and activation row g, and K slots 2t, 2t + 1, 2t + 8, 2t + 9 of
+// each MMA; here those slots carry K positions 8t + 4s + {0, 1, 2, 3} of the 32-position step for
+// its MMA s, the same for weights and activations.
 template <int kB, int kN, int kUnroll>
 __device__ void multiply(const SplitRows& a, int64_t first, int64_t end, const __nv_bfloat16* const (&w)[kB],
-                         float (&acc)[kB][kN][4]) {
+                         float (&acc)[kB][kN][4], int64_t k_begin = 0, int64_t k_end = 0) {
   const int lane = static_cast<int>(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
-  const int64_t width = a.width;
+  const int64_t k_stop = k_end > 0 ? k_end : a.width;
   const __nv_bfloat16* x_hi[kN];
   const __nv_bfloat16* x_lo[kN];
 #pragma unroll
   for (int n = 0; n < kN; ++n) {
     const int64_t p = first + n * kColsPerTile + g;
-    x_hi[n] = p < end ? a.hi + p * width + 8 * t : nullptr;
-    x_lo[n] = p < end ? a.lo + p * width + 8 * t : nullptr;
+    x_hi[n] = p < end ? a.hi + p * a.width + 8 * t : nullptr;
+    x_lo[n] = p < end ? a.lo + p * a.width + 8 * t : nullptr;
   }
-  for (int64_t k0 = 0; k0 < width; k0 += kStepK * kUnroll) {
+  for (int64_t k0 = k_begin; k0 < k_stop; k0 += kStepK * kUnroll) {
     uint4 top[kUnroll][kB], bottom[kUnroll][kB], hi[kUnroll][kN], lo[kUnroll][kN];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t k = k0 + u * kStepK;
-      if (k >= width) break;
+      if (k >= k_stop) break;
 #pragma unroll
       for (int m = 0; m < kB; ++m) {
-        top[u][m] = load_streaming(w[m] + g * width + k + 8 * t);
-        bottom[u][m] = load_streaming(w[m] + (g + 8) * width + k + 8 * t);
+        top[u][m] = load_streaming(w[m] + g * a.width + k + 8 * t);
+        bottom[u][m] = load_streaming(w[m] + (g + 8) * a.width + k + 8 * t);
       }
 #pragma unroll
       for (int n = 0; n < kN; ++n) {
@@ -86,7 +86,7 @@ __device__ void multiply(const SplitRows& a, int64_t first, int64_t end, const _
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (k0 + u * kStepK >= width) break;
+      if (k0 + u * kStepK >= k_stop) break;
 #pragma unroll
       for (int m = 0; m < kB; ++m) {
 #pragma unroll

@@ -2,9 +2,11 @@
 // - float32 weights (the parity mode) through cuBLASLt, float32 in and out with float32
 //   accumulation and no TF32, or for a few rows through r3's weight-streaming kernel (the
 //   routers' float32 weights at decode: cuBLASLt takes ~14 us for their 1 MB);
-// - bfloat16 weights with one row through the weight-streaming kernel (ops/cuda/linear_rows.h),
-//   which reads every weight once and keeps the activations float32;
-// - bfloat16 weights with 2 to kMmaRows rows through r3's tensor-core rows kernel
+// - bfloat16 weights with up to 4 rows through the weight-streaming kernel (ops/cuda/linear_rows.h),
+//   which reads every weight once and keeps the activations float32 (decode of 2 and 4
+//   sequences of Qwen3-30B-A3B: 5.26 and 8.02 ms a step this way, 6.72 and 8.85 ms on the
+//   tensor-core rows kernel before it split K);
+// - bfloat16 weights with 5 to kMmaRows rows through r3's tensor-core rows kernel
 //   (ops/cuda/linear_mma_rows.h), which reads every weight once: 8 rows of Qwen3-30B-A3B's
 //   lm_head at 89% of the bandwidth floor (21% on the weight-streaming kernel, which re-reads
 //   the activations for every weight row);
@@ -92,6 +94,8 @@ void lt_matmul(backend::Context& ctx, cudaDataType_t inputs, const void* x, int6
 // The most rows the weight-streaming kernel takes for float32 weights (one pass over them); above,
 // cuBLASLt.
 constexpr int64_t kStreamingRows = 8;
+// The most rows it takes for bfloat16 weights; above, the tensor-core rows kernel.
+constexpr int64_t kStreamingRowsBf16 = 4;
 // The most rows the tensor-core rows kernel takes: above, each further block of rows reads the
 // weights again (lm_head at 64 rows: 0.51 ms against cuBLASLt's 0.23), and one 16-row tile per
 // warp leaves the smaller projections with too few warps in flight.
@@ -115,7 +119,7 @@ void linear(backend::Context& ctx, const Tensor& x, const Tensor& w, const Tenso
   R3_CHECK(bias == nullptr || (bias->rank() == 1 && bias->dim(0) == n), "linear (cuda): bias shape");
   if (m == 0 || n == 0) return;
   const float* bp = bias != nullptr ? bias->data<float>() : nullptr;
-  if (ctx.batch_invariant() || m == 1 || (w.dtype() == DType::F32 && m <= kStreamingRows)) {
+  if (ctx.batch_invariant() || m <= kStreamingRowsBf16 || (w.dtype() == DType::F32 && m <= kStreamingRows)) {
     return linear_rows(ctx, x, w, bias, y);
   }
   if (m <= kMmaRows && linear_mma_rows_fit(w)) return linear_mma_rows(ctx, x, w, bp, y);

@@ -1,7 +1,10 @@
 // The dense projection of decode-sized steps on bfloat16 tensor cores (ops/cuda/linear_mma_rows.h).
 #include <cuda_bf16.h>
 
+#include <algorithm>
+
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/state.h"
 #include "ops/cuda/linear_mma_rows.h"
 #include "ops/cuda/mma_rows.cuh"
 #include "ops/cuda/split_bf16.h"
@@ -15,19 +18,23 @@ using namespace mma_rows;
 constexpr int kWarps = 4;  // per block, one 16-row weight tile each
 constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
 
-// Block (x, y): weight rows [64x, 64x + 64) against activation rows [8 kN y, 8 kN (y + 1)).
+// Block (x, y, z): weight rows [64x, 64x + 64) against activation rows [8 kN y, 8 kN (y + 1)),
+// over the z-th of `splits` equal ranges of K. One range: y gets the sums (+ bias); several: the
+// range's partial sums go to partial[z] ([m, n] each), which add_ranges sums in range order.
 template <int kN>
 __global__ void __launch_bounds__(kWarps * 32) dense_tiles(SplitRows x, int64_t m, const __nv_bfloat16* __restrict__ w,
-                                                            int64_t n, const float* __restrict__ bias,
-                                                            float* __restrict__ y) {
+                                                            int64_t n, const float* __restrict__ bias, int64_t splits,
+                                                            float* __restrict__ partial, float* __restrict__ y) {
   backend::cuda::wait_for_predecessor();
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x / 32) * kRowsPerWarp;
   if (n0 >= n) return;
   const int64_t first = static_cast<int64_t>(blockIdx.y) * kColsPerTile * kN;
+  const int64_t range = x.width / splits, k_begin = blockIdx.z * range;
   const __nv_bfloat16* const rows[1] = {w + n0 * x.width};
   float acc[1][kN][4] = {};
-  multiply<1, kN, unroll_for(kN)>(x, first, m, rows, acc);
+  multiply<1, kN, unroll_for(kN)>(x, first, m, rows, acc, k_begin, k_begin + range);
+  float* out = splits == 1 ? y : partial + blockIdx.z * m * n;
 #pragma unroll
   for (int t = 0; t < kN; ++t) {
 #pragma unroll
@@ -35,18 +42,50 @@ __global__ void __launch_bounds__(kWarps * 32) dense_tiles(SplitRows x, int64_t 
       const int64_t row = first + t * kColsPerTile + acc_col(lane, i);
       if (row >= m) continue;
       const int64_t col = n0 + acc_row(lane, i);
-      y[row * n + col] = bias != nullptr ? acc[0][t][i] + bias[col] : acc[0][t][i];
+      out[row * n + col] = splits == 1 && bias != nullptr ? acc[0][t][i] + bias[col] : acc[0][t][i];
     }
   }
 }
 
+// y[i] = partial[0][i] + partial[1][i] + ... (+ bias), in range order.
+__global__ void add_ranges(const float* __restrict__ partial, int64_t splits, int64_t count, int64_t n,
+                           const float* __restrict__ bias, float* __restrict__ y) {
+  backend::cuda::wait_for_predecessor();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float sum = partial[i];
+    for (int64_t z = 1; z < splits; ++z) sum += partial[z * count + i];
+    y[i] = bias != nullptr ? sum + bias[i % n] : sum;
+  }
+}
+
+// Ranges of K per weight tile: enough that the step has about 8 warps per SM (a projection of a
+// few thousand rows has only n / 16 tiles: o_proj of Qwen3-30B-A3B, 128), each range at least
+// 512 positions and a multiple of 32.
+int64_t k_splits(backend::Context& ctx, int64_t warps, int64_t k) {
+  const int64_t wanted = 8 * static_cast<int64_t>(ctx.cuda_state().sm_count);
+  int64_t splits = 1;
+  while (warps * splits < wanted && k % (2 * splits * kStepK) == 0 && k / (2 * splits) >= 512) splits *= 2;
+  return splits;
+}
+
 template <int kN>
-void launch(cudaStream_t stream, const SplitRows& parts, int64_t m, const Tensor& w, const float* bias, Tensor& y) {
+void launch(backend::Context& ctx, const SplitRows& parts, int64_t m, const Tensor& w, const float* bias, Tensor& y) {
   const int64_t n = w.dim(0);
-  const dim3 grid(static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock),
-                  static_cast<unsigned>((m + kColsPerTile * kN - 1) / (kColsPerTile * kN)));
+  const cudaStream_t stream = ctx.cuda_state().stream;
+  const auto tiles = (n + kRowsPerBlock - 1) / kRowsPerBlock, row_blocks = (m + kColsPerTile * kN - 1) / (kColsPerTile * kN);
+  const int64_t splits = k_splits(ctx, tiles * kWarps * row_blocks, parts.width);
+  Tensor partial;
+  if (splits > 1) partial = ctx.scratch_for_output(DType::F32, {splits, m, n});
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(row_blocks), static_cast<unsigned>(splits));
   backend::cuda::launch_kernel(dense_tiles<kN>, grid, kWarps * 32, 0, stream, parts, m,
-                               static_cast<const __nv_bfloat16*>(w.raw_data()), n, bias, y.data<float>());
+                               static_cast<const __nv_bfloat16*>(w.raw_data()), n, bias, splits,
+                               splits > 1 ? partial.data<float>() : nullptr, y.data<float>());
+  if (splits > 1) {
+    const int64_t count = m * n;
+    backend::cuda::launch_kernel(add_ranges, static_cast<unsigned>(std::min<int64_t>((count + 255) / 256, 4096)), 256, 0,
+                                 stream, partial.data<float>(), splits, count, n, bias, y.data<float>());
+  }
 }
 
 }  // namespace
@@ -66,11 +105,10 @@ void linear_mma_rows(backend::Context& ctx, const Tensor& x, const Tensor& w, co
   split_rows_bf16(ctx, x, parts);
   auto* hi = static_cast<__nv_bfloat16*>(parts.raw_data());
   const SplitRows split{hi, hi + m * k, k};
-  const cudaStream_t stream = ctx.cuda_state().stream;
   // Activation rows per block: the step's rows up to 32 (more blocks read the weights again).
-  if (m <= kColsPerTile) launch<1>(stream, split, m, w, bias, y);
-  else if (m <= 2 * kColsPerTile) launch<2>(stream, split, m, w, bias, y);
-  else launch<4>(stream, split, m, w, bias, y);
+  if (m <= kColsPerTile) launch<1>(ctx, split, m, w, bias, y);
+  else if (m <= 2 * kColsPerTile) launch<2>(ctx, split, m, w, bias, y);
+  else launch<4>(ctx, split, m, w, bias, y);
 }
 
 }  // namespace r3::ops::cuda
