@@ -331,6 +331,57 @@ TEST(StepRunner, BatchedSequencesWithPaddingGetTheirOwnRows) {
   EXPECT_EQ(rb.rows(), 5);
 }
 
+// A device step hands back every layer's rows at once ([tokens, layers, k] ids, [layers, tokens,
+// k] weights, [tokens, layers] margins): record_layers keeps exactly what one record() per layer
+// keeps (ids in both element types, weights, margins), layer by layer for a step that routed only
+// some layers, and refuses an id outside the experts naming its layer.
+TEST(RoutingCapturer, AllLayersAtOnceEqualOneRecordPerLayer) {
+  for (const int64_t experts : {40, 300}) {
+    const int64_t tokens = 3, layers = 4, k = 2;
+    std::vector<int32_t> ids(static_cast<std::size_t>(tokens * layers * k));
+    std::vector<float> weights(ids.size()), margins(static_cast<std::size_t>(tokens * layers));
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      ids[i] = static_cast<int32_t>((i * 37 + 11) % static_cast<std::size_t>(experts));
+      weights[i] = 0.01f * static_cast<float>(i);
+    }
+    for (std::size_t i = 0; i < margins.size(); ++i) margins[i] = 0.5f + static_cast<float>(i);
+    for (const int64_t routed : {layers, int64_t{2}}) {
+      moe::RoutingCapturer bulk(8, layers, k, experts, true), each(8, layers, k, experts, true);
+      bulk.begin_step(tokens);
+      each.begin_step(tokens);
+      bulk.record_layers(routed, layers, tokens, k, ids, weights, margins);
+      for (int64_t j = 0; j < routed; ++j) {
+        std::vector<int32_t> layer_ids;
+        std::vector<float> layer_weights, layer_margins;
+        for (int64_t t = 0; t < tokens; ++t) {
+          for (int64_t c = 0; c < k; ++c) {
+            layer_ids.push_back(ids[static_cast<std::size_t>((t * layers + j) * k + c)]);
+            layer_weights.push_back(weights[static_cast<std::size_t>((j * tokens + t) * k + c)]);
+          }
+          layer_margins.push_back(margins[static_cast<std::size_t>(t * layers + j)]);
+        }
+        each.record(j, layer_ids, layer_weights, layer_margins);
+      }
+      for (int64_t j = 0; j < layers; ++j) EXPECT_EQ(bulk.recorded(j), j < routed) << "layer " << j;
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t j = 0; j < routed; ++j) {
+          EXPECT_EQ(bulk.margin(t, j), each.margin(t, j));
+          for (int64_t c = 0; c < k; ++c) {
+            EXPECT_EQ(bulk.id(t, j, c), each.id(t, j, c)) << experts << " experts, token " << t << " layer " << j;
+            EXPECT_EQ(bulk.weight(t, j, c), each.weight(t, j, c));
+          }
+        }
+      }
+    }
+    std::vector<int32_t> bad = ids;
+    bad[static_cast<std::size_t>((1 * layers + 3) * k)] = static_cast<int32_t>(experts);  // token 1, layer 3
+    moe::RoutingCapturer c(8, layers, k, experts);
+    c.begin_step(tokens);
+    const std::string error = error_of([&] { c.record_layers(layers, layers, tokens, k, bad, weights, margins); });
+    EXPECT_NE(error.find("capture: layer 3 reported expert " + std::to_string(experts)), std::string::npos) << error;
+  }
+}
+
 TEST(RoutingCapturer, NarrowestElementType) {
   EXPECT_EQ(moe::RoutingCapturer(4, 3, 2, 8).element_size(), 1u);
   EXPECT_EQ(moe::RoutingCapturer(4, 3, 2, 256).element_size(), 1u);

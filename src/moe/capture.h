@@ -23,6 +23,13 @@ class CaptureBuffer {
   virtual ~CaptureBuffer() = default;
   virtual void record(int64_t moe_layer_id, std::span<const int32_t> logical_ids, std::span<const float> weights,
                       std::span<const float> margins) = 0;
+  // MoE layers [0, routed) of a step at once, as a device step brings them back: ids [tokens,
+  // layers, top_k], weights [layers, tokens, top_k], margins [tokens, layers] (a failed step
+  // routed fewer than `layers`). The default records layer by layer (gathering each layer's rows
+  // into vectors of its own); the engine's buffer takes a whole step in one pass.
+  virtual void record_layers(int64_t routed, int64_t layers, int64_t tokens, int64_t top_k,
+                             std::span<const int32_t> ids, std::span<const float> weights,
+                             std::span<const float> margins);
 };
 
 // A fused module or kernel that sees the routing itself (the mega experts module, the capturing

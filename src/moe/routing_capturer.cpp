@@ -1,5 +1,6 @@
 #include "moe/routing_capturer.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "core/check.h"
@@ -86,6 +87,45 @@ void RoutingCapturer::record(int64_t layer, std::span<const int32_t> ids, std::s
         margins.empty() ? std::numeric_limits<float>::quiet_NaN() : margins[static_cast<std::size_t>(t)];
   }
   recorded_[static_cast<std::size_t>(layer)] = true;
+}
+
+void RoutingCapturer::record_layers(int64_t routed, int64_t layers, int64_t tokens, int64_t top_k,
+                                    std::span<const int32_t> ids, std::span<const float> weights,
+                                    std::span<const float> margins) {
+  if (routed != layers_ || layers != layers_) {  // a step that failed part of the way: layer by layer
+    CaptureBuffer::record_layers(routed, layers, tokens, top_k, ids, weights, margins);
+    return;
+  }
+  const auto count = static_cast<std::size_t>(tokens_ * layers_ * top_k_);
+  R3_CHECK(tokens == tokens_ && top_k == top_k_ && ids.size() == count && weights.size() == count &&
+               margins.size() == static_cast<std::size_t>(tokens_ * layers_),
+           "capture: ", routed, " layers of ", tokens, " tokens x top-", top_k, " (", ids.size(),
+           " ids) for a step of ", tokens_, " tokens x ", layers_, " layers x top-", top_k_);
+  for (int64_t l = 0; l < layers_; ++l) {
+    R3_CHECK(!recorded_[static_cast<std::size_t>(l)], "capture: MoE layer ", l, " recorded twice in one step");
+  }
+  std::visit(
+      [&](auto& buffer) {
+        using T = typename std::decay_t<decltype(buffer)>::value_type;
+        for (std::size_t i = 0; i < count; ++i) {  // the buffer's index(t, l, k) is i
+          const int32_t id = ids[i];
+          R3_CHECK(id >= 0 && id < num_experts_, "capture: layer ", static_cast<int64_t>(i / top_k_) % layers_,
+                   " reported expert ", id, ", not a logical id in [0, ", num_experts_, ")");
+          buffer[i] = static_cast<T>(id);
+        }
+      },
+      ids_);
+  if (keep_weights_) {
+    for (int64_t l = 0; l < layers_; ++l) {
+      for (int64_t t = 0; t < tokens_; ++t) {
+        for (int64_t k = 0; k < top_k_; ++k) {
+          weights_[index(t, l, k)] = weights[static_cast<std::size_t>((l * tokens_ + t) * top_k_ + k)];
+        }
+      }
+    }
+  }
+  std::copy_n(margins.begin(), margins.size(), margins_.begin());
+  std::fill(recorded_.begin(), recorded_.end(), true);
 }
 
 int32_t RoutingCapturer::id(int64_t token, int64_t layer, int64_t choice) const {

@@ -23,6 +23,10 @@ class RoutingCapturer final : public CaptureBuffer {
   // Called by each MoE layer's capture point, once per step.
   void record(int64_t layer, std::span<const int32_t> ids, std::span<const float> weights,
               std::span<const float> margins) override;
+  // Every layer in one pass over the rows (a device step's ids come in this buffer's own
+  // [tokens, layers, top_k] order); layer by layer unless all of them are routed.
+  void record_layers(int64_t routed, int64_t layers, int64_t tokens, int64_t top_k, std::span<const int32_t> ids,
+                     std::span<const float> weights, std::span<const float> margins) override;
 
   // Starts a step of `tokens` rows (<= max_tokens); every MoE layer must then record once.
   void begin_step(int64_t tokens);

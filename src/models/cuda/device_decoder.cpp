@@ -94,7 +94,7 @@ void Decoder::forward_into(backend::Context& ctx, const ForwardBatch& batch, Mod
     // layers before the failing one have recorded).
     if (capturing) {
       capture_->end_step(tokens);
-      deliver_routing(ctx, batch, moe_layers_routed_);
+      deliver_routing(batch, moe_layers_routed_);
     }
     throw;
   }
@@ -102,7 +102,7 @@ void Decoder::forward_into(backend::Context& ctx, const ForwardBatch& batch, Mod
   if (loads_) loads_->end_step();
   backend::copy_to_host(ctx, st.logits, logits);  // the step's one wait
 
-  if (capturing) deliver_routing(ctx, batch, static_cast<int64_t>(info.moe_layers.size()));
+  if (capturing) deliver_routing(batch, static_cast<int64_t>(info.moe_layers.size()));
   if (loads_) deliver_loads(batch);
   for (int64_t t = 0; t < tokens; ++t) {
     if (batch.seqs[t] != ForwardBatch::kPadding) kv->set_length(batch.seqs[t], batch.positions[t] + 1);
@@ -214,29 +214,21 @@ void Decoder::prepare(int64_t tokens, const KvCache& kv) const {
   }
 }
 
-void Decoder::deliver_routing(backend::Context& ctx, const ForwardBatch& batch, int64_t routed_layers) const {
+void Decoder::deliver_routing(const ForwardBatch& batch, int64_t routed_layers) const {
   const int64_t tokens = batch.size(), k = p_.info.top_k;
   const auto moe_layers = static_cast<int64_t>(p_.info.moe_layers.size());
   const std::span<const int32_t> rows = capture_->collect();             // [tokens, layers, k]
   const std::span<const float> weights = capture_->collected_weights();  // [layers, tokens, k]
-  R3_CHECK(batch.capture != nullptr, "forward: MoE layers need the step's capture buffer");
-  backend::Workspace::Scope scope(ctx.workspace());
   const std::span<const float> margins = capture_->collected_margins();  // [tokens, layers]
-  const std::span<int32_t> layer_ids = ctx.workspace().array<int32_t>(tokens * k);
-  const std::span<float> layer_margins = ctx.workspace().array<float>(tokens);
+  R3_CHECK(batch.capture != nullptr, "forward: MoE layers need the step's capture buffer");
+  batch.capture->record_layers(routed_layers, moe_layers, tokens, k, rows, weights, margins);
+  if (batch.loads == nullptr || loads_) return;  // with EPLB the device map counted
   for (int64_t j = 0; j < routed_layers; ++j) {
-    for (int64_t t = 0; t < tokens; ++t) {
-      std::copy_n(rows.data() + (t * moe_layers + j) * k, k, layer_ids.data() + t * k);
-      layer_margins[static_cast<std::size_t>(t)] = margins[static_cast<std::size_t>(t * moe_layers + j)];
-    }
-    batch.capture->record(j, layer_ids,
-                          weights.subspan(static_cast<std::size_t>(j * tokens * k), static_cast<std::size_t>(tokens * k)),
-                          layer_margins);
-    if (batch.loads == nullptr || loads_) continue;       // with EPLB the device map counted
     const std::span<int64_t> counts = batch.loads->layer(j);  // no EPLB: physical = logical
     for (int64_t t = 0; t < tokens; ++t) {
       if (batch.seqs[t] == ForwardBatch::kPadding) continue;
-      for (int64_t c = 0; c < k; ++c) ++counts[static_cast<std::size_t>(layer_ids[t * k + c])];
+      const int32_t* row = rows.data() + (t * moe_layers + j) * k;
+      for (int64_t c = 0; c < k; ++c) ++counts[static_cast<std::size_t>(row[c])];
     }
   }
 }

@@ -178,9 +178,10 @@ class Decoder final : public CausalLM {
   void prepare(int64_t tokens, const KvCache& kv) const;
   void drop_graphs() const;
   // The captured rows of the first `moe_layers` MoE layers to the step's host capture buffer
-  // (what the routing kernel wrote, which is what the experts ran with), and each layer's tokens
-  // per expert to the step's loads. A step that failed delivers the layers it routed.
-  void deliver_routing(backend::Context& ctx, const ForwardBatch& batch, int64_t moe_layers) const;
+  // (what the routing kernel wrote, which is what the experts ran with; all layers in one pass),
+  // and each layer's tokens per expert to the step's loads. A step that failed delivers the
+  // layers it routed.
+  void deliver_routing(const ForwardBatch& batch, int64_t moe_layers) const;
   // Each layer's tokens per physical expert, as the device map counted them, to the step's loads.
   void deliver_loads(const ForwardBatch& batch) const;
 
