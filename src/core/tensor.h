@@ -97,7 +97,8 @@ class Tensor {
   // The scales of a block-quantized weight (FP8 e4m3 with `weight_scale_inv`), or nullptr when the
   // stored values are the values. See BlockScales.
   const BlockScales* block_scales() const { return block_scales_.get(); }
-  // This rank-2 tensor (same memory) with `scales` attached; checks the scales cover it.
+  // This rank-2 F8_E4M3 tensor (same memory) with `scales` attached; checks the scales cover it
+  // and reads the values once (BlockScales::plain): they must not change afterwards.
   Tensor with_block_scales(BlockScales scales) const;
 
  private:
@@ -127,6 +128,10 @@ struct BlockScales {
   Tensor scales;  // F32 [ceil(matrix rows / block_rows), ceil(cols / block_cols)], contiguous
   int64_t block_rows = 0, block_cols = 0;
   int64_t first_row = 0;  // row of the scaled matrix that is row 0 of the tensor holding these
+  // Set by Tensor::with_block_scales: no byte of the matrix is the e4m3 NaN and every scale times
+  // 2^120 is finite, which lets the vector kernel decode more cheaply and fold a power of two into
+  // the scale (ops/cpu/matmul_avx512.cpp) with the same bits.
+  bool plain = false;
 
   // The scale of element (row, col) of the tensor holding these scales.
   float at(int64_t row, int64_t col) const {

@@ -29,6 +29,7 @@ struct WeightMatrix {
   // decode(data[j * cols + k]) * block_scales[((first_row + j) / block_rows) * scale_cols + k / block_cols].
   const float* block_scales = nullptr;
   int64_t block_rows = 0, block_cols = 0, scale_cols = 0, first_row = 0;
+  bool plain_scales = false;  // BlockScales::plain
 
   // Checks `w` is a contiguous rank-2 F32/BF16/F16 tensor, or F8_E4M3 with block scales.
   static WeightMatrix of(const Tensor& w);

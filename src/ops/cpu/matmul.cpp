@@ -16,6 +16,7 @@ WeightMatrix WeightMatrix::of(const Tensor& w) {
     m.block_cols = s->block_cols;
     m.scale_cols = s->scales.dim(1);
     m.first_row = s->first_row;
+    m.plain_scales = s->plain;
     return m;
   }
   R3_CHECK(w.dtype() == DType::F32 || w.dtype() == DType::BF16 || w.dtype() == DType::F16,
