@@ -4,6 +4,7 @@
 //   make bench            (or build/r3_bench --benchmark_filter=Decode)
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -72,6 +73,29 @@ void BM_LinearBf16(benchmark::State& state) {
   state.SetBytesProcessed(2 * n * k * state.iterations());
 }
 BENCHMARK(BM_LinearBf16)->ArgsProduct({{1, 4, 16}, {1024}, {1024, 32000}})->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// The same with FP8 (e4m3) weights in 128 x 128 blocks, as published FP8 checkpoints store them
+// (decoded and scaled in the kernel): half the weight bytes of bf16. N*K weight bytes dominate.
+void BM_LinearFp8(benchmark::State& state) {
+  const int64_t m = state.range(0), k = state.range(1), n = state.range(2), block = 128;
+  std::mt19937 rng(1);
+  Tensor x = random_tensor({m, k}, rng, 1), wf = random_tensor({n, k}, rng, 1);
+  Tensor w = Tensor::empty(DType::F8_E4M3, {n, k});
+  BlockScales scales;
+  scales.scales = Tensor::empty(DType::F32, {(n + block - 1) / block, (k + block - 1) / block});
+  scales.block_rows = scales.block_cols = block;
+  for (int64_t i = 0; i < scales.scales.numel(); ++i) scales.scales.data<float>()[i] = 4.0f / 448.0f;
+  auto* bytes = static_cast<uint8_t*>(w.raw_data());
+  for (int64_t i = 0; i < w.numel(); ++i) bytes[i] = f32_to_f8_e4m3(std::clamp(wf.data<float>()[i] * 112.0f, -448.0f, 448.0f));
+  w = w.with_block_scales(std::move(scales));
+  Tensor y = Tensor::empty(DType::F32, {m, n});
+  backend::Context ctx(0);
+  for (auto _ : state) ops::linear(ctx, x, w, nullptr, y);
+  state.counters["FLOP/s"] = benchmark::Counter(static_cast<double>(2 * m * n * k) * static_cast<double>(state.iterations()),
+                                                benchmark::Counter::kIsRate);
+  state.SetBytesProcessed(n * k * state.iterations());
+}
+BENCHMARK(BM_LinearFp8)->ArgsProduct({{1, 4, 16}, {1024}, {1024, 32000}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // One step with its routed-experts capture buffer, as the engine runs it (capture included in the time).
 Tensor forward_captured(models::CausalLM& model, backend::Context& ctx, models::ForwardBatch batch, models::ModelCache& cache) {

@@ -51,10 +51,73 @@ TEST(DType, EveryHalfRoundTrips) {
   }
 }
 
+// e4m3fn from its bit formula, computed here independently of the library: sign s, exponent e
+// (bias 7), mantissa m; e = 0 is subnormal (m/8 * 2^-6); e = 15, m = 7 is NaN; no infinities.
+double e4m3_by_formula(unsigned bits) {
+  const unsigned s = bits >> 7, e = (bits >> 3) & 15u, m = bits & 7u;
+  double magnitude = e == 0 ? m / 8.0 * std::pow(2.0, -6) : (1.0 + m / 8.0) * std::pow(2.0, static_cast<int>(e) - 7);
+  if (e == 15 && m == 7) magnitude = std::numeric_limits<double>::quiet_NaN();
+  return s ? -magnitude : magnitude;
+}
+
+TEST(DType, Float8E4M3DecodesEveryByteByTheBitFormula) {
+  const float* table = f8_e4m3_table();
+  for (unsigned bits = 0; bits < 256; ++bits) {
+    const double expected = e4m3_by_formula(bits);
+    const float got = f8_e4m3_to_f32(static_cast<uint8_t>(bits));
+    if (std::isnan(expected)) {
+      EXPECT_TRUE(std::isnan(got)) << bits;
+      EXPECT_TRUE(std::isnan(table[bits])) << bits;
+      continue;
+    }
+    EXPECT_EQ(static_cast<double>(got), expected) << bits;
+    EXPECT_EQ(table[bits], got) << bits;
+    EXPECT_EQ(std::signbit(got), (bits & 0x80) != 0) << bits;
+  }
+  EXPECT_EQ(f8_e4m3_to_f32(0x7E), 448.0f);   // the largest finite value
+  EXPECT_EQ(f8_e4m3_to_f32(0xFE), -448.0f);
+  EXPECT_EQ(f8_e4m3_to_f32(0x01), 0x1p-9f);  // the smallest subnormal
+  EXPECT_EQ(f8_e4m3_to_f32(0x07), 7 * 0x1p-9f);  // the largest subnormal
+  EXPECT_EQ(f8_e4m3_to_f32(0x08), 0x1p-6f);  // the smallest normal
+  EXPECT_EQ(f8_e4m3_to_f32(0x38), 1.0f);
+  EXPECT_EQ(f8_e4m3_to_f32(0x78), 256.0f);   // S.1111.000 is a number, not infinity
+  EXPECT_TRUE(std::isnan(f8_e4m3_to_f32(0x7F)));
+  EXPECT_TRUE(std::isnan(f8_e4m3_to_f32(0xFF)));
+  EXPECT_TRUE(std::signbit(f8_e4m3_to_f32(0x80)));  // negative zero
+  float decoded[3];
+  const uint8_t bytes[] = {0x38, 0xB8, 0x01};
+  convert_to_f32(bytes, DType::F8_E4M3, 3, decoded);
+  EXPECT_EQ(decoded[0], 1.0f);
+  EXPECT_EQ(decoded[1], -1.0f);
+  EXPECT_EQ(decoded[2], 0x1p-9f);
+}
+
+TEST(DType, Float8E4M3EncodesToNearestEven) {
+  for (unsigned bits = 0; bits < 256; ++bits) {  // every value round-trips
+    const float v = f8_e4m3_to_f32(static_cast<uint8_t>(bits));
+    if (!std::isnan(v)) {
+      EXPECT_EQ(f32_to_f8_e4m3(v), bits) << bits;
+    }
+  }
+  EXPECT_EQ(f32_to_f8_e4m3(1.0625f), 0x38);    // tie between 1 and 1.125: to even (1)
+  EXPECT_EQ(f32_to_f8_e4m3(1.1875f), 0x3A);    // tie between 1.125 and 1.25: to even (1.25)
+  EXPECT_EQ(f32_to_f8_e4m3(1.07f), 0x39);
+  EXPECT_EQ(f32_to_f8_e4m3(0x1p-10f), 0x00);   // half the smallest subnormal: ties to zero
+  EXPECT_EQ(f32_to_f8_e4m3(3 * 0x1p-10f), 0x02);  // 1.5 subnormal steps: to even (2)
+  EXPECT_EQ(f32_to_f8_e4m3(15 * 0x1p-10f), 0x08);  // rounds up into the smallest normal
+  EXPECT_EQ(f32_to_f8_e4m3(464.0f), 0x7E);     // the tie above 448 rounds to 448
+  EXPECT_EQ(f32_to_f8_e4m3(465.0f), 0x7F);     // beyond: NaN (no saturation, as torch)
+  EXPECT_EQ(f32_to_f8_e4m3(-1e9f), 0xFF);
+  EXPECT_EQ(f32_to_f8_e4m3(std::numeric_limits<float>::quiet_NaN()) & 0x7F, 0x7F);
+  EXPECT_EQ(f32_to_f8_e4m3(-0.0f), 0x80);
+}
+
 TEST(DType, NamesAndConversion) {
   EXPECT_EQ(dtype_from_name("BF16"), DType::BF16);
   EXPECT_EQ(dtype_size(DType::I64), 8u);
-  EXPECT_THROW(dtype_from_name("F8_E4M3"), Error);
+  EXPECT_EQ(dtype_from_name("F8_E4M3"), DType::F8_E4M3);
+  EXPECT_EQ(dtype_size(DType::F8_E4M3), 1u);
+  EXPECT_THROW(dtype_from_name("F8_E5M2"), Error);
   const int64_t src[] = {-3, 7};
   float dst[2];
   convert_to_f32(src, DType::I64, 2, dst);

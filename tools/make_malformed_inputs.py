@@ -101,11 +101,17 @@ class Suite:
         self.case(name, about, args or generate(), stderr, files={"model/config.json": text},
                   setup=[{"copy": family + "/model.safetensors", "to": "model/model.safetensors"}])
 
-    def model_with_patched_tensors(self, name, about, family, tensors, stderr, args=None):
-        """Fixture `family` with some tensors replaced: an index maps them to patch.safetensors
-        and every other tensor to the fixture's own model.safetensors."""
+    def model_with_patched_tensors(self, name, about, family, tensors, stderr, args=None, config_edit=None):
+        """Fixture `family` with some tensors replaced (or added): an index maps them to
+        patch.safetensors and every other tensor to the fixture's own model.safetensors; config.json
+        is the fixture's, with the keys of `config_edit` set."""
         weight_map = {t: "model.safetensors" for t in fixture_header(family)}
-        files = {"model/config.json": (DATA / family / "config.json").read_text()}
+        config_text = (DATA / family / "config.json").read_text()
+        if config_edit:
+            config = fixture_config(family)
+            config.update(config_edit)
+            config_text = json.dumps(config, indent=1)
+        files = {"model/config.json": config_text}
         if isinstance(tensors, tuple):  # (raw, possibly malformed shard bytes, names it holds)
             shard, patched = tensors
         else:
@@ -440,6 +446,44 @@ def nan_making(s):
             "infinite weights, or activations overflowed"), args=forward(model="{case}/model"))
 
 
+def quantized(s):
+    """FP8 block-scaled checkpoints (quantization_config quant_method "fp8") that cannot run exactly."""
+    qwen = "qwen3_moe"
+    q_proj = "model.layers.0.self_attn.q_proj.weight"
+    scale = q_proj + "_scale_inv"
+    fp8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [16, 16]}
+    weight = (q_proj, "F8_E4M3", [64, 64], bytes([0x38]) * 64 * 64)  # every element 1.0
+    ones = struct.pack("<16f", *([1.0] * 16))
+    s.model_with_patched_tensors(
+        "quant-missing-scale", "an F8_E4M3 weight without its weight_scale_inv", qwen, [weight],
+        err(f"tensor '{q_proj}' is stored as F8_E4M3, but the checkpoint has no block scales '{scale}' (expected "
+            "[4, 4] for blocks of [16, 16])"), config_edit={"quantization_config": fp8})
+    s.model_with_patched_tensors(
+        "quant-scale-wrong-shape", "block scales of the wrong shape for the block size", qwen,
+        [weight, (scale, "F32", [4, 3], ones[:48])],
+        err(f"block scales '{scale}' in {{case}}/model/patch.safetensors have shape [4, 3], expected [4, 4] (weight "
+            "[64, 64] in blocks of [16, 16])"), config_edit={"quantization_config": fp8})
+    s.model_with_patched_tensors(
+        "quant-scale-wrong-dtype", "integer block scales", qwen, [weight, (scale, "I32", [4, 4], bytes(64))],
+        err(f"block scales '{scale}' in {{case}}/model/patch.safetensors have dtype I32, expected F32, BF16 or F16"),
+        config_edit={"quantization_config": fp8})
+    s.model_with_patched_tensors(
+        "quant-fp8-without-config", "an F8_E4M3 weight in a checkpoint without quantization_config", qwen,
+        [weight, (scale, "F32", [4, 4], ones)],
+        err(f"tensor '{q_proj}' in {{case}}/model/patch.safetensors is stored as F8_E4M3, but {{case}}/model/config.json "
+            'has no quantization_config (quant_method "fp8" with weight_block_size)'))
+    where = "{case}/model/config.json: quantization_config"
+    s.model_with_config("quant-unknown-method", "quant_method mxfp4 (GPT-OSS) before r3 runs it", qwen,
+                        err(f"{where}.quant_method 'mxfp4' is not supported (r3 runs block-scaled \"fp8\" checkpoints)"),
+                        edit={"quantization_config": {"quant_method": "mxfp4"}})
+    s.model_with_config("quant-unknown-fmt", "fp8 in e5m2", qwen,
+                        err(f"{where}.fmt 'e5m2' is not supported (r3 runs \"e4m3\")"),
+                        edit={"quantization_config": dict(fp8, fmt="e5m2")})
+    s.model_with_config("quant-block-size-malformed", "weight_block_size with one size", qwen,
+                        err(f"{where}.weight_block_size must be two block sizes in [1, 1048576], e.g. [128, 128]"),
+                        edit={"quantization_config": dict(fp8, weight_block_size=[128])})
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "tests" / "malformed"))
@@ -449,7 +493,7 @@ def main():
     out.mkdir(parents=True)
     s = Suite(out)
     for group in (nesting, size_arithmetic, signed_overflow, hangs, runaway_allocation, accepted_must_be_refused,
-                  messages, nan_making):
+                  messages, nan_making, quantized):
         group(s)
     lines = ["# Malformed inputs", "",
              "Written by `tools/make_malformed_inputs.py` (do not edit by hand); run by",

@@ -8,9 +8,18 @@ writes reference_i.safetensors + reference.json next to the checkpoint.
   python3 tools/make_reference.py --family qwen3_moe --out DIR [--seed 1234] \
       [--config-override key=value ...] [--prompt-lens 12,5] [--gen 8] [--check-rope-scaling]
   python3 tools/make_reference.py --from-checkpoint DIR --out DIR2 [--input-ids-from REFDIR]
+  python3 tools/make_reference.py --family deepseek_v3 --out DIR --quantize fp8 --block-size 16,16
 
 --family also takes the names in RELEASED_STYLE (e.g. deepseek_v4_yarn): a tiny config written the way
 that family's released checkpoints write config.json; transformers loads the model from that file.
+
+--quantize fp8 --block-size R,C [--scale-dtype float32|bfloat16] writes the checkpoint the way published
+FP8 checkpoints are (DeepSeek-V3/R1, Kimi K2, Qwen3 FP8): every projection of the decoder layers (not
+the embeddings, lm_head, norms or router gates) becomes F8_E4M3 with `<name>_scale_inv` ([ceil(out/R),
+ceil(in/C)], amax/448 per block, partial last blocks allowed), config.json gets the quantization_config.
+The references (generate and the float64 forward) are computed by transformers from the DEQUANTIZED
+weights (fp8 * scale in float32, written to a temporary float32 checkpoint), which is what r3 computes
+with. --from-checkpoint of such a folder dequantizes it the same way.
 
 --family kimi_k3 (and --from-checkpoint of a kimi_k3 folder) runs the shared Kimi K3 oracle instead of a
 transformers class (tools/k3_oracle.py): give --k3-oracle (reference/kimi_k3/oracle) and --k3-modular
@@ -24,6 +33,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import k3_oracle  # noqa: E402
@@ -182,7 +192,20 @@ def parse_args(argv):
     p.add_argument("--check-rope-scaling", action="store_true",
                    help="also run the float64 forwards with the config's RoPE scaling removed (same weights) and "
                         "fail unless the logits change; the change is recorded in reference.json")
+    p.add_argument("--quantize", choices=sorted(QUANTIZERS),
+                   help="write the checkpoint quantized as published (see above); references use the dequantized "
+                        "weights")
+    p.add_argument("--block-size", default="128,128",
+                   help="--quantize fp8: weight_block_size ROWS,COLS (default 128,128, as published)")
+    p.add_argument("--scale-dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="--quantize fp8: dtype of weight_scale_inv (float32: DeepSeek, Kimi; bfloat16: Qwen3 FP8)")
     a = p.parse_args(argv)
+    try:
+        a.block_size = [int(x) for x in a.block_size.split(",")]
+    except ValueError:
+        die(f"--block-size must be ROWS,COLS, got '{a.block_size}'")
+    if len(a.block_size) != 2 or min(a.block_size) < 1:
+        die(f"--block-size must be two positive integers, got {a.block_size}")
     known = list(TINY_CONFIGS) + list(RELEASED_STYLE) + [k3_oracle.MODEL_TYPE]
     if a.family is not None and a.family not in known:
         die(f"unknown family '{a.family}'; known families: {', '.join(known)}")
@@ -268,6 +291,102 @@ def build_random(args, out, torch, transformers):
                "transformers_version": saved.get("transformers_version")}
         with open(path, "w") as f:
             json.dump(raw, f, indent=2)
+
+
+# Quantized checkpoints as published. A method has a quantizer (float32 checkpoint tensors -> the
+# tensors a published checkpoint stores, plus its quantization_config) and a dequantizer (stored tensors
+# -> float32, exactly as r3 computes them); the references always run on the dequantized float32 weights.
+# MXFP4 (GPT-OSS) plugs in as another pair: its experts' `*_blocks` (U8, two e2m1 per byte) and
+# `*_scales` (U8, e8m0 per 32 values), with quant_method "mxfp4" in the config.
+def quantized_as_published(name, t):
+    """Projections of the decoder layers; not embeddings, lm_head, norms, biases or router gates."""
+    return (t.dim() == 2 and name.startswith("model.layers.") and name.endswith(".weight")
+            and not name.endswith(".gate.weight"))
+
+
+def _block_grid(t, block, torch):
+    """t [rows, cols] zero-padded to whole blocks, as [rows/R, R, cols/C, C]."""
+    (R, C), (rows, cols) = block, t.shape
+    padded = torch.nn.functional.pad(t, (0, -cols % C, 0, -rows % R))
+    return padded.reshape(padded.shape[0] // R, R, padded.shape[1] // C, C)
+
+
+def _expand(scales, block, shape):
+    R, C = block
+    return scales.repeat_interleave(R, 0).repeat_interleave(C, 1)[: shape[0], : shape[1]]
+
+
+def quantize_fp8(tensors, args, torch):
+    """Per block: scale = amax / 448 (1 for an all-zero block; zero padding of partial blocks does not change
+    amax), stored in --scale-dtype; fp8 = e4m3(w / scale) with torch's rounding (clamped to +-448 first)."""
+    block, sdtype = args.block_size, getattr(torch, args.scale_dtype)
+    out = {}
+    for name, t in tensors.items():
+        if not quantized_as_published(name, t):
+            out[name] = t
+            continue
+        amax = _block_grid(t.float(), block, torch).abs().amax(dim=(1, 3))
+        scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax)).to(sdtype)
+        q = (t.float() / _expand(scale.float(), block, t.shape)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+        out[name], out[name + "_scale_inv"] = q.contiguous(), scale.contiguous()
+    config = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": list(block)}
+    if args.scale_dtype == "float32":
+        config["fmt"] = "e4m3"  # DeepSeek's and Kimi's configs spell the format; Qwen3's leave it out
+    return out, config
+
+
+def dequantize_fp8(tensors, config, torch):
+    """fp8 * scale_inv per block, a float32 product rounded once (what r3's kernels multiply by)."""
+    block, out = config["weight_block_size"], {}
+    for name, t in tensors.items():
+        if name.endswith("_scale_inv"):
+            continue
+        if t.dtype == torch.float8_e4m3fn:
+            scale = tensors[name + "_scale_inv"].float()
+            t = t.float() * _expand(scale, block, t.shape)
+        out[name] = t
+    return out
+
+
+QUANTIZERS = {"fp8": quantize_fp8}
+DEQUANTIZERS = {"fp8": dequantize_fp8}
+
+
+def quantize_checkpoint(out, args, torch):
+    """Rewrites out/model.safetensors and out/config.json in the published quantized format."""
+    from safetensors.torch import load_file, save_file
+    cfg_path = os.path.join(out, "config.json")
+    if "quantization_config" in json.load(open(cfg_path)):
+        die(f"--quantize: {out} is quantized already")
+    path = os.path.join(out, "model.safetensors")
+    stored, qconfig = QUANTIZERS[args.quantize](load_file(path), args, torch)
+    save_file(stored, path, metadata={"format": "pt"})
+    cfg = json.load(open(cfg_path))
+    cfg["quantization_config"] = qconfig
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f, indent=2)
+    n = sum(1 for v in stored.values() if v.dtype == torch.float8_e4m3fn)
+    print(f"quantized {n} weights to {args.quantize}, blocks {args.block_size}, scales {args.scale_dtype}")
+
+
+def dequantized_copy(out, tmp, torch):
+    """A float32 copy of the quantized checkpoint in `out`, without quantization_config, in tmp; None when
+    `out` is not quantized."""
+    from safetensors.torch import load_file, save_file
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    qconfig = cfg.pop("quantization_config", None)
+    if qconfig is None:
+        return None
+    method = qconfig.get("quant_method")
+    if method not in DEQUANTIZERS:
+        die(f"{out}: quantization_config.quant_method {method!r} has no dequantizer here")
+    save_file(DEQUANTIZERS[method](load_file(os.path.join(out, "model.safetensors")), qconfig, torch),
+              os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    if os.path.exists(os.path.join(out, "generation_config.json")):
+        shutil.copy2(os.path.join(out, "generation_config.json"), tmp)
+    return qconfig
 
 
 def load_eager(path, torch, transformers, device):
@@ -485,7 +604,14 @@ def main(argv=None):
                 if os.path.exists(os.path.join(src, f)):
                     shutil.copy2(os.path.join(src, f), out)
 
-    model = k3_oracle.load_eager(k3_model, out, torch, args.device) if k3 else load_eager(out, torch, transformers,
+    if args.quantize:
+        if k3:
+            die("--quantize: not for the Kimi K3 oracle")
+        quantize_checkpoint(out, args, torch)
+    tmp = tempfile.mkdtemp(prefix="make_reference_")
+    qconfig = None if k3 else dequantized_copy(out, tmp, torch)
+    weights = tmp if qconfig else out  # transformers runs the dequantized float32 weights
+    model = k3_oracle.load_eager(k3_model, out, torch, args.device) if k3 else load_eager(weights, torch, transformers,
                                                                                           args.device)
     cfg, seed = model.config, args.seed
     if args.input_ids_from:
@@ -543,8 +669,12 @@ def main(argv=None):
         meta["source"] = {"model_code": "reference/kimi_k3/oracle (configuration, model, cache, hub names) on "
                                         "transformers' modular_kimi_k3.py @ e6ffd13, patched as tools/k3_oracle.py",
                           "float64": "Kimi K3's own code in float64 (the modular's float32 upcasts lifted)"}
+    if qconfig:
+        meta["quantization_config"] = qconfig
+        meta["quantized_note"] = ("the checkpoint stores quantized weights as published; the references ran "
+                                  "transformers on the dequantized float32 weights (fp8 * scale_inv, one rounding)")
     if args.check_rope_scaling:
-        checks = check_rope_scaling(out, refs, torch, transformers, args.device)
+        checks = check_rope_scaling(weights, refs, torch, transformers, args.device)
         for i, c in enumerate(checks):
             print(f"reference_{i} without RoPE scaling: {c}")
         if max(c["logits_rel_change"] for c in checks) < 1e-3:
@@ -553,6 +683,7 @@ def main(argv=None):
         meta["without_rope_scaling"] = checks
     with open(os.path.join(out, "reference.json"), "w") as f:
         json.dump(meta, f, indent=1)
+    shutil.rmtree(tmp, ignore_errors=True)
     print(f"wrote {out}")
 
 

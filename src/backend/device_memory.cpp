@@ -40,6 +40,8 @@ Tensor host_staging_empty(Context& ctx, DType dtype, Shape shape) {
 
 Tensor to_device(Context& ctx, const Tensor& host) {
   R3_CHECK(host.device() == Device::kCpu && host.is_contiguous(), "to_device: needs a contiguous host tensor");
+  R3_CHECK(host.block_scales() == nullptr || ctx.device() == Device::kCpu,
+           "FP8 block-scaled weights have no CUDA kernels yet: run this checkpoint on the CPU");
 #if R3_WITH_CUDA
   if (ctx.device() == Device::kCuda) return cuda::upload(ctx, host);
 #endif
@@ -50,6 +52,8 @@ Tensor to_device(Context& ctx, const Tensor& host) {
 void convert_matrix(const Tensor& src, DType dtype, void* dst) {
   R3_CHECK(src.device() == Device::kCpu && src.is_contiguous(), "convert: needs a contiguous host tensor");
   R3_CHECK(dtype == DType::F32 || dtype == DType::BF16, "convert: to F32 or BF16, not ", dtype_name(dtype));
+  R3_CHECK(src.block_scales() == nullptr && src.dtype() != DType::F8_E4M3,
+           "FP8 block-scaled weights have no CUDA kernels yet: run this checkpoint on the CPU");
   const auto n = static_cast<std::size_t>(src.numel());
   if (src.dtype() == dtype) {
     std::memcpy(dst, src.raw_data(), src.nbytes());

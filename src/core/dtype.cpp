@@ -1,8 +1,10 @@
 #include "core/dtype.h"
 
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "core/check.h"
 
@@ -13,7 +15,7 @@ std::size_t dtype_size(DType dtype) {
     case DType::F64: case DType::I64: return 8;
     case DType::F32: case DType::I32: return 4;
     case DType::BF16: case DType::F16: case DType::U16: return 2;
-    case DType::U8: return 1;
+    case DType::U8: case DType::F8_E4M3: return 1;
   }
   R3_FAIL("unknown dtype");
 }
@@ -28,21 +30,22 @@ std::string_view dtype_name(DType dtype) {
     case DType::I32: return "I32";
     case DType::U16: return "U16";
     case DType::U8: return "U8";
+    case DType::F8_E4M3: return "F8_E4M3";
   }
   return "?";
 }
 
 DType dtype_from_name(std::string_view name) {
   for (DType d : {DType::F64, DType::F32, DType::BF16, DType::F16, DType::I64, DType::I32,
-                  DType::U16, DType::U8}) {
+                  DType::U16, DType::U8, DType::F8_E4M3}) {
     if (dtype_name(d) == name) return d;
   }
-  R3_FAIL("unsupported dtype '", name, "' (supported: F64, F32, BF16, F16, I64, I32, U16, U8)");
+  R3_FAIL("unsupported dtype '", name, "' (supported: F64, F32, BF16, F16, F8_E4M3, I64, I32, U16, U8)");
 }
 
 bool is_floating(DType dtype) {
   return dtype == DType::F64 || dtype == DType::F32 || dtype == DType::BF16 ||
-         dtype == DType::F16;
+         dtype == DType::F16 || dtype == DType::F8_E4M3;
 }
 
 float bf16_to_f32(uint16_t bits) {
@@ -95,6 +98,52 @@ uint16_t f32_to_f16(float value) {
   return static_cast<uint16_t>(sign | half);
 }
 
+float f8_e4m3_to_f32(uint8_t bits) {
+  const bool negative = (bits & 0x80) != 0;
+  const int exponent = (bits >> 3) & 0xF;
+  const int mantissa = bits & 0x7;
+  float magnitude;
+  if (exponent == 0xF && mantissa == 0x7) {
+    magnitude = std::numeric_limits<float>::quiet_NaN();
+  } else if (exponent == 0) {
+    magnitude = std::ldexp(static_cast<float>(mantissa), -9);  // subnormal: m/8 * 2^-6
+  } else {
+    magnitude = std::ldexp(static_cast<float>(8 + mantissa), exponent - 10);  // (1 + m/8) * 2^(e-7)
+  }
+  return negative ? -magnitude : magnitude;
+}
+
+uint8_t f32_to_f8_e4m3(float value) {
+  const auto sign = static_cast<uint8_t>(std::signbit(value) ? 0x80 : 0x00);
+  const float magnitude = std::fabs(value);
+  if (std::isnan(value)) return static_cast<uint8_t>(sign | 0x7F);
+  if (magnitude < 0x1p-6f) {
+    // Subnormal range: multiples of 2^-9, ties to even; 8 * 2^-9 is the smallest normal (code 8).
+    return static_cast<uint8_t>(sign | static_cast<uint8_t>(std::nearbyint(std::ldexp(magnitude, 9))));
+  }
+  if (magnitude >= 480.0f) return static_cast<uint8_t>(sign | 0x7F);
+  int exponent = 0;
+  const float fraction = std::frexp(magnitude, &exponent);  // magnitude = fraction * 2^exponent, fraction in [0.5, 1)
+  // (1 + m/8) * 2^(exponent - 1): m = (2 * fraction - 1) * 8, exact in float, rounded to nearest even.
+  auto mantissa = static_cast<int>(std::nearbyint((2.0f * fraction - 1.0f) * 8.0f));
+  int biased = exponent - 1 + 7;
+  if (mantissa == 8) {
+    mantissa = 0;
+    ++biased;
+  }
+  if (biased > 15 || (biased == 15 && mantissa == 7)) return static_cast<uint8_t>(sign | 0x7F);
+  return static_cast<uint8_t>(sign | (biased << 3) | mantissa);
+}
+
+const float* f8_e4m3_table() {
+  static const auto table = [] {
+    std::array<float, 256> t{};
+    for (int b = 0; b < 256; ++b) t[static_cast<std::size_t>(b)] = f8_e4m3_to_f32(static_cast<uint8_t>(b));
+    return t;
+  }();
+  return table.data();
+}
+
 void convert_to_f32(const void* src, DType dtype, std::size_t count, float* dst) {
   const auto* bytes = static_cast<const unsigned char*>(src);
   // memcpy per element: safetensors data need not be aligned for the element type.
@@ -114,6 +163,7 @@ void convert_to_f32(const void* src, DType dtype, std::size_t count, float* dst)
     case DType::I32: each(int32_t{}, [](int32_t v) { return static_cast<float>(v); }); return;
     case DType::U16: each(uint16_t{}, [](uint16_t v) { return static_cast<float>(v); }); return;
     case DType::U8: each(uint8_t{}, [](uint8_t v) { return static_cast<float>(v); }); return;
+    case DType::F8_E4M3: each(uint8_t{}, f8_e4m3_to_f32); return;
   }
 }
 

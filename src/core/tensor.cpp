@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <sstream>
@@ -76,6 +77,11 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
            end, ") out of range for shape ", shape_to_string(shape_));
   Tensor t = *this;
   if (t.storage_ == Storage::kOwned) t.storage_ = Storage::kView;
+  if (block_scales_) {
+    auto shifted = std::make_shared<BlockScales>(*block_scales_);
+    shifted->first_row += begin;
+    t.block_scales_ = std::move(shifted);
+  }
   t.shape_[0] = end - begin;
   t.data_ = static_cast<unsigned char*>(data_) +
             static_cast<std::size_t>(begin * strides_[0]) * dtype_size(dtype_);
@@ -86,10 +92,60 @@ Tensor Tensor::reshaped(Shape shape) const {
   R3_CHECK(is_contiguous(), "reshape needs a contiguous tensor");
   R3_CHECK(shape_numel(shape) == numel(), "cannot reshape ", shape_to_string(shape_), " to ",
            shape_to_string(shape));
+  R3_CHECK(block_scales_ == nullptr || shape == shape_, "cannot reshape the block-scaled ", dtype_name(dtype_),
+           " matrix ", shape_to_string(shape_), " to ", shape_to_string(shape));
   Tensor t = *this;
   t.strides_ = contiguous_strides(shape);
   t.shape_ = std::move(shape);
   return t;
+}
+
+Tensor Tensor::with_block_scales(BlockScales scales) const {
+  R3_CHECK(dtype_ == DType::F8_E4M3, "block scales apply to F8_E4M3 weights, not ", dtype_name(dtype_));
+  R3_CHECK(rank() == 2 && is_contiguous(), "block scales need a contiguous matrix, got ", shape_to_string(shape_));
+  R3_CHECK(scales.block_rows > 0 && scales.block_cols > 0 && scales.first_row >= 0, "block scales: block [",
+           scales.block_rows, ", ", scales.block_cols, "] at row ", scales.first_row);
+  R3_CHECK(scales.scales.dtype() == DType::F32 && scales.scales.rank() == 2 && scales.scales.is_contiguous() &&
+               scales.scales.dim(0) * scales.block_rows >= scales.first_row + shape_[0] &&
+               scales.scales.dim(1) == (shape_[1] + scales.block_cols - 1) / scales.block_cols,
+           "block scales ", dtype_name(scales.scales.dtype()), " ", shape_to_string(scales.scales.shape()),
+           " do not cover a ", shape_to_string(shape_), " matrix in blocks of [", scales.block_rows, ", ",
+           scales.block_cols, "]");
+  const auto* bytes = static_cast<const uint8_t*>(data_);
+  bool plain = true;
+  for (int64_t i = 0, n = numel(); i < n && plain; ++i) plain = (bytes[i] & 0x7F) != 0x7F;
+  const float* s = scales.scales.data<float>();
+  for (int64_t i = 0, n = scales.scales.numel(); i < n && plain; ++i) plain = std::isfinite(s[i] * 0x1p120f);
+  scales.plain = plain;
+  Tensor t = *this;
+  t.block_scales_ = std::make_shared<const BlockScales>(std::move(scales));
+  return t;
+}
+
+void row_to_f32(const Tensor& t, int64_t row, float* dst) {
+  R3_CHECK(t.rank() == 2 && t.is_contiguous() && row >= 0 && row < t.dim(0), "row_to_f32: row ", row, " of ",
+           shape_to_string(t.shape()));
+  const int64_t cols = t.dim(1);
+  const auto* src = static_cast<const unsigned char*>(t.raw_data()) +
+                    static_cast<std::size_t>(row * cols) * dtype_size(t.dtype());
+  convert_to_f32(src, t.dtype(), static_cast<std::size_t>(cols), dst);
+  if (const BlockScales* s = t.block_scales()) {
+    for (int64_t c = 0; c < cols; ++c) dst[c] = dst[c] * s->at(row, c);
+  }
+}
+
+Tensor to_f32(const Tensor& t) {
+  R3_CHECK(t.is_contiguous() && is_floating(t.dtype()), "to_f32: needs a contiguous floating tensor, got ",
+           dtype_name(t.dtype()), " ", shape_to_string(t.shape()));
+  if (t.dtype() == DType::F32) return t;
+  Tensor out = Tensor::empty(DType::F32, t.shape());
+  if (t.block_scales() == nullptr || t.rank() != 2) {
+    R3_CHECK(t.block_scales() == nullptr, "to_f32: block scales on a rank-", t.rank(), " tensor");
+    convert_to_f32(t.raw_data(), t.dtype(), static_cast<std::size_t>(t.numel()), out.data<float>());
+    return out;
+  }
+  for (int64_t r = 0; r < t.dim(0); ++r) row_to_f32(t, r, out.data<float>() + r * t.dim(1));
+  return out;
 }
 
 }  // namespace r3

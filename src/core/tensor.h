@@ -22,6 +22,8 @@ namespace r3 {
 
 enum class Storage { kOwned, kMapped, kView };
 
+struct BlockScales;
+
 std::string shape_to_string(const Shape& shape);  // "[2, 3]"
 int64_t shape_numel(const Shape& shape);
 Shape contiguous_strides(const Shape& shape);
@@ -85,10 +87,19 @@ class Tensor {
   // Whether another tensor (a view, a copy of this handle) still holds this tensor's memory, so
   // that writing it would change what someone else reads. False for an unowned view.
   bool storage_shared() const { return owner_.use_count() > 1; }
-  // View of rows [begin, end) along axis 0 (shares the owner).
+  // View of rows [begin, end) along axis 0 (shares the owner, and the block scales: the view
+  // remembers which row of the scaled matrix is its first).
   Tensor rows(int64_t begin, int64_t end) const;
-  // Same memory, new contiguous shape with the same element count.
+  // Same memory, new contiguous shape with the same element count (not for block-scaled tensors,
+  // whose scales belong to their matrix shape).
   Tensor reshaped(Shape shape) const;
+
+  // The scales of a block-quantized weight (FP8 e4m3 with `weight_scale_inv`), or nullptr when the
+  // stored values are the values. See BlockScales.
+  const BlockScales* block_scales() const { return block_scales_.get(); }
+  // This rank-2 F8_E4M3 tensor (same memory) with `scales` attached; checks the scales cover it
+  // and reads the values once (BlockScales::plain): they must not change afterwards.
+  Tensor with_block_scales(BlockScales scales) const;
 
  private:
   DType dtype_ = DType::F32;
@@ -98,6 +109,42 @@ class Tensor {
   Shape strides_;
   void* data_ = nullptr;
   std::shared_ptr<const void> owner_;
+  std::shared_ptr<const BlockScales> block_scales_;
 };
+
+// Block scales of a weight matrix stored quantized, as published FP8 checkpoints store them:
+// `<name>.weight` in F8_E4M3 and `<name>.weight_scale_inv`, one scale per block of block_rows x
+// block_cols elements (the last blocks of a row or column may be partial). Element (r, c) of the
+// matrix is decode(value(r, c)) * scales[(first_row + r) / block_rows][c / block_cols], a product
+// rounded once to float32.
+//
+// Why the scales ride on the Tensor: every consumer of a weight (WeightMatrix for the matmul
+// kernels, the experts' banks, embeddings, widening for the few weights read element by element)
+// already receives one Tensor per weight from Checkpoint::load_weight. Attaching the scales there
+// lets all of them take FP8 weights without new parameters or any knowledge of files, keeps the
+// weight itself a zero-copy view of the mapped FP8 bytes, and survives copies (EPLB replicas) and
+// row views (MLA splits kv_a_proj by rows) without a separate tensor to carry along.
+struct BlockScales {
+  Tensor scales;  // F32 [ceil(matrix rows / block_rows), ceil(cols / block_cols)], contiguous
+  int64_t block_rows = 0, block_cols = 0;
+  int64_t first_row = 0;  // row of the scaled matrix that is row 0 of the tensor holding these
+  // Set by Tensor::with_block_scales: no byte of the matrix is the e4m3 NaN and every scale times
+  // 2^120 is finite, which lets the vector kernel decode more cheaply and fold a power of two into
+  // the scale (ops/cpu/matmul_avx512.cpp) with the same bits.
+  bool plain = false;
+
+  // The scale of element (row, col) of the tensor holding these scales.
+  float at(int64_t row, int64_t col) const {
+    return static_cast<const float*>(scales.raw_data())[((first_row + row) / block_rows) * scales.dim(1) +
+                                                        col / block_cols];
+  }
+};
+
+// Row `row` of a rank-2 floating tensor as float32: the stored values widened exactly, times their
+// block scale (one float32 rounding) when the tensor has block scales.
+void row_to_f32(const Tensor& t, int64_t row, float* dst);
+// A contiguous float32 copy of a rank-1 or rank-2 floating tensor (block scales applied), or the
+// tensor itself when it is F32 already.
+Tensor to_f32(const Tensor& t);
 
 }  // namespace r3

@@ -125,7 +125,40 @@ const SafetensorsEntry& Checkpoint::entry(const std::string& name, const Shape& 
 }
 
 Tensor Checkpoint::load_f32(const std::string& name, const Shape& expected) const {
-  return widened(name, entry(name, expected));
+  const SafetensorsEntry& e = entry(name, expected);
+  if (e.dtype == DType::F8_E4M3) return to_f32(block_scaled(name, e));
+  return widened(name, e);
+}
+
+Tensor Checkpoint::block_scaled(const std::string& name, const SafetensorsEntry& e) const {
+  const std::string& file = where_.at(name)->path();
+  R3_CHECK(quantization_.fp8, "tensor '", name, "' in ", file, " is stored as F8_E4M3, but ",
+           quantization_.source.empty() ? dir_ + "/config.json" : quantization_.source,
+           " has no quantization_config (quant_method \"fp8\" with weight_block_size)");
+  R3_CHECK(e.shape.size() == 2, "tensor '", name, "' in ", file, ": F8_E4M3 ", shape_to_string(e.shape),
+           " is not a weight matrix");
+  const std::string excluded = quantization_.excluded_by(name);
+  R3_CHECK(excluded.empty(), "tensor '", name, "' in ", file, " is stored as F8_E4M3, but ", quantization_.source,
+           " lists '", excluded, "' in quantization_config.modules_to_not_convert");
+  const std::string scale_name = name + "_scale_inv";
+  const int64_t br = quantization_.block_rows, bc = quantization_.block_cols;
+  const Shape grid{(e.shape[0] + br - 1) / br, (e.shape[1] + bc - 1) / bc};
+  auto it = where_.find(scale_name);
+  R3_CHECK(it != where_.end(), "tensor '", name, "' is stored as F8_E4M3, but the checkpoint has no block scales '",
+           scale_name, "' (expected ", shape_to_string(grid), " for blocks of [", br, ", ", bc, "])");
+  const SafetensorsEntry& se = *it->second->find(scale_name);
+  R3_CHECK(se.dtype == DType::F32 || se.dtype == DType::BF16 || se.dtype == DType::F16, "block scales '", scale_name,
+           "' in ", it->second->path(), " have dtype ", dtype_name(se.dtype), ", expected F32, BF16 or F16");
+  R3_CHECK(se.shape == grid, "block scales '", scale_name, "' in ", it->second->path(), " have shape ",
+           shape_to_string(se.shape), ", expected ", shape_to_string(grid), " (weight ", shape_to_string(e.shape),
+           " in blocks of [", br, ", ", bc, "])");
+  BlockScales scales;
+  scales.scales = widened(scale_name, entry(scale_name, grid));
+  scales.block_rows = br;
+  scales.block_cols = bc;
+  Tensor stored = where_.at(name)->view(name);
+  prefetch(stored.raw_data(), stored.nbytes());
+  return stored.with_block_scales(std::move(scales));  // bytes need no alignment: zero-copy
 }
 
 Tensor Checkpoint::widened(const std::string& name, const SafetensorsEntry& e) const {
@@ -147,6 +180,7 @@ Tensor Checkpoint::widened(const std::string& name, const SafetensorsEntry& e) c
 
 Tensor Checkpoint::load_weight(const std::string& name, const Shape& expected) const {
   const SafetensorsEntry& e = entry(name, expected);
+  if (e.dtype == DType::F8_E4M3) return block_scaled(name, e);
   if (e.dtype != DType::F32 && e.dtype != DType::BF16 && e.dtype != DType::F16) return widened(name, e);
   Tensor stored = where_.at(name)->view(name);
   const bool aligned = reinterpret_cast<uintptr_t>(stored.raw_data()) % dtype_size(e.dtype) == 0;

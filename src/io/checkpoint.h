@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "io/quantization.h"
 #include "io/safetensors.h"
 
 namespace r3 {
@@ -32,13 +33,20 @@ class Checkpoint {
   // Loads `name` as contiguous float32 of exactly `expected` shape. A missing tensor, a shape
   // mismatch or a non-floating dtype is an error naming the tensor, expected and found.
   Tensor load_f32(const std::string& name, const Shape& expected) const;
-  // Loads a weight matrix for the matmul kernels (ops/matmul.h), which read F32, BF16 and F16:
-  // those stay as stored, a zero-copy view of the mapping when aligned (a copy otherwise), so
-  // resident memory stays at the file size; F64 is narrowed to F32. Its pages are read in now,
-  // so the first step does not pay for them.
+  // Loads a weight matrix for the matmul kernels (ops/matmul.h), which read F32, BF16, F16 and
+  // block-scaled F8_E4M3: those stay as stored, a zero-copy view of the mapping when aligned (a
+  // copy otherwise), so resident memory stays at the file size; F64 is narrowed to F32. Its pages
+  // are read in now, so the first step does not pay for them. An F8_E4M3 weight comes with its
+  // `<name>_scale_inv` attached (Tensor::block_scales(), widened to F32), as the quantization
+  // (set_quantization) describes it; load_f32 of one is its dequantized float32 copy.
   Tensor load_weight(const std::string& name, const Shape& expected) const;
   // Loads `name` in its stored dtype (for integer tables), checking the shape.
   Tensor load_raw(const std::string& name, const Shape& expected) const;
+
+  // The checkpoint's quantization_config (io/quantization.h). Without one, an F8_E4M3 weight is
+  // refused.
+  void set_quantization(WeightQuantization q) { quantization_ = std::move(q); }
+  const WeightQuantization& quantization() const { return quantization_; }
 
   // Called with the stored byte count of each tensor as it is loaded (progress reporting).
   void on_load(std::function<void(uint64_t)> callback) { on_load_ = std::move(callback); }
@@ -49,11 +57,14 @@ class Checkpoint {
   const SafetensorsEntry& entry(const std::string& name, const Shape& expected) const;
   // `e` as contiguous float32 (a zero-copy view for aligned F32).
   Tensor widened(const std::string& name, const SafetensorsEntry& e) const;
+  // The F8_E4M3 weight `name` (entry `e`, already checked) with its block scales attached.
+  Tensor block_scaled(const std::string& name, const SafetensorsEntry& e) const;
 
   std::string dir_;
   std::vector<std::shared_ptr<const SafetensorsFile>> files_;
   std::map<std::string, const SafetensorsFile*> where_;
   std::function<void(uint64_t)> on_load_;
+  WeightQuantization quantization_;
   mutable std::set<std::string> loaded_;
 };
 

@@ -52,7 +52,9 @@ std::unique_ptr<CausalLM> load_model(const std::string& model_dir, const LoadOpt
   const Family& family = family_of(config);
   std::optional<DecoderSpec> spec;
   if (family.parse != nullptr) spec = spec_from_config(config);  // config errors before any weight loads
+  WeightQuantization quantization = WeightQuantization::from_config(config);
   Checkpoint checkpoint = Checkpoint::open(model_dir);
+  checkpoint.set_quantization(std::move(quantization));
   Progress progress("loading " + model_dir, checkpoint.total_bytes());
   checkpoint.on_load([&](uint64_t bytes) { progress.advance(bytes); });
   std::unique_ptr<CausalLM> model =

@@ -11,7 +11,8 @@ namespace {
 Tensor copy_of(const Tensor& t) {
   Tensor c = Tensor::empty(t.dtype(), t.shape());
   std::memcpy(c.raw_data(), t.raw_data(), t.nbytes());
-  return c;
+  // Block scales are never written: the copy shares them.
+  return t.block_scales() != nullptr ? c.with_block_scales(*t.block_scales()) : c;
 }
 
 Tensor copy_if_defined(const Tensor& t) { return t.defined() ? copy_of(t) : Tensor(); }

@@ -20,7 +20,7 @@ void embedding_ids_on_device(backend::Context& ctx, const Tensor& table, const i
 }
 #endif
 
-// table: F32/BF16/F16 [vocab, hidden]; out: F32 [ids.size(), hidden]. Ids must be in the vocabulary.
+// table: F32/BF16/F16, or F8_E4M3 with block scales (CPU) [vocab, hidden]; out: F32 [ids.size(), hidden]. Ids must be in the vocabulary.
 inline void embedding(backend::Context& ctx, const Tensor& table, std::span<const int32_t> ids, Tensor& out) {
   R3_DISPATCH(ctx, embedding, table, ids, out);
 }

@@ -1,6 +1,9 @@
 // The projection kernel every weight matmul in r3 goes through: y = x · wᵀ (+ bias), with x in
-// float32 and the weights in the dtype the checkpoint stores (F32, BF16, F16), widened to float32
-// inside the kernel so a bf16 checkpoint never needs a widened copy in memory.
+// float32 and the weights in the dtype the checkpoint stores (F32, BF16, F16, or F8_E4M3 with
+// block scales), widened to float32 inside the kernel so a bf16 or fp8 checkpoint never needs a
+// widened copy in memory. An FP8 weight element is decode(fp8) * its block's scale, one float32
+// rounding: the kernels compute exactly what they compute on a float32 matrix holding those
+// products.
 //
 // Every output element is computed with one fixed sequence of float32 operations, whatever the
 // number of rows, the tiling, the thread count or the instruction set:
@@ -20,11 +23,18 @@ namespace r3::ops {
 // A weight matrix [rows = out features, cols = in features], rows contiguous, as stored.
 struct WeightMatrix {
   const void* data = nullptr;
-  DType dtype = DType::F32;  // F32, BF16 or F16
+  DType dtype = DType::F32;  // F32, BF16, F16 or F8_E4M3
   int64_t rows = 0, cols = 0;
+  // F8_E4M3 only (the weight's BlockScales): element (j, k) is
+  // decode(data[j * cols + k]) * block_scales[((first_row + j) / block_rows) * scale_cols + k / block_cols].
+  const float* block_scales = nullptr;
+  int64_t block_rows = 0, block_cols = 0, scale_cols = 0, first_row = 0;
+  bool plain_scales = false;  // BlockScales::plain
 
-  // Checks `w` is a contiguous rank-2 F32/BF16/F16 tensor.
+  // Checks `w` is a contiguous rank-2 F32/BF16/F16 tensor, or F8_E4M3 with block scales.
   static WeightMatrix of(const Tensor& w);
+  // The scales of weight row j (F8_E4M3): entry k / block_cols is column k's.
+  const float* scale_row(int64_t j) const { return block_scales + ((first_row + j) / block_rows) * scale_cols; }
 };
 
 // y[i * ldy + (j - n0)] = x[i] · w[j] (+ bias[j]) for rows i in [0, m), outputs j in [n0, n1).

@@ -16,7 +16,9 @@ void embedding(const Tensor& table, std::span<const int32_t> ids, Tensor& out) {
     R3_CHECK(ids[t] >= 0 && ids[t] < vocab, "embedding: token id ", ids[t], " outside [0, ", vocab, ")");
     const unsigned char* row = base + static_cast<std::size_t>(ids[t]) * row_bytes;
     float* dst = o + static_cast<int64_t>(t) * hidden;
-    if (table.dtype() == DType::F32) {
+    if (table.block_scales() != nullptr) {
+      row_to_f32(table, ids[t], dst);
+    } else if (table.dtype() == DType::F32) {
       std::memcpy(dst, row, row_bytes);
     } else {
       convert_to_f32(row, table.dtype(), static_cast<std::size_t>(hidden), dst);

@@ -160,6 +160,136 @@ R3_AVX512 void run(const float* x, int64_t m, int64_t ldx, const WeightMatrix& w
   }
 }
 
+// F8_E4M3 weights with block scales. An e4m3 byte s.eeee.mmm written into an f16 as
+// s.0eeee.mmm0000000 is the same number times 2^-8, subnormals included (e4m3's are m/8 * 2^-6,
+// f16's m/8 * 2^-14), so the F16C conversion decodes it exactly; times 256 (exact) it is the e4m3
+// value, and times the block's scale it is the weight, rounded once as matmul.h defines. The one
+// e4m3 NaN (s.1111.111) would read as 480: it becomes an f16 NaN first. Each block column of the
+// row keeps one broadcast scale, so the 16-lane steps must not straddle blocks: block_cols a
+// multiple of 16 (published checkpoints use 128; others take the portable kernel).
+//
+// A weight whose BlockScales are `plain` (no NaN byte, every scale * 2^120 finite: published
+// checkpoints) takes a shorter decode: e4m3 * 2^-120 straight from the bits, times scale * 2^120
+// (computed once per block): the same real product, rounded once, so the same bits.
+template <bool kPlain>
+R3_AVX512 inline __m512 decode_f8(__m128i bytes) {
+  if constexpr (kPlain) {
+    // s.eeee.mmm as float32 bits s.0000eeee.mmm0...0 is e4m3 * 2^-120 (a float32 subnormal for
+    // e = 0, exact while the MXCSR's denormals-are-zero is off: run_f8's caller checks): the sign
+    // from the sign extension, the 7 magnitude bits shifted into place. The scale carries 2^120.
+    const __m512i widened = _mm512_cvtepi8_epi32(bytes);  // sign-extended: bit 7 fills bits 8-31
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(widened, 20),
+                                                 _mm512_set1_epi32(static_cast<int>(0x87F00000u))));
+  }
+  const __m256i widened = _mm256_cvtepi8_epi16(bytes);  // sign-extended: bit 7 fills bits 8-15
+  __m256i half = _mm256_and_si256(_mm256_slli_epi16(widened, 7), _mm256_set1_epi16(static_cast<short>(0xBFFF)));
+  const __mmask16 nan =
+      _mm256_cmpeq_epi16_mask(_mm256_and_si256(half, _mm256_set1_epi16(0x7FFF)), _mm256_set1_epi16(0x3F80));
+  half = _mm256_mask_blend_epi16(nan, half, _mm256_set1_epi16(0x7E00));
+  return _mm512_mul_ps(_mm512_cvtph_ps(half), _mm512_set1_ps(256.0f));
+}
+
+template <bool kPlain, int MR, int NR>
+R3_AVX512 void micro_tile_f8(const float* x, int64_t ldx, const uint8_t* w, int64_t k, const float* const* scale_rows,
+                             int64_t block_cols, const float* bias, float* y, int64_t ldy, const uint8_t* next) {
+  constexpr int64_t kLine = 64;  // bytes per cache line
+  __m512 acc[MR][NR];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  }
+  for (int64_t c0 = 0; c0 < k; c0 += block_cols) {
+    const int64_t c1 = std::min(k, c0 + block_cols);
+    __m512 scale[NR];
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) {
+      scale[j] = _mm512_set1_ps(kPlain ? scale_rows[j][c0 / block_cols] * 0x1p120f : scale_rows[j][c0 / block_cols]);
+    }
+    int64_t c = c0;
+    for (; c + kMatmulLanes <= c1; c += kMatmulLanes) {
+      if (next != nullptr && c % kLine == 0) {
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(next + j * k + c), _MM_HINT_T1);
+      }
+      __m512 wv[NR];
+#pragma GCC unroll 4
+      for (int j = 0; j < NR; ++j) {
+        wv[j] = _mm512_mul_ps(decode_f8<kPlain>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + j * k + c))), scale[j]);
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) {
+        __m512 xv = _mm512_loadu_ps(x + i * ldx + c);
+        __asm__("" : "+v"(xv));  // as in micro_tile
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+      }
+    }
+    if (c < c1) {  // the K tail (c1 == k): masked lanes are +0 in x and w, the zero padding
+      const auto mask = static_cast<__mmask16>((1u << (c1 - c)) - 1u);
+      __m512 wv[NR];
+#pragma GCC unroll 4
+      for (int j = 0; j < NR; ++j) {
+        wv[j] = _mm512_maskz_mul_ps(mask, decode_f8<kPlain>(_mm_maskz_loadu_epi8(mask, w + j * k + c)), scale[j]);
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) {
+        const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * ldx + c);
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) {
+      const float v = reduce_lanes_pairwise(acc[i][j]);
+      y[i * ldy + j] = bias ? v + bias[j] : v;
+    }
+  }
+}
+
+using TileF8Fn = void (*)(const float*, int64_t, const uint8_t*, int64_t, const float* const*, int64_t, const float*,
+                          float*, int64_t, const uint8_t*);
+
+template <bool kPlain, int MR, int... NRs>
+constexpr auto tile_row_f8(std::integer_sequence<int, NRs...>) {
+  return std::array<TileF8Fn, sizeof...(NRs)>{&micro_tile_f8<kPlain, MR, NRs + 1>...};
+}
+
+template <bool kPlain, int... MRs>
+constexpr auto tile_table_f8(std::integer_sequence<int, MRs...>) {
+  return std::array<std::array<TileF8Fn, kTileWeights>, sizeof...(MRs)>{
+      tile_row_f8<kPlain, MRs + 1>(std::make_integer_sequence<int, kTileWeights>())...};
+}
+
+// run<D>'s tiling, for F8_E4M3: each tile also gets its weight rows' scale rows.
+template <bool kPlain>
+R3_AVX512 void run_f8(const float* x, int64_t m, int64_t ldx, const WeightMatrix& w, int64_t n0, int64_t n1,
+                      const float* bias, float* y, int64_t ldy) {
+  static constexpr auto table = tile_table_f8<kPlain>(std::make_integer_sequence<int, kTileRows>());
+  const auto* weights = static_cast<const uint8_t*>(w.data);
+  const int64_t k = w.cols;
+  // No one-row streaming here (unlike run<D>): with one byte per weight, a single row's chain of
+  // dependent FMAs, not memory, bounds a batch-1 step; the 1 x 4 tiles run four chains at once.
+  for (int64_t p0 = n0; p0 < n1; p0 += kMatmulPanelRows) {
+    const int64_t p1 = std::min(n1, p0 + kMatmulPanelRows);
+    for (int64_t i0 = 0; i0 < m; i0 += kTileRows) {
+      const int64_t mr = std::min<int64_t>(kTileRows, m - i0);
+      for (int64_t j0 = p0; j0 < p1; j0 += kTileWeights) {
+        const int64_t nr = std::min<int64_t>(kTileWeights, p1 - j0);
+        const float* scales[kTileWeights];
+        for (int64_t j = 0; j < nr; ++j) scales[j] = w.scale_row(j0 + j);
+        const bool prefetch = i0 == 0 && j0 + kTileWeights < n1;
+        table[static_cast<std::size_t>(mr - 1)][static_cast<std::size_t>(nr - 1)](
+            x + i0 * ldx, ldx, weights + j0 * k, k, scales, w.block_cols, bias ? bias + j0 : nullptr,
+            y + i0 * ldy + (j0 - n0), ldy, prefetch ? weights + (j0 + kTileWeights) * k : nullptr);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void matmul_rows_avx512(const float* x, int64_t m, int64_t ldx, const WeightMatrix& w, int64_t n0, int64_t n1,
@@ -167,6 +297,10 @@ void matmul_rows_avx512(const float* x, int64_t m, int64_t ldx, const WeightMatr
   switch (w.dtype) {
     case DType::BF16: return run<DType::BF16>(x, m, ldx, w, n0, n1, bias, y, ldy);
     case DType::F16: return run<DType::F16>(x, m, ldx, w, n0, n1, bias, y, ldy);
+    case DType::F8_E4M3:
+      if (w.block_cols % kMatmulLanes != 0) return matmul_rows_portable(x, m, ldx, w, n0, n1, bias, y, ldy);
+      if (w.plain_scales && (_mm_getcsr() & 0x40u) == 0) return run_f8<true>(x, m, ldx, w, n0, n1, bias, y, ldy);
+      return run_f8<false>(x, m, ldx, w, n0, n1, bias, y, ldy);
     default: return run<DType::F32>(x, m, ldx, w, n0, n1, bias, y, ldy);
   }
 }

@@ -7,10 +7,14 @@ namespace r3::ops {
 
 namespace {
 
-float weight_at(const WeightMatrix& w, int64_t index) {
+// Weight (row j, column c) as float32.
+float weight_at(const WeightMatrix& w, int64_t j, int64_t c) {
+  const int64_t index = j * w.cols + c;
   switch (w.dtype) {
     case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(w.data)[index]);
     case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(w.data)[index]);
+    case DType::F8_E4M3:
+      return f8_e4m3_to_f32(static_cast<const uint8_t*>(w.data)[index]) * w.scale_row(j)[c / w.block_cols];
     default: return static_cast<const float*>(w.data)[index];
   }
 }
@@ -29,7 +33,7 @@ void matmul_rows_portable(const float* x, int64_t m, int64_t ldx, const WeightMa
         for (int l = 0; l < kMatmulLanes; ++l) {
           const int64_t idx = c + l;
           const float xv = idx < k ? xi[idx] : 0.0f;
-          const float wv = idx < k ? weight_at(w, j * k + idx) : 0.0f;
+          const float wv = idx < k ? weight_at(w, j, idx) : 0.0f;
           acc[l] = std::fma(xv, wv, acc[l]);
         }
       }

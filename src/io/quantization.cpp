@@ -1,0 +1,45 @@
+#include "io/quantization.h"
+
+#include "core/check.h"
+#include "io/hf_config.h"
+#include "io/input_file.h"
+
+namespace r3 {
+
+WeightQuantization WeightQuantization::from_config(const HfConfig& config) {
+  WeightQuantization q;
+  q.source = config.source();
+  const std::optional<HfConfig> c = config.get_object("quantization_config");
+  if (!c) return q;
+  const std::string where = config.source() + ": quantization_config";
+  const std::string method = c->get_string("quant_method", "");
+  R3_CHECK(method == "fp8", where, ".quant_method '", brief(method),
+           "' is not supported (r3 runs block-scaled \"fp8\" checkpoints)");
+  const std::string fmt = c->get_string("fmt", "e4m3");
+  R3_CHECK(fmt == "e4m3", where, ".fmt '", brief(fmt), "' is not supported (r3 runs \"e4m3\")");
+  const std::string activations = c->get_string("activation_scheme", "dynamic");
+  R3_CHECK(activations == "dynamic", where, ".activation_scheme '", brief(activations),
+           "' is not supported (r3 runs \"dynamic\": weights dequantized, activations in float32)");
+  R3_CHECK(c->has("weight_block_size"), where,
+           ".weight_block_size is missing (r3 runs block-scaled FP8: [rows, cols] of one scale's block)");
+  const std::vector<int64_t> block = c->get_int_list<int64_t>("weight_block_size", {});
+  R3_CHECK(block.size() == 2 && block[0] >= 1 && block[1] >= 1 && block[0] <= (1 << 20) && block[1] <= (1 << 20),
+           where, ".weight_block_size must be two block sizes in [1, 1048576], e.g. [128, 128]");
+  q.fp8 = true;
+  q.block_rows = block[0];
+  q.block_cols = block[1];
+  q.modules_to_not_convert = c->get_string_list("modules_to_not_convert", {});
+  return q;
+}
+
+std::string WeightQuantization::excluded_by(const std::string& name) const {
+  const std::size_t dot = name.rfind('.');
+  const std::string module = dot == std::string::npos ? name : name.substr(0, dot);
+  for (const std::string& entry : modules_to_not_convert) {
+    if (entry.empty()) continue;
+    if (module == entry || module.rfind(entry + ".", 0) == 0) return entry;
+  }
+  return "";
+}
+
+}  // namespace r3
