@@ -47,6 +47,38 @@ template <> struct WeightLoad<DType::F16> {
   R3_AVX512 static __m512 masked(const T* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
 };
 
+// The next tile's NR weight rows at offset c into L2 (see micro_tile's `next`).
+template <int NR, typename T>
+R3_AVX512 inline void prefetch_rows(const T* next, int64_t k, int64_t c) {
+#pragma GCC unroll 4
+  for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(next + j * k + c), _MM_HINT_T1);
+}
+
+// acc[i][j] += x row i's 16 floats from c (the lanes outside `mask` read as +0) times wv[j].
+template <int MR, int NR>
+R3_AVX512 inline void fma_rows(__m512 (&acc)[MR][NR], const __m512 (&wv)[NR], const float* x, int64_t ldx, int64_t c,
+                               __mmask16 mask) {
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+    const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * ldx + c);
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+  }
+}
+
+// y[i][j] = acc[i][j]'s lanes added pairwise (the contract's order), + bias[j] when given.
+template <int MR, int NR>
+R3_AVX512 inline void store_tile(__m512 (&acc)[MR][NR], const float* bias, float* y, int64_t ldy) {
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) {
+      const float v = reduce_lanes_pairwise(acc[i][j]);
+      y[i * ldy + j] = bias ? v + bias[j] : v;
+    }
+  }
+}
+
 // `next`: the weight rows of the tile that follows (or nullptr). Interleaved rows are a poor
 // pattern for the hardware prefetchers, so each step also prefetches the next tile's rows at the
 // same offset: they arrive while this tile computes. Into L2, not L1: fetched into L1 they evict
@@ -65,10 +97,7 @@ R3_AVX512 void micro_tile(const float* x, int64_t ldx, const typename WeightLoad
   }
   int64_t c = 0;
   for (; c + kMatmulLanes <= k; c += kMatmulLanes) {
-    if (next != nullptr && c % kLine == 0) {
-#pragma GCC unroll 4
-      for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(next + j * k + c), _MM_HINT_T1);
-    }
+    if (next != nullptr && c % kLine == 0) prefetch_rows<NR>(next, k, c);
     __m512 wv[NR];
 #pragma GCC unroll 4
     for (int j = 0; j < NR; ++j) wv[j] = L::full(w + j * k + c);
@@ -88,21 +117,9 @@ R3_AVX512 void micro_tile(const float* x, int64_t ldx, const typename WeightLoad
     __m512 wv[NR];
 #pragma GCC unroll 4
     for (int j = 0; j < NR; ++j) wv[j] = L::masked(w + j * k + c, mask);
-#pragma GCC unroll 4
-    for (int i = 0; i < MR; ++i) {
-      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * ldx + c);
-#pragma GCC unroll 4
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
-    }
+    fma_rows(acc, wv, x, ldx, c, mask);
   }
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) {
-      const float v = reduce_lanes_pairwise(acc[i][j]);
-      y[i * ldy + j] = bias ? v + bias[j] : v;
-    }
-  }
+  store_tile(acc, bias, y, ldy);
 }
 
 constexpr int kTileRows = 4;     // MR: x rows per micro-tile
@@ -131,6 +148,23 @@ constexpr auto tile_table(std::integer_sequence<int, MRs...>) {
       tile_row<D, MRs + 1>(std::make_integer_sequence<int, kTileWeights>())...};
 }
 
+// The tiles of x rows [0, m) by weight rows [n0, n1), panel by panel (kMatmulPanelRows weight
+// rows stay in L1 while every x row streams past): fn(i0, mr, j0, nr, prefetch). `prefetch`: the
+// tile is in the first row block and not the last of the range, so it brings the next weight rows
+// (later row blocks find them cached).
+template <typename F>
+inline void for_each_tile(int64_t m, int64_t n0, int64_t n1, F&& fn) {
+  for (int64_t p0 = n0; p0 < n1; p0 += kMatmulPanelRows) {
+    const int64_t p1 = std::min(n1, p0 + kMatmulPanelRows);
+    for (int64_t i0 = 0; i0 < m; i0 += kTileRows) {
+      const int64_t mr = std::min<int64_t>(kTileRows, m - i0);
+      for (int64_t j0 = p0; j0 < p1; j0 += kTileWeights) {
+        fn(i0, mr, j0, std::min<int64_t>(kTileWeights, p1 - j0), i0 == 0 && j0 + kTileWeights < n1);
+      }
+    }
+  }
+}
+
 template <DType D>
 R3_AVX512 void run(const float* x, int64_t m, int64_t ldx, const WeightMatrix& w, int64_t n0, int64_t n1,
                    const float* bias, float* y, int64_t ldy) {
@@ -144,20 +178,11 @@ R3_AVX512 void run(const float* x, int64_t m, int64_t ldx, const WeightMatrix& w
     }
     return;
   }
-  for (int64_t p0 = n0; p0 < n1; p0 += kMatmulPanelRows) {
-    const int64_t p1 = std::min(n1, p0 + kMatmulPanelRows);
-    for (int64_t i0 = 0; i0 < m; i0 += kTileRows) {
-      const int64_t mr = std::min<int64_t>(kTileRows, m - i0);
-      for (int64_t j0 = p0; j0 < p1; j0 += kTileWeights) {
-        const int64_t nr = std::min<int64_t>(kTileWeights, p1 - j0);
-        // The first row block prefetches the next weight rows; later blocks find them cached.
-        const bool prefetch = i0 == 0 && j0 + kTileWeights < n1;
-        table[static_cast<std::size_t>(mr - 1)][static_cast<std::size_t>(nr - 1)](
-            x + i0 * ldx, ldx, weights + j0 * k, k, bias ? bias + j0 : nullptr, y + i0 * ldy + (j0 - n0), ldy,
-            prefetch ? weights + (j0 + kTileWeights) * k : nullptr);
-      }
-    }
-  }
+  for_each_tile(m, n0, n1, [&](int64_t i0, int64_t mr, int64_t j0, int64_t nr, bool prefetch) {
+    table[static_cast<std::size_t>(mr - 1)][static_cast<std::size_t>(nr - 1)](
+        x + i0 * ldx, ldx, weights + j0 * k, k, bias ? bias + j0 : nullptr, y + i0 * ldy + (j0 - n0), ldy,
+        prefetch ? weights + (j0 + kTileWeights) * k : nullptr);
+  });
 }
 
 // F8_E4M3 weights with block scales. An e4m3 byte s.eeee.mmm written into an f16 as
@@ -208,10 +233,7 @@ R3_AVX512 void micro_tile_f8(const float* x, int64_t ldx, const uint8_t* w, int6
     }
     int64_t c = c0;
     for (; c + kMatmulLanes <= c1; c += kMatmulLanes) {
-      if (next != nullptr && c % kLine == 0) {
-#pragma GCC unroll 4
-        for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(next + j * k + c), _MM_HINT_T1);
-      }
+      if (next != nullptr && c % kLine == 0) prefetch_rows<NR>(next, k, c);
       __m512 wv[NR];
 #pragma GCC unroll 4
       for (int j = 0; j < NR; ++j) {
@@ -232,22 +254,10 @@ R3_AVX512 void micro_tile_f8(const float* x, int64_t ldx, const uint8_t* w, int6
       for (int j = 0; j < NR; ++j) {
         wv[j] = _mm512_maskz_mul_ps(mask, decode_f8<kPlain>(_mm_maskz_loadu_epi8(mask, w + j * k + c)), scale[j]);
       }
-#pragma GCC unroll 4
-      for (int i = 0; i < MR; ++i) {
-        const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * ldx + c);
-#pragma GCC unroll 4
-        for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
-      }
+      fma_rows(acc, wv, x, ldx, c, mask);
     }
   }
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) {
-      const float v = reduce_lanes_pairwise(acc[i][j]);
-      y[i * ldy + j] = bias ? v + bias[j] : v;
-    }
-  }
+  store_tile(acc, bias, y, ldy);
 }
 
 using TileF8Fn = void (*)(const float*, int64_t, const uint8_t*, int64_t, const float* const*, int64_t, const float*,
@@ -273,21 +283,13 @@ R3_AVX512 void run_f8(const float* x, int64_t m, int64_t ldx, const WeightMatrix
   const int64_t k = w.cols;
   // No one-row streaming here (unlike run<D>): with one byte per weight, a single row's chain of
   // dependent FMAs, not memory, bounds a batch-1 step; the 1 x 4 tiles run four chains at once.
-  for (int64_t p0 = n0; p0 < n1; p0 += kMatmulPanelRows) {
-    const int64_t p1 = std::min(n1, p0 + kMatmulPanelRows);
-    for (int64_t i0 = 0; i0 < m; i0 += kTileRows) {
-      const int64_t mr = std::min<int64_t>(kTileRows, m - i0);
-      for (int64_t j0 = p0; j0 < p1; j0 += kTileWeights) {
-        const int64_t nr = std::min<int64_t>(kTileWeights, p1 - j0);
-        const float* scales[kTileWeights];
-        for (int64_t j = 0; j < nr; ++j) scales[j] = w.scale_row(j0 + j);
-        const bool prefetch = i0 == 0 && j0 + kTileWeights < n1;
-        table[static_cast<std::size_t>(mr - 1)][static_cast<std::size_t>(nr - 1)](
-            x + i0 * ldx, ldx, weights + j0 * k, k, scales, w.block_cols, bias ? bias + j0 : nullptr,
-            y + i0 * ldy + (j0 - n0), ldy, prefetch ? weights + (j0 + kTileWeights) * k : nullptr);
-      }
-    }
-  }
+  for_each_tile(m, n0, n1, [&](int64_t i0, int64_t mr, int64_t j0, int64_t nr, bool prefetch) {
+    const float* scales[kTileWeights];
+    for (int64_t j = 0; j < nr; ++j) scales[j] = w.scale_row(j0 + j);
+    table[static_cast<std::size_t>(mr - 1)][static_cast<std::size_t>(nr - 1)](
+        x + i0 * ldx, ldx, weights + j0 * k, k, scales, w.block_cols, bias ? bias + j0 : nullptr,
+        y + i0 * ldy + (j0 - n0), ldy, prefetch ? weights + (j0 + kTileWeights) * k : nullptr);
+  });
 }
 
 }  // namespace
