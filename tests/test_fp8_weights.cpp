@@ -302,15 +302,15 @@ INSTANTIATE_TEST_SUITE_P(
 // Resident memory of an FP8 checkpoint stays near its file size: the fp8 bytes are a view of the
 // mapping, only the (small) block scales are widened.
 TEST(Fp8Checkpoint, ResidentMemoryStaysNearTheFileSize) {
-  constexpr int64_t kHidden = 256, kLayers = 4, kExperts = 24, kWidth = 256, kVocab = 512;
+  constexpr int64_t kBigHidden = 256, kBigLayers = 4, kBigExperts = 24, kBigWidth = 256, kBigVocab = 512;
   const test::TempDir dir;
   const std::string model = dir.path("fp8");
   std::filesystem::create_directories(model);
   const nlohmann::json config = {
-      {"architectures", {"Qwen3MoeForCausalLM"}}, {"model_type", "qwen3_moe"}, {"hidden_size", kHidden},
-      {"num_hidden_layers", kLayers}, {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 64},
-      {"vocab_size", kVocab}, {"intermediate_size", 512}, {"moe_intermediate_size", kWidth},
-      {"num_experts", kExperts}, {"num_experts_per_tok", 4}, {"norm_topk_prob", true}, {"rms_norm_eps", 1e-6},
+      {"architectures", {"Qwen3MoeForCausalLM"}}, {"model_type", "qwen3_moe"}, {"hidden_size", kBigHidden},
+      {"num_hidden_layers", kBigLayers}, {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 64},
+      {"vocab_size", kBigVocab}, {"intermediate_size", 512}, {"moe_intermediate_size", kBigWidth},
+      {"num_experts", kBigExperts}, {"num_experts_per_tok", 4}, {"norm_topk_prob", true}, {"rms_norm_eps", 1e-6},
       {"max_position_embeddings", 512}, {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1e6}}},
       {"quantization_config",
        {{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}, {"weight_block_size", {128, 128}}}}};
@@ -327,25 +327,25 @@ TEST(Fp8Checkpoint, ResidentMemoryStaysNearTheFileSize) {
       tensors.push_back({name, t});
     }
   };
-  add("model.embed_tokens.weight", {kVocab, kHidden});
-  add("lm_head.weight", {kVocab, kHidden});
-  add("model.norm.weight", {kHidden});
-  for (int64_t l = 0; l < kLayers; ++l) {
+  add("model.embed_tokens.weight", {kBigVocab, kBigHidden});
+  add("lm_head.weight", {kBigVocab, kBigHidden});
+  add("model.norm.weight", {kBigHidden});
+  for (int64_t l = 0; l < kBigLayers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    add(p + "input_layernorm.weight", {kHidden});
-    add(p + "post_attention_layernorm.weight", {kHidden});
-    add(p + "self_attn.q_proj.weight", {256, kHidden});
-    add(p + "self_attn.k_proj.weight", {128, kHidden});
-    add(p + "self_attn.v_proj.weight", {128, kHidden});
-    add(p + "self_attn.o_proj.weight", {kHidden, 256});
+    add(p + "input_layernorm.weight", {kBigHidden});
+    add(p + "post_attention_layernorm.weight", {kBigHidden});
+    add(p + "self_attn.q_proj.weight", {256, kBigHidden});
+    add(p + "self_attn.k_proj.weight", {128, kBigHidden});
+    add(p + "self_attn.v_proj.weight", {128, kBigHidden});
+    add(p + "self_attn.o_proj.weight", {kBigHidden, 256});
     add(p + "self_attn.q_norm.weight", {64});
     add(p + "self_attn.k_norm.weight", {64});
-    add(p + "mlp.gate.weight", {kExperts, kHidden});
-    for (int64_t e = 0; e < kExperts; ++e) {
+    add(p + "mlp.gate.weight", {kBigExperts, kBigHidden});
+    for (int64_t e = 0; e < kBigExperts; ++e) {
       const std::string q = p + "mlp.experts." + std::to_string(e) + ".";
-      add(q + "gate_proj.weight", {kWidth, kHidden});
-      add(q + "up_proj.weight", {kWidth, kHidden});
-      add(q + "down_proj.weight", {kHidden, kWidth});
+      add(q + "gate_proj.weight", {kBigWidth, kBigHidden});
+      add(q + "up_proj.weight", {kBigWidth, kBigHidden});
+      add(q + "down_proj.weight", {kBigHidden, kBigWidth});
     }
   }
   write_safetensors(model + "/model.safetensors", tensors);
