@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "core/checked.h"
+#include "engine/host_draw.h"
 #include "engine/logprobs.h"
 #include "engine/routed_experts.h"
 
@@ -136,24 +137,20 @@ void Engine::finish(Sequence& s, FinishReason reason, const std::string& message
   scheduler_->remove(&s);
 }
 
-void Engine::sample(Sequence& s, const float* logits) {
+void Engine::sample(Sequence& s, const ops::DrawnToken& drawn) {
   const models::ModelInfo& info = model_.info();
-  const std::span<const float> row(logits, static_cast<std::size_t>(info.vocab_size));
-  for (std::size_t v = 0; v < row.size(); ++v) {
-    if (!std::isfinite(row[v])) {
-      finish(s, FinishReason::kAbort,
-             detail::concat("the model produced a non-finite logit (", row[v], ") for token ", v, " at position ",
-                            s.computed - 1, ": the checkpoint holds NaN or infinite weights, or activations overflowed"));
-      return;
-    }
+  if (drawn.nonfinite_token >= 0) {
+    finish(s, FinishReason::kAbort,
+           detail::concat("the model produced a non-finite logit (", drawn.nonfinite_value, ") for token ",
+                          drawn.nonfinite_token, " at position ", s.computed - 1,
+                          ": the checkpoint holds NaN or infinite weights, or activations overflowed"));
+    return;
   }
-  const int32_t token = s.sampler.next(row);
+  const int32_t token = drawn.token;
   const RequestParams& p = *s.params;
   if (p.logprobs >= 0) {
-    std::vector<float> lp(row.size());
-    log_softmax(row, lp);
-    s.pending.logprobs.push_back(lp[static_cast<std::size_t>(token)]);
-    if (p.logprobs > 0) s.pending.top_logprobs.push_back(top_logprobs(lp, p.logprobs));
+    s.pending.logprobs.push_back(drawn.logprob);
+    if (p.logprobs > 0) s.pending.top_logprobs.push_back(drawn.top);
   }
   s.tokens.push_back(token);
   s.pending.token_ids.push_back(token);
@@ -202,7 +199,26 @@ std::vector<RequestOutput> Engine::step() {
       all_logits = all_logits || (s.params->prompt_logprobs && s.index == 0 && s.computed < s.prompt_len - 1);
       seqs.push_back(std::move(step));
     }
-    const Tensor logits = runner_->run(std::move(seqs), 0, all_logits);
+    // The draw of each sequence this step ends the prompt or decode of (taken from its sampler
+    // now, whether the device or the host draws).
+    std::vector<ops::TokenDraw> draws(chunks.size());
+    for (std::size_t i = 0; i < chunks.size(); ++i) {
+      const Sequence& s = *chunks[i].sequence;
+      ops::TokenDraw& d = draws[i];
+      d.draws = s.computed + chunks[i].tokens == static_cast<int64_t>(s.tokens.size());
+      if (!d.draws) continue;
+      const SamplingParams& sp = s.sampler.params();
+      d.temperature = sp.temperature;
+      d.top_k = sp.top_k;
+      d.top_p = sp.top_p;
+      d.min_p = sp.min_p;
+      d.uniform = sp.temperature == 0.0 ? 0.0 : chunks[i].sequence->sampler.draw();
+      d.logprobs = s.params->logprobs;
+    }
+    std::vector<ops::DrawnToken> drawn;
+    Tensor logits;
+    if (all_logits) logits = runner_->run(std::move(seqs), 0, true);
+    else drawn = runner_->run_drawn(std::move(seqs), draws);
     const auto routed_start = std::chrono::steady_clock::now();
     const int64_t vocab = info.vocab_size;
     int64_t row = 0;  // first logits row of chunk i when all_logits
@@ -219,10 +235,13 @@ std::vector<RequestOutput> Engine::step() {
           r.prompt_logprobs.push_back(lp[static_cast<std::size_t>(s.tokens[static_cast<std::size_t>(p + 1)])]);
         }
       }
-      const int64_t last_row = all_logits ? row + n - 1 : static_cast<int64_t>(i);
+      if (all_logits && draws[i].draws) {
+        drawn.resize(chunks.size());
+        drawn[i] = draw_on_host({logits.data<float>() + (row + n - 1) * vocab, static_cast<std::size_t>(vocab)}, draws[i]);
+      }
       const bool decode = n == 1 && s.outputs() > 0 && first == static_cast<int64_t>(s.tokens.size()) - 1;
       (decode ? stats_.decode_tokens : stats_.prompt_tokens_computed) += n;
-      if (s.uncomputed() == 0) sample(s, logits.data<float>() + last_row * vocab);
+      if (s.uncomputed() == 0) sample(s, drawn[i]);
       row += n;
     }
     stats_.routed_seconds += seconds_since(routed_start);

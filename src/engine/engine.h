@@ -80,8 +80,8 @@ class Engine {
   void check_request(const RequestParams& params) const;
   // Ends `s` with `reason`; its slot and blocks go back.
   void finish(Sequence& s, FinishReason reason, const std::string& message = "");
-  // Samples the next token of `s` from its logits row, and ends it when a stop rule says so.
-  void sample(Sequence& s, const float* logits);
+  // Takes the token drawn for `s` (or ends it on a non-finite logit), and ends it when a stop rule says so.
+  void sample(Sequence& s, const ops::DrawnToken& drawn);
   std::vector<RequestOutput> collect_outputs();
 
   models::CausalLM& model_;

@@ -7,16 +7,15 @@
 #include <span>
 #include <vector>
 
+#include "ops/token_draw.h"
+
 namespace r3::engine {
 
 // out[i] = logits[i] - log(sum_j exp(logits[j])), max-subtracted and summed in double so that a
 // vocabulary of 10^5 or logits of any magnitude lose no precision. out must be as long as logits.
 void log_softmax(std::span<const float> logits, std::span<float> out);
 
-struct TokenLogprob {
-  int32_t token;
-  float logprob;
-};
+using TokenLogprob = ops::TokenLogprob;
 
 // The n largest logprobs, highest first, the lower token id first on ties; n is clamped to the
 // vocabulary size and n <= 0 gives none.

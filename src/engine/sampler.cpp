@@ -38,50 +38,61 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.se
   params_.validate();
 }
 
-double Sampler::uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
+double Sampler::draw() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
 
 int32_t Sampler::next(std::span<const float> logits) {
-  if (params_.temperature == 0.0) return argmax(logits);
-  const auto vocab = static_cast<int64_t>(logits.size());
-  std::vector<int32_t> order(logits.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-  const int64_t keep_k = params_.top_k > 0 ? std::min(params_.top_k, vocab) : vocab;
-  order.resize(static_cast<std::size_t>(keep_k));
+  return choose_token(logits, params_, params_.temperature == 0.0 ? 0.0 : draw());
+}
 
-  std::vector<double> probs(order.size());
-  const double max_logit = logits[order[0]];
-  double sum = 0;
-  for (std::size_t i = 0; i < order.size(); ++i) {
-    probs[i] = std::exp((logits[order[i]] - max_logit) / params_.temperature);
-    sum += probs[i];
+int32_t choose_token(std::span<const float> logits, const SamplingParams& params, double uniform) {
+  if (params.temperature == 0.0) return argmax(logits);
+  const auto vocab = static_cast<int64_t>(logits.size());
+  const float max_logit = logits[static_cast<std::size_t>(argmax(logits))];
+  std::vector<double> weight(logits.size());
+  for (std::size_t i = 0; i < logits.size(); ++i) {
+    weight[i] = std::exp(static_cast<double>(logits[i] - max_logit) / params.temperature);
   }
-  // Nucleus: the smallest prefix (by probability) whose mass reaches top_p.
-  std::size_t keep = probs.size();
-  double mass = 0;
-  for (std::size_t i = 0; i < probs.size(); ++i) {
-    probs[i] /= sum;
-    mass += probs[i];
-    if (mass >= params_.top_p) {
-      keep = i + 1;
-      break;
+  std::vector<char> kept(logits.size(), 1);
+  const bool top_k = params.top_k > 0 && params.top_k < vocab;
+  if (top_k || params.top_p < 1.0) {
+    std::vector<int32_t> order(logits.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+    auto keep = static_cast<std::size_t>(top_k ? params.top_k : vocab);
+    if (params.top_p < 1.0) {
+      // Nucleus: the shortest prefix (by logit) whose share of the top-k weight reaches top_p.
+      double total = 0;
+      for (std::size_t i = 0; i < keep; ++i) total += weight[static_cast<std::size_t>(order[i])];
+      double mass = 0;
+      for (std::size_t i = 0; i < keep; ++i) {
+        mass += weight[static_cast<std::size_t>(order[i])];
+        if (mass >= params.top_p * total) {
+          keep = i + 1;
+          break;
+        }
+      }
+    }
+    std::fill(kept.begin(), kept.end(), 0);
+    for (std::size_t i = 0; i < keep; ++i) kept[static_cast<std::size_t>(order[i])] = 1;
+  }
+  double kept_weight = 0;
+  int64_t last = -1;
+  for (std::size_t i = 0; i < logits.size(); ++i) {
+    // Min-p; the largest logit (w = 1 >= min_p) always stays.
+    if (kept[i] && weight[i] < params.min_p) kept[i] = 0;
+    if (kept[i]) {
+      kept_weight += weight[i];
+      last = static_cast<int64_t>(i);
     }
   }
-  // Min-p: probs are sorted, so the tokens under min_p * probs[0] are a tail of the kept prefix.
-  // Skipped at 0 so that the draw stays exactly what it was before min-p existed.
-  if (params_.min_p > 0) {
-    const double threshold = params_.min_p * probs[0];
-    while (keep > 1 && probs[keep - 1] < threshold) --keep;
+  const double target = uniform * kept_weight;
+  double running = 0;
+  for (std::size_t i = 0; i < logits.size(); ++i) {
+    if (!kept[i]) continue;
+    running += weight[i];
+    if (running > target) return static_cast<int32_t>(i);
   }
-  double kept_mass = 0;
-  for (std::size_t i = 0; i < keep; ++i) kept_mass += probs[i];
-  double draw = uniform() * kept_mass;
-  for (std::size_t i = 0; i < keep; ++i) {
-    draw -= probs[i];
-    if (draw < 0) return order[i];
-  }
-  return order[keep - 1];
+  return static_cast<int32_t>(last);
 }
 
 }  // namespace r3::engine

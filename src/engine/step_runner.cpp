@@ -4,6 +4,7 @@
 #include <set>
 
 #include "backend/device_memory.h"
+#include "engine/host_draw.h"
 
 namespace r3::engine {
 
@@ -75,20 +76,66 @@ std::vector<std::size_t> StepRunner::accept(std::vector<StepSequence>& sequences
 
 Tensor StepRunner::run_each(std::vector<StepSequence>& sequences, int64_t padding_rows, bool all_logits) {
   const std::vector<std::size_t> accepted = accept(sequences);
-  return execute(sequences, accepted, padding_rows, all_logits);
+  return logits_of(sequences, accepted, padding_rows, all_logits);
 }
 
 Tensor StepRunner::run(std::vector<StepSequence> sequences, int64_t padding_rows, bool all_logits) {
   const std::vector<std::size_t> accepted = accept(sequences);
   for (const StepSequence& s : sequences) R3_CHECK(s.error.empty(), s.error);  // nothing runs
-  return execute(sequences, accepted, padding_rows, all_logits);
+  return logits_of(sequences, accepted, padding_rows, all_logits);
 }
 
-Tensor StepRunner::execute(const std::vector<StepSequence>& sequences, const std::vector<std::size_t>& accepted,
-                           int64_t padding_rows, bool all_logits) {
-  const auto per_row = static_cast<std::size_t>(capturer_.num_moe_layers() * capturer_.top_k());
+std::vector<ops::DrawnToken> StepRunner::run_drawn(std::vector<StepSequence> sequences,
+                                                   std::span<const ops::TokenDraw> draws) {
+  R3_CHECK(draws.size() == sequences.size(), "step: ", draws.size(), " draws for ", sequences.size(), " sequences");
+  const std::vector<std::size_t> accepted = accept(sequences);
+  for (const StepSequence& s : sequences) R3_CHECK(s.error.empty(), s.error);  // nothing runs
+  std::vector<ops::DrawnToken> drawn(sequences.size());
+  execute(sequences, accepted, 0, false, [&](const models::ForwardBatch& batch) {
+    if (model_.draws_tokens()) return model_.forward_drawn(ctx_, batch, cache_, draws, drawn);
+    const Tensor logits = host_logits(batch);
+    const int64_t vocab = model_.info().vocab_size;
+    for (std::size_t i = 0; i < drawn.size(); ++i) {
+      drawn[i] = draw_on_host({logits.data<float>() + static_cast<int64_t>(i) * vocab, static_cast<std::size_t>(vocab)},
+                              draws[i]);
+    }
+  });
+  return drawn;
+}
+
+Tensor StepRunner::host_logits(const models::ForwardBatch& batch) {
+  // The logits land in a host buffer kept across steps (page-locked on a GPU: the step's copy of
+  // [rows, vocab] float32 is then several times faster), replaced when a step needs more rows or
+  // a caller still holds the logits of an earlier step.
+  const int64_t rows = models::logit_row_count(batch), vocab = model_.info().vocab_size;
+  if (!logits_buffer_.defined() || logits_buffer_.dim(0) < rows || logits_buffer_.storage_shared()) {
+    logits_buffer_ = backend::host_staging_empty(ctx_, DType::F32, {rows, vocab});
+  }
+  Tensor logits = logits_buffer_.rows(0, rows);
+  model_.forward_into(ctx_, batch, cache_, logits);
+  return logits;
+}
+
+Tensor StepRunner::logits_of(const std::vector<StepSequence>& sequences, const std::vector<std::size_t>& accepted,
+                             int64_t padding_rows, bool all_logits) {
   const int64_t vocab = model_.info().vocab_size;
   if (accepted.empty()) return Tensor::empty(DType::F32, {static_cast<int64_t>(sequences.size()), vocab});
+  Tensor logits;
+  execute(sequences, accepted, padding_rows, all_logits,
+          [&](const models::ForwardBatch& batch) { logits = host_logits(batch); });
+  if (all_logits || accepted.size() == sequences.size()) return logits;
+  // One row per sequence, in the caller's order; refused sequences keep a zero row.
+  Tensor per_sequence = Tensor::empty(DType::F32, {static_cast<int64_t>(sequences.size()), vocab});
+  for (std::size_t a = 0; a < accepted.size(); ++a) {
+    std::copy_n(logits.data<float>() + static_cast<int64_t>(a) * vocab, vocab,
+                per_sequence.data<float>() + static_cast<int64_t>(accepted[a]) * vocab);
+  }
+  return per_sequence;
+}
+
+void StepRunner::execute(const std::vector<StepSequence>& sequences, const std::vector<std::size_t>& accepted,
+                         int64_t padding_rows, bool all_logits, FunctionRef<void(const models::ForwardBatch&)> forward) {
+  const auto per_row = static_cast<std::size_t>(capturer_.num_moe_layers() * capturer_.top_k());
   const bool any_forced =
       std::any_of(accepted.begin(), accepted.end(), [&](std::size_t i) { return !sequences[i].forced.empty(); });
 
@@ -126,15 +173,7 @@ Tensor StepRunner::execute(const std::vector<StepSequence>& sequences, const std
   batch.loads = &loads_;
   loads_.clear();
   capturer_.begin_step(batch.size());
-  // The logits land in a host buffer kept across steps (page-locked on a GPU: the step's copy of
-  // [rows, vocab] float32 is then several times faster), replaced when a step needs more rows or
-  // a caller still holds the logits of an earlier step.
-  const int64_t rows = models::logit_row_count(batch);
-  if (!logits_buffer_.defined() || logits_buffer_.dim(0) < rows || logits_buffer_.storage_shared()) {
-    logits_buffer_ = backend::host_staging_empty(ctx_, DType::F32, {rows, vocab});
-  }
-  Tensor logits = logits_buffer_.rows(0, rows);
-  model_.forward_into(ctx_, batch, cache_, logits);
+  forward(batch);
   capturer_.end_step();
   if (eplb_) eplb_->end_step(loads_);
   for (std::size_t a = 0; a < accepted.size(); ++a) {
@@ -142,14 +181,6 @@ Tensor StepRunner::execute(const std::vector<StepSequence>& sequences, const std
     if (s.routed == nullptr) continue;
     for (std::size_t t = 0; t < s.tokens.size(); ++t) s.routed->append(capturer_, first_row[a] + static_cast<int64_t>(t));
   }
-  if (all_logits || accepted.size() == sequences.size()) return logits;
-  // One row per sequence, in the caller's order; refused sequences keep a zero row.
-  Tensor per_sequence = Tensor::empty(DType::F32, {static_cast<int64_t>(sequences.size()), vocab});
-  for (std::size_t a = 0; a < accepted.size(); ++a) {
-    std::copy_n(logits.data<float>() + static_cast<int64_t>(a) * vocab, vocab,
-                per_sequence.data<float>() + static_cast<int64_t>(accepted[a]) * vocab);
-  }
-  return per_sequence;
 }
 
 }  // namespace r3::engine

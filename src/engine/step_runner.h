@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/context.h"
+#include "core/function_ref.h"
 #include "engine/routed_experts.h"
 #include "models/causal_lm.h"
 #include "moe/capture_binder.h"
@@ -40,6 +41,10 @@ class StepRunner {
   Tensor run_each(std::vector<StepSequence>& sequences, int64_t padding_rows = 0, bool all_logits = false);
   // run_each, throwing the first refusal as r3::Error.
   Tensor run(std::vector<StepSequence> sequences, int64_t padding_rows = 0, bool all_logits = false);
+  // run, then draws[i] from sequence i's last logits row into the result's entry i: on the device
+  // when the model draws tokens itself (its logits then never reach the host), on the host
+  // otherwise, by the same rules (engine/host_draw.h).
+  std::vector<ops::DrawnToken> run_drawn(std::vector<StepSequence> sequences, std::span<const ops::TokenDraw> draws);
 
   // Why `sequence` cannot run now (empty when it can): tokens outside the vocabulary, a sequence
   // out of range or used twice in the step, the cache capacity, a replayed routing of the
@@ -53,9 +58,16 @@ class StepRunner {
  private:
   // Checks every sequence (setting its `error`), sequences used twice included; the accepted indices.
   std::vector<std::size_t> accept(std::vector<StepSequence>& sequences) const;
-  // Runs the accepted sequences as one step.
-  Tensor execute(const std::vector<StepSequence>& sequences, const std::vector<std::size_t>& accepted,
-                 int64_t padding_rows, bool all_logits);
+  // Builds the accepted sequences' batch (padding rows after them), runs `forward` on it, and
+  // hands each sequence its captured rows.
+  void execute(const std::vector<StepSequence>& sequences, const std::vector<std::size_t>& accepted,
+               int64_t padding_rows, bool all_logits, FunctionRef<void(const models::ForwardBatch&)> forward);
+  // The accepted sequences' step with its logits: one row per sequence in the caller's order
+  // (zeros for a refused one), or every batch row with all_logits.
+  Tensor logits_of(const std::vector<StepSequence>& sequences, const std::vector<std::size_t>& accepted,
+                   int64_t padding_rows, bool all_logits);
+  // forward_into the step's host logits buffer.
+  Tensor host_logits(const models::ForwardBatch& batch);
 
   models::CausalLM& model_;
   backend::Context& ctx_;

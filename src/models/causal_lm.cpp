@@ -27,6 +27,11 @@ Tensor CausalLM::forward(backend::Context& ctx, const ForwardBatch& batch, Model
   return logits;
 }
 
+void CausalLM::forward_drawn(backend::Context&, const ForwardBatch&, ModelCache&, std::span<const ops::TokenDraw>,
+                             std::span<ops::DrawnToken>) const {
+  R3_FAIL(info().architecture, " does not draw tokens itself: draw from forward_into's logits");
+}
+
 int64_t logit_row_count(const ForwardBatch& batch) {
   return batch.logit_rows.empty() ? batch.size() : static_cast<int64_t>(batch.logit_rows.size());
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "models/model_info.h"
 #include "moe/eplb/eplb_controller.h"
 #include "moe/moe_block.h"
+#include "ops/token_draw.h"
 
 namespace r3::models {
 
@@ -41,6 +43,13 @@ class CausalLM {
                             Tensor& logits) const = 0;
   // The same, returning new logits.
   Tensor forward(backend::Context& ctx, const ForwardBatch& batch, ModelCache& cache) const;
+  // Whether the model draws the next tokens itself (forward_drawn): a device model, whose logits
+  // then stay on the device. Otherwise the caller draws from forward_into's logits on the host.
+  virtual bool draws_tokens() const { return false; }
+  // forward_into, then one draw per logits row (draws[i] for row i, by engine::draw_on_host's
+  // rules) into drawn[i], instead of the logits. Only where draws_tokens().
+  virtual void forward_drawn(backend::Context& ctx, const ForwardBatch& batch, ModelCache& cache,
+                             std::span<const ops::TokenDraw> draws, std::span<ops::DrawnToken> drawn) const;
   // The MoE layers in order; index j has layer id j.
   virtual std::vector<moe::MoeBlock*> moe_blocks() = 0;
   // Why the model cannot run on a CUDA device, for a family with no device kernels that the

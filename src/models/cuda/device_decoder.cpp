@@ -52,10 +52,23 @@ std::vector<moe::MoeBlock*> Decoder::moe_blocks() {
 
 void Decoder::forward_into(backend::Context& ctx, const ForwardBatch& batch, ModelCache& model_cache,
                            Tensor& logits) const {
+  check_logits_shape(batch, p_.info, logits);
+  run_step(ctx, batch, model_cache, [&](const Tensor& on_device) { backend::copy_to_host(ctx, on_device, logits); });
+}
+
+void Decoder::forward_drawn(backend::Context& ctx, const ForwardBatch& batch, ModelCache& model_cache,
+                            std::span<const ops::TokenDraw> draws, std::span<ops::DrawnToken> drawn) const {
+  R3_CHECK(static_cast<int64_t>(draws.size()) == logit_row_count(batch) && drawn.size() == draws.size(),
+           "forward: ", draws.size(), " draws and ", drawn.size(), " results for ", logit_row_count(batch),
+           " logits rows");
+  run_step(ctx, batch, model_cache, [&](const Tensor& on_device) { drawer_.draw(ctx, on_device, draws, drawn); });
+}
+
+void Decoder::run_step(backend::Context& ctx, const ForwardBatch& batch, ModelCache& model_cache,
+                       FunctionRef<void(const Tensor& logits)> finish) const {
   R3_CHECK(&ctx == &ctx_, "forward: a device model runs on the context it was placed with");
   const ModelInfo& info = p_.info;
   validate_batch(ctx.workspace(), batch, model_cache, info);
-  check_logits_shape(batch, info, logits);
   auto* kv = dynamic_cast<KvCache*>(&model_cache);
   R3_CHECK(kv != nullptr && kv->on_device() && kv->num_layers() == static_cast<int64_t>(p_.layers.size()),
            "forward: the cache was not made by this device model");
@@ -100,7 +113,7 @@ void Decoder::forward_into(backend::Context& ctx, const ForwardBatch& batch, Mod
   }
   if (capturing) capture_->end_step(tokens);
   if (loads_) loads_->end_step();
-  backend::copy_to_host(ctx, st.logits, logits);  // the step's one wait
+  finish(st.logits);  // the step's one wait
 
   if (capturing) deliver_routing(batch, static_cast<int64_t>(info.moe_layers.size()));
   if (loads_) deliver_loads(batch);

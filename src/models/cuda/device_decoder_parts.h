@@ -22,6 +22,8 @@
 #include "moe/device_expert_map.h"
 #include "moe/device_experts.h"
 #include "moe/device_routing.h"
+#include "core/function_ref.h"
+#include "ops/cuda/token_drawer.h"
 #include "ops/device_step.h"
 #include "ops/interleaved_rotary.h"
 #include "ops/rotary.h"
@@ -146,6 +148,10 @@ class Decoder final : public CausalLM {
   std::vector<moe::MoeBlock*> moe_blocks() override;
   void forward_into(backend::Context& ctx, const ForwardBatch& batch, ModelCache& model_cache,
                     Tensor& logits) const override;
+  // The logits stay on the device: the draws run there and only their results come back.
+  bool draws_tokens() const override { return true; }
+  void forward_drawn(backend::Context& ctx, const ForwardBatch& batch, ModelCache& model_cache,
+                     std::span<const ops::TokenDraw> draws, std::span<ops::DrawnToken> drawn) const override;
   int64_t graph_replays() const { return graph_replays_; }
   void set_capture_routing(bool on) { p_.capture_routing = on; }
 
@@ -169,6 +175,11 @@ class Decoder final : public CausalLM {
     const void* residual = nullptr;  // where the step's tensors were when it was captured
     int64_t growths = 0;             // the workspace's growth count then
   };
+  // A whole step: its metadata, the layers (graphed when it can), then `finish` with the device
+  // logits (which waits for the stream: the step's one wait), then the routing to the host and
+  // the cache lengths.
+  void run_step(backend::Context& ctx, const ForwardBatch& batch, ModelCache& model_cache,
+                FunctionRef<void(const Tensor& logits)> finish) const;
   // Embedding, layers, final norm and lm_head: the part of a step a graph holds.
   void run_layers(backend::Context& ctx, const ops::DeviceStep& step, KvCache& kv, StepTensors& t) const;
   // run_layers, from a graph of this step's shape when there is one (capturing it when due).
@@ -196,6 +207,7 @@ class Decoder final : public CausalLM {
   mutable int64_t graph_replays_ = 0;
   mutable std::unique_ptr<moe::DeviceLoadCounts> loads_;  // EPLB on: each step's loads
   mutable int64_t moe_layers_routed_ = 0;                  // of the running step, for a failed one
+  mutable ops::cuda::TokenDrawer drawer_;
 };
 
 }  // namespace r3::models::device
