@@ -70,12 +70,16 @@ TEST(GpuDraws, EveryRuleDrawsTheHostsTokenAndLogprobs) {
       EXPECT_EQ(dev.nonfinite_token, host.nonfinite_token);
       if (host.nonfinite_token >= 0) {
         EXPECT_EQ(std::isnan(dev.nonfinite_value), std::isnan(host.nonfinite_value));
-        if (!std::isnan(host.nonfinite_value)) EXPECT_EQ(dev.nonfinite_value, host.nonfinite_value);
+        if (!std::isnan(host.nonfinite_value)) {
+          EXPECT_EQ(dev.nonfinite_value, host.nonfinite_value);
+        }
       }
       if (host.token < 0) continue;
       ++checked;
       if (draws[i].temperature > 0) ++sampled;
-      if (draws[i].logprobs >= 0) EXPECT_NEAR(dev.logprob, host.logprob, 1e-5 * (1 + std::fabs(host.logprob)));
+      if (draws[i].logprobs >= 0) {
+        EXPECT_NEAR(dev.logprob, host.logprob, 1e-5 * (1 + std::fabs(host.logprob)));
+      }
       ASSERT_EQ(dev.top.size(), host.top.size());
       for (std::size_t j = 0; j < host.top.size(); ++j) {
         EXPECT_EQ(dev.top[j].token, host.top[j].token) << "entry " << j;
