@@ -2,9 +2,12 @@
 // distinct experts the step routed to (counted per layer from its captured ids), lm_head, and
 // every sequence's K/V (bf16, as the pools hold them) over its context. Floor = bytes / copy bandwidth. Each figure is
 // the mean of 20 steps after 3 warm-up steps (the second captures the step's CUDA graph), on the
-// host clock around forward_into (a step ends with its logits on the host, in page-locked memory
-// as the engine's; that copy alone is reported as logits_copy_ms). Before each step
-// every sequence is set back to context - 1 cached positions (their values do not change the time).
+// host clock around forward_drawn: each step ends with its next tokens drawn on the device as an
+// RL rollout draws them (temperature 1 over the whole vocabulary, the chosen token's logprob) and
+// only those reach the host. logits_step_ms is the same step ending instead with the [batch, vocab]
+// logits copied to page-locked host memory (forward_into), and logits_copy_ms that copy alone.
+// Before each step every sequence is set back to context - 1 cached positions (their values do not
+// change the time).
 // Capture's cost is measured on the same model, steps with and without it interleaved.
 #include "cli/synthetic_bench.h"
 
@@ -44,22 +47,30 @@ class SyntheticBench {
                 int64_t context)
         : ctx_(ctx), model_(model), batch_(batch), context_(context), cache_(model.make_cache(batch, context + 16)),
           capturer_(batch, s.layers, s.top_k, s.experts),
-          logits_(backend::host_staging_empty(ctx, DType::F32, {batch, s.vocab})) {
+          logits_(backend::host_staging_empty(ctx, DType::F32, {batch, s.vocab})),
+          draws_(static_cast<std::size_t>(batch)), drawn_(static_cast<std::size_t>(batch)) {
       for (int64_t b = 0; b < batch; ++b) {
         step_.token_ids.push_back(static_cast<int32_t>((b * 7919 + 11) % s.vocab));
         step_.positions.push_back(static_cast<int32_t>(context - 1));
         step_.seqs.push_back(static_cast<int32_t>(b));
+        auto& draw = draws_[static_cast<std::size_t>(b)];
+        draw.temperature = 1.0;
+        draw.logprobs = 0;
+        draw.uniform = static_cast<double>((b * 40503 + 17) % 65536) / 65536.0;
       }
     }
-    // Mean milliseconds of `steps` steps.
-    double run(int steps, bool capture) {
+    // Mean milliseconds of `steps` steps, ending with tokens drawn on the device or (logits) with
+    // the logits on the host.
+    double run(int steps, bool capture, bool logits = false) {
       models::set_capture_routing(model_, capture);
       step_.capture = capture ? &capturer_ : nullptr;
+      const bool drawn = !logits && model_.draws_tokens();
       const auto start = Clock::now();
       for (int i = 0; i < steps; ++i) {
         for (int64_t b = 0; b < batch_; ++b) cache_->set_length(b, context_ - 1);
         if (capture) capturer_.begin_step(batch_);
-        model_.forward_into(ctx_, step_, *cache_, logits_);
+        if (drawn) model_.forward_drawn(ctx_, step_, *cache_, draws_, drawn_);
+        else model_.forward_into(ctx_, step_, *cache_, logits_);
         if (capture) capturer_.end_step();
       }
       return seconds_since(start) * 1e3 / steps;
@@ -82,15 +93,25 @@ class SyntheticBench {
     models::ForwardBatch step_;
     moe::RoutingCapturer capturer_;
     Tensor logits_;
+    std::vector<ops::TokenDraw> draws_;
+    std::vector<ops::DrawnToken> drawn_;
   };
 
   // Mean step time with capture on (3 warm-up steps, the second captures the step's CUDA graph,
   // then 20), and the step's distinct experts per layer, summed over layers.
-  double decode_ms(models::CausalLM& model, int64_t batch, double* distinct_sum, double* copy_ms = nullptr) const {
+  // With logits: also the step that ends with its logits on the host, and that copy alone.
+  struct LogitsPath {
+    double step_ms, copy_ms;
+  };
+  double decode_ms(models::CausalLM& model, int64_t batch, double* distinct_sum, LogitsPath* logits = nullptr) const {
     DecodeSteps steps(ctx_, model, s_, batch, context_);
     steps.run(3, true);
     const double ms = steps.run(20, true);
-    if (copy_ms != nullptr) *copy_ms = steps.logits_copy_ms(20);
+    if (logits != nullptr) {
+      steps.run(3, true, true);
+      logits->step_ms = steps.run(20, true, true);
+      logits->copy_ms = steps.logits_copy_ms(20);
+    }
     if (distinct_sum != nullptr) {
       *distinct_sum = 0;
       for (int64_t l = 0; l < s_.layers; ++l) {
@@ -187,14 +208,16 @@ int run_synthetic_bench(backend::Context& ctx, const std::string& name, const st
   const double bandwidth = backend::measure_copy_bandwidth(ctx);
   nlohmann::json decode = nlohmann::json::array();
   for (const int64_t batch : batches) {
-    double distinct = 0, copy_ms = 0;
-    const double ms = bench.decode_ms(*model, batch, &distinct, &copy_ms);
+    double distinct = 0;
+    SyntheticBench::LogitsPath logits{};
+    const double ms = bench.decode_ms(*model, batch, &distinct, &logits);
     const double bytes = bench.step_bytes(batch, distinct);
     const double floor_ms = bytes / bandwidth * 1e3;
     decode.push_back({{"batch", batch}, {"context", context}, {"ms", ms}, {"GB", bytes / 1e9},
                       {"distinct_experts_per_layer", distinct / static_cast<double>(shape.layers)},
                       {"achieved_TB_per_s", bytes / (ms * 1e-3) / 1e12}, {"floor_ms", floor_ms},
-                      {"of_floor", floor_ms / ms}, {"logits_copy_ms", copy_ms}});
+                      {"of_floor", floor_ms / ms}, {"logits_step_ms", logits.step_ms},
+                      {"logits_copy_ms", logits.copy_ms}});
     spdlog::info("bench: decode at batch {}: {:.3f} ms", batch, ms);
   }
   // The same steps with the batch-invariant kernels (attention's chunk length fixed; the bf16
@@ -226,15 +249,15 @@ int run_synthetic_bench(backend::Context& ctx, const std::string& name, const st
   }
   fmt::print("synthetic {}: copy bandwidth {:.3f} TB/s; decode with a {}-token context per sequence\n", name,
              bandwidth / 1e12, context);
-  fmt::print("{:>6} {:>10} {:>9} {:>8} {:>9} {:>8} {:>12} {:>9} {:>16}\n", "batch", "step ms", "GB", "experts",
-             "TB/s", "floor", "capture off", "capture", "batch-invariant");
+  fmt::print("{:>6} {:>10} {:>9} {:>8} {:>9} {:>8} {:>12} {:>9} {:>16} {:>12}\n", "batch", "step ms", "GB",
+             "experts", "TB/s", "floor", "capture off", "capture", "batch-invariant", "logits step");
   for (const auto& d : decode) {
-    fmt::print("{:>6} {:>10.3f} {:>9.2f} {:>8.1f} {:>9.3f} {:>7.1f}% {:>12.3f} {:>+8.2f}% {:>9.3f} {:>+5.1f}%\n",
+    fmt::print("{:>6} {:>10.3f} {:>9.2f} {:>8.1f} {:>9.3f} {:>7.1f}% {:>12.3f} {:>+8.2f}% {:>9.3f} {:>+5.1f}% {:>12.3f}\n",
                d["batch"].get<int64_t>(), d["ms"].get<double>(), d["GB"].get<double>(),
                d["distinct_experts_per_layer"].get<double>(), d["achieved_TB_per_s"].get<double>(),
                100 * d["of_floor"].get<double>(), d["capture_off_ms"].get<double>(),
                100 * d["capture_overhead"].get<double>(), d["batch_invariant_ms"].get<double>(),
-               100 * d["batch_invariant_cost"].get<double>());
+               100 * d["batch_invariant_cost"].get<double>(), d["logits_step_ms"].get<double>());
   }
   fmt::print("prefill of {} tokens: {:.3f} s ({:.0f} tokens/s)\n", kPrefillTokens, prefill_s,
              static_cast<double>(kPrefillTokens) / prefill_s);
