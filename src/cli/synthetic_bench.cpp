@@ -5,7 +5,8 @@
 // host clock around forward_drawn: each step ends with its next tokens drawn on the device as an
 // RL rollout draws them (temperature 1 over the whole vocabulary, the chosen token's logprob) and
 // only those reach the host. logits_step_ms is the same step ending instead with the [batch, vocab]
-// logits copied to page-locked host memory (forward_into), and logits_copy_ms that copy alone.
+// logits copied to page-locked host memory (forward_into), logits_copy_ms that copy alone, and
+// host_draw_ms the same draws made from those logits on the host (engine::draw_on_host, one core).
 // Before each step every sequence is set back to context - 1 cached positions (their values do not
 // change the time).
 // Capture's cost is measured on the same model, steps with and without it interleaved.
@@ -21,6 +22,7 @@
 #include <spdlog/spdlog.h>
 
 #include "backend/device_memory.h"
+#include "engine/host_draw.h"
 #include "models/device_decoder.h"
 #include "moe/routing_capturer.h"
 
@@ -84,6 +86,17 @@ class SyntheticBench {
       for (int i = 0; i < copies; ++i) backend::copy_to_host(ctx_, on_device, logits_);
       return seconds_since(start) * 1e3 / copies;
     }
+    // Mean milliseconds of the step's draws made on the host from its logits (after a logits step).
+    double host_draw_ms(int repeats) {
+      const auto vocab = static_cast<std::size_t>(logits_.dim(1));
+      const auto start = Clock::now();
+      for (int i = 0; i < repeats; ++i) {
+        for (std::size_t b = 0; b < draws_.size(); ++b) {
+          drawn_[b] = engine::draw_on_host({logits_.data<float>() + b * vocab, vocab}, draws_[b]);
+        }
+      }
+      return seconds_since(start) * 1e3 / repeats;
+    }
 
    private:
     backend::Context& ctx_;
@@ -101,7 +114,7 @@ class SyntheticBench {
   // then 20), and the step's distinct experts per layer, summed over layers.
   // With logits: also the step that ends with its logits on the host, and that copy alone.
   struct LogitsPath {
-    double step_ms, copy_ms;
+    double step_ms, copy_ms, host_draw_ms;
   };
   double decode_ms(models::CausalLM& model, int64_t batch, double* distinct_sum, LogitsPath* logits = nullptr) const {
     DecodeSteps steps(ctx_, model, s_, batch, context_);
@@ -110,6 +123,7 @@ class SyntheticBench {
     if (logits != nullptr) {
       steps.run(3, true, true);
       logits->step_ms = steps.run(20, true, true);
+      logits->host_draw_ms = steps.host_draw_ms(3);
       logits->copy_ms = steps.logits_copy_ms(20);
     }
     if (distinct_sum != nullptr) {
@@ -217,7 +231,7 @@ int run_synthetic_bench(backend::Context& ctx, const std::string& name, const st
                       {"distinct_experts_per_layer", distinct / static_cast<double>(shape.layers)},
                       {"achieved_TB_per_s", bytes / (ms * 1e-3) / 1e12}, {"floor_ms", floor_ms},
                       {"of_floor", floor_ms / ms}, {"logits_step_ms", logits.step_ms},
-                      {"logits_copy_ms", logits.copy_ms}});
+                      {"logits_copy_ms", logits.copy_ms}, {"host_draw_ms", logits.host_draw_ms}});
     spdlog::info("bench: decode at batch {}: {:.3f} ms", batch, ms);
   }
   // The same steps with the batch-invariant kernels (attention's chunk length fixed; the bf16
@@ -249,15 +263,16 @@ int run_synthetic_bench(backend::Context& ctx, const std::string& name, const st
   }
   fmt::print("synthetic {}: copy bandwidth {:.3f} TB/s; decode with a {}-token context per sequence\n", name,
              bandwidth / 1e12, context);
-  fmt::print("{:>6} {:>10} {:>9} {:>8} {:>9} {:>8} {:>12} {:>9} {:>16} {:>12}\n", "batch", "step ms", "GB",
-             "experts", "TB/s", "floor", "capture off", "capture", "batch-invariant", "logits step");
+  fmt::print("{:>6} {:>10} {:>9} {:>8} {:>9} {:>8} {:>12} {:>9} {:>16} {:>12} {:>10}\n", "batch", "step ms", "GB",
+             "experts", "TB/s", "floor", "capture off", "capture", "batch-invariant", "logits step", "host draw");
   for (const auto& d : decode) {
-    fmt::print("{:>6} {:>10.3f} {:>9.2f} {:>8.1f} {:>9.3f} {:>7.1f}% {:>12.3f} {:>+8.2f}% {:>9.3f} {:>+5.1f}% {:>12.3f}\n",
+    fmt::print("{:>6} {:>10.3f} {:>9.2f} {:>8.1f} {:>9.3f} {:>7.1f}% {:>12.3f} {:>+8.2f}% {:>9.3f} {:>+5.1f}% {:>12.3f} {:>10.3f}\n",
                d["batch"].get<int64_t>(), d["ms"].get<double>(), d["GB"].get<double>(),
                d["distinct_experts_per_layer"].get<double>(), d["achieved_TB_per_s"].get<double>(),
                100 * d["of_floor"].get<double>(), d["capture_off_ms"].get<double>(),
                100 * d["capture_overhead"].get<double>(), d["batch_invariant_ms"].get<double>(),
-               100 * d["batch_invariant_cost"].get<double>(), d["logits_step_ms"].get<double>());
+               100 * d["batch_invariant_cost"].get<double>(), d["logits_step_ms"].get<double>(),
+               d["host_draw_ms"].get<double>());
   }
   fmt::print("prefill of {} tokens: {:.3f} s ({:.0f} tokens/s)\n", kPrefillTokens, prefill_s,
              static_cast<double>(kPrefillTokens) / prefill_s);

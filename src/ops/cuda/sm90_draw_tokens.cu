@@ -245,9 +245,12 @@ __global__ void __launch_bounds__(kThreads) draw_rows(const float* __restrict__ 
   }
   const float max_logit = x[argmax];
 
-  // 2. log Z of the raw distribution (log_softmax's sum, in double).
+  // 2. log Z of the raw distribution (log_softmax's sum, in double). A draw at temperature 1 with
+  // no rule keeping fewer tokens weighs every token by exactly Z's term exp(logit - max), so its
+  // total is Z: that pass (double exps, the kernel's costliest) is not made twice.
+  const bool z_from_draw = p.temperature == 1.0 && p.top_k == 0 && p.top_p >= 1.0 && p.min_p <= 0.0;
   double log_z = 0;
-  if (p.logprobs >= 0) {
+  if (p.logprobs >= 0 && !z_from_draw) {
     double z = 0;
     for (int32_t i = threadIdx.x; i < vocab; i += kThreads) z += exp(static_cast<double>(x[i]) - static_cast<double>(max_logit));
     log_z = log(block_sum(s, z));
@@ -308,6 +311,7 @@ __global__ void __launch_bounds__(kThreads) draw_rows(const float* __restrict__ 
       total = __dadd_rn(total, s.warp_d[w]);
       last_kept = max(last_kept, s.warp_i[w]);
     }
+    if (z_from_draw) log_z = log(total);
     const double target = p.uniform * total;
     int32_t chosen = INT_MAX;
     if (before <= target && s.warp_d[warp] > 0) {
