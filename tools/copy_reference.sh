@@ -2,7 +2,7 @@
 # Copies the reference fixtures of the families r3 implements from the shared reference folder
 # (default ../shared/reference) into tests/data/. Re-run after regenerating references with
 # tools/make_reference.py. Usage: tools/copy_reference.sh [SOURCE_DIR]
-# deepseek_v4_alt, deepseek_v4_yarn, kimi_linear_alt, kimi_k3_alt and the FP8 fixtures (*_fp8*) are not in the shared set: they were generated for r3 with
+# deepseek_v4_alt, deepseek_v4_yarn, kimi_linear_alt, kimi_k3_alt and the quantized fixtures (*_fp8*, *_mxfp4) are not in the shared set: they were generated for r3 with
 # tools/make_reference.py (commands in tests/data/README.md) and are left as they are.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -101,11 +101,12 @@ class Suite:
         self.case(name, about, args or generate(), stderr, files={"model/config.json": text},
                   setup=[{"copy": family + "/model.safetensors", "to": "model/model.safetensors"}])
 
-    def model_with_patched_tensors(self, name, about, family, tensors, stderr, args=None, config_edit=None):
+    def model_with_patched_tensors(self, name, about, family, tensors, stderr, args=None, config_edit=None,
+                                   drop=()):
         """Fixture `family` with some tensors replaced (or added): an index maps them to
-        patch.safetensors and every other tensor to the fixture's own model.safetensors; config.json
-        is the fixture's, with the keys of `config_edit` set."""
-        weight_map = {t: "model.safetensors" for t in fixture_header(family)}
+        patch.safetensors and every other tensor but those in `drop` to the fixture's own
+        model.safetensors; config.json is the fixture's, with the keys of `config_edit` set."""
+        weight_map = {t: "model.safetensors" for t in fixture_header(family) if t not in drop}
         config_text = (DATA / family / "config.json").read_text()
         if config_edit:
             config = fixture_config(family)
@@ -447,7 +448,8 @@ def nan_making(s):
 
 
 def quantized(s):
-    """FP8 block-scaled checkpoints (quantization_config quant_method "fp8") that cannot run exactly."""
+    """FP8 block-scaled checkpoints (quantization_config quant_method "fp8") that cannot run exactly, and
+    quantization methods r3 does not run."""
     qwen = "qwen3_moe"
     q_proj = "model.layers.0.self_attn.q_proj.weight"
     scale = q_proj + "_scale_inv"
@@ -473,15 +475,76 @@ def quantized(s):
         err(f"tensor '{q_proj}' in {{case}}/model/patch.safetensors is stored as F8_E4M3, but {{case}}/model/config.json "
             'has no quantization_config (quant_method "fp8" with weight_block_size)'))
     where = "{case}/model/config.json: quantization_config"
-    s.model_with_config("quant-unknown-method", "quant_method mxfp4 (GPT-OSS) before r3 runs it", qwen,
-                        err(f"{where}.quant_method 'mxfp4' is not supported (r3 runs block-scaled \"fp8\" checkpoints)"),
-                        edit={"quantization_config": {"quant_method": "mxfp4"}})
+    s.model_with_config("quant-unknown-method", "quant_method awq, which r3 does not run", qwen,
+                        err(f"{where}.quant_method 'awq' is not supported (r3 runs block-scaled \"fp8\" and GPT-OSS's "
+                            "\"mxfp4\" checkpoints)"),
+                        edit={"quantization_config": {"quant_method": "awq"}})
     s.model_with_config("quant-unknown-fmt", "fp8 in e5m2", qwen,
                         err(f"{where}.fmt 'e5m2' is not supported (r3 runs \"e4m3\")"),
                         edit={"quantization_config": dict(fp8, fmt="e5m2")})
     s.model_with_config("quant-block-size-malformed", "weight_block_size with one size", qwen,
                         err(f"{where}.weight_block_size must be two block sizes in [1, 1048576], e.g. [128, 128]"),
                         edit={"quantization_config": dict(fp8, weight_block_size=[128])})
+
+
+def quantized_mxfp4(s):
+    """GPT-OSS checkpoints with MXFP4 experts (quant_method "mxfp4", `*_blocks` and `*_scales` as OpenAI
+    publishes them) that cannot run exactly: layer 0's gate_up_proj replaced by broken blocks or scales."""
+    gpt, qwen = "gpt_oss", "qwen3_moe"
+    stack = "model.layers.0.mlp.experts.gate_up_proj"
+    blocks_name, scales_name = stack + "_blocks", stack + "_scales"
+    mxfp4 = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                                 "model.embed_tokens", "lm_head"]}
+    # The fixture: 8 experts, hidden 64, intermediate 32: gate_up_proj_blocks [8, 2 * 32, 64 / 32, 16].
+    blocks = (blocks_name, "U8", [8, 64, 2, 16], bytes([0x22]) * (8 * 64 * 2 * 16))  # every value 1.0
+    scales = (scales_name, "U8", [8, 64, 2], bytes([127]) * (8 * 64 * 2))  # every scale 2^0
+    patched = lambda name, about, tensors, stderr, config=mxfp4: s.model_with_patched_tensors(
+        name, about, gpt, tensors, stderr, drop=(stack,),
+        config_edit=None if config is None else {"quantization_config": config})
+    patch = "{case}/model/patch.safetensors"
+    patched("quant-mxfp4-missing-scales", "MXFP4 blocks without their scales", [blocks],
+            err(f"MXFP4 blocks '{blocks_name}' have no scales '{scales_name}' in the checkpoint (expected U8 [8, 64, 2]: "
+                "one e8m0 exponent per 32 values)"))
+    patched("quant-mxfp4-scales-wrong-shape", "MXFP4 scales for a block of 64 values",
+            [blocks, (scales_name, "U8", [8, 64, 1], bytes([127]) * 512)],
+            err(f"MXFP4 scales '{scales_name}' in {patch} have shape [8, 64, 1], expected [8, 64, 2] (one per 32 values "
+                "of blocks [8, 64, 2, 16])"))
+    patched("quant-mxfp4-scales-wrong-dtype", "MXFP4 scales widened to bfloat16",
+            [blocks, (scales_name, "BF16", [8, 64, 2], struct.pack("<H", 0x3F80) * 1024)],
+            err(f"MXFP4 scales '{scales_name}' in {patch} have dtype BF16, expected U8 (e8m0 exponents)"))
+    patched("quant-mxfp4-blocks-wrong-shape", "MXFP4 blocks with the 16 bytes of a block flattened into the row",
+            [(blocks_name, "U8", [8, 64, 32], blocks[3]), scales],
+            err(f"tensor '{blocks_name}' in {patch} has shape [8, 64, 32], expected [8, 64, 2, 16]"))
+    patched("quant-mxfp4-blocks-wrong-dtype", "MXFP4 blocks stored as F8_E4M3",
+            [(blocks_name, "F8_E4M3", [8, 64, 2, 16], blocks[3]), scales],
+            err(f"MXFP4 blocks '{blocks_name}' in {patch} have dtype F8_E4M3, expected U8 (two e2m1 values per byte)"))
+    nan = bytearray(scales[3])
+    nan[(3 * 64 + 10) * 2 + 1] = 255
+    patched("quant-mxfp4-nan-scale", "an e8m0 scale of 255 (NaN in the OCP MX format) made 32 weights NaN",
+            [blocks, (scales_name, "U8", [8, 64, 2], bytes(nan))],
+            err(f"MXFP4 scales '{scales_name}' in {patch} hold 255 (e8m0's NaN) at [3, 10, 1]: those 32 weights would "
+                "be NaN"))
+    patched("quant-mxfp4-without-config", "MXFP4 blocks in a checkpoint without quantization_config",
+            [blocks, scales],
+            err(f"tensor '{blocks_name}' in {patch} holds MXFP4 blocks, but {{case}}/model/config.json has no "
+                'quantization_config (quant_method "mxfp4")'), config=None)
+    excluding = dict(mxfp4, modules_to_not_convert=mxfp4["modules_to_not_convert"] + ["model.layers.*.mlp.experts"])
+    patched("quant-mxfp4-excluded", "MXFP4 blocks in a module that modules_to_not_convert leaves unquantized",
+            [blocks, scales],
+            err(f"tensor '{blocks_name}' in {patch} holds MXFP4 blocks, but {{case}}/model/config.json lists "
+                "'model.layers.*.mlp.experts' in quantization_config.modules_to_not_convert"), config=excluding)
+    s.model_with_config("quant-mxfp4-missing-blocks", "an mxfp4 quantization_config over unquantized experts", gpt,
+                        err(f"checkpoint {{case}}/model is missing tensor '{blocks_name}' (expected shape "
+                            "[8, 64, 2, 16])"),
+                        edit={"quantization_config": mxfp4})
+    s.model_with_config("quant-mxfp4-wrong-family", "quant_method mxfp4 on a family without GPT-OSS's experts", qwen,
+                        err("{case}/model/config.json: quantization_config.quant_method 'mxfp4' stores GPT-OSS's fused "
+                            "experts (gate_up_proj_blocks, down_proj_blocks); qwen3_moe has no such experts"),
+                        edit={"quantization_config": mxfp4})
+    s.model_with_config("quant-mxfp4-intermediate-size", "MXFP4 experts of a width no 32-value block divides", gpt,
+                        err("{case}/model/config.json: MXFP4 experts need 'intermediate_size' to be a multiple of 32 "
+                            "(one e8m0 scale per 32 values), got 16"),
+                        edit={"quantization_config": mxfp4, "intermediate_size": 16})
 
 
 def main():
@@ -493,7 +556,7 @@ def main():
     out.mkdir(parents=True)
     s = Suite(out)
     for group in (nesting, size_arithmetic, signed_overflow, hangs, runaway_allocation, accepted_must_be_refused,
-                  messages, nan_making, quantized):
+                  messages, nan_making, quantized, quantized_mxfp4):
         group(s)
     lines = ["# Malformed inputs", "",
              "Written by `tools/make_malformed_inputs.py` (do not edit by hand); run by",

@@ -9,6 +9,8 @@ writes reference_i.safetensors + reference.json next to the checkpoint.
       [--config-override key=value ...] [--prompt-lens 12,5] [--gen 8] [--check-rope-scaling]
   python3 tools/make_reference.py --from-checkpoint DIR --out DIR2 [--input-ids-from REFDIR]
   python3 tools/make_reference.py --family deepseek_v3 --out DIR --quantize fp8 --block-size 16,16
+  python3 tools/make_reference.py --family gpt_oss --out DIR --quantize mxfp4 \
+      --config-override hidden_size=128 intermediate_size=96
 
 --family also takes the names in RELEASED_STYLE (e.g. deepseek_v4_yarn): a tiny config written the way
 that family's released checkpoints write config.json; transformers loads the model from that file.
@@ -20,6 +22,13 @@ ceil(in/C)], amax/448 per block, partial last blocks allowed), config.json gets 
 The references (generate and the float64 forward) are computed by transformers from the DEQUANTIZED
 weights (fp8 * scale in float32, written to a temporary float32 checkpoint), which is what r3 computes
 with. --from-checkpoint of such a folder dequantizes it the same way.
+
+--quantize mxfp4 writes a GPT-OSS checkpoint the way OpenAI publishes gpt-oss-20b/120b: the experts'
+gate_up_proj and down_proj become `<name>_blocks` (U8 [E, out, in/32, 16], two e2m1 values per byte) and
+`<name>_scales` (U8 [E, out, in/32], e8m0), everything else stays as it is, and config.json gets
+{"quant_method": "mxfp4", "modules_to_not_convert": [...]} as published. hidden_size and intermediate_size
+must be multiples of 32. The references run on the weights as transformers' own convert_moe_packed_tensors
+dequantizes them (checked equal to this script's reading of the format, which is r3's).
 
 --family kimi_k3 (and --from-checkpoint of a kimi_k3 folder) runs the shared Kimi K3 oracle instead of a
 transformers class (tools/k3_oracle.py): give --k3-oracle (reference/kimi_k3/oracle) and --k3-modular
@@ -199,6 +208,7 @@ def parse_args(argv):
                    help="--quantize fp8: weight_block_size ROWS,COLS (default 128,128, as published)")
     p.add_argument("--scale-dtype", default="float32", choices=["float32", "bfloat16"],
                    help="--quantize fp8: dtype of weight_scale_inv (float32: DeepSeek, Kimi; bfloat16: Qwen3 FP8)")
+    # --quantize mxfp4 takes no options: blocks of 32 values with e8m0 scales, as published.
     a = p.parse_args(argv)
     try:
         a.block_size = [int(x) for x in a.block_size.split(",")]
@@ -294,10 +304,9 @@ def build_random(args, out, torch, transformers):
 
 
 # Quantized checkpoints as published. A method has a quantizer (float32 checkpoint tensors -> the
-# tensors a published checkpoint stores, plus its quantization_config) and a dequantizer (stored tensors
-# -> float32, exactly as r3 computes them); the references always run on the dequantized float32 weights.
-# MXFP4 (GPT-OSS) plugs in as another pair: its experts' `*_blocks` (U8, two e2m1 per byte) and
-# `*_scales` (U8, e8m0 per 32 values), with quant_method "mxfp4" in the config.
+# tensors a published checkpoint stores, its quantization_config and a one-line summary) and a
+# dequantizer (stored tensors -> float32, exactly as r3 computes them); the references always run on the
+# dequantized float32 weights. FP8 (DeepSeek, Kimi, Qwen3) and MXFP4 (GPT-OSS's experts).
 def quantized_as_published(name, t):
     """Projections of the decoder layers; not embeddings, lm_head, norms, biases or router gates."""
     return (t.dim() == 2 and name.startswith("model.layers.") and name.endswith(".weight")
@@ -332,7 +341,8 @@ def quantize_fp8(tensors, args, torch):
     config = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": list(block)}
     if args.scale_dtype == "float32":
         config["fmt"] = "e4m3"  # DeepSeek's and Kimi's configs spell the format; Qwen3's leave it out
-    return out, config
+    n = sum(1 for v in out.values() if v.dtype == torch.float8_e4m3fn)
+    return out, config, f"quantized {n} weights to fp8, blocks {args.block_size}, scales {args.scale_dtype}"
 
 
 def dequantize_fp8(tensors, config, torch):
@@ -348,8 +358,111 @@ def dequantize_fp8(tensors, config, torch):
     return out
 
 
-QUANTIZERS = {"fp8": quantize_fp8}
-DEQUANTIZERS = {"fp8": dequantize_fp8}
+# MXFP4, as OpenAI publishes GPT-OSS (checked against transformers' integrations/mxfp4.py, which holds
+# the format's definition for transformers: Mxfp4GptOssExperts for the shapes, convert_moe_packed_tensors
+# for the values and the layout):
+# - only the experts' fused projections are quantized; a stack stored unquantized as [E, in, out]
+#   (gate_up_proj [E, hidden, 2 * intermediate], gate and up interleaved along the last axis; down_proj
+#   [E, intermediate, hidden]) is stored as `_blocks` U8 [E, out, in / 32, 16] and `_scales` U8
+#   [E, out, in / 32]: output-major, convert_moe_packed_tensors transposes back after dequantizing;
+# - value 2i of a 32-value block is the low nibble of byte i, value 2i + 1 the high nibble (lut[blk & 0x0F]
+#   into the even positions, lut[blk >> 4] into the odd ones);
+# - a nibble is e2m1, FP4_VALUES below; the value is lut[nibble] * 2^(scale - 127) (torch.ldexp with
+#   scales - 127), exact in float32 for every scale but 255, which is e8m0's NaN (r3 refuses it);
+# - the published config: {"quant_method": "mxfp4", "modules_to_not_convert": MXFP4_NOT_CONVERTED}.
+MXFP4_BLOCK = 32
+MXFP4_NOT_CONVERTED = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
+FP4_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def _mxfp4_stack(name):
+    return name.endswith(".mlp.experts.gate_up_proj") or name.endswith(".mlp.experts.down_proj")
+
+
+def quantize_mxfp4(tensors, args, torch):
+    """Per 32 values along `in`: the e8m0 scale is the smallest power of two 2^e with amax <= 6 * 2^e (what
+    triton's downcast_to_mxfp, OpenAI's quantizer, does by default: the scale rounded up), stored e + 127
+    (e = 0 for an all-zero block); each value / 2^e is rounded to the nearest e2m1, ties to the even code,
+    keeping its sign (also when it rounds to zero). Everything else is stored as it was."""
+    out, stacks = {}, 0
+    grid_edges = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=torch.float64)
+    tie_up = torch.tensor([False, True, False, True, False, True, False])  # an edge between codes i, i+1: even wins
+    for name, t in tensors.items():
+        if not _mxfp4_stack(name):
+            out[name] = t
+            continue
+        if t.dim() != 3 or t.shape[1] % MXFP4_BLOCK:
+            die(f"--quantize mxfp4: {name} {list(t.shape)} is not [experts, in, out] with `in` a multiple of 32 "
+                "(hidden_size and intermediate_size must be multiples of 32: use --config-override)")
+        experts, fan_in, fan_out = t.shape
+        w = t.double().transpose(1, 2).reshape(experts, fan_out, fan_in // MXFP4_BLOCK, MXFP4_BLOCK)  # exact
+        amax = w.abs().amax(-1)
+        mant, p = torch.frexp(amax)  # amax = mant * 2^p, mant in [0.5, 1); 6 * 2^e = 0.75 * 2^(e + 3)
+        e = torch.where(amax > 0, torch.where(mant <= 0.75, p - 3, p - 2), torch.zeros_like(p)).long()
+        if int(e.min()) < -127 or int(e.max()) > 127:
+            die(f"--quantize mxfp4: {name} needs a scale outside e8m0's 2^-127 .. 2^127")
+        inverse = ((1023 - e) << 52).view(torch.float64)  # 2^-e from its bits: w * 2^-e is exact
+        a = (w * inverse[..., None]).abs()  # <= 6 by the choice of e
+        code = (a[..., None] > grid_edges).sum(-1) + ((a[..., None] == grid_edges) & tie_up).sum(-1)
+        code = code | torch.where(torch.signbit(w), 8, 0)
+        packed = (code[..., 0::2] | (code[..., 1::2] << 4)).to(torch.uint8)
+        out[name + "_blocks"] = packed.contiguous()
+        out[name + "_scales"] = (e + 127).to(torch.uint8).contiguous()
+        stacks += 1
+    if stacks == 0:
+        die("--quantize mxfp4: the checkpoint has no GPT-OSS experts (mlp.experts.gate_up_proj / down_proj)")
+    config = {"quant_method": "mxfp4", "modules_to_not_convert": list(MXFP4_NOT_CONVERTED)}
+    return out, config, f"quantized {stacks} expert stacks to mxfp4 (blocks of 32 values, e8m0 scales)"
+
+
+def _mxfp4_values(blocks, scales, torch):
+    """This script's (and r3's) reading of MXFP4: [E, out, G, 16] blocks and [E, out, G] scales to the
+    float32 stack [E, G * 32, out]: lut[nibble] * 2^(scale - 127), computed exactly in float64 (2^(s - 127)
+    built from its bits), rounded once to float32 (where it overflows: inf, as in float32 torch.ldexp)."""
+    if bool((scales == 255).any()):
+        die("MXFP4 scales hold 255, e8m0's NaN")
+    lut = torch.tensor(FP4_VALUES, dtype=torch.float64)
+    values = torch.stack([lut[(blocks & 0x0F).long()], lut[(blocks >> 4).long()]], dim=-1)  # [..., 16, 2]
+    experts, fan_out, groups = scales.shape
+    values = values.reshape(experts, fan_out, groups, MXFP4_BLOCK)
+    scale = ((scales.long() + (1023 - 127)) << 52).view(torch.float64)  # 2^(s - 127) as float64 bits
+    values = (values * scale[..., None]).reshape(experts, fan_out, groups * MXFP4_BLOCK)
+    return values.transpose(1, 2).float().contiguous()
+
+
+def dequantize_mxfp4(tensors, config, torch):
+    """Each `_blocks`/`_scales` pair back to the unquantized stack [E, in, out] in float32, by transformers'
+    own convert_moe_packed_tensors (the definition of the layout, nibble order and values), which must give
+    exactly _mxfp4_values (what r3 computes with)."""
+    try:
+        from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    except ImportError as e:
+        die(f"--quantize mxfp4 needs transformers' integrations.mxfp4.convert_moe_packed_tensors ({e})")
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith("_scales") and name[: -len("_scales")] + "_blocks" in tensors:
+            continue
+        if not name.endswith("_blocks"):
+            out[name] = t
+            continue
+        stack = name[: -len("_blocks")]
+        scales = tensors[stack + "_scales"]
+        ours = _mxfp4_values(t, scales, torch)
+        theirs = convert_moe_packed_tensors(t.clone(), scales.clone(), dtype=torch.float32).float().cpu()
+        if theirs.shape != ours.shape or not torch.equal(theirs, ours):
+            die(f"{stack}: transformers' convert_moe_packed_tensors {list(theirs.shape)} differs from this script's "
+                f"MXFP4 reading {list(ours.shape)}: the format assumptions here (and r3's) need checking")
+        out[stack] = theirs.contiguous()
+    return out
+
+
+QUANTIZERS = {"fp8": quantize_fp8, "mxfp4": quantize_mxfp4}
+DEQUANTIZERS = {"fp8": dequantize_fp8, "mxfp4": dequantize_mxfp4}
+QUANTIZED_NOTES = {
+    "fp8": "the references ran transformers on the dequantized float32 weights (fp8 * scale_inv, one rounding)",
+    "mxfp4": "the references ran transformers on the experts as its convert_moe_packed_tensors dequantizes them "
+             "(e2m1 * 2^(scale - 127), exact in float32)",
+}
 
 
 def quantize_checkpoint(out, args, torch):
@@ -359,14 +472,13 @@ def quantize_checkpoint(out, args, torch):
     if "quantization_config" in json.load(open(cfg_path)):
         die(f"--quantize: {out} is quantized already")
     path = os.path.join(out, "model.safetensors")
-    stored, qconfig = QUANTIZERS[args.quantize](load_file(path), args, torch)
+    stored, qconfig, summary = QUANTIZERS[args.quantize](load_file(path), args, torch)
     save_file(stored, path, metadata={"format": "pt"})
     cfg = json.load(open(cfg_path))
     cfg["quantization_config"] = qconfig
     with open(cfg_path, "w") as f:
         json.dump(cfg, f, indent=2)
-    n = sum(1 for v in stored.values() if v.dtype == torch.float8_e4m3fn)
-    print(f"quantized {n} weights to {args.quantize}, blocks {args.block_size}, scales {args.scale_dtype}")
+    print(summary)
 
 
 def dequantized_copy(out, tmp, torch):
@@ -671,8 +783,8 @@ def main(argv=None):
                           "float64": "Kimi K3's own code in float64 (the modular's float32 upcasts lifted)"}
     if qconfig:
         meta["quantization_config"] = qconfig
-        meta["quantized_note"] = ("the checkpoint stores quantized weights as published; the references ran "
-                                  "transformers on the dequantized float32 weights (fp8 * scale_inv, one rounding)")
+        meta["quantized_note"] = ("the checkpoint stores quantized weights as published; "
+                                  + QUANTIZED_NOTES[qconfig["quant_method"]])
     if args.check_rope_scaling:
         checks = check_rope_scaling(weights, refs, torch, transformers, args.device)
         for i, c in enumerate(checks):

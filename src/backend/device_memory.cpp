@@ -42,6 +42,8 @@ Tensor to_device(Context& ctx, const Tensor& host) {
   R3_CHECK(host.device() == Device::kCpu && host.is_contiguous(), "to_device: needs a contiguous host tensor");
   R3_CHECK(host.block_scales() == nullptr || ctx.device() == Device::kCpu,
            "FP8 block-scaled weights have no CUDA kernels yet: run this checkpoint on the CPU");
+  R3_CHECK(host.dtype() != DType::F4_E2M1X2 || ctx.device() == Device::kCpu,
+           "MXFP4 weights have no CUDA kernels yet: run this checkpoint on the CPU");
 #if R3_WITH_CUDA
   if (ctx.device() == Device::kCuda) return cuda::upload(ctx, host);
 #endif
@@ -54,6 +56,7 @@ void convert_matrix(const Tensor& src, DType dtype, void* dst) {
   R3_CHECK(dtype == DType::F32 || dtype == DType::BF16, "convert: to F32 or BF16, not ", dtype_name(dtype));
   R3_CHECK(src.block_scales() == nullptr && src.dtype() != DType::F8_E4M3,
            "FP8 block-scaled weights have no CUDA kernels yet: run this checkpoint on the CPU");
+  R3_CHECK(src.dtype() != DType::F4_E2M1X2, "MXFP4 weights have no CUDA kernels yet: run this checkpoint on the CPU");
   const auto n = static_cast<std::size_t>(src.numel());
   if (src.dtype() == dtype) {
     std::memcpy(dst, src.raw_data(), src.nbytes());

@@ -72,8 +72,11 @@ std::unique_ptr<models::CausalLM> ModelOptions::load(backend::Context& ctx) cons
                model_dir, info.family, info.num_layers, info.moe_layers.size(), info.num_experts,
                info.top_k, ctx.device() == Device::kCpu ? moe_path : "fused (GPU)", ms_since(start));
   if (ctx.device() == Device::kCpu) return model;
-  R3_CHECK(!WeightQuantization::from_config(HfConfig::load(model_dir)).fp8,
+  const WeightQuantization quantization = WeightQuantization::from_config(HfConfig::load(model_dir));
+  R3_CHECK(!quantization.fp8(),
            "--device cuda: FP8 block-scaled weights (quantization_config) have no CUDA kernels yet; use --device cpu");
+  R3_CHECK(!quantization.mxfp4(),
+           "--device cuda: MXFP4 experts (quantization_config) have no CUDA kernels yet; use --device cpu");
   const std::string unsupported = model->device_unsupported();
   R3_CHECK(unsupported.empty(), "--device cuda: ", info.architecture, ": ", unsupported, "; use --device cpu");
   const auto placed = std::chrono::steady_clock::now();

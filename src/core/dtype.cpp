@@ -15,7 +15,7 @@ std::size_t dtype_size(DType dtype) {
     case DType::F64: case DType::I64: return 8;
     case DType::F32: case DType::I32: return 4;
     case DType::BF16: case DType::F16: case DType::U16: return 2;
-    case DType::U8: case DType::F8_E4M3: return 1;
+    case DType::U8: case DType::F8_E4M3: case DType::F4_E2M1X2: return 1;
   }
   R3_FAIL("unknown dtype");
 }
@@ -31,6 +31,7 @@ std::string_view dtype_name(DType dtype) {
     case DType::U16: return "U16";
     case DType::U8: return "U8";
     case DType::F8_E4M3: return "F8_E4M3";
+    case DType::F4_E2M1X2: return "F4_E2M1X2";
   }
   return "?";
 }
@@ -45,7 +46,7 @@ DType dtype_from_name(std::string_view name) {
 
 bool is_floating(DType dtype) {
   return dtype == DType::F64 || dtype == DType::F32 || dtype == DType::BF16 ||
-         dtype == DType::F16 || dtype == DType::F8_E4M3;
+         dtype == DType::F16 || dtype == DType::F8_E4M3 || dtype == DType::F4_E2M1X2;
 }
 
 float bf16_to_f32(uint16_t bits) {
@@ -144,6 +145,28 @@ const float* f8_e4m3_table() {
   return table.data();
 }
 
+float f4_e2m1_to_f32(uint8_t nibble) { return f4_e2m1_table()[nibble & 0xF]; }
+
+const float* f4_e2m1_table() {
+  // Sign, then (exponent, mantissa): exponent 0 is the subnormal m * 0.5, exponent e > 0 is
+  // (1 + m/2) * 2^(e-1).
+  static constexpr std::array<float, 16> table = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                                  -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  return table.data();
+}
+
+float e8m0_to_f32(uint8_t bits) { return e8m0_table()[bits]; }
+
+const float* e8m0_table() {
+  static const auto table = [] {
+    std::array<float, 256> t{};
+    for (int b = 0; b < 255; ++b) t[static_cast<std::size_t>(b)] = std::ldexp(1.0f, b - 127);  // exact, 2^-127 too
+    t[255] = std::numeric_limits<float>::quiet_NaN();
+    return t;
+  }();
+  return table.data();
+}
+
 void convert_to_f32(const void* src, DType dtype, std::size_t count, float* dst) {
   const auto* bytes = static_cast<const unsigned char*>(src);
   // memcpy per element: safetensors data need not be aligned for the element type.
@@ -164,6 +187,7 @@ void convert_to_f32(const void* src, DType dtype, std::size_t count, float* dst)
     case DType::U16: each(uint16_t{}, [](uint16_t v) { return static_cast<float>(v); }); return;
     case DType::U8: each(uint8_t{}, [](uint8_t v) { return static_cast<float>(v); }); return;
     case DType::F8_E4M3: each(uint8_t{}, f8_e4m3_to_f32); return;
+    case DType::F4_E2M1X2: R3_FAIL("F4_E2M1X2 values need their MXFP4 scales (row_to_f32 widens such a matrix)");
   }
 }
 

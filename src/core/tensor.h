@@ -23,6 +23,7 @@ namespace r3 {
 enum class Storage { kOwned, kMapped, kView };
 
 struct BlockScales;
+struct MxScales;
 
 std::string shape_to_string(const Shape& shape);  // "[2, 3]"
 int64_t shape_numel(const Shape& shape);
@@ -90,9 +91,17 @@ class Tensor {
   // View of rows [begin, end) along axis 0 (shares the owner, and the block scales: the view
   // remembers which row of the scaled matrix is its first).
   Tensor rows(int64_t begin, int64_t end) const;
+  // View of rows begin, begin + step, ... below end: a strided view (not contiguous; each row
+  // still is). GPT-OSS interleaves its experts' gate and up rows in one matrix, so gate and up are
+  // such views of the mapped MXFP4 bytes. MXFP4 scales are sliced alike; block scales (FP8) cannot
+  // follow a step and refuse one.
+  Tensor rows(int64_t begin, int64_t end, int64_t step) const;
   // Same memory, new contiguous shape with the same element count (not for block-scaled tensors,
   // whose scales belong to their matrix shape).
   Tensor reshaped(Shape shape) const;
+  // The same contiguous bytes read as another dtype and shape of the same byte count (U8 blocks of
+  // a checkpoint as F4_E2M1X2 values); nothing may be attached yet.
+  Tensor reinterpreted(DType dtype, Shape shape) const;
 
   // The scales of a block-quantized weight (FP8 e4m3 with `weight_scale_inv`), or nullptr when the
   // stored values are the values. See BlockScales.
@@ -100,6 +109,12 @@ class Tensor {
   // This rank-2 F8_E4M3 tensor (same memory) with `scales` attached; checks the scales cover it
   // and reads the values once (BlockScales::plain): they must not change afterwards.
   Tensor with_block_scales(BlockScales scales) const;
+
+  // The scales of an MXFP4 matrix (F4_E2M1X2), or nullptr. See MxScales.
+  const MxScales* mx_scales() const { return mx_scales_.get(); }
+  // This rank-2 F4_E2M1X2 tensor (same memory, rows contiguous) with its e8m0 scales attached
+  // (U8 [rows, ceil(cols / 32)], rows contiguous); checks they cover it.
+  Tensor with_mx_scales(Tensor scales) const;
 
  private:
   DType dtype_ = DType::F32;
@@ -110,6 +125,7 @@ class Tensor {
   void* data_ = nullptr;
   std::shared_ptr<const void> owner_;
   std::shared_ptr<const BlockScales> block_scales_;
+  std::shared_ptr<const MxScales> mx_scales_;
 };
 
 // Block scales of a weight matrix stored quantized, as published FP8 checkpoints store them:
@@ -140,11 +156,34 @@ struct BlockScales {
   }
 };
 
-// Row `row` of a rank-2 floating tensor as float32: the stored values widened exactly, times their
-// block scale (one float32 rounding) when the tensor has block scales.
+// Microscaling (OCP MX) scales of an MXFP4 weight matrix, as GPT-OSS's checkpoints store them
+// beside the packed values (`*_blocks` U8 [..., rows, cols / 32, 16], `*_scales` U8 [..., rows,
+// cols / 32]): one e8m0 byte per block of 32 consecutive values of a row. Value c of row r is
+// e2m1(nibble c) * 2^(scales[r][c / 32] - 127): an exact float32 (e2m1 has two significant bits,
+// and 0.5 * 2^-127 is still a float32 subnormal), or +-inf where it exceeds float32's range, and
+// NaN for the e8m0 NaN, 255 (checkpoints holding it are refused at load).
+//
+// Like BlockScales they ride on the weight Tensor, so the expert banks, EPLB replicas and row views
+// carry them without new parameters. Unlike FP8's, they stay e8m0 bytes (a view of the mapped
+// file, like the values): widened to float32 they would add a quarter of the blocks' size to
+// resident memory. The kernels decode one scale per 32 values, so the bytes cost nothing there.
+struct MxScales {
+  static constexpr int64_t kBlock = 32;  // values per scale
+  Tensor scales;  // U8 [rows, ceil(cols / 32)], rows contiguous (strided when the matrix is)
+};
+
+// The shape of the values `t` holds: its shape, with the last dimension doubled for F4_E2M1X2.
+Shape value_shape(const Tensor& t);
+
+// Row `row` of a rank-2 floating tensor as float32 (value_shape(t)[1] floats): the stored values
+// widened exactly, times their block scale (one float32 rounding) when the tensor has block
+// scales, or e2m1 times 2^(scale - 127) for MXFP4.
 void row_to_f32(const Tensor& t, int64_t row, float* dst);
-// A contiguous float32 copy of a rank-1 or rank-2 floating tensor (block scales applied), or the
-// tensor itself when it is F32 already.
+// A contiguous float32 copy of a rank-1 or rank-2 floating tensor (block or MXFP4 scales applied),
+// or the tensor itself when it is F32 already.
 Tensor to_f32(const Tensor& t);
+// An owned contiguous copy of a tensor whose rows are contiguous (a strided row view included),
+// with the same scales attached (shared: they are never written).
+Tensor contiguous_copy(const Tensor& t);
 
 }  // namespace r3

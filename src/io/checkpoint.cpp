@@ -132,9 +132,11 @@ Tensor Checkpoint::load_f32(const std::string& name, const Shape& expected) cons
 
 Tensor Checkpoint::block_scaled(const std::string& name, const SafetensorsEntry& e) const {
   const std::string& file = where_.at(name)->path();
-  R3_CHECK(quantization_.fp8, "tensor '", name, "' in ", file, " is stored as F8_E4M3, but ",
+  R3_CHECK(quantization_.fp8(), "tensor '", name, "' in ", file, " is stored as F8_E4M3, but ",
            quantization_.source.empty() ? dir_ + "/config.json" : quantization_.source,
-           " has no quantization_config (quant_method \"fp8\" with weight_block_size)");
+           quantization_.mxfp4() ? "'s quantization_config is quant_method \"mxfp4\" (FP8 weights need \"fp8\" "
+                                   "with weight_block_size)"
+                                 : " has no quantization_config (quant_method \"fp8\" with weight_block_size)");
   R3_CHECK(e.shape.size() == 2, "tensor '", name, "' in ", file, ": F8_E4M3 ", shape_to_string(e.shape),
            " is not a weight matrix");
   const std::string excluded = quantization_.excluded_by(name);
@@ -159,6 +161,61 @@ Tensor Checkpoint::block_scaled(const std::string& name, const SafetensorsEntry&
   Tensor stored = where_.at(name)->view(name);
   prefetch(stored.raw_data(), stored.nbytes());
   return stored.with_block_scales(std::move(scales));  // bytes need no alignment: zero-copy
+}
+
+bool Checkpoint::stores_mxfp4(const std::string& name) const {
+  return contains(name + "_blocks") || (quantization_.mxfp4() && quantization_.excluded_by(name).empty());
+}
+
+Tensor Checkpoint::load_mxfp4(const std::string& name, const Shape& expected) const {
+  constexpr int64_t kBlock = MxScales::kBlock, kBlockBytes = kBlock / 2;
+  R3_CHECK(expected.size() >= 2 && expected.back() > 0 && expected.back() % kBlock == 0, "MXFP4 weight '", name,
+           "': ", shape_to_string(expected), " values, expected rows of a multiple of ", kBlock);
+  const int64_t cols = expected.back(), groups = cols / kBlock;
+  const std::string blocks_name = name + "_blocks", scales_name = name + "_scales";
+  Shape block_shape(expected.begin(), expected.end() - 1), scale_shape = block_shape;
+  block_shape.push_back(groups);
+  block_shape.push_back(kBlockBytes);
+  scale_shape.push_back(groups);
+  const SafetensorsEntry& b = entry(blocks_name, block_shape);
+  const std::string& file = where_.at(blocks_name)->path();
+  R3_CHECK(b.dtype == DType::U8, "MXFP4 blocks '", blocks_name, "' in ", file, " have dtype ", dtype_name(b.dtype),
+           ", expected U8 (two e2m1 values per byte)");
+  const std::string config = quantization_.source.empty() ? dir_ + "/config.json" : quantization_.source;
+  R3_CHECK(quantization_.mxfp4(), "tensor '", blocks_name, "' in ", file, " holds MXFP4 blocks, but ", config,
+           quantization_.fp8() ? "'s quantization_config is quant_method \"fp8\", not \"mxfp4\""
+                               : " has no quantization_config (quant_method \"mxfp4\")");
+  const std::string excluded = quantization_.excluded_by(name);
+  R3_CHECK(excluded.empty(), "tensor '", blocks_name, "' in ", file, " holds MXFP4 blocks, but ", config, " lists '",
+           excluded, "' in quantization_config.modules_to_not_convert");
+  auto it = where_.find(scales_name);
+  R3_CHECK(it != where_.end(), "MXFP4 blocks '", blocks_name, "' have no scales '", scales_name, "' in the checkpoint ",
+           "(expected U8 ", shape_to_string(scale_shape), ": one e8m0 exponent per ", kBlock, " values)");
+  const SafetensorsEntry& se = *it->second->find(scales_name);
+  R3_CHECK(se.dtype == DType::U8, "MXFP4 scales '", scales_name, "' in ", it->second->path(), " have dtype ",
+           dtype_name(se.dtype), ", expected U8 (e8m0 exponents)");
+  R3_CHECK(se.shape == scale_shape, "MXFP4 scales '", scales_name, "' in ", it->second->path(), " have shape ",
+           shape_to_string(se.shape), ", expected ", shape_to_string(scale_shape), " (one per ", kBlock,
+           " values of blocks ", shape_to_string(block_shape), ")");
+  entry(scales_name, scale_shape);
+  const int64_t rows = shape_numel(Shape(expected.begin(), expected.end() - 1));
+  const Tensor scales = where_.at(scales_name)->view(scales_name).reshaped({rows, groups});
+  // e8m0 255 is NaN (OCP MX): every value of its block would be NaN. Reading the scales (1/16 of
+  // the blocks' bytes) also brings their pages in.
+  const auto* s = static_cast<const uint8_t*>(scales.raw_data());
+  const auto* nan = static_cast<const uint8_t*>(std::memchr(s, 255, static_cast<std::size_t>(scales.numel())));
+  if (nan != nullptr) {
+    Shape at = scale_shape;  // the index of the first 255
+    for (int64_t rest = nan - s, d = static_cast<int64_t>(at.size()) - 1; d >= 0; --d) {
+      at[static_cast<std::size_t>(d)] = rest % scale_shape[static_cast<std::size_t>(d)];
+      rest /= scale_shape[static_cast<std::size_t>(d)];
+    }
+    R3_FAIL("MXFP4 scales '", scales_name, "' in ", it->second->path(), " hold 255 (e8m0's NaN) at ",
+            shape_to_string(at), ": those ", kBlock, " weights would be NaN");
+  }
+  Tensor blocks = where_.at(blocks_name)->view(blocks_name).reinterpreted(DType::F4_E2M1X2, {rows, cols / 2});
+  prefetch(blocks.raw_data(), blocks.nbytes());
+  return blocks.with_mx_scales(scales);  // bytes need no alignment: zero-copy
 }
 
 Tensor Checkpoint::widened(const std::string& name, const SafetensorsEntry& e) const {

@@ -43,8 +43,21 @@ class Checkpoint {
   // Loads `name` in its stored dtype (for integer tables), checking the shape.
   Tensor load_raw(const std::string& name, const Shape& expected) const;
 
-  // The checkpoint's quantization_config (io/quantization.h). Without one, an F8_E4M3 weight is
-  // refused.
+  // Whether the stack of matrices `name` (GPT-OSS's `...mlp.experts.gate_up_proj`) is to be read
+  // as MXFP4: the checkpoint holds `<name>_blocks`, or the quantization is "mxfp4" and no entry of
+  // modules_to_not_convert covers it (load_mxfp4 then names the missing blocks).
+  bool stores_mxfp4(const std::string& name) const;
+  // Loads the MXFP4 stack `name` as published: `<name>_blocks` U8 [..., rows, cols / 32, 16] and
+  // `<name>_scales` U8 [..., rows, cols / 32] for `expected` = [..., rows, cols] values (cols a
+  // multiple of 32), as one F4_E2M1X2 matrix [prod(...) * rows, cols / 2] with its MxScales
+  // attached, both zero-copy views of the mapping read in now (Tensor::rows takes one matrix or
+  // every other row). Refuses, naming the tensor: blocks or scales missing or of another shape or
+  // dtype, a scale of 255 (e8m0's NaN), blocks without the "mxfp4" quantization_config or inside a
+  // module it leaves unconverted.
+  Tensor load_mxfp4(const std::string& name, const Shape& expected) const;
+
+  // The checkpoint's quantization_config (io/quantization.h). Without one, an F8_E4M3 weight or
+  // MXFP4 blocks are refused.
   void set_quantization(WeightQuantization q) { quantization_ = std::move(q); }
   const WeightQuantization& quantization() const { return quantization_; }
 

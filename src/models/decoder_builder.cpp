@@ -125,38 +125,84 @@ class LayerLoader {
     R3_FAIL("unknown router kind");
   }
 
-  // GPT-OSS stores each layer's experts fused and transposed ([in, out]), gate and up columns
-  // interleaved; r3 keeps every expert as [out, in] gate, up and down with their biases.
+  // GPT-OSS stores each layer's experts fused: gate_up_proj [E, hidden, 2I] and down_proj
+  // [E, I, hidden] input-major, gate and up interleaved along 2I (transformers' GptOssExperts:
+  // gate = gate_up[..., ::2], up = gate_up[..., 1::2]); r3 keeps every expert as [out, in] gate,
+  // up and down with their biases. Unquantized, they are transposed into float32 copies here.
+  // MXFP4 (as OpenAI publishes them) they stay the mapped bytes: the blocks are output-major
+  // already (transformers transposes them after dequantizing), so gate and up are the even and
+  // odd rows of gate_up_proj_blocks and down the rows of down_proj_blocks.
   std::vector<moe::SwigluExpertWeights> gpt_oss_experts() const {
     const MoeSpec& m = spec_.moe;
     const std::string p = spec_.names.moe + "experts.";
     const int64_t h = spec_.hidden_size, width = m.expert_intermediate, e_count = m.num_experts;
-    const Tensor gate_up = load(p + "gate_up_proj", {e_count, h, 2 * width});
+    const bool gate_up_mxfp4 = stores_mxfp4(p + "gate_up_proj"), down_mxfp4 = stores_mxfp4(p + "down_proj");
+    if (gate_up_mxfp4) check_mxfp4_inputs("hidden_size", h);
+    if (down_mxfp4) check_mxfp4_inputs("intermediate_size", width);
     const Tensor gate_up_bias = load(p + "gate_up_proj_bias", {e_count, 2 * width});
-    const Tensor down = load(p + "down_proj", {e_count, width, h});
     const Tensor down_bias = load(p + "down_proj_bias", {e_count, h});
-    std::vector<moe::SwigluExpertWeights> experts;
+    std::vector<moe::SwigluExpertWeights> experts(static_cast<std::size_t>(e_count));
     for (int64_t e = 0; e < e_count; ++e) {
-      moe::SwigluExpertWeights w{Tensor::empty(DType::F32, {width, h}), Tensor::empty(DType::F32, {width, h}),
-                                 Tensor::empty(DType::F32, {h, width}), Tensor::empty(DType::F32, {width}),
-                                 Tensor::empty(DType::F32, {width}), Tensor::empty(DType::F32, {h})};
-      const float* gu = gate_up.data<float>() + e * h * 2 * width;
+      moe::SwigluExpertWeights& w = experts[static_cast<std::size_t>(e)];
+      w.gate_bias = Tensor::empty(DType::F32, {width});
+      w.up_bias = Tensor::empty(DType::F32, {width});
+      w.down_bias = Tensor::empty(DType::F32, {h});
       for (int64_t j = 0; j < width; ++j) {
-        for (int64_t i = 0; i < h; ++i) {
-          w.gate.data<float>()[j * h + i] = gu[i * 2 * width + 2 * j];
-          w.up.data<float>()[j * h + i] = gu[i * 2 * width + 2 * j + 1];
-        }
         w.gate_bias.data<float>()[j] = gate_up_bias.data<float>()[e * 2 * width + 2 * j];
         w.up_bias.data<float>()[j] = gate_up_bias.data<float>()[e * 2 * width + 2 * j + 1];
       }
-      const float* dn = down.data<float>() + e * width * h;
-      for (int64_t d = 0; d < h; ++d) {
-        for (int64_t j = 0; j < width; ++j) w.down.data<float>()[d * width + j] = dn[j * h + d];
-      }
       std::copy_n(down_bias.data<float>() + e * h, h, w.down_bias.data<float>());
-      experts.push_back(std::move(w));
+    }
+    if (gate_up_mxfp4) {
+      const Tensor gate_up = load_mxfp4(p + "gate_up_proj", {e_count, 2 * width, h});  // F4 [E * 2I, H / 2]
+      for (int64_t e = 0; e < e_count; ++e) {
+        moe::SwigluExpertWeights& w = experts[static_cast<std::size_t>(e)];
+        w.gate = gate_up.rows(e * 2 * width, (e + 1) * 2 * width, 2);
+        w.up = gate_up.rows(e * 2 * width + 1, (e + 1) * 2 * width, 2);
+      }
+    } else {
+      const Tensor gate_up = load(p + "gate_up_proj", {e_count, h, 2 * width});
+      for (int64_t e = 0; e < e_count; ++e) {
+        moe::SwigluExpertWeights& w = experts[static_cast<std::size_t>(e)];
+        w.gate = Tensor::empty(DType::F32, {width, h});
+        w.up = Tensor::empty(DType::F32, {width, h});
+        const float* gu = gate_up.data<float>() + e * h * 2 * width;
+        for (int64_t j = 0; j < width; ++j) {
+          for (int64_t i = 0; i < h; ++i) {
+            w.gate.data<float>()[j * h + i] = gu[i * 2 * width + 2 * j];
+            w.up.data<float>()[j * h + i] = gu[i * 2 * width + 2 * j + 1];
+          }
+        }
+      }
+    }
+    if (down_mxfp4) {
+      const Tensor down = load_mxfp4(p + "down_proj", {e_count, h, width});  // F4 [E * H, I / 2]
+      for (int64_t e = 0; e < e_count; ++e) experts[static_cast<std::size_t>(e)].down = down.rows(e * h, (e + 1) * h);
+    } else {
+      const Tensor down = load(p + "down_proj", {e_count, width, h});
+      for (int64_t e = 0; e < e_count; ++e) {
+        Tensor& d = experts[static_cast<std::size_t>(e)].down;
+        d = Tensor::empty(DType::F32, {h, width});
+        const float* dn = down.data<float>() + e * width * h;
+        for (int64_t o = 0; o < h; ++o) {
+          for (int64_t j = 0; j < width; ++j) d.data<float>()[o * width + j] = dn[j * h + o];
+        }
+      }
     }
     return experts;
+  }
+
+  bool stores_mxfp4(const std::string& name) const { return ckpt_.stores_mxfp4(expand_name(prefix_ + name, layer_)); }
+  Tensor load_mxfp4(const std::string& name, const Shape& shape) const {
+    return ckpt_.load_mxfp4(expand_name(prefix_ + name, layer_), shape);
+  }
+  // One e8m0 scale covers 32 values of a row: transformers' Mxfp4GptOssExperts sizes its blocks
+  // hidden_size // 32 (gate_up_proj's inputs) and intermediate_size // 32 (down_proj's), so other
+  // sizes cannot be stored.
+  void check_mxfp4_inputs(const char* key, int64_t size) const {
+    R3_CHECK(size % MxScales::kBlock == 0, ckpt_.dir(), "/config.json: MXFP4 experts need '", key,
+             "' to be a multiple of ", MxScales::kBlock, " (one e8m0 scale per ", MxScales::kBlock, " values), got ",
+             size);
   }
 
   std::unique_ptr<FeedForward> moe(int64_t moe_layer_id) const {

@@ -53,6 +53,9 @@ std::unique_ptr<CausalLM> load_model(const std::string& model_dir, const LoadOpt
   std::optional<DecoderSpec> spec;
   if (family.parse != nullptr) spec = spec_from_config(config);  // config errors before any weight loads
   WeightQuantization quantization = WeightQuantization::from_config(config);
+  R3_CHECK(!quantization.mxfp4() || (spec && spec->moe.expert_layout == ExpertLayout::kGptOssFused), config.source(),
+           ": quantization_config.quant_method 'mxfp4' stores GPT-OSS's fused experts (gate_up_proj_blocks, "
+           "down_proj_blocks); ", family.model_type, " has no such experts");
   Checkpoint checkpoint = Checkpoint::open(model_dir);
   checkpoint.set_quantization(std::move(quantization));
   Progress progress("loading " + model_dir, checkpoint.total_bytes());

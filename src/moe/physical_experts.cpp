@@ -1,6 +1,5 @@
 #include "moe/physical_experts.h"
 
-#include <cstring>
 
 #include "ops/activation.h"
 
@@ -8,12 +7,9 @@ namespace r3::moe {
 
 namespace {
 
-Tensor copy_of(const Tensor& t) {
-  Tensor c = Tensor::empty(t.dtype(), t.shape());
-  std::memcpy(c.raw_data(), t.raw_data(), t.nbytes());
-  // Block scales are never written: the copy shares them.
-  return t.block_scales() != nullptr ? c.with_block_scales(*t.block_scales()) : c;
-}
+// A replica's own copy of a weight (rows of a strided view, GPT-OSS's MXFP4 gate and up, packed
+// together). Block and MXFP4 scales are never written: the copy shares them.
+Tensor copy_of(const Tensor& t) { return contiguous_copy(t); }
 
 Tensor copy_if_defined(const Tensor& t) { return t.defined() ? copy_of(t) : Tensor(); }
 
@@ -30,11 +26,12 @@ PhysicalExperts::PhysicalExperts(std::vector<SwigluExpertWeights> logical, Exper
   R3_CHECK(!logical.empty(), "an MoE layer needs at least one expert");
   R3_CHECK(static_cast<int64_t>(logical.size()) == placement_.num_logical(), "placement covers ",
            placement_.num_logical(), " experts, the layer has ", logical.size());
-  intermediate_ = logical[0].gate.dim(0);
-  hidden_ = logical[0].gate.dim(1);
+  // Shapes of the values: an MXFP4 matrix holds two per stored byte.
+  intermediate_ = value_shape(logical[0].gate)[0];
+  hidden_ = value_shape(logical[0].gate)[1];
   for (const auto& e : logical) {
-    R3_CHECK(e.gate.shape() == Shape({intermediate_, hidden_}) && e.up.shape() == e.gate.shape() &&
-                 e.down.shape() == Shape({hidden_, intermediate_}),
+    R3_CHECK(value_shape(e.gate) == Shape({intermediate_, hidden_}) && value_shape(e.up) == value_shape(e.gate) &&
+                 value_shape(e.down) == Shape({hidden_, intermediate_}),
              "experts of one layer must share their shapes");
   }
   const bool identity = placement_.num_physical() == placement_.num_logical() &&

@@ -31,6 +31,7 @@ Tensor stacked_rows(std::initializer_list<const Tensor*> parts) {
     R3_CHECK(t->is_contiguous() && (t->rank() == 1 ? cols == 1 : t->shape().back() == cols),
              "stacking projections: ", shape_to_string(t->shape()), " does not have ", cols, " columns");
     R3_CHECK(t->dtype() != DType::F8_E4M3, "FP8 block-scaled weights have no CUDA kernels yet: run this checkpoint on the CPU");
+    R3_CHECK(t->dtype() != DType::F4_E2M1X2, "MXFP4 weights have no CUDA kernels yet: run this checkpoint on the CPU");
     convert_to_f32(t->raw_data(), t->dtype(), static_cast<std::size_t>(t->numel()), dst);
     dst += t->numel();
   }

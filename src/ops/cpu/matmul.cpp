@@ -5,6 +5,16 @@
 namespace r3::ops {
 
 WeightMatrix WeightMatrix::of(const Tensor& w) {
+  if (w.dtype() == DType::F4_E2M1X2) {
+    const MxScales* s = w.mx_scales();
+    R3_CHECK(w.rank() == 2 && w.strides()[1] == 1 && s != nullptr, "matmul: F4_E2M1X2 weights ",
+             shape_to_string(w.shape()), " need contiguous rows and their MXFP4 scales");
+    WeightMatrix m{w.raw_data(), w.dtype(), w.dim(0), 2 * w.dim(1)};
+    m.mx_scales = static_cast<const uint8_t*>(s->scales.raw_data());
+    m.row_stride = w.strides()[0];  // bytes: one per element
+    m.scale_stride = s->scales.strides()[0];
+    return m;
+  }
   R3_CHECK(w.rank() == 2 && w.is_contiguous(), "matmul: weights must be a contiguous matrix, got ",
            shape_to_string(w.shape()));
   if (w.dtype() == DType::F8_E4M3) {
@@ -20,7 +30,7 @@ WeightMatrix WeightMatrix::of(const Tensor& w) {
     return m;
   }
   R3_CHECK(w.dtype() == DType::F32 || w.dtype() == DType::BF16 || w.dtype() == DType::F16,
-           "matmul: weights of dtype ", dtype_name(w.dtype()), " (expected F32, BF16, F16 or F8_E4M3)");
+           "matmul: weights of dtype ", dtype_name(w.dtype()), " (expected F32, BF16, F16, F8_E4M3 or F4_E2M1X2)");
   return {w.raw_data(), w.dtype(), w.dim(0), w.dim(1)};
 }
 

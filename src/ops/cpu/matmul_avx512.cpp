@@ -292,6 +292,105 @@ R3_AVX512 void run_f8(const float* x, int64_t m, int64_t ldx, const WeightMatrix
   });
 }
 
+// MXFP4 weights (F4_E2M1X2 with e8m0 scales). A 32-value block of a row is 16 bytes and one
+// scale. The 16 e2m1 values times the block's scale are one zmm table (each entry the single
+// float32 product e2m1 * 2^(scale - 127) that matmul.h defines), and vpermps looks every nibble up
+// in it, so the weights come out already scaled, with the bits of the widened float32 copy. The
+// nibbles are spread one per byte first: byte i's high nibble is the low nibble of byte i of the
+// bytes shifted right by 4 (vpermps reads only an index's low 4 bits, so neither the low nibbles
+// nor the shifted bytes need masking), and interleaving the two gives values 0-15 and 16-31 in
+// order (value 2i is byte i's low nibble, as transformers' convert_moe_packed_tensors reads it).
+R3_AVX512 inline void decode_f4(__m128i bytes, __m512 table, __mmask16 lo_mask, __mmask16 hi_mask, __m512& lo,
+                                __m512& hi) {
+  const __m128i high_nibbles = _mm_srli_epi16(bytes, 4);
+  lo = _mm512_maskz_permutexvar_ps(lo_mask, _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(bytes, high_nibbles)), table);
+  hi = _mm512_maskz_permutexvar_ps(hi_mask, _mm512_cvtepu8_epi32(_mm_unpackhi_epi8(bytes, high_nibbles)), table);
+}
+
+// x rows' 16 floats from c (all lanes) times wv[j] into acc, x kept in a register as in micro_tile.
+template <int MR, int NR>
+R3_AVX512 inline void fma_rows_full(__m512 (&acc)[MR][NR], const __m512 (&wv)[NR], const float* x, int64_t ldx,
+                                    int64_t c) {
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+    __m512 xv = _mm512_loadu_ps(x + i * ldx + c);
+    __asm__("" : "+v"(xv));  // as in micro_tile
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+  }
+}
+
+// NR weight rows at w (rows `stride` bytes apart, scales `scale_stride` apart), k values each. A
+// last, partial block of n < 32 values loads only its n / 2 bytes and takes the 16-lane steps the
+// contract has there (one, or a full one and a masked one); masked lanes are +0 in x and w.
+template <int MR, int NR>
+R3_AVX512 void micro_tile_f4(const float* x, int64_t ldx, const uint8_t* w, int64_t stride, const uint8_t* scales,
+                             int64_t scale_stride, int64_t k, const float* bias, float* y, int64_t ldy,
+                             const uint8_t* next) {
+  constexpr int64_t kBlock = MxScales::kBlock;
+  const __m512 values = _mm512_loadu_ps(f4_e2m1_table());
+  const float* e8m0 = e8m0_table();
+  __m512 acc[MR][NR];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  }
+  for (int64_t c = 0; c < k; c += kBlock) {
+    const int64_t byte = c / 2, n = std::min(kBlock, k - c);
+    if (next != nullptr && byte % 64 == 0) prefetch_rows<NR>(next, stride, byte);
+    __m512 lo[NR], hi[NR];
+    if (n == kBlock) {
+#pragma GCC unroll 4
+      for (int j = 0; j < NR; ++j) {
+        const __m512 table = _mm512_mul_ps(values, _mm512_set1_ps(e8m0[scales[j * scale_stride + c / kBlock]]));
+        decode_f4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + j * stride + byte)), table, 0xFFFF, 0xFFFF,
+                  lo[j], hi[j]);
+      }
+      fma_rows_full(acc, lo, x, ldx, c);
+      fma_rows_full(acc, hi, x, ldx, c + kMatmulLanes);
+      continue;
+    }
+    const auto lo_mask = static_cast<__mmask16>(n >= kMatmulLanes ? 0xFFFFu : (1u << n) - 1u);
+    const auto hi_mask = static_cast<__mmask16>(n > kMatmulLanes ? (1u << (n - kMatmulLanes)) - 1u : 0u);
+    const auto byte_mask = static_cast<__mmask16>((1u << (n / 2)) - 1u);
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) {
+      const __m512 table = _mm512_mul_ps(values, _mm512_set1_ps(e8m0[scales[j * scale_stride + c / kBlock]]));
+      decode_f4(_mm_maskz_loadu_epi8(byte_mask, w + j * stride + byte), table, lo_mask, hi_mask, lo[j], hi[j]);
+    }
+    fma_rows(acc, lo, x, ldx, c, lo_mask);
+    if (hi_mask != 0) fma_rows(acc, hi, x, ldx, c + kMatmulLanes, hi_mask);
+  }
+  store_tile(acc, bias, y, ldy);
+}
+
+using TileF4Fn = void (*)(const float*, int64_t, const uint8_t*, int64_t, const uint8_t*, int64_t, int64_t,
+                          const float*, float*, int64_t, const uint8_t*);
+
+template <int MR, int... NRs>
+constexpr auto tile_row_f4(std::integer_sequence<int, NRs...>) {
+  return std::array<TileF4Fn, sizeof...(NRs)>{&micro_tile_f4<MR, NRs + 1>...};
+}
+
+template <int... MRs>
+constexpr auto tile_table_f4(std::integer_sequence<int, MRs...>) {
+  return std::array<std::array<TileF4Fn, kTileWeights>, sizeof...(MRs)>{
+      tile_row_f4<MRs + 1>(std::make_integer_sequence<int, kTileWeights>())...};
+}
+
+// run_f8's tiling (tiles from one x row on: the decode, not memory, bounds a batch-1 step), for
+// MXFP4: each tile gets its first weight row and scale row, and the strides between rows.
+R3_AVX512 void run_f4(const float* x, int64_t m, int64_t ldx, const WeightMatrix& w, int64_t n0, int64_t n1,
+                      const float* bias, float* y, int64_t ldy) {
+  static constexpr auto table = tile_table_f4(std::make_integer_sequence<int, kTileRows>());
+  for_each_tile(m, n0, n1, [&](int64_t i0, int64_t mr, int64_t j0, int64_t nr, bool prefetch) {
+    table[static_cast<std::size_t>(mr - 1)][static_cast<std::size_t>(nr - 1)](
+        x + i0 * ldx, ldx, w.packed_row(j0), w.row_stride, w.mx_scale_row(j0), w.scale_stride, w.cols,
+        bias ? bias + j0 : nullptr, y + i0 * ldy + (j0 - n0), ldy, prefetch ? w.packed_row(j0 + kTileWeights) : nullptr);
+  });
+}
+
 }  // namespace
 
 void matmul_rows_avx512(const float* x, int64_t m, int64_t ldx, const WeightMatrix& w, int64_t n0, int64_t n1,
@@ -303,6 +402,7 @@ void matmul_rows_avx512(const float* x, int64_t m, int64_t ldx, const WeightMatr
       if (w.block_cols % kMatmulLanes != 0) return matmul_rows_portable(x, m, ldx, w, n0, n1, bias, y, ldy);
       if (w.plain_scales && (_mm_getcsr() & 0x40u) == 0) return run_f8<true>(x, m, ldx, w, n0, n1, bias, y, ldy);
       return run_f8<false>(x, m, ldx, w, n0, n1, bias, y, ldy);
+    case DType::F4_E2M1X2: return run_f4(x, m, ldx, w, n0, n1, bias, y, ldy);
     default: return run<DType::F32>(x, m, ldx, w, n0, n1, bias, y, ldy);
   }
 }

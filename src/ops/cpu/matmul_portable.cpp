@@ -15,6 +15,10 @@ float weight_at(const WeightMatrix& w, int64_t j, int64_t c) {
     case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(w.data)[index]);
     case DType::F8_E4M3:
       return f8_e4m3_to_f32(static_cast<const uint8_t*>(w.data)[index]) * w.scale_row(j)[c / w.block_cols];
+    case DType::F4_E2M1X2: {
+      const uint8_t byte = w.packed_row(j)[c / 2];
+      return f4_e2m1_to_f32(c % 2 == 0 ? byte & 0xF : byte >> 4) * e8m0_to_f32(w.mx_scale_row(j)[c / MxScales::kBlock]);
+    }
     default: return static_cast<const float*>(w.data)[index];
   }
 }
