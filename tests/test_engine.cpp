@@ -94,7 +94,8 @@ TEST_P(EngineServing, EachRequestIsBitIdenticalAloneAndUnderServing) {
 std::vector<ServedFamily> engine_families() {
   return {{"qwen3_moe"}, {"qwen2_moe"}, {"olmoe"}, {"mixtral"}, {"gpt_oss"}, {"glm4_moe"}, {"deepseek_v2"},
           {"deepseek_v3"}, {"deepseek_v4", 16}, {"deepseek_v4_alt", 6}, {"deepseek_v4_yarn", 16}, {"kimi_linear"}, {"kimi_linear_alt"},
-          {"kimi_k3"}, {"kimi_k3_alt"}, {"deepseek_v3_fp8"}, {"qwen3_moe_fp8"}, {"gpt_oss_mxfp4"}};
+          {"kimi_k3"}, {"kimi_k3_alt"}, {"deepseek_v3_fp8"}, {"qwen3_moe_fp8"}, {"kimi_linear_fp8"},
+          {"gpt_oss_mxfp4"}};
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, EngineServing, testing::ValuesIn(engine_families()),

@@ -46,7 +46,7 @@ std::vector<Case> all_cases() {
        {"qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v4", "deepseek_v4_alt", "deepseek_v4_yarn", "glm4_moe",
         "deepseek_v2", "deepseek_v3", "gpt_oss", "kimi_linear", "kimi_linear_alt", "kimi_k3", "kimi_k3_alt",
         // FP8 checkpoints as published (e4m3 weights, block scales), references from their dequantized weights.
-        "deepseek_v3_fp8", "deepseek_v3_fp8_b16", "qwen3_moe_fp8",
+        "deepseek_v3_fp8", "deepseek_v3_fp8_b16", "qwen3_moe_fp8", "kimi_linear_fp8",
         // MXFP4 experts as OpenAI publishes GPT-OSS (e2m1 pairs, e8m0 scales per 32 values).
         "gpt_oss_mxfp4"}) {
     for (int index : {0, 1}) {
