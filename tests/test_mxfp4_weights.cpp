@@ -468,40 +468,7 @@ TEST(Mxfp4Checkpoint, ResidentMemoryStaysNearTheFileSize) {
     }
     write_safetensors(model + "/model.safetensors", tensors);
   }
-  const auto file_bytes = static_cast<double>(std::filesystem::file_size(model + "/model.safetensors"));
-  ASSERT_GT(file_bytes, 250e6) << "a checkpoint of a few hundred MB";
-  struct MxResident {
-    double file = 0, anon = 0;  // RssFile and RssAnon of /proc/self/status, in bytes
-  };
-  auto resident = [] {
-    MxResident r;
-    std::ifstream status("/proc/self/status");
-    for (std::string line; std::getline(status, line);) {
-      if (line.rfind("RssFile:", 0) == 0) r.file = static_cast<double>(std::stoll(line.substr(8)) * 1024);
-      if (line.rfind("RssAnon:", 0) == 0) r.anon = static_cast<double>(std::stoll(line.substr(8)) * 1024);
-    }
-    return r;
-  };
-  const MxResident before = resident();
-  auto loaded = models::load_model(model);
-  auto check = [&](const char* when) {
-    const MxResident now = resident();
-    const double mapped = now.file - before.file, owned = now.anon - before.anon;
-    const std::string growth = std::string(when) + ": file-backed +" + std::to_string(mapped / 1e6) +
-                               " MB, private +" + std::to_string(owned / 1e6) + " MB for a " +
-                               std::to_string(file_bytes / 1e6) + " MB checkpoint";
-    std::printf("%s\n", growth.c_str());
-    SCOPED_TRACE(growth);
-    EXPECT_GE(mapped, 0.9 * file_bytes) << "the weights are the file's own pages";
-    EXPECT_LE(mapped + owned, 1.3 * file_bytes);
-  };
-  check("loaded");
-  backend::Context ctx(2);
-  auto cache = loaded->make_cache(1, 16);
-  const std::vector<int32_t> ids = {1, 7, 300, 42, 9, 511, 64, 3};
-  const Tensor logits = test::forward_captured(*loaded, ctx, models::ForwardBatch::sequence(ids, 0), *cache);
-  for (const float v : test::float_values(logits)) ASSERT_TRUE(std::isfinite(v));
-  check("after a forward pass");
+  test::expect_resident_near_file_size(model);
 }
 
 TEST(Mxfp4Checkpoint, QuantizationConfigAndUnconvertedModules) {

@@ -90,6 +90,12 @@ std::string join(const std::vector<int64_t>& values, const std::string& separato
 std::string copy_model_with_config(const std::string& family, const TempDir& dir, const std::string& name,
                                    const std::string& key, const std::string& value_json);
 
+// Loads the checkpoint folder `model` (one model.safetensors of a few hundred MB) and runs a
+// forward pass of 8 tokens; after each, the process's resident memory must have grown by the
+// file's own pages (file-backed, >= 0.9x the file) and by at most 1.3x the file in all
+// (file-backed plus private): weights read as views of the file, no widened copy.
+void expect_resident_near_file_size(const std::string& model);
+
 // A generation that really ends at EOS: greedy `r3 generate --ignore-eos` of `prompt` on fixture
 // `family` picks the token, the first one it emits for the first time at output index >= 2, and
 // a copy of the model declares that token its eos_token_id.
