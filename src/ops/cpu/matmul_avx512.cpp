@@ -54,6 +54,32 @@ R3_AVX512 inline void prefetch_rows(const T* next, int64_t k, int64_t c) {
   for (int j = 0; j < NR; ++j) _mm_prefetch(reinterpret_cast<const char*>(next + j * k + c), _MM_HINT_T1);
 }
 
+// acc[i][j] = +0 for a tile's start.
+template <int MR, int NR>
+R3_AVX512 inline void zero_tile(__m512 (&acc)[MR][NR]) {
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  }
+}
+
+// acc[i][j] += x row i's 16 floats from c (all lanes) times wv[j].
+template <int MR, int NR>
+R3_AVX512 inline void fma_rows_full(__m512 (&acc)[MR][NR], const __m512 (&wv)[NR], const float* x, int64_t ldx,
+                                    int64_t c) {
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+    __m512 xv = _mm512_loadu_ps(x + i * ldx + c);
+    // Keeps xv in a register: left alone, GCC folds the load into each of the NR FMAs as a
+    // memory operand, and the tile becomes bound by loads (1.5 instead of 3.2 G FMA/s per
+    // core for 4x4 on the benchmark machine). Same FMAs, same order: the bits do not change.
+    __asm__("" : "+v"(xv));
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+  }
+}
+
 // acc[i][j] += x row i's 16 floats from c (the lanes outside `mask` read as +0) times wv[j].
 template <int MR, int NR>
 R3_AVX512 inline void fma_rows(__m512 (&acc)[MR][NR], const __m512 (&wv)[NR], const float* x, int64_t ldx, int64_t c,
@@ -90,27 +116,14 @@ R3_AVX512 void micro_tile(const float* x, int64_t ldx, const typename WeightLoad
   using L = WeightLoad<D>;
   constexpr int64_t kLine = 64 / sizeof(typename L::T);  // elements per cache line
   __m512 acc[MR][NR];
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
-  }
+  zero_tile(acc);
   int64_t c = 0;
   for (; c + kMatmulLanes <= k; c += kMatmulLanes) {
     if (next != nullptr && c % kLine == 0) prefetch_rows<NR>(next, k, c);
     __m512 wv[NR];
 #pragma GCC unroll 4
     for (int j = 0; j < NR; ++j) wv[j] = L::full(w + j * k + c);
-#pragma GCC unroll 4
-    for (int i = 0; i < MR; ++i) {
-      __m512 xv = _mm512_loadu_ps(x + i * ldx + c);
-      // Keeps xv in a register: left alone, GCC folds the load into each of the NR FMAs as a
-      // memory operand, and the tile becomes bound by loads (1.5 instead of 3.2 G FMA/s per
-      // core for 4x4 on the benchmark machine). Same FMAs, same order: the bits do not change.
-      __asm__("" : "+v"(xv));
-#pragma GCC unroll 4
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
-    }
+    fma_rows_full(acc, wv, x, ldx, c);
   }
   if (c < k) {
     const auto mask = static_cast<__mmask16>((1u << (k - c)) - 1u);
@@ -219,11 +232,7 @@ R3_AVX512 void micro_tile_f8(const float* x, int64_t ldx, const uint8_t* w, int6
                              int64_t block_cols, const float* bias, float* y, int64_t ldy, const uint8_t* next) {
   constexpr int64_t kLine = 64;  // bytes per cache line
   __m512 acc[MR][NR];
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
-  }
+  zero_tile(acc);
   for (int64_t c0 = 0; c0 < k; c0 += block_cols) {
     const int64_t c1 = std::min(k, c0 + block_cols);
     __m512 scale[NR];
@@ -239,13 +248,7 @@ R3_AVX512 void micro_tile_f8(const float* x, int64_t ldx, const uint8_t* w, int6
       for (int j = 0; j < NR; ++j) {
         wv[j] = _mm512_mul_ps(decode_f8<kPlain>(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + j * k + c))), scale[j]);
       }
-#pragma GCC unroll 4
-      for (int i = 0; i < MR; ++i) {
-        __m512 xv = _mm512_loadu_ps(x + i * ldx + c);
-        __asm__("" : "+v"(xv));  // as in micro_tile
-#pragma GCC unroll 4
-        for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
-      }
+      fma_rows_full(acc, wv, x, ldx, c);
     }
     if (c < c1) {  // the K tail (c1 == k): masked lanes are +0 in x and w, the zero padding
       const auto mask = static_cast<__mmask16>((1u << (c1 - c)) - 1u);
@@ -307,19 +310,6 @@ R3_AVX512 inline void decode_f4(__m128i bytes, __m512 table, __mmask16 lo_mask, 
   hi = _mm512_maskz_permutexvar_ps(hi_mask, _mm512_cvtepu8_epi32(_mm_unpackhi_epi8(bytes, high_nibbles)), table);
 }
 
-// x rows' 16 floats from c (all lanes) times wv[j] into acc, x kept in a register as in micro_tile.
-template <int MR, int NR>
-R3_AVX512 inline void fma_rows_full(__m512 (&acc)[MR][NR], const __m512 (&wv)[NR], const float* x, int64_t ldx,
-                                    int64_t c) {
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i) {
-    __m512 xv = _mm512_loadu_ps(x + i * ldx + c);
-    __asm__("" : "+v"(xv));  // as in micro_tile
-#pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
-  }
-}
-
 // NR weight rows at w (rows `stride` bytes apart, scales `scale_stride` apart), k values each. A
 // last, partial block of n < 32 values loads only its n / 2 bytes and takes the 16-lane steps the
 // contract has there (one, or a full one and a masked one); masked lanes are +0 in x and w.
@@ -331,11 +321,7 @@ R3_AVX512 void micro_tile_f4(const float* x, int64_t ldx, const uint8_t* w, int6
   const __m512 values = _mm512_loadu_ps(f4_e2m1_table());
   const float* e8m0 = e8m0_table();
   __m512 acc[MR][NR];
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
-  }
+  zero_tile(acc);
   for (int64_t c = 0; c < k; c += kBlock) {
     const int64_t byte = c / 2, n = std::min(kBlock, k - c);
     if (next != nullptr && byte % 64 == 0) prefetch_rows<NR>(next, stride, byte);
