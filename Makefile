@@ -65,6 +65,8 @@ bench: build
 	$(BUILD_DIR)/r3_bench
 	@test -f $(BENCH_MODEL)/hf/model.safetensors || python3 $(PEER_DIR)/make_model.py --size mid --out $(BENCH_MODEL) --gguf ''
 	$(BUILD_DIR)/r3_model_bench --model $(BENCH_MODEL)/hf --threads $(BENCH_THREADS) --prompt 32 --gen 64 --reps 3
+	@test -f $(BENCH_MODEL)/fp8/model.safetensors || $(BUILD_DIR)/r3_quantize_fp8 --model $(BENCH_MODEL)/hf --out $(BENCH_MODEL)/fp8
+	$(BUILD_DIR)/r3_model_bench --model $(BENCH_MODEL)/fp8 --threads $(BENCH_THREADS) --prompt 32 --gen 64 --reps 3
 	$(BUILD_DIR)/r3_serving_bench --model $(BENCH_MODEL)/hf --threads $(BENCH_THREADS) --batch 16 --prefix 1024 --reps 3
 
 clean:

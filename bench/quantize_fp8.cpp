@@ -43,8 +43,8 @@ std::vector<float> widened(const Tensor& t) {
     const auto u = static_cast<std::size_t>(i);
     switch (t.dtype()) {
       case DType::F32: out[u] = t.data<float>()[i]; break;
-      case DType::BF16: out[u] = bf16_to_f32(t.data<uint16_t>()[i]); break;
-      case DType::F16: out[u] = f16_to_f32(t.data<uint16_t>()[i]); break;
+      case DType::BF16: out[u] = bf16_to_f32(static_cast<const uint16_t*>(t.raw_data())[i]); break;
+      case DType::F16: out[u] = f16_to_f32(static_cast<const uint16_t*>(t.raw_data())[i]); break;
       default: R3_FAIL("quantize_fp8: weight of dtype ", dtype_name(t.dtype()), " (expected F32, BF16 or F16)");
     }
   }
@@ -69,7 +69,7 @@ std::pair<Tensor, Tensor> quantize(const Tensor& w, int64_t R, int64_t C) {
       for (int64_t r = br * R; r < r1; ++r) {
         for (int64_t c = bc * C; c < c1; ++c) {
           const float q = std::clamp(values[static_cast<std::size_t>(r * cols + c)] / scale, -448.0f, 448.0f);
-          codes.data<uint8_t>()[r * cols + c] = f32_to_f8_e4m3(q);
+          static_cast<uint8_t*>(codes.raw_data())[r * cols + c] = f32_to_f8_e4m3(q);
         }
       }
     }
