@@ -21,7 +21,9 @@ the embeddings, lm_head, norms or router gates) becomes F8_E4M3 with `<name>_sca
 ceil(in/C)], amax/448 per block, partial last blocks allowed), config.json gets the quantization_config.
 The references (generate and the float64 forward) are computed by transformers from the DEQUANTIZED
 weights (fp8 * scale in float32, written to a temporary float32 checkpoint), which is what r3 computes
-with. --from-checkpoint of such a folder dequantizes it the same way.
+with. --from-checkpoint of such a folder dequantizes it the same way. DeepSeek-V4-Flash's layout:
+--scale-fmt ue8m0 (power-of-two scales, config scale_fmt "ue8m0") --scale-name scale (`<module>.scale`);
+its compressors and the indexer's weights_proj stay unquantized, as that release ships them.
 
 --quantize mxfp4 writes a GPT-OSS checkpoint the way OpenAI publishes gpt-oss-20b/120b: the experts'
 gate_up_proj and down_proj become `<name>_blocks` (U8 [E, out, in/32, 16], two e2m1 values per byte) and
@@ -208,6 +210,12 @@ def parse_args(argv):
                    help="--quantize fp8: weight_block_size ROWS,COLS (default 128,128, as published)")
     p.add_argument("--scale-dtype", default="float32", choices=["float32", "bfloat16"],
                    help="--quantize fp8: dtype of weight_scale_inv (float32: DeepSeek, Kimi; bfloat16: Qwen3 FP8)")
+    p.add_argument("--scale-fmt", default="float", choices=["float", "ue8m0"],
+                   help="--quantize fp8: quantization_config.scale_fmt; ue8m0: every scale a power of two (rounded "
+                        "up, as transformers' Fp8Quantize does), in a float32 container, as DeepSeek-V4-Flash ships")
+    p.add_argument("--scale-name", default="weight_scale_inv", choices=["weight_scale_inv", "scale"],
+                   help="--quantize fp8: the scale tensor of <module>.weight: <module>.weight_scale_inv, or "
+                        "<module>.scale as DeepSeek-V4-Flash names it")
     # --quantize mxfp4 takes no options: blocks of 32 values with e8m0 scales, as published.
     a = p.parse_args(argv)
     try:
@@ -307,10 +315,21 @@ def build_random(args, out, torch, transformers):
 # tensors a published checkpoint stores, its quantization_config and a one-line summary) and a
 # dequantizer (stored tensors -> float32, exactly as r3 computes them); the references always run on the
 # dequantized float32 weights. FP8 (DeepSeek, Kimi, Qwen3) and MXFP4 (GPT-OSS's experts).
+# DeepSeek-V4-Flash ships its compressors' and the indexer's weights projection in BF16, without
+# scales (transformers 5.17's DeepseekV4PreTrainedModel._keep_in_fp32_modules, in the checkpoint's names).
+FP8_UNQUANTIZED_MODULES = (".attn.compressor.", ".attn.indexer.compressor.", ".attn.indexer.weights_proj.")
+
+
 def quantized_as_published(name, t):
-    """Projections of the decoder layers; not embeddings, lm_head, norms, biases or router gates."""
+    """Projections of the decoder layers; not embeddings, lm_head, norms, biases, router gates or
+    DeepSeek-V4's compressor / indexer-weights projections."""
     return (t.dim() == 2 and name.startswith("model.layers.") and name.endswith(".weight")
-            and not name.endswith(".gate.weight"))
+            and not name.endswith(".gate.weight") and not any(m in name for m in FP8_UNQUANTIZED_MODULES))
+
+
+def fp8_scale_name(weight_name, scale_name):
+    """Where a quantized weight's scales are stored: <name>_scale_inv, or <module>.scale."""
+    return weight_name + "_scale_inv" if scale_name == "weight_scale_inv" else weight_name[: -len("weight")] + "scale"
 
 
 def _block_grid(t, block, torch):
@@ -335,12 +354,17 @@ def quantize_fp8(tensors, args, torch):
             out[name] = t
             continue
         amax = _block_grid(t.float(), block, torch).abs().amax(dim=(1, 3))
-        scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax)).to(sdtype)
+        scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+        if args.scale_fmt == "ue8m0":
+            scale = torch.pow(2.0, torch.ceil(torch.log2(scale)))
+        scale = scale.to(sdtype)
         q = (t.float() / _expand(scale.float(), block, t.shape)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
-        out[name], out[name + "_scale_inv"] = q.contiguous(), scale.contiguous()
+        out[name], out[fp8_scale_name(name, args.scale_name)] = q.contiguous(), scale.contiguous()
     config = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": list(block)}
     if args.scale_dtype == "float32":
         config["fmt"] = "e4m3"  # DeepSeek's and Kimi's configs spell the format; Qwen3's leave it out
+    if args.scale_fmt != "float":
+        config["scale_fmt"] = args.scale_fmt
     n = sum(1 for v in out.values() if v.dtype == torch.float8_e4m3fn)
     return out, config, f"quantized {n} weights to fp8, blocks {args.block_size}, scales {args.scale_dtype}"
 
@@ -348,13 +372,16 @@ def quantize_fp8(tensors, args, torch):
 def dequantize_fp8(tensors, config, torch):
     """fp8 * scale_inv per block, a float32 product rounded once (what r3's kernels multiply by)."""
     block, out = config["weight_block_size"], {}
+    scales = set()
     for name, t in tensors.items():
-        if name.endswith("_scale_inv"):
-            continue
         if t.dtype == torch.float8_e4m3fn:
-            scale = tensors[name + "_scale_inv"].float()
-            t = t.float() * _expand(scale, block, t.shape)
+            scale_name = next(n for n in (fp8_scale_name(name, "weight_scale_inv"), fp8_scale_name(name, "scale"))
+                              if n in tensors)
+            scales.add(scale_name)
+            t = t.float() * _expand(tensors[scale_name].float(), block, t.shape)
         out[name] = t
+    for name in scales:
+        del out[name]
     return out
 
 
