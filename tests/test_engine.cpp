@@ -95,6 +95,7 @@ std::vector<ServedFamily> engine_families() {
   return {{"qwen3_moe"}, {"qwen2_moe"}, {"olmoe"}, {"mixtral"}, {"gpt_oss"}, {"glm4_moe"}, {"deepseek_v2"},
           {"deepseek_v3"}, {"deepseek_v4", 16}, {"deepseek_v4_alt", 6}, {"deepseek_v4_yarn", 16}, {"kimi_linear"}, {"kimi_linear_alt"},
           {"kimi_k3"}, {"kimi_k3_alt"}, {"deepseek_v3_fp8"}, {"qwen3_moe_fp8"}, {"kimi_linear_fp8"},
+          {"deepseek_v4_fp8", 16},
           {"gpt_oss_mxfp4"}};
 }
 

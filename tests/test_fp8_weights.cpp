@@ -395,6 +395,11 @@ TEST(Fp8Checkpoint, RefusesMalformedQuantization) {
             std::string::npos);
   EXPECT_NE(test::error_of([&] { quant(R"({"quant_method": "fp8"})"); }).find("weight_block_size is missing"),
             std::string::npos);
+  EXPECT_NE(test::error_of([&] { quant(R"({"quant_method": "fp8", "weight_block_size": [128, 128], "scale_fmt": "e5m2"})"); })
+                .find("scale_fmt 'e5m2' is not supported"),
+            std::string::npos);
+  EXPECT_TRUE(quant(R"({"quant_method": "fp8", "weight_block_size": [128, 128], "scale_fmt": "ue8m0"})").power_of_two_scales);
+  EXPECT_FALSE(quant(R"({"quant_method": "fp8", "weight_block_size": [128, 128]})").power_of_two_scales);
   const WeightQuantization q = quant(R"({"quant_method": "fp8", "weight_block_size": [128, 64],
                                          "modules_to_not_convert": ["lm_head", "model.layers.0.mlp.gate"]})");
   EXPECT_TRUE(q.fp8());
@@ -424,6 +429,7 @@ TEST(Fp8Checkpoint, LoaderRefusesBrokenScalesByName) {
     nlohmann::json config = nlohmann::json::parse(std::ifstream(dir.path("fp8") + "/config.json"));
     if (config_edit == "drop") config.erase("quantization_config");
     if (config_edit == "exclude") config["quantization_config"]["modules_to_not_convert"] = {"model.layers.1.self_attn"};
+    if (config_edit == "ue8m0") config["quantization_config"]["scale_fmt"] = "ue8m0";
     std::ofstream(out + "/config.json") << config.dump(1);
     return test::error_of([&] { models::load_model(out); });
   };
@@ -454,6 +460,17 @@ TEST(Fp8Checkpoint, LoaderRefusesBrokenScalesByName) {
   EXPECT_NE(err.find("lists 'model.layers.1.self_attn' in quantization_config.modules_to_not_convert"), std::string::npos)
       << err;
   EXPECT_EQ(err.find('\n'), std::string::npos);
+  // scale_fmt "ue8m0" promises powers of two: amax / 448 scales are not.
+  err = rewrite("ue8m0", [](auto&) {}, "ue8m0");
+  EXPECT_NE(err.find("block scales 'model.layers.0."), std::string::npos) << err;
+  EXPECT_NE(err.find("says scale_fmt \"ue8m0\" (positive powers of two)"), std::string::npos) << err;
+  // DeepSeek-V4-Flash's name for the scales: <module>.scale beside <module>.weight.
+  const auto renamed = [&](std::vector<NamedTensor>& t) {
+    for (auto& x : t) {
+      if (x.name == scale) x.name = "model.layers.1.self_attn.k_proj.scale";
+    }
+  };
+  EXPECT_EQ(rewrite("module_scale", renamed), "");
 }
 
 }  // namespace

@@ -47,6 +47,8 @@ std::vector<Case> all_cases() {
         "deepseek_v2", "deepseek_v3", "gpt_oss", "kimi_linear", "kimi_linear_alt", "kimi_k3", "kimi_k3_alt",
         // FP8 checkpoints as published (e4m3 weights, block scales), references from their dequantized weights.
         "deepseek_v3_fp8", "deepseek_v3_fp8_b16", "qwen3_moe_fp8", "kimi_linear_fp8",
+        // DeepSeek-V4-Flash's FP8: power-of-two (ue8m0) scales named <module>.scale.
+        "deepseek_v4_fp8", "deepseek_v4_fp8_b16",
         // MXFP4 experts as OpenAI publishes GPT-OSS (e2m1 pairs, e8m0 scales per 32 values).
         "gpt_oss_mxfp4"}) {
     for (int index : {0, 1}) {

@@ -1,5 +1,6 @@
 #include "io/checkpoint.h"
 
+#include <cmath>
 #include <filesystem>
 #include <cstring>
 
@@ -142,7 +143,13 @@ Tensor Checkpoint::block_scaled(const std::string& name, const SafetensorsEntry&
   const std::string excluded = quantization_.excluded_by(name);
   R3_CHECK(excluded.empty(), "tensor '", name, "' in ", file, " is stored as F8_E4M3, but ", quantization_.source,
            " lists '", excluded, "' in quantization_config.modules_to_not_convert");
-  const std::string scale_name = name + "_scale_inv";
+  // `<name>_scale_inv`, or DeepSeek-V4-Flash's `<module>.scale` for `<module>.weight`.
+  std::string scale_name = name + "_scale_inv";
+  constexpr std::string_view kWeight = ".weight";
+  if (!where_.contains(scale_name) && name.ends_with(kWeight)) {
+    const std::string module_scale = name.substr(0, name.size() - kWeight.size()) + ".scale";
+    if (where_.contains(module_scale)) scale_name = module_scale;
+  }
   const int64_t br = quantization_.block_rows, bc = quantization_.block_cols;
   const Shape grid{(e.shape[0] + br - 1) / br, (e.shape[1] + bc - 1) / bc};
   auto it = where_.find(scale_name);
@@ -156,6 +163,15 @@ Tensor Checkpoint::block_scaled(const std::string& name, const SafetensorsEntry&
            " in blocks of [", br, ", ", bc, "])");
   BlockScales scales;
   scales.scales = widened(scale_name, entry(scale_name, grid));
+  if (quantization_.power_of_two_scales) {
+    const float* v = scales.scales.data<float>();
+    for (int64_t i = 0; i < scales.scales.numel(); ++i) {
+      int exponent = 0;
+      R3_CHECK(std::isfinite(v[i]) && v[i] > 0 && std::frexp(v[i], &exponent) == 0.5f, "block scales '", scale_name,
+               "' in ", it->second->path(), " hold ", v[i], " at ", i, ", but ", quantization_.source,
+               " says scale_fmt \"ue8m0\" (positive powers of two)");
+    }
+  }
   scales.block_rows = br;
   scales.block_cols = bc;
   Tensor stored = where_.at(name)->view(name);

@@ -57,6 +57,10 @@ WeightQuantization WeightQuantization::from_config(const HfConfig& config) {
   const std::vector<int64_t> block = c->get_int_list<int64_t>("weight_block_size", {});
   R3_CHECK(block.size() == 2 && block[0] >= 1 && block[1] >= 1 && block[0] <= (1 << 20) && block[1] <= (1 << 20),
            where, ".weight_block_size must be two block sizes in [1, 1048576], e.g. [128, 128]");
+  const std::string scale_fmt = c->get_string("scale_fmt", "float");
+  R3_CHECK(scale_fmt == "float" || scale_fmt == "ue8m0", where, ".scale_fmt '", brief(scale_fmt),
+           "' is not supported (r3 runs \"float\" and DeepSeek-V4's \"ue8m0\" power-of-two scales)");
+  q.power_of_two_scales = scale_fmt == "ue8m0";
   q.method = QuantMethod::kFp8;
   q.block_rows = block[0];
   q.block_cols = block[1];

@@ -10,7 +10,10 @@
 //   checkpoints, BF16 or F16 in Qwen3's), and its value is fp8 * scale per block. Which tensors are
 //   quantized is read from the checkpoint (a weight stored as F8_E4M3 is one). The "dynamic"
 //   scheme quantizes activations per token and group on a GPU; r3's references compute with the
-//   dequantized weights.
+//   dequantized weights. DeepSeek-V4-Flash's variant (transformers 5.17 reads it the same way):
+//   scale_fmt "ue8m0" (every scale a power of two, stored in a float32 container) and the scales
+//   named `<module>.scale` instead of `<module>.weight_scale_inv`; its compressors' and indexer's
+//   weights projections ship in BF16 without scales (a weight's own dtype says which it is).
 //
 // - quant_method "mxfp4": GPT-OSS's experts as OpenAI publishes them (openai/gpt-oss-20b and -120b:
 //   `{"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn",
@@ -43,6 +46,7 @@ enum class QuantMethod {
 struct WeightQuantization {
   QuantMethod method = QuantMethod::kNone;
   int64_t block_rows = 0, block_cols = 0;  // fp8: weight_block_size
+  bool power_of_two_scales = false;        // fp8: scale_fmt "ue8m0" (checked scale by scale at load)
   std::vector<std::string> modules_to_not_convert;
   std::string source;  // config.json, for messages
 
