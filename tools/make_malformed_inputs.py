@@ -482,6 +482,16 @@ def quantized(s):
     s.model_with_config("quant-unknown-fmt", "fp8 in e5m2", qwen,
                         err(f"{where}.fmt 'e5m2' is not supported (r3 runs \"e4m3\")"),
                         edit={"quantization_config": dict(fp8, fmt="e5m2")})
+    s.model_with_config("quant-unknown-scale-fmt", "fp8 with scale_fmt e5m2 (not float or ue8m0)", qwen,
+                        err(f"{where}.scale_fmt 'e5m2' is not supported (r3 runs \"float\" and DeepSeek-V4's \"ue8m0\" "
+                            "power-of-two scales)"),
+                        edit={"quantization_config": dict(fp8, scale_fmt="e5m2")})
+    s.model_with_patched_tensors(
+        "quant-ue8m0-scale-not-power-of-two", "scale_fmt ue8m0 with a block scale of 1.5", qwen,
+        [weight, (scale, "F32", [4, 4], struct.pack("<16f", *([1.0] * 5 + [1.5] + [1.0] * 10)))],
+        err(f"block scales '{scale}' in {{case}}/model/patch.safetensors hold 1.5 at 5, but {{case}}/model/config.json "
+            'says scale_fmt "ue8m0" (positive powers of two)'),
+        config_edit={"quantization_config": dict(fp8, scale_fmt="ue8m0")})
     s.model_with_config("quant-block-size-malformed", "weight_block_size with one size", qwen,
                         err(f"{where}.weight_block_size must be two block sizes in [1, 1048576], e.g. [128, 128]"),
                         edit={"quantization_config": dict(fp8, weight_block_size=[128])})
