@@ -217,8 +217,12 @@ std::vector<RequestOutput> Engine::step() {
     }
     std::vector<ops::DrawnToken> drawn;
     Tensor logits;
-    if (all_logits) logits = runner_->run(std::move(seqs), 0, true);
-    else drawn = runner_->run_drawn(std::move(seqs), draws);
+    if (all_logits) {
+      logits = runner_->run(std::move(seqs), 0, true);
+      drawn.resize(chunks.size());  // drawn below from each chunk's last row
+    } else {
+      drawn = runner_->run_drawn(std::move(seqs), draws);
+    }
     const auto routed_start = std::chrono::steady_clock::now();
     const int64_t vocab = info.vocab_size;
     int64_t row = 0;  // first logits row of chunk i when all_logits
@@ -236,7 +240,6 @@ std::vector<RequestOutput> Engine::step() {
         }
       }
       if (all_logits && draws[i].draws) {
-        drawn.resize(chunks.size());
         drawn[i] = draw_on_host({logits.data<float>() + (row + n - 1) * vocab, static_cast<std::size_t>(vocab)}, draws[i]);
       }
       const bool decode = n == 1 && s.outputs() > 0 && first == static_cast<int64_t>(s.tokens.size()) - 1;

@@ -4,9 +4,13 @@
 #include <vector>
 
 #include "engine/logprobs.h"
+#include "engine/sampler.h"
 
 namespace r3::engine {
 
+namespace {
+
+// The sampling parameters a draw applies (the seed is not one: the draw carries its uniform).
 SamplingParams sampling_of(const ops::TokenDraw& draw) {
   SamplingParams p;
   p.temperature = draw.temperature;
@@ -15,6 +19,8 @@ SamplingParams sampling_of(const ops::TokenDraw& draw) {
   p.min_p = draw.min_p;
   return p;
 }
+
+}  // namespace
 
 ops::DrawnToken draw_on_host(std::span<const float> logits, const ops::TokenDraw& draw) {
   ops::DrawnToken out;

@@ -5,13 +5,9 @@
 
 #include <span>
 
-#include "engine/sampler.h"
 #include "ops/token_draw.h"
 
 namespace r3::engine {
-
-// The sampling parameters a draw applies (the seed is not one: the draw carries its uniform).
-SamplingParams sampling_of(const ops::TokenDraw& draw);
 
 // The draw from one row of logits: nothing for a row that does not draw; its first non-finite
 // logit (and then nothing else); or the chosen token with the log-probabilities asked for.
