@@ -21,6 +21,9 @@ status=0
 ./build-gpu/r3_gpu_tests 2>&1 | tee "$out/gpu_tests.log" || status=1
 ./build-gpu/r3_gpu_kernels_bench 2>&1 | tee "$out/gpu_kernels_bench.jsonl" || status=1
 ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --json 2>"$out/gpu_decode_bench.log" | tee "$out/gpu_decode_bench.json" || status=1
+# The same shape published as FP8 (e4m3, a float32 scale per 128x128 block), read as stored.
+./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-weights fp8 --json \
+  2>>"$out/gpu_decode_bench.log" | tee "$out/gpu_decode_bench_fp8.json" || status=1
 # llama.cpp's reference ran 128-token prompts and 128 generated tokens per sequence: the same
 # sizes at its mean context, 192.
 ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-batches 2,4,8,16,32 --synthetic-context 192 \

@@ -40,12 +40,21 @@ Tensor host_staging_empty(Context& ctx, DType dtype, Shape shape) {
 
 Tensor to_device(Context& ctx, const Tensor& host) {
   R3_CHECK(host.device() == Device::kCpu && host.is_contiguous(), "to_device: needs a contiguous host tensor");
-  R3_CHECK(host.block_scales() == nullptr || ctx.device() == Device::kCpu,
-           "FP8 block-scaled weights have no CUDA kernels yet: run this checkpoint on the CPU");
-  R3_CHECK(host.dtype() != DType::F4_E2M1X2 || ctx.device() == Device::kCpu,
-           "MXFP4 weights have no CUDA kernels yet: run this checkpoint on the CPU");
 #if R3_WITH_CUDA
-  if (ctx.device() == Device::kCuda) return cuda::upload(ctx, host);
+  if (ctx.device() == Device::kCuda) {
+    // A quantized weight goes up as it is stored, its scales beside it.
+    const Tensor values = cuda::upload(ctx, host);
+    if (const BlockScales* s = host.block_scales()) {
+      BlockScales scales = *s;
+      scales.scales = cuda::upload(ctx, s->scales);
+      return values.with_block_scales(std::move(scales));
+    }
+    if (const MxScales* s = host.mx_scales()) {
+      R3_CHECK(s->scales.is_contiguous(), "to_device: an MXFP4 matrix whose scale rows lie apart");
+      return values.with_mx_scales(cuda::upload(ctx, s->scales));
+    }
+    return values;
+  }
 #endif
   (void)ctx;
   return host;
@@ -54,9 +63,8 @@ Tensor to_device(Context& ctx, const Tensor& host) {
 void convert_matrix(const Tensor& src, DType dtype, void* dst) {
   R3_CHECK(src.device() == Device::kCpu && src.is_contiguous(), "convert: needs a contiguous host tensor");
   R3_CHECK(dtype == DType::F32 || dtype == DType::BF16, "convert: to F32 or BF16, not ", dtype_name(dtype));
-  R3_CHECK(src.block_scales() == nullptr && src.dtype() != DType::F8_E4M3,
-           "FP8 block-scaled weights have no CUDA kernels yet: run this checkpoint on the CPU");
-  R3_CHECK(src.dtype() != DType::F4_E2M1X2, "MXFP4 weights have no CUDA kernels yet: run this checkpoint on the CPU");
+  R3_CHECK(src.block_scales() == nullptr && src.dtype() != DType::F4_E2M1X2,
+           "convert: quantized ", dtype_name(src.dtype()), " weights are not widened (the device reads them as stored)");
   const auto n = static_cast<std::size_t>(src.numel());
   if (src.dtype() == dtype) {
     std::memcpy(dst, src.raw_data(), src.nbytes());
@@ -77,7 +85,9 @@ void convert_matrix(const Tensor& src, DType dtype, void* dst) {
 }
 
 Tensor to_device_as(Context& ctx, const Tensor& host, DType dtype) {
-  if (host.dtype() == dtype) return to_device(ctx, host);
+  // Quantized weights keep their format: the kernels decode them (never a widened copy).
+  const bool quantized = host.block_scales() != nullptr || host.mx_scales() != nullptr;
+  if (host.dtype() == dtype || quantized) return to_device(ctx, host);
   Tensor converted = Tensor::empty(dtype, host.shape());
   convert_matrix(host, dtype, converted.raw_data());
   return to_device(ctx, converted);

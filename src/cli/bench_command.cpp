@@ -43,6 +43,7 @@ struct BenchCommandOptions {
   uint64_t seed = 0;
   bool json = false;
   std::string synthetic;  // a model shape to make on the GPU instead of --model
+  std::string synthetic_weights = "bf16";
   std::vector<int64_t> synthetic_batches = {1, 8, 64, 256};
   int64_t synthetic_context = 1024;  // cached positions per sequence in --synthetic's decode steps
 
@@ -211,8 +212,8 @@ void print_report(const BenchResult& r) {
 int run_bench(const BenchCommandOptions& options) {
   auto ctx = options.model.make_context();
   if (!options.synthetic.empty()) {
-    return run_synthetic_bench(*ctx, options.synthetic, options.synthetic_batches, options.synthetic_context,
-                               options.json);
+    return run_synthetic_bench(*ctx, options.synthetic, options.synthetic_weights, options.synthetic_batches,
+                               options.synthetic_context, options.json);
   }
   R3_CHECK(!options.model.model_dir.empty(), "give --model DIR (or --synthetic NAME with --device cuda)");
   auto model = options.model.load(*ctx);
@@ -262,6 +263,12 @@ Command add_bench_command(CLI::App& app) {
                   "Instead of --model: whole decode steps of this model shape with random weights made on the "
                   "GPU (qwen3-30b-a3b), against the bandwidth floor (needs --device cuda)")
       ->excludes("--model");
+  cmd->add_option("--synthetic-weights", options->synthetic_weights,
+                  "--synthetic's attention and expert matrices: bf16, or fp8 (e4m3 with a float32 scale per "
+                  "128x128 block, as Qwen3-30B-A3B-FP8 is published)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"bf16", "fp8"}))
+      ->needs("--synthetic");
   cmd->add_option("--synthetic-batches", options->synthetic_batches, "Decode batch sizes of --synthetic")
       ->delimiter(',')
       ->capture_default_str()

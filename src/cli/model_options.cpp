@@ -5,8 +5,6 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/option_checks.h"
-#include "io/hf_config.h"
-#include "io/quantization.h"
 #include "models/device_decoder.h"
 #include "models/registry.h"
 
@@ -21,7 +19,8 @@ void ModelOptions::add_to(CLI::App& command, bool model_required) {
       ->check(CLI::IsMember({"cpu", "cuda"}));
   dtype_option = command.add_option("--dtype", dtype,
                      "Weights on the GPU: bfloat16, or float32 (the parity mode); activations are float32 in "
-                     "both. The CPU runs the checkpoint's own dtypes")
+                     "both. Weights a checkpoint publishes quantized (FP8, MXFP4) stay so on either. The CPU "
+                     "runs the checkpoint's own dtypes")
       ->capture_default_str()
       ->check(CLI::IsMember({"bfloat16", "float32"}));
   command.add_flag("--batch-invariant", batch_invariant,
@@ -72,17 +71,12 @@ std::unique_ptr<models::CausalLM> ModelOptions::load(backend::Context& ctx) cons
                model_dir, info.family, info.num_layers, info.moe_layers.size(), info.num_experts,
                info.top_k, ctx.device() == Device::kCpu ? moe_path : "fused (GPU)", ms_since(start));
   if (ctx.device() == Device::kCpu) return model;
-  const WeightQuantization quantization = WeightQuantization::from_config(HfConfig::load(model_dir));
-  R3_CHECK(!quantization.fp8(),
-           "--device cuda: FP8 block-scaled weights (quantization_config) have no CUDA kernels yet; use --device cpu");
-  R3_CHECK(!quantization.mxfp4(),
-           "--device cuda: MXFP4 experts (quantization_config) have no CUDA kernels yet; use --device cpu");
   const std::string unsupported = model->device_unsupported();
   R3_CHECK(unsupported.empty(), "--device cuda: ", info.architecture, ": ", unsupported, "; use --device cpu");
   const auto placed = std::chrono::steady_clock::now();
   model = models::place_on_device(ctx, std::move(model), dtype == "float32" ? DType::F32 : DType::BF16);
-  spdlog::info("weights copied to the {} device as {} in {:.1f} ms", device_name(ctx.device()), dtype,
-               ms_since(placed));
+  spdlog::info("weights copied to the {} device as {} (quantized ones as published) in {:.1f} ms",
+               device_name(ctx.device()), dtype, ms_since(placed));
   return model;
 }
 

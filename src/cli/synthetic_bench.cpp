@@ -169,9 +169,10 @@ class SyntheticBench {
   double step_bytes(int64_t batch, double distinct_sum) const {
     const auto f = [](int64_t v) { return static_cast<double>(v); };
     const int64_t kv_width = s_.kv_heads * s_.head_dim;
-    const double attention = 2.0 * (2.0 * f(s_.hidden * s_.heads * s_.head_dim) + 2.0 * f(s_.hidden * kv_width));
+    const int64_t q_width = s_.heads * s_.head_dim;
+    const double attention = f(s_.matrix_bytes(q_width + 2 * kv_width, s_.hidden) + s_.matrix_bytes(s_.hidden, q_width));
     const double gate = 4.0 * f(s_.experts * s_.hidden);
-    const double expert = 2.0 * 3.0 * f(s_.expert_width * s_.hidden);
+    const double expert = f(2 * s_.matrix_bytes(s_.expert_width, s_.hidden) + s_.matrix_bytes(s_.hidden, s_.expert_width));
     const double lm_head = 2.0 * f(s_.vocab * s_.hidden);
     const double kv = 2.0 * 2.0 * f(batch * context_ * kv_width) * f(s_.layers);  // bf16 keys and values
     return f(s_.layers) * (attention + gate) + distinct_sum * expert + lm_head + kv;
@@ -210,15 +211,16 @@ class SyntheticBench {
 
 }  // namespace
 
-int run_synthetic_bench(backend::Context& ctx, const std::string& name, const std::vector<int64_t>& batches,
-                        int64_t context, bool json) {
+int run_synthetic_bench(backend::Context& ctx, const std::string& name, const std::string& weights,
+                        const std::vector<int64_t>& batches, int64_t context, bool json) {
   R3_CHECK(ctx.device() == Device::kCuda, "--synthetic makes its weights on the GPU: add --device cuda");
-  const models::SyntheticShape shape = models::SyntheticShape::named(name);
+  models::SyntheticShape shape = models::SyntheticShape::named(name);
+  shape.fp8 = weights == "fp8";
   const SyntheticBench bench(ctx, shape, context);
   const auto built = Clock::now();
   auto model = models::synthetic_on_device(ctx, shape);
-  spdlog::info("bench: synthetic {} ({:.1f} GB of random weights) made on the GPU in {:.2f} s", name,
-               static_cast<double>(shape.weight_bytes()) / 1e9, seconds_since(built));
+  spdlog::info("bench: synthetic {} ({:.1f} GB of random {} weights) made on the GPU in {:.2f} s", name,
+               static_cast<double>(shape.weight_bytes()) / 1e9, weights, seconds_since(built));
   const double bandwidth = backend::measure_copy_bandwidth(ctx);
   nlohmann::json decode = nlohmann::json::array();
   for (const int64_t batch : batches) {
@@ -252,6 +254,7 @@ int run_synthetic_bench(backend::Context& ctx, const std::string& name, const st
     decode[i]["capture_overhead"] = cost.overhead;
   }
   const nlohmann::json out = {{"synthetic", name},
+                              {"weights", weights},
                               {"copy_TB_per_s", bandwidth / 1e12},
                               {"decode", decode},
                               {"prefill", {{"tokens", kPrefillTokens},
@@ -261,8 +264,8 @@ int run_synthetic_bench(backend::Context& ctx, const std::string& name, const st
     fmt::print("{}\n", out.dump());
     return 0;
   }
-  fmt::print("synthetic {}: copy bandwidth {:.3f} TB/s; decode with a {}-token context per sequence\n", name,
-             bandwidth / 1e12, context);
+  fmt::print("synthetic {} ({} weights): copy bandwidth {:.3f} TB/s; decode with a {}-token context per sequence\n",
+             name, weights, bandwidth / 1e12, context);
   fmt::print("{:>6} {:>10} {:>9} {:>8} {:>9} {:>8} {:>12} {:>9} {:>16} {:>12} {:>10}\n", "batch", "step ms", "GB",
              "experts", "TB/s", "floor", "capture off", "capture", "batch-invariant", "logits step", "host draw");
   for (const auto& d : decode) {

@@ -15,7 +15,8 @@ namespace r3::cli {
 // the step must read, achieved bandwidth and its share of the copy bandwidth measured in the
 // same run), the same steps with routing capture off and with the batch-invariant kernels, and a
 // 4k-token prefill. json: one JSON object; otherwise a table.
-int run_synthetic_bench(backend::Context& ctx, const std::string& name, const std::vector<int64_t>& batches,
-                        int64_t context, bool json);
+// weights: "bf16" or "fp8" (models::SyntheticShape::fp8).
+int run_synthetic_bench(backend::Context& ctx, const std::string& name, const std::string& weights,
+                        const std::vector<int64_t>& batches, int64_t context, bool json);
 
 }  // namespace r3::cli

@@ -137,11 +137,14 @@ Tensor Tensor::with_block_scales(BlockScales scales) const {
            "block scales ", dtype_name(scales.scales.dtype()), " ", shape_to_string(scales.scales.shape()),
            " do not cover a ", shape_to_string(shape_), " matrix in blocks of [", scales.block_rows, ", ",
            scales.block_cols, "]");
-  const auto* bytes = static_cast<const uint8_t*>(data_);
-  bool plain = true;
-  for (int64_t i = 0, n = numel(); i < n && plain; ++i) plain = (bytes[i] & 0x7F) != 0x7F;
-  const float* s = scales.scales.data<float>();
-  for (int64_t i = 0, n = scales.scales.numel(); i < n && plain; ++i) plain = std::isfinite(s[i] * 0x1p120f);
+  R3_CHECK(scales.scales.device() == device_, "block scales on another device than their matrix");
+  bool plain = device_ == Device::kCpu;  // the device kernels do not use it, and cannot be read here
+  if (plain) {
+    const auto* bytes = static_cast<const uint8_t*>(data_);
+    for (int64_t i = 0, n = numel(); i < n && plain; ++i) plain = (bytes[i] & 0x7F) != 0x7F;
+    const float* s = scales.scales.data<float>();
+    for (int64_t i = 0, n = scales.scales.numel(); i < n && plain; ++i) plain = std::isfinite(s[i] * 0x1p120f);
+  }
   scales.plain = plain;
   Tensor t = *this;
   t.block_scales_ = std::make_shared<const BlockScales>(std::move(scales));

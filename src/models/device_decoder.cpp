@@ -8,9 +8,17 @@ SyntheticShape SyntheticShape::named(std::string_view name) {
   return {};
 }
 
+int64_t SyntheticShape::matrix_bytes(int64_t rows, int64_t cols) const {
+  if (!fp8) return 2 * rows * cols;
+  const auto blocks = [](int64_t n) { return (n + kFp8Block - 1) / kFp8Block; };
+  return rows * cols + 4 * blocks(rows) * blocks(cols);
+}
+
 int64_t SyntheticShape::weight_bytes() const {
-  const int64_t attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2;
-  const int64_t per_layer = 2 * attention + 2 * 3 * experts * expert_width * hidden + 4 * (experts * hidden + 2 * hidden);
+  const int64_t q_width = heads * head_dim, kv_width = kv_heads * head_dim;
+  const int64_t attention = matrix_bytes(q_width + 2 * kv_width, hidden) + matrix_bytes(hidden, q_width);
+  const int64_t per_layer = attention + experts * (2 * matrix_bytes(expert_width, hidden) + matrix_bytes(hidden, expert_width)) +
+                            4 * (experts * hidden + 2 * hidden);
   return layers * per_layer + 2 * 2 * vocab * hidden + 4 * hidden;
 }
 

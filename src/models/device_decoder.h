@@ -45,9 +45,15 @@ void set_capture_routing(CausalLM& model, bool on);
 struct SyntheticShape {
   int64_t layers = 48, hidden = 2048, heads = 32, kv_heads = 4, head_dim = 128;
   int64_t experts = 128, top_k = 8, expert_width = 768, vocab = 151936;
+  // The attention and expert matrices as FP8 e4m3 with a float32 scale per 128x128 block (how
+  // Qwen3-30B-A3B-FP8 is published); the embedding and lm_head stay bf16, the router float32.
+  bool fp8 = false;
+  static constexpr int64_t kFp8Block = 128;
   // "qwen3-30b-a3b" (the defaults); throws listing the names it knows.
   static SyntheticShape named(std::string_view name);
-  // Bytes of the weights (bf16 matrices, f32 norms and gates).
+  // Bytes of one [rows, cols] attention or expert matrix: bf16, or FP8 values and their scales.
+  int64_t matrix_bytes(int64_t rows, int64_t cols) const;
+  // Bytes of the weights (those matrices, bf16 embedding and lm_head, f32 norms and gates).
   int64_t weight_bytes() const;
 };
 // capture_routing = false: the routing kernels write no capture rows and nothing is copied back

@@ -13,18 +13,29 @@
 
 namespace r3::moe {
 
-// Every expert's weights stacked on the device in one dtype (F32 or BF16): gate and up
-// [experts, intermediate, hidden], down [experts, hidden, intermediate]; biases F32
-// [experts, intermediate] / [experts, hidden] or undefined.
+// Every expert's weights stacked on the device in one dtype: gate and up [experts, intermediate,
+// hidden], down [experts, hidden, intermediate]; biases F32 [experts, intermediate] /
+// [experts, hidden] or undefined. F32 or BF16 values; or, for a checkpoint published quantized,
+// its own bytes: F8_E4M3 with F32 block scales [experts, ceil(rows / block_rows),
+// ceil(cols / block_cols)] per matrix, or F4_E2M1X2 (MXFP4, the last dimension in bytes) with U8
+// e8m0 scales [experts, rows, ceil(cols / 32)].
 struct DeviceExperts {
   Tensor gate, up, down;
+  Tensor gate_scales, up_scales, down_scales;  // quantized experts only
+  int64_t block_rows = 0, block_cols = 0;      // FP8 only
   Tensor gate_bias, up_bias, down_bias;
   ExpertActivation activation;
+
+  bool quantized() const { return gate.dtype() == DType::F8_E4M3 || gate.dtype() == DType::F4_E2M1X2; }
+  // Values per row of gate/up (the hidden size) and of down (the intermediate size).
+  int64_t hidden() const { return value_shape(gate)[2]; }
+  int64_t intermediate() const { return gate.dim(1); }
 };
 
-// The physical experts' weights, stacked and copied to ctx's device as `dtype` (F32: widened
-// exactly; BF16: rounded to nearest even where stored wider; biases F32). Stacks one matrix kind
-// at a time on the host.
+// The physical experts' weights, stacked and copied to ctx's device: quantized experts as they are
+// (FP8 or MXFP4 bytes and their scales, never widened); others as `dtype` (F32: widened exactly;
+// BF16: rounded to nearest even where stored wider). Biases F32. Stacks one matrix kind at a time
+// on the host.
 DeviceExperts upload_experts(backend::Context& ctx, const PhysicalExperts& experts, DType dtype);
 
 // Rewrites `into` (made by upload_experts from these experts) with the experts' current

@@ -13,7 +13,7 @@ namespace r3::ops {
 
 #if R3_WITH_CUDA
 namespace cuda {  // ops/cuda/sm90_fill_random.cu
-// t: a contiguous F32 or BF16 device tensor.
+// t: a contiguous F32, BF16 or F8_E4M3 (rounded to nearest, saturating at ±448) device tensor.
 void fill_uniform(backend::Context& ctx, Tensor& t, uint64_t seed, float center, float bound);
 }
 #endif

@@ -173,6 +173,73 @@ TEST_F(CudaOps, LinearMatchesTheCpu) {
   }
 }
 
+// A random FP8 weight as published checkpoints hold one: e4m3 bytes (every code but the NaNs)
+// and a float32 scale per block of br x bc, attached.
+Tensor gpu_random_fp8(int64_t rows, int64_t cols, int64_t br, int64_t bc, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Tensor values = Tensor::empty(DType::F8_E4M3, {rows, cols});
+  auto* bytes = static_cast<uint8_t*>(values.raw_data());
+  for (int64_t i = 0; i < values.numel(); ++i) {
+    uint8_t code = static_cast<uint8_t>(rng());
+    if ((code & 0x7F) == 0x7F) code ^= 1;
+    bytes[i] = code;
+  }
+  BlockScales s;
+  s.block_rows = br;
+  s.block_cols = bc;
+  s.scales = Tensor::empty(DType::F32, {(rows + br - 1) / br, (cols + bc - 1) / bc});
+  std::uniform_real_distribution<float> scale(1e-4f, 3e-3f);
+  for (int64_t i = 0; i < s.scales.numel(); ++i) s.scales.data<float>()[i] = scale(rng);
+  return values.with_block_scales(std::move(s));
+}
+
+// A random MXFP4 weight as GPT-OSS holds its experts: packed e2m1 pairs and an e8m0 scale per
+// 32 values (around 2^-6), attached.
+Tensor gpu_random_mxfp4(int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Tensor packed = Tensor::empty(DType::F4_E2M1X2, {rows, cols / 2});
+  for (int64_t i = 0; i < packed.numel(); ++i) static_cast<uint8_t*>(packed.raw_data())[i] = static_cast<uint8_t>(rng());
+  Tensor scales = Tensor::empty(DType::U8, {rows, (cols + 31) / 32});
+  for (int64_t i = 0; i < scales.numel(); ++i) static_cast<uint8_t*>(scales.raw_data())[i] = static_cast<uint8_t>(117 + rng() % 8);
+  return packed.with_mx_scales(std::move(scales));
+}
+
+// Published quantized weights on the device as they are stored, against the CPU's FP8 and MXFP4
+// kernels: the weight-streaming kernel decoding in registers (1 to 16 rows; eight values a load
+// or, where blocks are not a multiple of 8 wide, one), and larger steps through the matrix decoded
+// into float32 scratch for cuBLASLt; partial last blocks, a row range of a weight (MLA splits
+// kv_a_proj so), and MLA's kv_b read by the latent attention kernel (through the model tests).
+TEST_F(CudaOps, QuantizedLinearMatchesTheCpu) {
+  struct Case { int64_t m, k, n, br, bc, first; };
+  for (const Case c : {Case{1, 2048, 768, 128, 128, 0}, Case{3, 2048, 512, 128, 128, 0}, Case{16, 1024, 384, 128, 128, 0},
+                       Case{40, 1024, 384, 128, 128, 0}, Case{1, 200, 70, 16, 16, 0}, Case{7, 200, 70, 16, 24, 0},
+                       Case{2, 100, 33, 7, 12, 0}, Case{33, 100, 33, 7, 12, 0}, Case{2, 256, 40, 16, 16, 24}}) {
+    const Tensor x = gpu_random({c.m, c.k}, 16), b = gpu_random({c.n}, 17);
+    const Tensor full = gpu_random_fp8(c.first + c.n, c.k, c.br, c.bc, 18);
+    const Tensor w = full.rows(c.first, c.first + c.n);
+    Tensor want = Tensor::empty(DType::F32, {c.m, c.n});
+    ops::linear(cpu_, x, w, &b, want);
+    const Tensor bd = backend::to_device(*gpu_, b), wd = backend::to_device(*gpu_, full).rows(c.first, c.first + c.n);
+    ASSERT_EQ(wd.dtype(), DType::F8_E4M3);
+    Tensor y = backend::device_empty(*gpu_, DType::F32, {c.m, c.n});
+    ops::linear(*gpu_, backend::to_device(*gpu_, x), wd, &bd, y);
+    EXPECT_LT(gpu_relative_error(backend::to_host(*gpu_, y), want), 1e-5)
+        << "FP8 " << c.m << "x" << c.k << "x" << c.n << " blocks " << c.br << "x" << c.bc << " from row " << c.first;
+  }
+  struct MxCase { int64_t m, k, n; };
+  for (const MxCase c : {MxCase{1, 2880, 64}, MxCase{4, 2880, 96}, MxCase{40, 2880, 64}, MxCase{3, 72, 7}}) {
+    const Tensor x = gpu_random({c.m, c.k}, 19);
+    const Tensor w = gpu_random_mxfp4(c.n, c.k, 20);
+    Tensor want = Tensor::empty(DType::F32, {c.m, c.n});
+    ops::linear(cpu_, x, w, nullptr, want);
+    const Tensor wd = backend::to_device(*gpu_, w);
+    ASSERT_EQ(wd.dtype(), DType::F4_E2M1X2);
+    Tensor y = backend::device_empty(*gpu_, DType::F32, {c.m, c.n});
+    ops::linear(*gpu_, backend::to_device(*gpu_, x), wd, nullptr, y);
+    EXPECT_LT(gpu_relative_error(backend::to_host(*gpu_, y), want), 1e-5) << "MXFP4 " << c.m << "x" << c.k << "x" << c.n;
+  }
+}
+
 TEST_F(CudaOps, ResidualAddAndClampMatchTheCpu) {
   const Tensor x = gpu_random({21, 300}, 9, 2.0f), gate = gpu_random({21}, 10, 3.0f), base = gpu_random({21, 300}, 11);
   for (const bool gated : {false, true}) {

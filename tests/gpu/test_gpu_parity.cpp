@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <map>
 #include <sstream>
 
@@ -17,6 +19,7 @@
 #include "engine/engine.h"
 #include "engine/generator.h"
 #include "engine/step_runner.h"
+#include "io/safetensors.h"
 #include "models/device_decoder.h"
 #include "models/kv_cache.h"
 #include "models/registry.h"
@@ -38,7 +41,10 @@ void PrintTo(const GpuCase& c, std::ostream* os) { *os << c.family << " sequence
 std::vector<GpuCase> gpu_cases() {
   std::vector<GpuCase> cases;
   for (const std::string family :
-       {"qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "glm4_moe", "gpt_oss", "deepseek_v2", "deepseek_v3"}) {
+       {"qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "glm4_moe", "gpt_oss", "deepseek_v2", "deepseek_v3",
+        // Published quantized layouts, placed as stored: FP8 with 128x128 blocks (partial ones at
+        // these sizes) and 16x16 blocks, and GPT-OSS's MXFP4 experts.
+        "qwen3_moe_fp8", "deepseek_v3_fp8", "deepseek_v3_fp8_b16", "gpt_oss_mxfp4"}) {
     for (int index : {0, 1}) cases.push_back({family, index});
   }
   return cases;
@@ -369,7 +375,7 @@ TEST(GpuGraphs, TwoEnginesSteppedInTurnEachKeepTheirOwnCache) {
 // GEMMs leave cuBLASLt for the row kernel) and bfloat16 ones; GPT-OSS adds sinks and sliding
 // windows.
 TEST(GpuEngine, EachRequestIsBitIdenticalAloneAndServedWithBatchInvariance) {
-  for (const std::string family : {"qwen3_moe", "gpt_oss"}) {
+  for (const std::string family : {"qwen3_moe", "gpt_oss", "qwen3_moe_fp8"}) {
     for (const DType weights : {DType::F32, DType::BF16}) {
       SCOPED_TRACE(family + " " + std::string(dtype_name(weights)));
       auto gpu = backend::Context::cuda(0);
@@ -381,6 +387,55 @@ TEST(GpuEngine, EachRequestIsBitIdenticalAloneAndServedWithBatchInvariance) {
       expect_served_as_alone(*model, *gpu, prompts, max_new, {}, serving_cases());
     }
   }
+}
+
+// The FP8 fixture re-expressed in 16x16 blocks, each published 128x128 scale repeated over the
+// 16x16 blocks it covers: the same dequantized weights, so the same references. At 16-row blocks
+// q (64 rows), k and v (32 each) start and end on block rows, so the device stacks them into one
+// FP8 projection with one grid of scales (models/cuda/device_layers.cpp, as Qwen3-30B-A3B-FP8's
+// 4096 + 512 + 512 rows in blocks of 128 are); at 128 they stay three projections.
+TEST(GpuQuantized, Fp8QkvStackedIntoOneProjectionMatchesTheReference) {
+  TempDir tmp;
+  const std::string source = family_dir("qwen3_moe_fp8");
+  std::ifstream config_file(source + "/config.json");
+  const nlohmann::json config = nlohmann::json::parse(config_file);
+  nlohmann::json quantization = config.at("quantization_config");
+  const int64_t coarse = quantization.at("weight_block_size").at(0).get<int64_t>(), fine = 16;
+  ASSERT_EQ(quantization.at("weight_block_size").at(1).get<int64_t>(), coarse);
+  quantization["weight_block_size"] = {fine, fine};
+  const std::string dir = copy_model_with_config("qwen3_moe_fp8", tmp, "fine_blocks", "quantization_config",
+                                                 quantization.dump());
+  const auto file = SafetensorsFile::open(source + "/model.safetensors");
+  std::vector<NamedTensor> tensors;
+  int64_t refined = 0;
+  const std::string suffix = ".weight_scale_inv";
+  for (const auto& [name, entry] : file->entries()) {
+    Tensor t = file->view(name);
+    if (name.ends_with(suffix)) {
+      const Tensor w = file->view(name.substr(0, name.size() - suffix.size()) + ".weight");
+      const int64_t rows = (w.dim(0) + fine - 1) / fine, cols = (w.dim(1) + fine - 1) / fine;
+      Tensor finer = Tensor::empty(t.dtype(), {rows, cols});
+      const std::size_t size = dtype_size(t.dtype());
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) {
+          std::memcpy(static_cast<char*>(finer.raw_data()) + (r * cols + c) * size,
+                      static_cast<const char*>(t.raw_data()) + ((r * fine / coarse) * t.dim(1) + c * fine / coarse) * size,
+                      size);
+        }
+      }
+      t = finer;
+      ++refined;
+    }
+    tensors.push_back({name, t});
+  }
+  ASSERT_GT(refined, 0);
+  write_safetensors(dir + "/model.safetensors", tensors);
+  const Reference ref = load_reference("qwen3_moe_fp8", 0);
+  const std::string dump = tmp.path("dump.safetensors");
+  const CommandResult run = run_r3("forward -q --device cuda --dtype float32 --model " + dir + " --ids " +
+                                   join(forward_ids(ref)) + " --dump " + dump);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  expect_forward_dump_matches(ref, dump);
 }
 
 TEST(GpuRefusals, WhatHasNoCudaKernelsIsRefusedByName) {

@@ -2,6 +2,7 @@
 // steps (GqaAttention::forward, SwigluMlp::forward, MoeFeedForward::forward) with each piece
 // replaced by its device kernel and the per-token metadata read from the step's one upload.
 #include <cmath>
+#include <cstring>
 #include <initializer_list>
 
 #include "backend/cuda/state.h"
@@ -20,6 +21,9 @@ namespace {
 // Norms, biases, sinks, gates: always float32.
 Tensor f32_on_device(backend::Context& ctx, const Tensor& host) { return on_device(ctx, host, DType::F32); }
 
+// A weight published quantized (FP8 with block scales, MXFP4): placed as stored, never widened.
+bool stored_quantized(const Tensor& w) { return w.block_scales() != nullptr || w.mx_scales() != nullptr; }
+
 // Host tensors of one width stacked as the rows of one float32 host tensor (each widened exactly).
 Tensor stacked_rows(std::initializer_list<const Tensor*> parts) {
   const int64_t cols = (*parts.begin())->rank() == 1 ? 1 : (*parts.begin())->shape().back();
@@ -30,12 +34,50 @@ Tensor stacked_rows(std::initializer_list<const Tensor*> parts) {
   for (const Tensor* t : parts) {
     R3_CHECK(t->is_contiguous() && (t->rank() == 1 ? cols == 1 : t->shape().back() == cols),
              "stacking projections: ", shape_to_string(t->shape()), " does not have ", cols, " columns");
-    R3_CHECK(t->dtype() != DType::F8_E4M3, "FP8 block-scaled weights have no CUDA kernels yet: run this checkpoint on the CPU");
-    R3_CHECK(t->dtype() != DType::F4_E2M1X2, "MXFP4 weights have no CUDA kernels yet: run this checkpoint on the CPU");
+    R3_CHECK(!stored_quantized(*t), "stacking projections: quantized weights stay apart");
     convert_to_f32(t->raw_data(), t->dtype(), static_cast<std::size_t>(t->numel()), dst);
     dst += t->numel();
   }
   return out;
+}
+
+// FP8 q, k and v stacked as one FP8 matrix with their scale rows stacked alike, possible when each
+// starts and ends on a block-row boundary (Qwen3-30B-A3B-FP8: 4096 + 512 + 512 rows in blocks of
+// 128), so that one scale grid serves all three; an undefined tensor otherwise (they then run as
+// three projections).
+Tensor stacked_fp8_rows(std::initializer_list<const Tensor*> parts) {
+  const BlockScales* s0 = (*parts.begin())->block_scales();
+  if (s0 == nullptr) return Tensor();
+  const int64_t cols = (*parts.begin())->dim(1);
+  int64_t rows = 0;
+  for (const Tensor* t : parts) {
+    const BlockScales* s = t->block_scales();
+    if (s == nullptr || t->dtype() != DType::F8_E4M3 || !t->is_contiguous() || t->dim(1) != cols ||
+        s->block_rows != s0->block_rows || s->block_cols != s0->block_cols || s->first_row % s->block_rows != 0 ||
+        t->dim(0) % s->block_rows != 0) {
+      return Tensor();
+    }
+    rows += t->dim(0);
+  }
+  const int64_t scale_cols = s0->scales.dim(1);
+  Tensor values = Tensor::empty(DType::F8_E4M3, {rows, cols});
+  Tensor scales = Tensor::empty(DType::F32, {rows / s0->block_rows, scale_cols});
+  auto* dst = static_cast<unsigned char*>(values.raw_data());
+  float* scale_dst = scales.data<float>();
+  for (const Tensor* t : parts) {
+    const BlockScales* s = t->block_scales();
+    std::memcpy(dst, t->raw_data(), t->nbytes());
+    dst += t->nbytes();
+    const int64_t scale_rows = t->dim(0) / s->block_rows;
+    std::memcpy(scale_dst, s->scales.data<float>() + (s->first_row / s->block_rows) * scale_cols,
+                sizeof(float) * static_cast<std::size_t>(scale_rows * scale_cols));
+    scale_dst += scale_rows * scale_cols;
+  }
+  BlockScales stacked;
+  stacked.scales = std::move(scales);
+  stacked.block_rows = s0->block_rows;
+  stacked.block_cols = s0->block_cols;
+  return values.with_block_scales(std::move(stacked));
 }
 }  // namespace
 
@@ -51,8 +93,12 @@ SwigluMlp mlp_on_device(backend::Context& ctx, const SwigluMlp& host, DType dtyp
 Attention::Attention(backend::Context& ctx, const GqaAttention& host, DType dtype)
     : Attention(host.spec(), host.rms_eps(), host.rotary(), host.sliding_window()) {
   const GqaAttentionWeights& h = host.weights();
-  if (fuses_qkv(spec)) {
-    qkv = on_device(ctx, stacked_rows({&h.q, &h.k, &h.v}), dtype);
+  // Quantized q, k and v become one projection when their block scales stack (stacked_fp8_rows),
+  // and stay three otherwise.
+  const bool quantized = stored_quantized(h.q) || stored_quantized(h.k) || stored_quantized(h.v);
+  const Tensor fp8_qkv = quantized && fuses_qkv(spec) ? stacked_fp8_rows({&h.q, &h.k, &h.v}) : Tensor();
+  if (fuses_qkv(spec) && (!quantized || fp8_qkv.defined())) {
+    qkv = on_device(ctx, quantized ? fp8_qkv : stacked_rows({&h.q, &h.k, &h.v}), dtype);
     if (h.q_bias.defined() || h.k_bias.defined() || h.v_bias.defined()) {
       const int64_t q_width = spec.num_heads * spec.head_dim, kv_width = spec.num_kv_heads * spec.head_dim;
       const Tensor zq = Tensor::empty(DType::F32, {q_width}), zkv = Tensor::empty(DType::F32, {kv_width});

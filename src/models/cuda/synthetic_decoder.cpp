@@ -1,6 +1,7 @@
 // synthetic_on_device (models/device_decoder.h): the device decoder's parts filled with random
 // values on the device, each tensor its own seed. Weight scales keep activations of unit size:
-// projections uniform in ±sqrt(3 / fan_in), norms 1, the embedding ±1.
+// projections uniform in ±sqrt(3 / fan_in) (bf16, or FP8 with block scales), norms 1, the
+// embedding ±1.
 #include <cmath>
 
 #include "backend/device_memory.h"
@@ -20,6 +21,28 @@ class RandomWeights {
   Tensor matrix(DType dtype, Shape shape) {
     const int64_t fan_in = shape.back();
     return make(dtype, std::move(shape), 0.0f, std::sqrt(3.0f / static_cast<float>(fan_in)));
+  }
+  // The same as FP8: e4m3 values uniform in ±448 and one scale for every 128x128 block mapping
+  // them to ±sqrt(3 / fan_in). Stacked matrices ([experts, rows, cols]) get a grid each.
+  struct Fp8 {
+    Tensor values, scales;
+  };
+  Fp8 fp8_matrix(Shape shape) {
+    const int64_t fan_in = shape.back(), b = SyntheticShape::kFp8Block;
+    Shape grid = shape;
+    grid[grid.size() - 1] = (grid.back() + b - 1) / b;
+    grid[grid.size() - 2] = (grid[grid.size() - 2] + b - 1) / b;
+    Fp8 m{make(DType::F8_E4M3, std::move(shape), 0.0f, 448.0f), {}};
+    m.scales = make(DType::F32, std::move(grid), std::sqrt(3.0f / static_cast<float>(fan_in)) / 448.0f, 0.0f);
+    return m;
+  }
+  // An FP8 projection as the device layers hold one: its scales attached.
+  Tensor fp8_projection(Shape shape) {
+    Fp8 m = fp8_matrix(std::move(shape));
+    BlockScales s;
+    s.scales = std::move(m.scales);
+    s.block_rows = s.block_cols = SyntheticShape::kFp8Block;
+    return m.values.with_block_scales(std::move(s));
   }
   Tensor ones(int64_t n) { return make(DType::F32, {n}, 1.0f, 0.0f); }
   Tensor make(DType dtype, Shape shape, float center, float bound) {
@@ -70,8 +93,9 @@ std::unique_ptr<CausalLM> synthetic_on_device(backend::Context& ctx, const Synth
     layer.input_norm = random.ones(s.hidden);
     layer.post_attention_norm = random.ones(s.hidden);
     device::Attention& a = layer.attention.emplace(attention, parts.rms_eps, ops::Rotary(s.head_dim, 1e6), 0);
-    a.qkv = random.matrix(DType::BF16, {q_width + 2 * kv_width, s.hidden});  // fan-in is the hidden size
-    a.w.o = random.matrix(DType::BF16, {s.hidden, q_width});
+    const Shape qkv{q_width + 2 * kv_width, s.hidden}, o{s.hidden, q_width};  // qkv's fan-in is the hidden size
+    a.qkv = s.fp8 ? random.fp8_projection(qkv) : random.matrix(DType::BF16, qkv);
+    a.w.o = s.fp8 ? random.fp8_projection(o) : random.matrix(DType::BF16, o);
     a.w.q_norm = random.ones(s.head_dim);
     a.w.k_norm = random.ones(s.head_dim);
     device::Moe& m = layer.moe.emplace();
@@ -80,9 +104,21 @@ std::unique_ptr<CausalLM> synthetic_on_device(backend::Context& ctx, const Synth
     m.top_k = s.top_k;
     m.gate_weight = random.matrix(DType::F32, {s.experts, s.hidden});
     m.rule = {moe::DeviceRoutingRule::Kind::kSoftmaxTopK, static_cast<int32_t>(s.top_k), true};
-    m.experts.gate = random.matrix(DType::BF16, {s.experts, s.expert_width, s.hidden});
-    m.experts.up = random.matrix(DType::BF16, {s.experts, s.expert_width, s.hidden});
-    m.experts.down = random.matrix(DType::BF16, {s.experts, s.hidden, s.expert_width});
+    const Shape gate_up{s.experts, s.expert_width, s.hidden}, down{s.experts, s.hidden, s.expert_width};
+    if (s.fp8) {
+      RandomWeights::Fp8 g = random.fp8_matrix(gate_up), u = random.fp8_matrix(gate_up), d = random.fp8_matrix(down);
+      m.experts.gate = std::move(g.values);
+      m.experts.up = std::move(u.values);
+      m.experts.down = std::move(d.values);
+      m.experts.gate_scales = std::move(g.scales);
+      m.experts.up_scales = std::move(u.scales);
+      m.experts.down_scales = std::move(d.scales);
+      m.experts.block_rows = m.experts.block_cols = SyntheticShape::kFp8Block;
+    } else {
+      m.experts.gate = random.matrix(DType::BF16, gate_up);
+      m.experts.up = random.matrix(DType::BF16, gate_up);
+      m.experts.down = random.matrix(DType::BF16, down);
+    }
     parts.layers.push_back(std::move(layer));
   }
   backend::synchronize(ctx);

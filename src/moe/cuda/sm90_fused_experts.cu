@@ -25,8 +25,11 @@ namespace {
 
 using experts_detail::Activation;
 using experts_detail::Grouping;
+using ops::cuda::Fp8Matrix;
 using ops::cuda::kWarp;
-using ops::cuda::load;
+using ops::cuda::Mxfp4Matrix;
+using ops::cuda::PlainMatrix;
+using ops::cuda::row_of;
 using ops::cuda::warp_sum;
 using ops::cuda::row_dots;
 constexpr int kWarpsPerBlock = 8;
@@ -87,9 +90,9 @@ __global__ void group_pairs_by_expert(const int32_t* __restrict__ ids, int64_t p
 
 
 
-template <typename W, bool kVec8, int kPairsPerPass>
-__global__ void gate_up_rows(const float* __restrict__ hidden, int64_t k, Grouping g, const W* __restrict__ gate,
-                             const W* __restrict__ up, const float* __restrict__ gate_bias,
+template <typename Matrix, bool kVec8, int kPairsPerPass>
+__global__ void gate_up_rows(const float* __restrict__ hidden, int64_t k, Grouping g, Matrix gate, Matrix up,
+                             const float* __restrict__ gate_bias,
                              const float* __restrict__ up_bias, int64_t h, int64_t inter, Activation act,
                              float* __restrict__ activated) {
   backend::cuda::wait_for_predecessor();
@@ -99,7 +102,7 @@ __global__ void gate_up_rows(const float* __restrict__ hidden, int64_t k, Groupi
   const int lane = threadIdx.x % kWarp;
   const int32_t e = g.used[slot];
   const int64_t row = e * inter + i;
-  const W* const gate_up[2] = {gate + row * h, up + row * h};
+  const decltype(row_of(gate, 0)) gate_up[2] = {row_of(gate, row), row_of(up, row)};
   for (int32_t first = g.offsets[e]; first < g.offsets[e + 1]; first += kPairsPerPass) {
     const int32_t n = min(kPairsPerPass, g.offsets[e + 1] - first);
     const float* x[kPairsPerPass];
@@ -126,8 +129,8 @@ __global__ void gate_up_rows(const float* __restrict__ hidden, int64_t k, Groupi
   }
 }
 
-template <typename W, bool kVec8, int kPairsPerPass>
-__global__ void down_rows(const float* __restrict__ activated, Grouping g, const W* __restrict__ down,
+template <typename Matrix, bool kVec8, int kPairsPerPass>
+__global__ void down_rows(const float* __restrict__ activated, Grouping g, Matrix down,
                           const float* __restrict__ down_bias, int64_t h, int64_t inter, float* __restrict__ expert_out) {
   backend::cuda::wait_for_predecessor();
   const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
@@ -135,7 +138,7 @@ __global__ void down_rows(const float* __restrict__ activated, Grouping g, const
   if (slot >= *g.used_count) return;
   const int lane = threadIdx.x % kWarp;
   const int32_t e = g.used[slot];
-  const W* const w[1] = {down + (e * h + d) * inter};
+  const decltype(row_of(down, 0)) w[1] = {row_of(down, e * h + d)};
   for (int32_t first = g.offsets[e]; first < g.offsets[e + 1]; first += kPairsPerPass) {
     const int32_t n = min(kPairsPerPass, g.offsets[e + 1] - first);
     const float* a[kPairsPerPass];
@@ -178,9 +181,9 @@ __global__ void combine_choices(const float* __restrict__ expert_out, const floa
 constexpr int64_t kPairMajorTokens = 4;
 constexpr int kMaxChoiceWarps = 8;  // warps of a down block (choices beyond take turns)
 
-template <typename W, bool kVec8>
+template <typename Matrix, bool kVec8>
 __global__ void gate_up_by_pair(const float* __restrict__ hidden, const int32_t* __restrict__ ids, int64_t pairs,
-                                int64_t k, const W* __restrict__ gate, const W* __restrict__ up,
+                                int64_t k, Matrix gate, Matrix up,
                                 const float* __restrict__ gate_bias, const float* __restrict__ up_bias, int64_t h,
                                 int64_t inter, Activation act, float* __restrict__ activated) {
   backend::cuda::wait_for_predecessor();
@@ -189,7 +192,7 @@ __global__ void gate_up_by_pair(const float* __restrict__ hidden, const int32_t*
   if (p >= pairs) return;
   const int lane = threadIdx.x % kWarp;
   const int64_t row = ids[p] * inter + i;
-  const W* const gate_up[2] = {gate + row * h, up + row * h};
+  const decltype(row_of(gate, 0)) gate_up[2] = {row_of(gate, row), row_of(up, row)};
   const float* const x[1] = {hidden + (p / k) * h};
   float acc[2][1] = {{0.0f}, {0.0f}};
   row_dots<kVec8>(gate_up, x, 1, h, lane, acc);
@@ -201,9 +204,9 @@ __global__ void gate_up_by_pair(const float* __restrict__ hidden, const int32_t*
   }
 }
 
-template <typename W, bool kVec8>
+template <typename Matrix, bool kVec8>
 __global__ void down_and_combine_by_token(const float* __restrict__ activated, const int32_t* __restrict__ ids,
-                                          const float* __restrict__ weights, int64_t k, const W* __restrict__ down,
+                                          const float* __restrict__ weights, int64_t k, Matrix down,
                                           const float* __restrict__ down_bias, int64_t h, int64_t inter,
                                           float* __restrict__ out) {
   backend::cuda::wait_for_predecessor();
@@ -213,7 +216,7 @@ __global__ void down_and_combine_by_token(const float* __restrict__ activated, c
   const int warps = static_cast<int>(blockDim.x) / kWarp;
   for (int64_t j = threadIdx.x / kWarp; j < k; j += warps) {
     const int64_t p = t * k + j;
-    const W* const w[1] = {down + (ids[p] * h + d) * inter};
+    const decltype(row_of(down, 0)) w[1] = {row_of(down, ids[p] * h + d)};
     const float* const a[1] = {activated + p * inter};
     float acc[1][1] = {{0.0f}};
     row_dots<kVec8>(w, a, 1, inter, lane, acc);
@@ -238,28 +241,27 @@ bool use_tensor_cores(const backend::Context& ctx, const DeviceExperts& x, int64
   return !ctx.batch_invariant() && experts_detail::tensor_cores_fit(x) && pairs >= 2 * experts;
 }
 
-template <typename W>
+template <typename Matrix>
 void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, const float* weights, int64_t k,
-            const DeviceExperts& x, Tensor& grouping, Tensor& activated, Tensor& expert_out, Tensor& out) {
+            const DeviceExperts& x, Matrix gw, Matrix uw, Matrix dw, Tensor& grouping, Tensor& activated,
+            Tensor& expert_out, Tensor& out) {
   const cudaStream_t stream = ctx.cuda_state().stream;
-  const int64_t tokens = hidden.dim(0), h = hidden.dim(1), experts = x.gate.dim(0), inter = x.gate.dim(1);
+  const int64_t tokens = hidden.dim(0), h = hidden.dim(1), experts = x.gate.dim(0), inter = x.intermediate();
   const int64_t pairs = tokens * k;
   auto bias = [](const Tensor& b) { return b.defined() ? b.data<float>() : nullptr; };
   const Activation act{x.activation.kind, x.activation.limit, x.activation.alpha};
-  // 128-bit loads when every row starts on a multiple of 8 elements (buffers are 256-byte aligned).
-  const bool vec8 = h % 8 == 0 && inter % 8 == 0;
-  const auto* gw = static_cast<const W*>(x.gate.raw_data());
-  const auto* uw = static_cast<const W*>(x.up.raw_data());
-  const auto* dw = static_cast<const W*>(x.down.raw_data());
+  // Eight-value loads when every row starts on a multiple of 8 values (buffers are 256-byte
+  // aligned) and FP8 blocks hold whole groups of eight.
+  const bool vec8 = h % 8 == 0 && inter % 8 == 0 && x.block_cols % 8 == 0;
   constexpr unsigned kThreads = kWarpsPerBlock * kWarp;
   if (tokens <= kPairMajorTokens) {
     auto pair_major = [&](auto vec8_tag) {
       constexpr bool kVec8 = decltype(vec8_tag)::value;
-      backend::cuda::launch_kernel(gate_up_by_pair<W, kVec8>, warp_blocks(pairs * inter), kThreads, 0, stream,
+      backend::cuda::launch_kernel(gate_up_by_pair<Matrix, kVec8>, warp_blocks(pairs * inter), kThreads, 0, stream,
                                    hidden.data<float>(), ids, pairs, k, gw, uw, bias(x.gate_bias), bias(x.up_bias), h,
                                    inter, act, activated.data<float>());
       const auto choice_warps = static_cast<unsigned>(std::min<int64_t>(k, kMaxChoiceWarps));
-      backend::cuda::launch_kernel(down_and_combine_by_token<W, kVec8>, static_cast<unsigned>(tokens * h),
+      backend::cuda::launch_kernel(down_and_combine_by_token<Matrix, kVec8>, static_cast<unsigned>(tokens * h),
                                    choice_warps * kWarp, k * sizeof(float), stream, activated.data<float>(), ids,
                                    weights, k, dw, bias(x.down_bias), h, inter, out.data<float>());
     };
@@ -286,10 +288,10 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
     auto rows = [&](auto vec8_tag, auto pairs_tag) {
       constexpr bool kVec8 = decltype(vec8_tag)::value;
       constexpr int kPairs = decltype(pairs_tag)::value;
-      backend::cuda::launch_kernel(gate_up_rows<W, kVec8, kPairs>, gate_blocks, kThreads, 0, stream,
+      backend::cuda::launch_kernel(gate_up_rows<Matrix, kVec8, kPairs>, gate_blocks, kThreads, 0, stream,
                                    hidden.data<float>(), k, g, gw, uw, bias(x.gate_bias), bias(x.up_bias), h, inter,
                                    act, activated.data<float>());
-      backend::cuda::launch_kernel(down_rows<W, kVec8, kPairs>, down_blocks, kThreads, 0, stream,
+      backend::cuda::launch_kernel(down_rows<Matrix, kVec8, kPairs>, down_blocks, kThreads, 0, stream,
                                    activated.data<float>(), g, dw, bias(x.down_bias), h, inter,
                                    expert_out.data<float>());
     };
@@ -313,24 +315,48 @@ void fused_experts_on_device(backend::Context& ctx, const Tensor& hidden, const 
                              int64_t k, const DeviceExperts& experts, Tensor& grouping, Tensor& activated,
                              Tensor& expert_out, Tensor& out) {
   const Tensor& g = experts.gate;
+  const int64_t h = experts.hidden(), inter = experts.intermediate();
   R3_CHECK(hidden.rank() == 2 && g.rank() == 3 && experts.up.shape() == g.shape() && experts.down.rank() == 3 &&
-               experts.down.dim(0) == g.dim(0) && experts.down.dim(1) == g.dim(2) &&
-               experts.down.dim(2) == g.dim(1) && hidden.dim(1) == g.dim(2) && out.shape() == hidden.shape() &&
-               g.dtype() == experts.up.dtype() && g.dtype() == experts.down.dtype(),
+               experts.down.dim(0) == g.dim(0) && experts.down.dim(1) == h && value_shape(experts.down)[2] == inter &&
+               hidden.dim(1) == h && out.shape() == hidden.shape() && g.dtype() == experts.up.dtype() &&
+               g.dtype() == experts.down.dtype(),
            "experts (cuda): hidden ", shape_to_string(hidden.shape()), ", gate ", shape_to_string(g.shape()), ", down ",
            shape_to_string(experts.down.shape()));
   const int64_t tokens = hidden.dim(0), pairs = tokens * k;
-  R3_CHECK(activated.numel() >= expert_scratch_rows(pairs) * g.dim(1) &&
-               expert_out.numel() >= expert_scratch_rows(pairs) * hidden.dim(1) &&
+  R3_CHECK(activated.numel() >= expert_scratch_rows(pairs) * inter &&
+               expert_out.numel() >= expert_scratch_rows(pairs) * h &&
                grouping.dtype() == DType::I32 && grouping.numel() >= grouping_ints(g.dim(0), pairs),
            "experts (cuda): scratch too small for ", pairs, " pairs");
   R3_CHECK(g.dim(0) <= 4096, "experts (cuda): ", g.dim(0), " experts (at most 4096)");
   if (tokens == 0) return;
+  const auto run = [&](auto gate, auto up, auto down) {
+    launch(ctx, hidden, ids, weights, k, experts, gate, up, down, grouping, activated, expert_out, out);
+  };
+  const auto bytes = [](const Tensor& t) { return static_cast<const uint8_t*>(t.raw_data()); };
   switch (g.dtype()) {
-    case DType::F32: return launch<float>(ctx, hidden, ids, weights, k, experts, grouping, activated, expert_out, out);
-    case DType::BF16:
-      return launch<__nv_bfloat16>(ctx, hidden, ids, weights, k, experts, grouping, activated, expert_out, out);
-    default: R3_FAIL("experts (cuda): weights of dtype ", dtype_name(g.dtype()), " (expected F32 or BF16)");
+    case DType::F32:
+      return run(PlainMatrix<float>{g.data<float>(), h}, PlainMatrix<float>{experts.up.data<float>(), h},
+                 PlainMatrix<float>{experts.down.data<float>(), inter});
+    case DType::BF16: {
+      const auto bf16 = [](const Tensor& t, int64_t cols) {
+        return PlainMatrix<__nv_bfloat16>{static_cast<const __nv_bfloat16*>(t.raw_data()), cols};
+      };
+      return run(bf16(g, h), bf16(experts.up, h), bf16(experts.down, inter));
+    }
+    case DType::F8_E4M3: {
+      // Each expert's matrix has its own grid of block scales (partial last blocks included).
+      const auto fp8 = [&](const Tensor& values, const Tensor& scales, int64_t cols) {
+        return Fp8Matrix{bytes(values), scales.data<float>(), cols, values.dim(1), scales.dim(1), scales.dim(2), 0,
+                         static_cast<int32_t>(experts.block_rows), static_cast<int32_t>(experts.block_cols)};
+      };
+      return run(fp8(g, experts.gate_scales, h), fp8(experts.up, experts.up_scales, h),
+                 fp8(experts.down, experts.down_scales, inter));
+    }
+    case DType::F4_E2M1X2:
+      return run(Mxfp4Matrix{bytes(g), bytes(experts.gate_scales), h},
+                 Mxfp4Matrix{bytes(experts.up), bytes(experts.up_scales), h},
+                 Mxfp4Matrix{bytes(experts.down), bytes(experts.down_scales), inter});
+    default: R3_FAIL("experts (cuda): weights of dtype ", dtype_name(g.dtype()));
   }
 }
 

@@ -7,7 +7,8 @@
 //    value the latent, an online softmax per chunk; the chunks merged in order
 //    (paged_attention_parts.cuh);
 // 3. the attended latent out through the head's W_v rows (one warp per output).
-// kv_b stays in the model's dtype (bfloat16 widened exactly in registers).
+// kv_b stays in the model's dtype (bfloat16 widened exactly in registers), or as the checkpoint
+// published it (FP8 or MXFP4, decoded in registers: weight_rows.cuh).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -27,18 +28,18 @@ constexpr int kMaxLatent = 512;  // kv_lora_rank: 16 elements per lane
 constexpr int kMaxRope = 64;     // qk_rope_head_dim: 2 elements per lane
 
 // q_cat[t, h] = [q_nope · W_k (lora) | q_rope (rope)].
-template <typename W>
-__global__ void latent_queries(const float* __restrict__ q, const W* __restrict__ kv_b, LatentAttentionShape s,
+template <typename Matrix>
+__global__ void latent_queries(const float* __restrict__ q, Matrix kv_b, LatentAttentionShape s,
                                float* __restrict__ q_cat) {
   backend::cuda::wait_for_predecessor();
   const int64_t th = blockIdx.x, h = th % s.heads, width = s.lora + s.rope;
   const float* qh = q + th * (s.nope + s.rope);
-  const W* w_k = kv_b + h * (s.nope + s.value) * s.lora;
+  const int64_t first_row = h * (s.nope + s.value);
   for (int64_t c = threadIdx.x; c < width; c += blockDim.x) {
     float v;
     if (c < s.lora) {
       v = 0.0f;
-      for (int64_t i = 0; i < s.nope; ++i) v = __fadd_rn(v, __fmul_rn(qh[i], load(w_k, i * s.lora + c)));
+      for (int64_t i = 0; i < s.nope; ++i) v = __fadd_rn(v, __fmul_rn(qh[i], load(row_of(kv_b, first_row + i), c)));
     } else {
       v = qh[s.nope + (c - s.lora)];
     }
@@ -113,8 +114,8 @@ __global__ void latent_chunks(const float* __restrict__ q_cat, DeviceStep step, 
 }
 
 // out[t, h, i] = W_v[h] row i · latent_out[t, h]: one warp per output.
-template <typename W>
-__global__ void latent_values(const float* __restrict__ latent_out, const W* __restrict__ kv_b, LatentAttentionShape s,
+template <typename Matrix>
+__global__ void latent_values(const float* __restrict__ latent_out, Matrix kv_b, LatentAttentionShape s,
                               int64_t outputs, float* __restrict__ out) {
   backend::cuda::wait_for_predecessor();
   constexpr int kWarpsPerBlock = 8;
@@ -122,7 +123,7 @@ __global__ void latent_values(const float* __restrict__ latent_out, const W* __r
   const int64_t o = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   if (o >= outputs) return;
   const int64_t th = o / s.value, i = o % s.value, h = th % s.heads;
-  const W* w_v = kv_b + (h * (s.nope + s.value) + s.nope + i) * s.lora;
+  const auto w_v = row_of(kv_b, h * (s.nope + s.value) + s.nope + i);
   const float* x = latent_out + th * s.lora;
   float partial = 0.0f;
   for (int64_t c = lane; c < s.lora; c += kWarp) partial += load(w_v, c) * x[c];
@@ -130,8 +131,8 @@ __global__ void latent_values(const float* __restrict__ latent_out, const W* __r
   if (lane == 0) out[o] = partial;
 }
 
-template <typename W>
-void run(backend::Context& ctx, const Tensor& q, const W* kv_b, const DeviceStep& step, const DeviceKvPool& pool,
+template <typename Matrix>
+void run(backend::Context& ctx, const Tensor& q, Matrix kv_b, const DeviceStep& step, const DeviceKvPool& pool,
          const LatentAttentionShape& s, float scale, Tensor& out) {
   const cudaStream_t stream = ctx.cuda_state().stream;
   const int64_t tokens = step.tokens, th = tokens * s.heads;
@@ -142,7 +143,7 @@ void run(backend::Context& ctx, const Tensor& q, const W* kv_b, const DeviceStep
   Tensor part_sum = ctx.scratch_for_output(DType::F32, {th * chunks});
   Tensor part_acc = ctx.scratch_for_output(DType::F32, {th * chunks, s.lora});
   Tensor latent_out = ctx.scratch_for_output(DType::F32, {th, s.lora});
-  backend::cuda::launch_kernel(latent_queries<W>, static_cast<unsigned>(th), 128, 0, stream, q.data<float>(), kv_b, s,
+  backend::cuda::launch_kernel(latent_queries<Matrix>, static_cast<unsigned>(th), 128, 0, stream, q.data<float>(), kv_b, s,
                                q_cat.data<float>());
   const auto chunk_blocks = static_cast<unsigned>((th * chunks + 3) / 4);
   auto chunked = [&](auto kernel) {
@@ -159,7 +160,7 @@ void run(backend::Context& ctx, const Tensor& q, const W* kv_b, const DeviceStep
                                part_max.data<float>(), part_sum.data<float>(), part_acc.data<float>(), s.heads, s.lora,
                                chunks, nullptr, step.seqs, latent_out.data<float>());
   const int64_t outputs = th * s.value;
-  backend::cuda::launch_kernel(latent_values<W>, static_cast<unsigned>((outputs + 7) / 8), 256, 0, stream,
+  backend::cuda::launch_kernel(latent_values<Matrix>, static_cast<unsigned>((outputs + 7) / 8), 256, 0, stream,
                                latent_out.data<float>(), kv_b, s, outputs, out.data<float>());
   R3_CUDA_CHECK(cudaGetLastError());
 }
@@ -175,7 +176,7 @@ void latent_attention_paged(backend::Context& ctx, const Tensor& q, const Tensor
                q.dim(1) == s.heads * (s.nope + s.rope),
            "latent attention (cuda): q ", shape_to_string(q.shape()), " for ", step.tokens, " tokens");
   R3_CHECK(kv_b.rank() == 2 && kv_b.device() == Device::kCuda && kv_b.dim(0) == s.heads * (s.nope + s.value) &&
-               kv_b.dim(1) == s.lora && (kv_b.dtype() == DType::F32 || kv_b.dtype() == DType::BF16),
+               value_shape(kv_b)[1] == s.lora,
            "latent attention (cuda): kv_b ", shape_to_string(kv_b.shape()));
   R3_CHECK(out.rank() == 2 && out.dim(0) == step.tokens && out.dim(1) == s.heads * s.value &&
                out.device() == Device::kCuda,
@@ -185,11 +186,7 @@ void latent_attention_paged(backend::Context& ctx, const Tensor& q, const Tensor
            " (at most ", kMaxRope, ") over cache rows of ", pool.key_width, " + ", pool.value_width, " floats");
   if (step.tokens * s.heads == 0) return;
   R3_CHECK(step.max_context > 0, "latent attention (cuda): the step's max_context is not set");
-  if (kv_b.dtype() == DType::BF16) {
-    run(ctx, q, static_cast<const __nv_bfloat16*>(kv_b.raw_data()), step, pool, s, scale, out);
-  } else {
-    run(ctx, q, kv_b.data<float>(), step, pool, s, scale, out);
-  }
+  with_weight_matrix(kv_b, [&](auto matrix) { run(ctx, q, matrix, step, pool, s, scale, out); });
 }
 
 }  // namespace r3::ops::cuda

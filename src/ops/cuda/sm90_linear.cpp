@@ -1,4 +1,4 @@
-// y = x · wᵀ (+ bias) on the GPU, four ways:
+// y = x · wᵀ (+ bias) on the GPU, five ways:
 // - float32 weights (the parity mode) through cuBLASLt, float32 in and out with float32
 //   accumulation and no TF32, or for a few rows through r3's weight-streaming kernel (the
 //   routers' float32 weights at decode: cuBLASLt takes ~14 us for their 1 MB);
@@ -12,6 +12,9 @@
 //   the activations for every weight row);
 // - bfloat16 weights with more rows through cuBLASLt on tensor cores, the float32 activations
 //   split into high and low bfloat16 parts (ops/cuda/split_bf16.h).
+// - FP8 and MXFP4 weights (published quantized checkpoints) with up to kMmaRows rows through the
+//   weight-streaming kernel, which decodes them in registers; with more rows, decoded into float32
+//   scratch for cuBLASLt.
 // A batch-invariant context takes the weight-streaming kernel for all of them: cuBLASLt picks its
 // algorithm, and so its reduction order, by the matrix sizes, rows included.
 // cuBLASLt is column-major: row-major y [m, n] is column-major [n, m], so it computes
@@ -106,11 +109,12 @@ constexpr int64_t kMmaRows = 16;
 void linear(backend::Context& ctx, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
   R3_CHECK(x.rank() == 2 && w.rank() == 2 && y.rank() == 2, "linear (cuda): rank-2 tensors expected");
   const int64_t m = x.dim(0), k = x.dim(1), n = w.dim(0);
-  R3_CHECK(w.dim(1) == k && y.dim(0) == m && y.dim(1) == n, "linear (cuda): x ", shape_to_string(x.shape()), " w ",
-           shape_to_string(w.shape()), " y ", shape_to_string(y.shape()));
-  R3_CHECK(x.dtype() == DType::F32 && (w.dtype() == DType::F32 || w.dtype() == DType::BF16) &&
+  const bool quantized = w.dtype() == DType::F8_E4M3 || w.dtype() == DType::F4_E2M1X2;
+  R3_CHECK(value_shape(w)[1] == k && y.dim(0) == m && y.dim(1) == n, "linear (cuda): x ", shape_to_string(x.shape()),
+           " w ", shape_to_string(value_shape(w)), " y ", shape_to_string(y.shape()));
+  R3_CHECK(x.dtype() == DType::F32 && (w.dtype() == DType::F32 || w.dtype() == DType::BF16 || quantized) &&
                y.dtype() == DType::F32,
-           "linear (cuda): float32 activations and float32 or bfloat16 weights expected, got weights of ",
+           "linear (cuda): float32 activations and float32, bfloat16, FP8 or MXFP4 weights expected, got weights of ",
            dtype_name(w.dtype()));
   R3_CHECK(x.device() == Device::kCuda && w.device() == Device::kCuda && y.device() == Device::kCuda &&
                (bias == nullptr || bias->device() == Device::kCuda),
@@ -119,8 +123,18 @@ void linear(backend::Context& ctx, const Tensor& x, const Tensor& w, const Tenso
   R3_CHECK(bias == nullptr || (bias->rank() == 1 && bias->dim(0) == n), "linear (cuda): bias shape");
   if (m == 0 || n == 0) return;
   const float* bp = bias != nullptr ? bias->data<float>() : nullptr;
-  if (ctx.batch_invariant() || m <= kStreamingRowsBf16 || (w.dtype() == DType::F32 && m <= kStreamingRows)) {
+  if (ctx.batch_invariant() || m <= kStreamingRowsBf16 || (w.dtype() == DType::F32 && m <= kStreamingRows) ||
+      (quantized && m <= kMmaRows)) {
     return linear_rows(ctx, x, w, bias, y);
+  }
+  if (quantized) {
+    // Prefill-sized steps: the matrix decoded once into float32 scratch (the same floats the
+    // weight-streaming kernel multiplies with) and multiplied on cuBLASLt in float32, so the
+    // result keeps the CPU's accuracy; the scratch lasts for this call only.
+    backend::Workspace::Scope scope(ctx.workspace());
+    Tensor decoded = ctx.scratch_for_output(DType::F32, {n, k});
+    dequantize_matrix(ctx, w, decoded);
+    return lt_matmul(ctx, CUDA_R_32F, x.raw_data(), m, k, decoded.raw_data(), n, bp, y.data<float>());
   }
   if (m <= kMmaRows && linear_mma_rows_fit(w)) return linear_mma_rows(ctx, x, w, bp, y);
   if (w.dtype() == DType::F32) return lt_matmul(ctx, CUDA_R_32F, x.raw_data(), m, k, w.raw_data(), n, bp, y.data<float>());

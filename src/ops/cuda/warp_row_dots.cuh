@@ -1,60 +1,18 @@
 // The inner loop of r3's weight-streaming kernels (the fused experts, the dense GEMV): one warp
 // reads a weight row once and takes its dot products with several activation rows, keeping one
 // partial sum per row in registers; lanes take every 32nd element (or every 32nd group of eight
-// with 128-bit loads) and the caller adds the lanes' sums with shuffles. Weights are float32 or
-// bfloat16 widened exactly; activations and sums are float32.
+// with wide loads) and the caller adds the lanes' sums with shuffles. Weight rows are those of
+// weight_rows.cuh (float32, bfloat16, FP8 or MXFP4, decoded exactly in registers); activations
+// and sums are float32.
 #pragma once
 
-#include <cuda_bf16.h>
-
 #include <cstdint>
+
+#include "ops/cuda/weight_rows.cuh"
 
 namespace r3::ops::cuda {
 
 constexpr int kWarp = 32;
-
-__device__ inline float load(const float* p, int64_t i) { return p[i]; }
-__device__ inline float load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
-
-// Eight consecutive weights as loaded (16 bytes of bfloat16, 32 of float32), not yet widened.
-// Weights are streamed once per step, so their loads skip L1 (ld.global.nc.L1::no_allocate),
-// leaving it to the activation rows that every warp of the SM re-reads.
-template <typename W>
-struct Raw8;
-template <>
-struct Raw8<__nv_bfloat16> {
-  uint4 v;
-};
-template <>
-struct Raw8<float> {
-  uint4 v[2];
-};
-
-__device__ inline uint4 load_streaming(const void* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
-__device__ inline void load_raw8(const __nv_bfloat16* p, Raw8<__nv_bfloat16>& r) { r.v = load_streaming(p); }
-__device__ inline void load_raw8(const float* p, Raw8<float>& r) {
-  r.v[0] = load_streaming(p);
-  r.v[1] = load_streaming(p + 4);
-}
-__device__ inline void widen8(const Raw8<__nv_bfloat16>& r, float* out) {
-  const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&r.v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(pairs[i]);
-    out[2 * i] = f.x;
-    out[2 * i + 1] = f.y;
-  }
-}
-__device__ inline void widen8(const Raw8<float>& r, float* out) {
-#pragma unroll
-  for (int i = 0; i < 8; ++i) out[i] = __uint_as_float(reinterpret_cast<const uint32_t*>(r.v)[i]);
-}
 
 // Eight consecutive float32 activations (32-byte aligned): two 128-bit loads.
 __device__ inline void load8(const float* p, float* out) {
@@ -65,27 +23,27 @@ __device__ inline void load8(const float* p, float* out) {
 
 // Groups of eight weights a lane has in flight at once: a warp's loads are issued together and
 // awaited once, rather than one round trip to memory per group (a decode step is a chain of such
-// round trips otherwise). Raw loads keep this at 4 registers per bfloat16 group.
+// round trips otherwise).
 constexpr int kGroupsInFlight = 4;
 
 // The dot products of kRows weight rows w[r][0, n) with the rows x[j][0, n), j < count, into this
-// lane's partial sums acc[r][j]: element by element, or eight at a time with 128-bit loads
-// (kVec8: n a multiple of 8 and the rows aligned to 8 elements). Several weight rows (a gated
-// MLP's gate and up rows) share the activation loads and have their loads in flight together.
+// lane's partial sums acc[r][j]: element by element, or eight at a time with wide loads (kVec8:
+// n a multiple of 8, the rows aligned for the loads, FP8 blocks a multiple of 8 wide; see
+// weights_vec8). Several weight rows (a gated MLP's gate and up rows) share the activation loads and have their loads in flight together.
 // Each lane adds its elements in increasing order, whatever the unrolling, so the sums do not
 // depend on it.
-template <bool kVec8, typename W, int kMax, int kRows = 1>
-__device__ inline void row_dots(const W* const (&w)[kRows], const float* const (&x)[kMax], int count, int64_t n,
+template <bool kVec8, typename Row, int kMax, int kRows = 1>
+__device__ inline void row_dots(const Row (&w)[kRows], const float* const (&x)[kMax], int count, int64_t n,
                                 int lane, float (&acc)[kRows][kMax]) {
   if constexpr (kVec8) {
     constexpr int64_t kStride = kWarp * 8;
     for (int64_t base = static_cast<int64_t>(lane) * 8; base < n; base += kStride * kGroupsInFlight) {
-      Raw8<W> raw[kRows][kGroupsInFlight];
+      Raw8<Row> raw[kRows][kGroupsInFlight];
 #pragma unroll
       for (int u = 0; u < kGroupsInFlight; ++u) {
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
-          if (base + u * kStride < n) load_raw8(w[r] + base + u * kStride, raw[r][u]);
+          if (base + u * kStride < n) load_raw8(w[r], base + u * kStride, raw[r][u]);
         }
       }
 #pragma unroll
@@ -94,7 +52,7 @@ __device__ inline void row_dots(const W* const (&w)[kRows], const float* const (
         if (c >= n) break;
         float wv[kRows][8];
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) widen8(raw[r][u], wv[r]);
+        for (int r = 0; r < kRows; ++r) widen8(w[r], c, raw[r][u], wv[r]);
 #pragma unroll
         for (int j = 0; j < kMax; ++j) {
           if (j < count) {
