@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build r3 with its CUDA backend (sm_90a) from the carried library
 # headers (scripts/gpu-deps.sh, carried as .gpu-deps), run the GPU tests and the kernel
-# benchmark (and, with R3_BREAKDOWN=1, a per-kernel profile of a decode step), and leave the logs
+# benchmarks (R3_TESTS_ONLY=1: none; with R3_BREAKDOWN=1, a per-kernel profile of a decode step), and leave the logs
 # in $OUT (or ./gpu-out). Usage there: R3_COMMIT=<commit the tree was sent from> bash bench/gpu.sh
 # (the copy of the tree on that machine may carry an older .git).
 set -uo pipefail
@@ -19,6 +19,8 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DR3_DEPS_DIR="$PWD/
 cmake --build build-gpu -j"$(nproc)" --target r3_gpu_tests r3_gpu_kernels_bench r3 > "$out/build.log" 2>&1 || { grep -B2 -A10 -m5 error "$out/build.log"; exit 1; }
 status=0
 ./build-gpu/r3_gpu_tests 2>&1 | tee "$out/gpu_tests.log" || status=1
+# R3_TESTS_ONLY=1: the build and the GPU tests, no benchmarks.
+if [[ "${R3_TESTS_ONLY:-0}" == 1 ]]; then cat "$out/device.txt"; exit $status; fi
 ./build-gpu/r3_gpu_kernels_bench 2>&1 | tee "$out/gpu_kernels_bench.jsonl" || status=1
 ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --json 2>"$out/gpu_decode_bench.log" | tee "$out/gpu_decode_bench.json" || status=1
 # The same shape published as FP8 (e4m3, a float32 scale per 128x128 block), read as stored.

@@ -2,13 +2,14 @@
 // (Qwen3-30B-A3B: hidden 2048, 128 experts of intermediate 768, top-8; 32 query heads and 4 KV
 // heads of 128). Run on the GPU machine by bench/gpu.sh; one JSON line per measurement.
 //
-// - moe_layer: routing with capture + fused experts for one MoE layer, bf16 expert weights,
+// - moe_layer: routing with capture + fused experts for one MoE layer, bf16 or FP8 expert weights,
 //   at batch 1, 8 and 64. Bytes: the distinct experts the batch routed to (measured from the
 //   routing) times one expert's weights; floor = bytes / 4.26 TB/s (the H200's measured copy
 //   bandwidth, the yardstick).
 // - attention: paged GQA decode over a 1024-token context per sequence, float32 cache, at batch
 //   1, 8 and 64. Bytes: every sequence's keys and values for one layer.
-// - linear: the step's dense projections (q, k and v fused as the decoder runs them, and apart; ops::linear: weight-streaming rows for a few rows,
+// - linear: the step's dense projections (q, k and v fused as the decoder runs them, and apart;
+//   q/k/v and o also as FP8 with 128x128 block scales; ops::linear: weight-streaming rows for a few rows,
 //   cuBLASLt on split bfloat16 for more), bf16 weights (the router's float32), at batch 1, 8, 64
 //   and 256. Bytes: the weights plus the float32 activations in and out.
 // Each measurement: 5 warm-up calls, then the mean of 50 timed with CUDA events.
@@ -47,15 +48,46 @@ Tensor random_host(DType dtype, Shape shape, uint32_t seed, float scale) {
   return t;
 }
 
+// Random e4m3 bytes (no NaN codes) of `shape`, for FP8 weights; their scales are separate.
+Tensor random_fp8_host(Shape shape, uint32_t seed) {
+  Tensor t = Tensor::empty(DType::F8_E4M3, std::move(shape));
+  std::mt19937 rng(seed);
+  auto* bytes = static_cast<uint8_t*>(t.raw_data());
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    auto code = static_cast<uint8_t>(rng());
+    bytes[i] = (code & 0x7F) == 0x7F ? static_cast<uint8_t>(code ^ 1) : code;
+  }
+  return t;
+}
+
+// Float32 scales of 128x128 blocks for matrices of [..., rows, cols], all `scale`.
+Tensor fp8_scales_host(Shape shape, float scale) {
+  shape[shape.size() - 1] = (shape.back() + 127) / 128;
+  shape[shape.size() - 2] = (shape[shape.size() - 2] + 127) / 128;
+  Tensor t = Tensor::empty(DType::F32, std::move(shape));
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = scale;
+  return t;
+}
+
 using bench::mean_ms;
 
-void moe_layer(backend::Context& gpu) {
+void moe_layer(backend::Context& gpu, bool fp8) {
   const int64_t h = 2048, inter = 768, experts = 128, k = 8;
   moe::DeviceExperts dev;
-  dev.gate = backend::to_device(gpu, random_host(DType::BF16, {experts, inter, h}, 1, 0.02f));
-  dev.up = backend::to_device(gpu, random_host(DType::BF16, {experts, inter, h}, 2, 0.02f));
-  dev.down = backend::to_device(gpu, random_host(DType::BF16, {experts, h, inter}, 3, 0.02f));
-  const double expert_bytes = 3.0 * static_cast<double>(inter * h) * 2;
+  if (fp8) {
+    dev.gate = backend::to_device(gpu, random_fp8_host({experts, inter, h}, 1));
+    dev.up = backend::to_device(gpu, random_fp8_host({experts, inter, h}, 2));
+    dev.down = backend::to_device(gpu, random_fp8_host({experts, h, inter}, 3));
+    dev.gate_scales = backend::to_device(gpu, fp8_scales_host({experts, inter, h}, 1e-4f));
+    dev.up_scales = backend::to_device(gpu, fp8_scales_host({experts, inter, h}, 1e-4f));
+    dev.down_scales = backend::to_device(gpu, fp8_scales_host({experts, h, inter}, 1e-4f));
+    dev.block_rows = dev.block_cols = 128;
+  } else {
+    dev.gate = backend::to_device(gpu, random_host(DType::BF16, {experts, inter, h}, 1, 0.02f));
+    dev.up = backend::to_device(gpu, random_host(DType::BF16, {experts, inter, h}, 2, 0.02f));
+    dev.down = backend::to_device(gpu, random_host(DType::BF16, {experts, h, inter}, 3, 0.02f));
+  }
+  const double expert_bytes = 3.0 * static_cast<double>(inter * h) * (fp8 ? 1 : 2);
   moe::DeviceCaptureBuffer capture(gpu, 256, 1, k);
   const moe::DeviceRoutingRule rule{moe::DeviceRoutingRule::Kind::kSoftmaxTopK, static_cast<int32_t>(k), true};
   for (const int64_t batch : {1, 8, 64, 256}) {
@@ -79,9 +111,9 @@ void moe_layer(backend::Context& gpu) {
     const std::set<int32_t> distinct(host_ids.data<int32_t>(), host_ids.data<int32_t>() + batch * k);
     const double bytes = static_cast<double>(distinct.size()) * expert_bytes;
     const double floor_ms = bytes / kCopyBandwidth * 1e3;
-    std::printf("{\"bench\":\"moe_layer\",\"batch\":%lld,\"distinct_experts\":%zu,\"MB\":%.1f,\"ms\":%.4f,"
-                "\"routing_with_capture_ms\":%.4f,\"floor_ms\":%.4f,\"of_floor\":%.3f}\n",
-                static_cast<long long>(batch), distinct.size(), bytes / 1e6, ms, route_ms, floor_ms, floor_ms / ms);
+    std::printf("{\"bench\":\"moe_layer\",\"weights\":\"%s\",\"batch\":%lld,\"distinct_experts\":%zu,\"MB\":%.1f,"
+                "\"ms\":%.4f,\"routing_with_capture_ms\":%.4f,\"floor_ms\":%.4f,\"of_floor\":%.3f}\n",
+                fp8 ? "fp8" : "bf16", static_cast<long long>(batch), distinct.size(), bytes / 1e6, ms, route_ms, floor_ms, floor_ms / ms);
   }
 }
 
@@ -120,8 +152,17 @@ void linear(backend::Context& gpu) {
   for (const Shape2 w : {Shape2{"qkv_proj", 5120, 2048, DType::BF16}, Shape2{"q_proj", 4096, 2048, DType::BF16},
                          Shape2{"k_proj", 512, 2048, DType::BF16},
                          Shape2{"o_proj", 2048, 4096, DType::BF16}, Shape2{"router", 128, 2048, DType::F32},
-                         Shape2{"lm_head", 151936, 2048, DType::BF16}}) {
-    const Tensor weight = backend::to_device(gpu, random_host(w.dtype, {w.n, w.k}, 9, 0.02f));
+                         Shape2{"lm_head", 151936, 2048, DType::BF16}, Shape2{"qkv_proj_fp8", 5120, 2048, DType::F8_E4M3},
+                         Shape2{"o_proj_fp8", 2048, 4096, DType::F8_E4M3}}) {
+    Tensor weight;
+    if (w.dtype == DType::F8_E4M3) {
+      BlockScales scales;
+      scales.scales = fp8_scales_host({w.n, w.k}, 1e-4f);
+      scales.block_rows = scales.block_cols = 128;
+      weight = backend::to_device(gpu, random_fp8_host({w.n, w.k}, 9).with_block_scales(std::move(scales)));
+    } else {
+      weight = backend::to_device(gpu, random_host(w.dtype, {w.n, w.k}, 9, 0.02f));
+    }
     for (const int64_t batch : {1, 8, 64, 256}) {
       const Tensor x = backend::to_device(gpu, random_host(DType::F32, {batch, w.k}, 10, 1.0f));
       Tensor y = backend::device_empty(gpu, DType::F32, {batch, w.n});
@@ -141,7 +182,8 @@ void linear(backend::Context& gpu) {
 int main() {
   try {
     auto gpu = r3::backend::Context::cuda(0);
-    r3::moe_layer(*gpu);
+    r3::moe_layer(*gpu, false);
+    r3::moe_layer(*gpu, true);
     r3::attention(*gpu);
     r3::linear(*gpu);
   } catch (const std::exception& e) {

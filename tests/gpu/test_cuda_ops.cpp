@@ -230,8 +230,18 @@ TEST_F(CudaOps, QuantizedLinearMatchesTheCpu) {
   for (const MxCase c : {MxCase{1, 2880, 64}, MxCase{4, 2880, 96}, MxCase{40, 2880, 64}, MxCase{3, 72, 7}}) {
     const Tensor x = gpu_random({c.m, c.k}, 19);
     const Tensor w = gpu_random_mxfp4(c.n, c.k, 20);
+    // The CPU reads MXFP4 in its experts only: the expected products from the CPU's decode of
+    // each row (row_to_f32), summed in double.
     Tensor want = Tensor::empty(DType::F32, {c.m, c.n});
-    ops::linear(cpu_, x, w, nullptr, want);
+    std::vector<float> row(static_cast<std::size_t>(c.k));
+    for (int64_t j = 0; j < c.n; ++j) {
+      row_to_f32(w, j, row.data());
+      for (int64_t i = 0; i < c.m; ++i) {
+        double sum = 0;
+        for (int64_t t = 0; t < c.k; ++t) sum += static_cast<double>(x.data<float>()[i * c.k + t]) * row[t];
+        want.data<float>()[i * c.n + j] = static_cast<float>(sum);
+      }
+    }
     const Tensor wd = backend::to_device(*gpu_, w);
     ASSERT_EQ(wd.dtype(), DType::F4_E2M1X2);
     Tensor y = backend::device_empty(*gpu_, DType::F32, {c.m, c.n});

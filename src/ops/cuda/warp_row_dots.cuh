@@ -21,11 +21,6 @@ __device__ inline void load8(const float* p, float* out) {
   out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
 }
 
-// Groups of eight weights a lane has in flight at once: a warp's loads are issued together and
-// awaited once, rather than one round trip to memory per group (a decode step is a chain of such
-// round trips otherwise).
-constexpr int kGroupsInFlight = 4;
-
 // The dot products of kRows weight rows w[r][0, n) with the rows x[j][0, n), j < count, into this
 // lane's partial sums acc[r][j]: element by element, or eight at a time with wide loads (kVec8:
 // n a multiple of 8, the rows aligned for the loads, FP8 blocks a multiple of 8 wide; see
@@ -37,17 +32,17 @@ __device__ inline void row_dots(const Row (&w)[kRows], const float* const (&x)[k
                                 int lane, float (&acc)[kRows][kMax]) {
   if constexpr (kVec8) {
     constexpr int64_t kStride = kWarp * 8;
-    for (int64_t base = static_cast<int64_t>(lane) * 8; base < n; base += kStride * kGroupsInFlight) {
-      Raw8<Row> raw[kRows][kGroupsInFlight];
+    for (int64_t base = static_cast<int64_t>(lane) * 8; base < n; base += kStride * kGroupsInFlight<Row>) {
+      Raw8<Row> raw[kRows][kGroupsInFlight<Row>];
 #pragma unroll
-      for (int u = 0; u < kGroupsInFlight; ++u) {
+      for (int u = 0; u < kGroupsInFlight<Row>; ++u) {
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
           if (base + u * kStride < n) load_raw8(w[r], base + u * kStride, raw[r][u]);
         }
       }
 #pragma unroll
-      for (int u = 0; u < kGroupsInFlight; ++u) {
+      for (int u = 0; u < kGroupsInFlight<Row>; ++u) {
         const int64_t c = base + u * kStride;
         if (c >= n) break;
         float wv[kRows][8];

@@ -77,8 +77,13 @@ template <typename T>
 __device__ inline float load(const PlainRow<T>& row, int64_t c) {
   return load(row.values, c);
 }
+// The scale of value c of an FP8 row, by a 32-bit division (a row is far shorter than 2^32; the
+// 64-bit one is a long software routine).
+__device__ inline float fp8_scale(const Fp8Row& row, int64_t c) {
+  return row.scales[static_cast<uint32_t>(c) / static_cast<uint32_t>(row.block_cols)];
+}
 __device__ inline float load(const Fp8Row& row, int64_t c) {
-  return __fmul_rn(e4m3_to_float(row.values[c]), row.scales[c / row.block_cols]);
+  return __fmul_rn(e4m3_to_float(row.values[c]), fp8_scale(row, c));
 }
 __device__ inline float load(const Mxfp4Row& row, int64_t c) {
   const uint32_t nibble = (row.packed[c >> 1] >> ((c & 1) * 4)) & 0xFu;
@@ -128,6 +133,17 @@ struct Raw8<Mxfp4Row> {
   uint32_t v;
 };
 
+// Groups of eight weights a lane has in flight at once (warp_row_dots.cuh): a warp's loads are
+// issued together and awaited once, rather than one round trip to memory per group (a decode step
+// is a chain of such round trips otherwise). About 64 bytes of weights whatever their width (float32 keeps 4 groups, 128 bytes, as it always had), so that narrower weights
+// keep as many bytes on their way from memory.
+template <typename Row>
+constexpr int kGroupsInFlight = 4;
+template <>
+constexpr int kGroupsInFlight<Fp8Row> = 8;
+template <>
+constexpr int kGroupsInFlight<Mxfp4Row> = 16;
+
 // Values [c, c + 8) of the row; c is a multiple of 8 and the row's start is aligned for the load
 // (callers check: the kVec8 condition of each kernel).
 __device__ inline void load_raw8(const PlainRow<float>& row, int64_t c, Raw8<PlainRow<float>>& r) {
@@ -158,7 +174,7 @@ __device__ inline void widen8(const PlainRow<__nv_bfloat16>&, int64_t, const Raw
 }
 // The eight values share one scale: block_cols is a multiple of 8 wherever kVec8 is chosen.
 __device__ inline void widen8(const Fp8Row& row, int64_t c, const Raw8<Fp8Row>& r, float* out) {
-  const float scale = row.scales[c / row.block_cols];
+  const float scale = fp8_scale(row, c);
   const uint32_t words[2] = {r.v.x, r.v.y};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
