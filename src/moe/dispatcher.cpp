@@ -28,23 +28,30 @@ Dispatch LocalDispatcher::dispatch(backend::Context& ctx, const Tensor& hidden, 
     std::memcpy(r + row_of_pair[static_cast<std::size_t>(s)] * h, x + (s / routing.top_k) * h,
                 sizeof(float) * static_cast<std::size_t>(h));
   }
-  return {start, row_of_pair, rows};
+  return {start, row_of_pair, rows, {}, {}};
+}
+
+void combine_in_choice_order(const PhysicalRouting& routing, const float* pair_rows,
+                             std::span<const int64_t> row_of_pair, Tensor& out) {
+  const int64_t h = out.dim(1), pairs = routing.tokens * routing.top_k;
+  R3_CHECK(out.dim(0) == routing.tokens && (row_of_pair.empty() || static_cast<int64_t>(row_of_pair.size()) == pairs),
+           "combine: shapes do not match the routing");
+  float* o = out.data<float>();
+  std::fill(o, o + routing.tokens * h, 0.0f);
+  for (int64_t s = 0; s < pairs; ++s) {
+    const float w = routing.weights[static_cast<std::size_t>(s)];
+    const int64_t r = row_of_pair.empty() ? s : row_of_pair[static_cast<std::size_t>(s)];
+    const float* row = pair_rows + r * h;
+    float* ot = o + (s / routing.top_k) * h;
+    for (int64_t d = 0; d < h; ++d) ot[d] += w * row[d];
+  }
 }
 
 void LocalDispatcher::combine(backend::Context&, const Dispatch& dispatch, const Tensor& expert_out,
                               const PhysicalRouting& routing, Tensor& out) const {
-  const int64_t h = out.dim(1), pairs = routing.tokens * routing.top_k;
-  R3_CHECK(out.dim(0) == routing.tokens && expert_out.dim(0) == pairs && expert_out.dim(1) == h,
+  R3_CHECK(expert_out.dim(0) == routing.tokens * routing.top_k && expert_out.dim(1) == out.dim(1),
            "combine: shapes do not match the routing");
-  float* o = out.data<float>();
-  const float* rows = expert_out.data<float>();
-  std::fill(o, o + routing.tokens * h, 0.0f);
-  for (int64_t s = 0; s < pairs; ++s) {
-    const float w = routing.weights[static_cast<std::size_t>(s)];
-    const float* row = rows + dispatch.row_of_pair[static_cast<std::size_t>(s)] * h;
-    float* ot = o + (s / routing.top_k) * h;
-    for (int64_t d = 0; d < h; ++d) ot[d] += w * row[d];
-  }
+  combine_in_choice_order(routing, expert_out.data<float>(), dispatch.row_of_pair, out);
 }
 
 const Dispatcher& local_dispatcher() {

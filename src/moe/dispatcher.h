@@ -20,10 +20,14 @@
 namespace r3::moe {
 
 // One step's pairs (token, choice) grouped by physical expert. Lives in the step workspace.
+// Locally every pair of the step is here; under expert parallelism (moe/ep) the rows are the pairs
+// any rank sent to this rank's experts, and source_rank / source_pair say where each came from.
 struct Dispatch {
   std::span<const int64_t> group_start;  // [num_physical + 1]: expert e's rows are [start[e], start[e + 1])
-  std::span<const int64_t> row_of_pair;  // [tokens * top_k]: where pair t * top_k + k was put
-  Tensor rows;                           // F32 [tokens * top_k, hidden]: the pairs' hidden rows, grouped
+  std::span<const int64_t> row_of_pair;  // [tokens * top_k]: where pair t * top_k + k was put (local only)
+  Tensor rows;                           // F32 [rows, hidden]: the pairs' hidden rows, grouped
+  std::span<const int32_t> source_rank;  // [rows] (expert parallelism only)
+  std::span<const int64_t> source_pair;  // [rows]: the pair's index t * top_k + k on its rank
 
   int64_t group_rows(int32_t e) const { return group_start[static_cast<std::size_t>(e) + 1] - group_start[static_cast<std::size_t>(e)]; }
 };
@@ -50,5 +54,11 @@ class LocalDispatcher final : public Dispatcher {
 
 // The dispatcher of a single-device engine.
 const Dispatcher& local_dispatcher();
+
+// out [tokens, hidden] = for each token, the sum over its choices k, in order, of weight[t, k] *
+// pair_rows[row_of_pair[t * K + k]] (row_of_pair empty: row t * K + k). The one combine every
+// dispatcher ends with, so that a token's output has the same bits however its pairs travelled.
+void combine_in_choice_order(const PhysicalRouting& routing, const float* pair_rows,
+                             std::span<const int64_t> row_of_pair, Tensor& out);
 
 }  // namespace r3::moe

@@ -1,0 +1,43 @@
+// Dispatch and combine across the ranks of an expert-parallel group (moe/dispatcher.h over
+// moe/ep/transport.h). Each physical expert lives on one rank (owner_of[physical]); a rank routes
+// its own tokens (the capture of their logical ids has already happened, on this rank, before the
+// EPLB map). dispatch sends every (token, choice) pair's hidden row to its expert's rank, which
+// groups what it receives by expert (in source-rank order, then each rank's pair order); the
+// experts kernels run there over those groups only; combine sends each output row back to the
+// rank its token came from, which sums a token's k outputs in choice order with the same
+// arithmetic as on one rank (combine_in_choice_order). An expert's output for a pair does not
+// depend on the other pairs it shares a group with, so every token's output has the bits it has
+// on one rank, whatever the group's size.
+//
+// Both calls are collectives: every rank of the group calls dispatch and then combine for each
+// MoE layer of each step, in the same order, a rank without tokens included.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "moe/dispatcher.h"
+#include "moe/ep/transport.h"
+
+namespace r3::moe::ep {
+
+class ExpertParallelDispatcher final : public Dispatcher {
+ public:
+  // owner_of: [num_physical] ranks in [0, transport.size()).
+  ExpertParallelDispatcher(Transport& transport, std::vector<int32_t> owner_of);
+
+  Dispatch dispatch(backend::Context& ctx, const Tensor& hidden, const PhysicalRouting& routing,
+                    int64_t num_physical) const override;
+  void combine(backend::Context& ctx, const Dispatch& dispatch, const Tensor& expert_out,
+               const PhysicalRouting& routing, Tensor& out) const override;
+
+ private:
+  Transport& transport_;
+  std::vector<int32_t> owner_of_;
+};
+
+// The physical experts in contiguous slices over `ranks` ranks, as evenly as they divide: expert
+// p on rank p * ranks / num_physical.
+std::vector<int32_t> contiguous_owners(int64_t num_physical, int ranks);
+
+}  // namespace r3::moe::ep
