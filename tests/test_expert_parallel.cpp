@@ -112,7 +112,9 @@ TEST(ExpertParallel, EveryRanksOutputEqualsOneRanksBitForBit) {
           const auto i = static_cast<std::size_t>(r);
           EXPECT_EQ(errors[i], "") << "rank " << r;
           ASSERT_EQ(got[i].size(), want[i].size()) << "rank " << r;
-          EXPECT_EQ(std::memcmp(got[i].data(), want[i].data(), sizeof(float) * want[i].size()), 0) << "rank " << r;
+          // (A rank without tokens has empty outputs, whose data() may be null: no memcmp then.)
+          EXPECT_TRUE(want[i].empty() || std::memcmp(got[i].data(), want[i].data(), sizeof(float) * want[i].size()) == 0)
+              << "rank " << r;
         }
       }
     }
