@@ -1,5 +1,6 @@
 #include "moe/ep/expert_parallel_dispatcher.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/check.h"
