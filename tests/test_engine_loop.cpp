@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include "engine/engine.h"
@@ -96,6 +99,30 @@ TEST(EngineLoop, RefusalsReachTheSubmitterAndAbortsEndRequests) {
   EXPECT_EQ(r.finish, FinishReason::kAbort);
   EXPECT_EQ(r.abort_message, "client went away");
   EXPECT_LT(r.tokens.size(), 200u);
+}
+
+// The statistics a request's last output is delivered with already count its end: an HTTP
+// handler answers on that output, and the client's next /metrics must not show the request
+// still running or its KV blocks still held (the server's metrics test saw both, rarely).
+TEST(EngineLoop, StatsReadOnARequestsEndAlreadyCountIt) {
+  auto model = models::load_model(family_dir("qwen3_moe"));
+  backend::Context ctx(2);
+  engine::Engine served(*model, ctx, {});
+  server::EngineLoop loop(served);
+  std::optional<engine::EngineStats> at_end;
+  std::mutex mutex;
+  std::condition_variable ended;
+  loop.submit(greedy_request({4, 5}, 3), [&](const RequestOutput& out) {
+    if (!out.finished) return;
+    std::lock_guard lock(mutex);
+    at_end = loop.stats();
+    ended.notify_all();
+  });
+  std::unique_lock lock(mutex);
+  ended.wait(lock, [&] { return at_end.has_value(); });
+  EXPECT_EQ(at_end->running, 0);
+  EXPECT_EQ(at_end->waiting, 0);
+  EXPECT_EQ(at_end->kv_blocks_free, at_end->kv_blocks_total);
 }
 
 TEST(EngineLoop, ShuttingDownEndsRunningRequestsWithAnAbort) {

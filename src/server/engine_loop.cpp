@@ -50,6 +50,12 @@ engine::EngineStats EngineLoop::stats() const {
   return stats_;
 }
 
+void EngineLoop::publish_stats() {
+  const engine::EngineStats now = engine_.stats();
+  std::lock_guard lock(mutex_);
+  stats_ = now;
+}
+
 void EngineLoop::take_queued() {
   std::deque<Pending> pending;
   std::vector<std::pair<engine::RequestId, std::string>> aborts;
@@ -89,7 +95,9 @@ void EngineLoop::abort_all(const std::string& message) {
   for (const auto& [id, sink] : sinks_) engine_.abort(id, message);
   // The aborts come out of the next step.
   try {
-    deliver(engine_.step());
+    const std::vector<engine::RequestOutput> outputs = engine_.step();
+    publish_stats();
+    deliver(outputs);
   } catch (const std::exception& e) {
     spdlog::error("server: ending the running requests failed too: {}", e.what());
   }
@@ -118,13 +126,15 @@ void EngineLoop::run() {
     take_queued();
     if (!engine_.has_work()) continue;
     try {
-      deliver(engine_.step());
+      const std::vector<engine::RequestOutput> outputs = engine_.step();
+      // Published before the outputs are: whoever hears that a request ended (and answers a
+      // client, who may then read /metrics) sees statistics that already count that end.
+      publish_stats();
+      deliver(outputs);
     } catch (const std::exception& e) {
       spdlog::error("server: an engine step failed: {}", e.what());
       abort_all(std::string("the engine step failed: ") + e.what());
     }
-    std::lock_guard lock(mutex_);
-    stats_ = engine_.stats();
   }
   // Shutdown: refuse what is still queued, end what runs.
   std::deque<Pending> pending;

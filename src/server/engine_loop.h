@@ -55,6 +55,8 @@ class EngineLoop {
   void take_queued();
   // Engine thread: each output to its request's sink (dropped once it has the last).
   void deliver(const std::vector<engine::RequestOutput>& outputs);
+  // Copies the engine's statistics to where stats() reads them; called before outputs go out.
+  void publish_stats();
   // Engine thread: every running request ends with `message` (a failed step, or shutdown).
   void abort_all(const std::string& message);
 
