@@ -424,6 +424,27 @@ TEST(HttpServer, ConcurrentClientsAreBatchedTogether) {
   EXPECT_GT(s.stats().max_batch_sequences, 8);
 }
 
+// `r3 serve --ep 4`: the prompts of a request spread over four expert-parallel ranks, and each
+// comes back with the tokens and routed experts one rank gives it.
+TEST(HttpServer, ExpertParallelRanksAnswerAsOneRank) {
+  const std::string body = R"({"input_ids": [[3, 17, 42], [5, 6], [7, 8, 9, 10], [11], [12, 13]],
+      "return_routed_experts": true, "sampling_params": {"max_new_tokens": 6, "ignore_eos": true}})";
+  Served one;
+  auto c1 = one.client();
+  const json want = post(c1, "/generate", body, 200);
+  engine::EngineOptions options;
+  options.expert_parallel = 4;
+  Served four({}, options);
+  auto c4 = four.client();
+  const json got = post(c4, "/generate", body, 200);
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].at("output_ids"), want[i].at("output_ids")) << "prompt " << i;
+    EXPECT_EQ(got[i].at("meta_info").at("routed_experts"), want[i].at("meta_info").at("routed_experts")) << "prompt " << i;
+  }
+  EXPECT_GT(four.stats().expert_rows_exchanged, 0);
+}
+
 // A full waiting queue is a 503 (retry later), not an ever-growing queue; the prompts of the
 // request that were taken end with it.
 TEST(HttpServer, AFullQueueIs503) {

@@ -26,6 +26,11 @@ void EngineCliOptions::add_to(CLI::App& command) {
       ->capture_default_str()
       ->check(at_least<int64_t>(0));
   command.add_flag("--no-prefix-caching", no_prefix_caching, "Do not reuse KV blocks of earlier prompts");
+  command.add_option("--ep", engine.expert_parallel,
+                     "Expert-parallel ranks (CPU: threads of this process): each runs its share of the requests "
+                     "and a slice of the experts; the scheduler and KV options apply to each rank")
+      ->capture_default_str()
+      ->check(at_least<int>(1));
 }
 
 engine::EngineOptions EngineCliOptions::options() const {

@@ -1,5 +1,5 @@
 // Options of the serving engine that every command running it shares (generate, bench, serve):
-// batching, prefill chunks, KV blocks and prefix caching.
+// batching, prefill chunks, KV blocks, prefix caching and expert-parallel ranks.
 #pragma once
 
 #include <CLI/CLI.hpp>

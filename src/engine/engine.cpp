@@ -1,298 +1,193 @@
 #include "engine/engine.h"
 
 #include <algorithm>
-#include <cmath>
-
-#include <spdlog/spdlog.h>
+#include <chrono>
+#include <exception>
+#include <thread>
 
 #include "core/check.h"
-#include "core/checked.h"
-#include "engine/host_draw.h"
-#include "engine/logprobs.h"
-#include "engine/routed_experts.h"
+#include "moe/ep/expert_parallel_dispatcher.h"
+#include "moe/ep/in_process_transport.h"
 
 namespace r3::engine {
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+// More ranks than this is a typo, not a machine (the largest expert-parallel deployments run 64
+// to 320 GPUs, as separate processes).
+constexpr int kMaxExpertParallel = 64;
+
+// The model's MoE layers must have one physical expert count for the ranks to split them alike.
+int64_t physical_experts_per_layer(models::CausalLM& model, int ranks) {
+  const std::vector<moe::MoeBlock*> blocks = model.moe_blocks();
+  R3_CHECK(!blocks.empty(), "--ep ", ranks, ": the model has no MoE layers to spread over ranks");
+  const int64_t physical = blocks.front()->experts().num_physical();
+  for (const moe::MoeBlock* b : blocks) {
+    R3_CHECK(b->experts().num_physical() == physical, "--ep ", ranks, ": MoE layers with ", physical, " and ",
+             b->experts().num_physical(), " physical experts cannot be split alike over ranks");
+  }
+  R3_CHECK(physical >= ranks, "--ep ", ranks, ": each rank needs at least one of the ", physical,
+           " physical experts of a MoE layer");
+  return physical;
 }
 
 }  // namespace
 
-const char* finish_reason_name(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kLength: return "length";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kAbort: return "abort";
-    case FinishReason::kNone: break;
-  }
-  return "none";
+void EngineStats::add_rank(const EngineStats& r) {
+  steps += r.steps;
+  prompt_tokens_computed += r.prompt_tokens_computed;
+  decode_tokens += r.decode_tokens;
+  max_batch_sequences = std::max(max_batch_sequences, r.max_batch_sequences);
+  batch_sequences_sum += r.batch_sequences_sum;
+  prefix_blocks_looked_up += r.prefix_blocks_looked_up;
+  prefix_blocks_hit += r.prefix_blocks_hit;
+  preemptions += r.preemptions;
+  kv_blocks_total += r.kv_blocks_total;
+  kv_blocks_free += r.kv_blocks_free;
+  step_seconds += r.step_seconds;
+  routed_seconds += r.routed_seconds;
+  running += r.running;
+  waiting += r.waiting;
+  expert_rows_exchanged += r.expert_rows_exchanged;
 }
 
 Engine::Engine(models::CausalLM& model, backend::Context& ctx, EngineOptions options)
-    : model_(model), ctx_(ctx), options_(options) {
-  const models::ModelInfo& info = model.info();
-  options_.scheduler.validate();
-  R3_CHECK(options_.block_size >= 1 && options_.block_size <= 4096, "KV block size must be in [1, 4096], got ",
-           options_.block_size);
-  if (options_.max_model_len == 0) options_.max_model_len = info.max_position_embeddings;
-  R3_CHECK(options_.max_model_len > 0, "the model has no max_position_embeddings: give the engine a max model length");
-  R3_CHECK(info.max_position_embeddings <= 0 || options_.max_model_len <= info.max_position_embeddings,
-           "max model length ", options_.max_model_len, " exceeds the model's max_position_embeddings of ",
-           info.max_position_embeddings);
-  const int64_t per_seq = (options_.max_model_len + options_.block_size - 1) / options_.block_size;
-  if (options_.kv_blocks == 0) {
-    options_.kv_blocks = checked_mul(per_seq, options_.scheduler.max_running, "KV blocks");
+    : model_(model), options_(options) {
+  const int n = options_.expert_parallel;
+  R3_CHECK(n >= 1 && n <= kMaxExpertParallel, "--ep must be in [1, ", kMaxExpertParallel, "], got ", n);
+  if (n == 1) {
+    ranks_.push_back({nullptr, nullptr, std::make_unique<RankEngine>(model, ctx, options_)});
+    options_ = ranks_.front().engine->options();  // with the pool size it chose
+    return;
   }
-  R3_CHECK(options_.kv_blocks >= 1 && options_.kv_blocks <= INT32_MAX, "KV blocks must be in [1, 2^31), got ",
-           options_.kv_blocks);
-  per_row_ = static_cast<int64_t>(info.moe_layers.size()) * info.top_k;
-  cache_ = model.make_paged_cache(options_.scheduler.max_running, options_.max_model_len, options_.kv_blocks,
-                                  options_.block_size);
-  bool prefix = options_.prefix_caching;
-  if (prefix && !cache_->prefix_sharing_unsupported().empty()) {
-    prefix_off_reason_ = cache_->prefix_sharing_unsupported();
-    spdlog::info("prefix caching off for {}: {}", info.family, prefix_off_reason_);
-    prefix = false;
+  R3_CHECK(ctx.device() == Device::kCpu, "--ep ", n,
+           ": expert parallelism runs on the CPU only for now (across GPUs it needs NCCL, not built yet)");
+  const int64_t physical = physical_experts_per_layer(model, n);
+  if (model.eplb_options().active()) {
+    // The rebalancer balances each GPU's load; here the ranks are those GPUs.
+    moe::EplbOptions eplb = model.eplb_options();
+    if (eplb.topology.num_gpus == 1) eplb.topology.num_gpus = n;
+    R3_CHECK(eplb.topology.num_gpus == n, "--ep ", n, " with --eplb-gpus ", eplb.topology.num_gpus,
+             ": EPLB places the experts on the expert-parallel ranks, so the two must match");
+    std::vector<moe::PhysicalExperts*> layers;
+    std::vector<int64_t> widths;
+    for (moe::MoeBlock* b : model.moe_blocks()) {
+      layers.push_back(&b->experts());
+      widths.push_back(b->experts().num_physical());
+    }
+    eplb_.emplace(eplb, std::move(layers));
+    group_loads_.emplace(widths);
   }
-  options_.prefix_caching = prefix;
-  kv_ = std::make_unique<KvManager>(*cache_, options_.kv_blocks, options_.block_size, prefix, per_row_,
-                                    static_cast<int64_t>(info.moe_layers.size()));
-  scheduler_ = std::make_unique<Scheduler>(options_.scheduler, *kv_);
-  runner_ = std::make_unique<StepRunner>(model, ctx, *cache_, options_.scheduler.max_step_tokens);
+  group_ = std::make_unique<moe::ep::InProcessGroup>(n);
+  const std::vector<int32_t> owners = moe::ep::contiguous_owners(physical, n);
+  const int threads = std::max(1, ctx.threads().size() / n);
+  for (int r = 0; r < n; ++r) {
+    Rank& rank = ranks_.emplace_back();
+    rank.own_ctx = std::make_unique<backend::Context>(threads);
+    rank.dispatcher = std::make_unique<moe::ep::ExpertParallelDispatcher>(group_->rank(r), owners);
+    rank.engine = std::make_unique<RankEngine>(model, *rank.own_ctx, options_, rank.dispatcher.get());
+  }
+  options_ = ranks_.front().engine->options();
+  options_.expert_parallel = n;
 }
 
 Engine::~Engine() = default;
 
-void Engine::check_request(const RequestParams& p) const {
-  const models::ModelInfo& info = model_.info();
-  R3_CHECK(!p.prompt.empty(), "the prompt is empty");
-  for (const int32_t id : p.prompt) {
-    R3_CHECK(id >= 0 && id < info.vocab_size, "prompt token id ", id, " is outside the vocabulary [0, ",
-             info.vocab_size, ")");
-  }
-  p.sampling.validate();
-  const auto prompt_len = static_cast<int64_t>(p.prompt.size());
-  R3_CHECK(p.max_new_tokens >= 1, "max new tokens must be >= 1, got ", p.max_new_tokens);
-  R3_CHECK(p.max_new_tokens <= options_.max_model_len - prompt_len, "the prompt has ", prompt_len,
-           " tokens and max new tokens is ", p.max_new_tokens, ": more than the max model length of ",
-           options_.max_model_len, " positions");
-  R3_CHECK(kv_->blocks_for(prompt_len + p.max_new_tokens) <= options_.kv_blocks, "the request needs ",
-           kv_->blocks_for(prompt_len + p.max_new_tokens), " KV blocks, the pool has ", options_.kv_blocks);
-  R3_CHECK(p.n >= 1 && p.n <= options_.scheduler.max_waiting, "n must be in [1, ", options_.scheduler.max_waiting,
-           "], got ", p.n);
-  R3_CHECK(p.logprobs >= -1 && p.logprobs <= std::min<int64_t>(info.vocab_size, 1024),
-           "logprobs must be in [0, ", std::min<int64_t>(info.vocab_size, 1024), "], got ", p.logprobs);
-  R3_CHECK(p.routed_experts_start >= 0, "routed experts start must be >= 0, got ", p.routed_experts_start);
-  if (!p.forced_routing.empty()) {
-    R3_CHECK(per_row_ > 0 && static_cast<int64_t>(p.forced_routing.size()) % per_row_ == 0,
-             "the replayed routing has ", p.forced_routing.size(), " ids, not a multiple of ",
-             info.moe_layers.size(), " MoE layers x top-", info.top_k);
-    const auto rows = static_cast<int64_t>(p.forced_routing.size()) / per_row_;
-    R3_CHECK(rows >= prompt_len, "the replayed routing has ", rows, " rows, fewer than the ", prompt_len,
-             " prompt tokens");
-    for (const int32_t id : p.forced_routing) {
-      R3_CHECK(id >= 0 && id < info.num_experts, "the replayed routing has expert id ", id, " outside [0, ",
-               info.num_experts, ")");
-    }
-  }
-  R3_CHECK(scheduler_->can_queue(p.n), "the waiting queue is full (", scheduler_->waiting().size(), " of ",
-           options_.scheduler.max_waiting, " samples): retry later");
-}
-
 RequestId Engine::submit(RequestParams params) {
-  check_request(params);
-  const RequestId id = next_id_++;
-  Request& r = requests_[id];
-  r.params = std::make_shared<const RequestParams>(std::move(params));
-  for (int64_t i = 0; i < r.params->n; ++i) {
-    r.samples.push_back(std::make_unique<Sequence>(id, i, r.params, per_row_));
-    r.samples.back()->pending.index = i;
-    scheduler_->enqueue(r.samples.back().get());
-  }
-  return id;
+  // Data-parallel attention: the rank with the fewest unfinished requests takes it, among those
+  // with room in their waiting queue (if none has, that rank refuses it, saying so).
+  const auto fewer = [&](const Rank& a, const Rank& b) {
+    const bool room_a = a.engine->can_queue(params.n), room_b = b.engine->can_queue(params.n);
+    if (room_a != room_b) return room_a;
+    return a.engine->requests() < b.engine->requests();
+  };
+  const auto rank = std::min_element(ranks_.begin(), ranks_.end(), fewer);
+  rank->engine->submit(std::move(params), next_id_);
+  return next_id_++;
 }
 
 void Engine::abort(RequestId id, const std::string& message) {
-  auto it = requests_.find(id);
-  if (it != requests_.end()) it->second.abort_message = message.empty() ? "aborted" : message;
+  for (Rank& r : ranks_) r.engine->abort(id, message);  // only its rank knows it
 }
 
-void Engine::finish(Sequence& s, FinishReason reason, const std::string& message) {
-  s.finish = reason;
-  s.pending.finish = reason;
-  s.pending.abort_message = message;
-  s.pending.cached_prompt_tokens = s.cached_prompt_tokens;
-  const int64_t start = std::min(s.params->routed_experts_start, s.routed_rows());
-  if (s.params->return_routed_experts) {
-    s.pending.routed_experts.assign(s.rows.begin() + start * per_row_, s.rows.end());
-  }
-  if (s.params->return_routing_margins) {
-    const auto layers = static_cast<int64_t>(model_.info().moe_layers.size());
-    s.pending.routing_margins.assign(s.margins.begin() + start * layers, s.margins.end());
-  }
-  if (s.params->return_routed_experts || s.params->return_routing_margins) s.pending.routed_rows = s.routed_rows() - start;
-  scheduler_->remove(&s);
-}
-
-void Engine::sample(Sequence& s, const ops::DrawnToken& drawn) {
-  const models::ModelInfo& info = model_.info();
-  if (drawn.nonfinite_token >= 0) {
-    finish(s, FinishReason::kAbort,
-           detail::concat("the model produced a non-finite logit (", drawn.nonfinite_value, ") for token ",
-                          drawn.nonfinite_token, " at position ", s.computed - 1,
-                          ": the checkpoint holds NaN or infinite weights, or activations overflowed"));
-    return;
-  }
-  const int32_t token = drawn.token;
-  const RequestParams& p = *s.params;
-  if (p.logprobs >= 0) {
-    s.pending.logprobs.push_back(drawn.logprob);
-    if (p.logprobs > 0) s.pending.top_logprobs.push_back(drawn.top);
-  }
-  s.tokens.push_back(token);
-  s.pending.token_ids.push_back(token);
-  const bool stop = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end() ||
-                    (!p.ignore_eos &&
-                     std::find(info.eos_token_ids.begin(), info.eos_token_ids.end(), token) != info.eos_token_ids.end());
-  if (stop) {
-    s.pending.matched_stop = token;
-    finish(s, FinishReason::kStop);
-  } else if (s.outputs() >= p.max_new_tokens) {
-    finish(s, FinishReason::kLength);
-  } else if (!p.forced_routing.empty() &&
-             static_cast<int64_t>(s.tokens.size()) - 1 >= static_cast<int64_t>(p.forced_routing.size()) / per_row_) {
-    const int64_t next_row = static_cast<int64_t>(s.tokens.size()) - 1;
-    finish(s, FinishReason::kAbort,
-           detail::concat("generation went past the replayed routing: token ", next_row, " needs row ", next_row,
-                          ", the replay has ", p.forced_routing.size() / static_cast<std::size_t>(per_row_),
-                          " rows (the replayed run ended there, e.g. at EOS)"));
-  }
+bool Engine::has_work() const {
+  return std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.engine->has_work(); });
 }
 
 std::vector<RequestOutput> Engine::step() {
+  if (ranks_.size() == 1) return ranks_.front().engine->step();
+  if (!has_work()) return {};
   const auto start = std::chrono::steady_clock::now();
-  for (auto& [id, r] : requests_) {
-    if (r.abort_message.empty()) continue;
-    for (auto& s : r.samples) {
-      if (!s->finished()) finish(*s, FinishReason::kAbort, r.abort_message);
-    }
-  }
-  const std::vector<ScheduledChunk> chunks = scheduler_->schedule();
-  if (!chunks.empty()) {
-    const models::ModelInfo& info = model_.info();
-    std::vector<StepSequence> seqs;
-    std::vector<RoutedExperts> routed(chunks.size(), RoutedExperts(static_cast<int64_t>(info.moe_layers.size()),
-                                                                   info.top_k));
-    bool all_logits = false;
-    for (std::size_t i = 0; i < chunks.size(); ++i) {
-      Sequence& s = *chunks[i].sequence;
-      kv_->prepare(s);
-      const auto first = s.tokens.begin() + s.computed;
-      StepSequence step{s.slot, std::vector<int32_t>(first, first + chunks[i].tokens), &routed[i], {}};
-      if (!s.params->forced_routing.empty()) {
-        const auto from = s.params->forced_routing.begin() + s.computed * per_row_;
-        step.forced.assign(from, from + chunks[i].tokens * per_row_);
-      }
-      all_logits = all_logits || (s.params->prompt_logprobs && s.index == 0 && s.computed < s.prompt_len - 1);
-      seqs.push_back(std::move(step));
-    }
-    // The draw of each sequence this step ends the prompt or decode of (taken from its sampler
-    // now, whether the device or the host draws).
-    std::vector<ops::TokenDraw> draws(chunks.size());
-    for (std::size_t i = 0; i < chunks.size(); ++i) {
-      const Sequence& s = *chunks[i].sequence;
-      ops::TokenDraw& d = draws[i];
-      d.draws = s.computed + chunks[i].tokens == static_cast<int64_t>(s.tokens.size());
-      if (!d.draws) continue;
-      const SamplingParams& sp = s.sampler.params();
-      d.temperature = sp.temperature;
-      d.top_k = sp.top_k;
-      d.top_p = sp.top_p;
-      d.min_p = sp.min_p;
-      d.uniform = sp.temperature == 0.0 ? 0.0 : chunks[i].sequence->sampler.draw();
-      d.logprobs = s.params->logprobs;
-    }
-    std::vector<ops::DrawnToken> drawn;
-    Tensor logits;
-    if (all_logits) {
-      logits = runner_->run(std::move(seqs), 0, true);
-      drawn.resize(chunks.size());  // drawn below from each chunk's last row
-    } else {
-      drawn = runner_->run_drawn(std::move(seqs), draws);
-    }
-    const auto routed_start = std::chrono::steady_clock::now();
-    const int64_t vocab = info.vocab_size;
-    int64_t row = 0;  // first logits row of chunk i when all_logits
-    for (std::size_t i = 0; i < chunks.size(); ++i) {
-      Sequence& s = *chunks[i].sequence;
-      const int64_t first = s.computed, n = chunks[i].tokens;
-      kv_->computed(s, first, n, routed[i].flat().data(), routed[i].margins().data());
-      Request& r = requests_.at(s.request);
-      if (all_logits && s.params->prompt_logprobs && s.index == 0) {
-        std::vector<float> lp(static_cast<std::size_t>(vocab));
-        for (int64_t p = first; p < first + n && p + 1 < s.prompt_len; ++p) {
-          if (p != static_cast<int64_t>(r.prompt_logprobs.size())) continue;
-          log_softmax({logits.data<float>() + (row + p - first) * vocab, static_cast<std::size_t>(vocab)}, lp);
-          r.prompt_logprobs.push_back(lp[static_cast<std::size_t>(s.tokens[static_cast<std::size_t>(p + 1)])]);
-        }
-      }
-      if (all_logits && draws[i].draws) {
-        drawn[i] = draw_on_host({logits.data<float>() + (row + n - 1) * vocab, static_cast<std::size_t>(vocab)}, draws[i]);
-      }
-      const bool decode = n == 1 && s.outputs() > 0 && first == static_cast<int64_t>(s.tokens.size()) - 1;
-      (decode ? stats_.decode_tokens : stats_.prompt_tokens_computed) += n;
-      if (s.uncomputed() == 0) sample(s, drawn[i]);
-      row += n;
-    }
-    stats_.routed_seconds += seconds_since(routed_start);
-    ++stats_.steps;
-    stats_.batch_sequences_sum += static_cast<int64_t>(chunks.size());
-    stats_.max_batch_sequences = std::max(stats_.max_batch_sequences, static_cast<int64_t>(chunks.size()));
-  }
-  std::vector<RequestOutput> outputs = collect_outputs();
-  stats_.step_seconds += seconds_since(start);
+  std::vector<RequestOutput> outputs = step_ranks();
+  end_group_step();
+  ++group_steps_;
+  group_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return outputs;
 }
 
-std::vector<RequestOutput> Engine::collect_outputs() {
-  std::vector<RequestOutput> outputs;
-  for (auto it = requests_.begin(); it != requests_.end();) {
-    Request& r = it->second;
-    RequestOutput out;
-    out.id = it->first;
-    const bool prompt_done = static_cast<int64_t>(r.prompt_logprobs.size()) ==
-                             static_cast<int64_t>(r.params->prompt.size()) - 1;
-    if (r.params->prompt_logprobs && prompt_done && !r.prompt_logprobs_sent) {
-      out.prompt_logprobs = r.prompt_logprobs;
-      r.prompt_logprobs_sent = true;
+std::vector<RequestOutput> Engine::step_ranks() {
+  const std::size_t n = ranks_.size();
+  std::vector<std::vector<RequestOutput>> outputs(n);
+  std::vector<std::exception_ptr> errors(n);
+  std::vector<std::string> reasons(n);
+  const auto run = [&](std::size_t r) {
+    try {
+      outputs[r] = ranks_[r].engine->step();
+    } catch (const std::exception& e) {
+      errors[r] = std::current_exception();
+      reasons[r] = e.what();
+      group_->rank(static_cast<int>(r)).abort(e.what());  // the others stop waiting for this rank
     }
-    bool all_finished = true;
-    for (auto& s : r.samples) {
-      all_finished = all_finished && s->finished();
-      if (s->pending.token_ids.empty() && s->pending.finish == FinishReason::kNone) continue;
-      out.samples.push_back(std::move(s->pending));
-      s->pending = SampleOutput{};
-      s->pending.index = s->index;
-    }
-    out.finished = all_finished;
-    if (!out.samples.empty() || !out.prompt_logprobs.empty()) outputs.push_back(std::move(out));
-    it = all_finished ? requests_.erase(it) : std::next(it);
+  };
+  {
+    std::vector<std::jthread> others;
+    for (std::size_t r = 1; r < n; ++r) others.emplace_back(run, r);
+    run(0);
   }
-  return outputs;
+  // A failed step: the first rank's own error (the others then failed for it), the group ready
+  // for the next step (whose aborts end the requests).
+  const std::string group_failed = "expert-parallel group failed";
+  std::exception_ptr first;
+  for (std::size_t r = 0; r < n; ++r) {
+    if (errors[r] && reasons[r].rfind(group_failed, 0) != 0) {
+      first = errors[r];
+      break;
+    }
+    if (errors[r] && !first) first = errors[r];
+  }
+  if (first) {
+    group_->reset();
+    std::rethrow_exception(first);
+  }
+  std::vector<RequestOutput> all;
+  for (auto& mine : outputs) std::move(mine.begin(), mine.end(), std::back_inserter(all));
+  return all;
+}
+
+void Engine::end_group_step() {
+  if (!eplb_) return;
+  group_loads_->clear();
+  for (const Rank& r : ranks_) {
+    const moe::ExpertLoads& loads = r.engine->step_loads();
+    for (int64_t j = 0; j < loads.num_layers(); ++j) {
+      const std::span<int64_t> sum = group_loads_->layer(j);
+      const std::span<const int64_t> mine = loads.layer(j);
+      for (std::size_t p = 0; p < sum.size(); ++p) sum[p] += mine[p];
+    }
+  }
+  eplb_->end_step(*group_loads_);  // may move the experts: no rank is running
 }
 
 EngineStats Engine::stats() const {
-  EngineStats s = stats_;
-  s.prefix_blocks_looked_up = kv_->pool().stats().lookups;
-  s.prefix_blocks_hit = kv_->pool().stats().hits;
-  s.preemptions = scheduler_->preemptions();
-  s.kv_blocks_total = kv_->pool().num_blocks();
-  s.kv_blocks_free = kv_->pool().num_free();
-  s.running = static_cast<int64_t>(scheduler_->running().size());
-  s.waiting = static_cast<int64_t>(scheduler_->waiting().size());
+  if (ranks_.size() == 1) return ranks_.front().engine->stats();
+  EngineStats s;
+  for (const Rank& r : ranks_) {
+    EngineStats rank = r.engine->stats();
+    rank.expert_rows_exchanged = r.dispatcher->rows_sent_elsewhere();
+    s.add_rank(rank);
+  }
+  s.steps = group_steps_;
+  s.step_seconds = group_seconds_;
   return s;
 }
 

@@ -3,53 +3,39 @@
 // forever, in a server), and read each request's outputs as they stream out of step(); abort()
 // ends a request at any time. The CLI and the HTTP server use only this API.
 //
-// The engine owns its requests, the scheduler, the model cache and its blocks (KvManager) and a
-// StepRunner with its own capture buffer: two engines over one model do not interfere, except
-// through EPLB, which moves the model's experts (see StepRunner).
+// The engine is one or more ranks (engine/rank_engine.h). With EngineOptions::expert_parallel = N
+// > 1 it runs N expert-parallel ranks as threads over an in-process transport (moe/ep): each rank
+// takes its share of the requests (the one with the fewest unfinished requests gets the next)
+// with its own scheduler and KV cache, captures its tokens' logical ids before they leave it, and
+// runs the routed experts of its slice of the physical experts for every rank's tokens. Every
+// rank steps together (a rank without sequences on a padding row), and EPLB plans from the loads
+// of all ranks, between steps. The outputs, tokens and routed experts are those of one rank.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
-#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "backend/context.h"
-#include "engine/kv_manager.h"
+#include "engine/engine_options.h"
+#include "engine/rank_engine.h"
 #include "engine/request.h"
-#include "engine/scheduler.h"
-#include "engine/step_runner.h"
 #include "models/causal_lm.h"
+#include "moe/eplb/eplb_controller.h"
+
+namespace r3::moe::ep {
+class InProcessGroup;
+class ExpertParallelDispatcher;
+}  // namespace r3::moe::ep
 
 namespace r3::engine {
 
-struct EngineOptions {
-  SchedulerOptions scheduler;
-  int64_t block_size = 16;
-  // KV blocks in the pool; 0: enough for max_running sequences of max_model_len positions.
-  int64_t kv_blocks = 0;
-  // Positions per sequence (prompt + outputs); 0: the model's max_position_embeddings.
-  int64_t max_model_len = 0;
-  bool prefix_caching = true;  // turned off (with a start-up message) where the cache cannot share
-};
-
-struct EngineStats {
-  int64_t steps = 0;
-  int64_t prompt_tokens_computed = 0;  // prefill and recompute tokens run
-  int64_t decode_tokens = 0;           // one-token steps of sequences that had sampled
-  int64_t max_batch_sequences = 0;
-  int64_t batch_sequences_sum = 0;     // / steps: mean sequences per step
-  int64_t prefix_blocks_looked_up = 0, prefix_blocks_hit = 0;
-  int64_t preemptions = 0;
-  int64_t kv_blocks_total = 0, kv_blocks_free = 0;
-  double step_seconds = 0;
-  double routed_seconds = 0;  // handling routed rows after the model step (the capture's host side)
-  int64_t running = 0, waiting = 0;
-};
-
 class Engine {
  public:
+  // ctx: where a single rank runs; expert-parallel ranks (CPU only for now) get a context each,
+  // splitting ctx's threads between them.
   Engine(models::CausalLM& model, backend::Context& ctx, EngineOptions options = {});
   ~Engine();
 
@@ -61,41 +47,34 @@ class Engine {
   void abort(RequestId id, const std::string& message = "aborted");
   // Runs one step (if anything can run) and returns what each request produced in it.
   std::vector<RequestOutput> step();
-  bool has_work() const { return !requests_.empty(); }
+  bool has_work() const;
 
   EngineStats stats() const;
   const EngineOptions& options() const { return options_; }
   // Why prefix caching is off for this model, or empty.
-  const std::string& prefix_caching_off_reason() const { return prefix_off_reason_; }
+  const std::string& prefix_caching_off_reason() const { return ranks_.front().engine->prefix_caching_off_reason(); }
   const models::CausalLM& model() const { return model_; }
 
  private:
-  struct Request {
-    std::shared_ptr<const RequestParams> params;
-    std::vector<std::unique_ptr<Sequence>> samples;
-    std::vector<float> prompt_logprobs;
-    bool prompt_logprobs_sent = false;
-    std::string abort_message;  // set by abort(): ends the samples at the next step
+  struct Rank {
+    std::unique_ptr<backend::Context> own_ctx;  // expert parallelism: the rank's threads and workspace
+    std::unique_ptr<moe::ep::ExpertParallelDispatcher> dispatcher;
+    std::unique_ptr<RankEngine> engine;
   };
-  void check_request(const RequestParams& params) const;
-  // Ends `s` with `reason`; its slot and blocks go back.
-  void finish(Sequence& s, FinishReason reason, const std::string& message = "");
-  // Takes the token drawn for `s` (or ends it on a non-finite logit), and ends it when a stop rule says so.
-  void sample(Sequence& s, const ops::DrawnToken& drawn);
-  std::vector<RequestOutput> collect_outputs();
+  // Every rank's step, rank 0 on this thread and the others on threads of their own.
+  std::vector<RequestOutput> step_ranks();
+  // Sums the ranks' loads of the step just run into the group's EPLB window.
+  void end_group_step();
 
   models::CausalLM& model_;
-  backend::Context& ctx_;
   EngineOptions options_;
-  std::string prefix_off_reason_;
-  int64_t per_row_;
-  std::unique_ptr<models::ModelCache> cache_;
-  std::unique_ptr<KvManager> kv_;
-  std::unique_ptr<Scheduler> scheduler_;
-  std::unique_ptr<StepRunner> runner_;
-  std::map<RequestId, Request> requests_;
+  std::unique_ptr<moe::ep::InProcessGroup> group_;
+  std::vector<Rank> ranks_;
+  std::optional<moe::EplbController> eplb_;  // the group's, under expert parallelism
+  std::optional<moe::ExpertLoads> group_loads_;
   RequestId next_id_ = 0;
-  EngineStats stats_;
+  int64_t group_steps_ = 0;
+  double group_seconds_ = 0;
 };
 
 }  // namespace r3::engine

@@ -9,10 +9,11 @@
 namespace r3::engine {
 
 StepRunner::StepRunner(models::CausalLM& model, backend::Context& ctx, models::ModelCache& cache,
-                       int64_t max_tokens, bool keep_weights)
+                       int64_t max_tokens, bool keep_weights, const moe::Dispatcher* dispatcher)
     : model_(model),
       ctx_(ctx),
       cache_(cache),
+      dispatcher_(dispatcher),
       capturer_(max_tokens, static_cast<int64_t>(model.info().moe_layers.size()), model.info().top_k,
                 model.info().num_experts, keep_weights),
       loads_([&] {
@@ -21,7 +22,7 @@ StepRunner::StepRunner(models::CausalLM& model, backend::Context& ctx, models::M
         return physical;
       }()) {
   moe::check_routing_capture(model.moe_blocks());  // start-up errors before any token runs
-  if (model.eplb_options().active()) {
+  if (model.eplb_options().active() && dispatcher == nullptr) {
     std::vector<moe::PhysicalExperts*> experts;
     for (moe::MoeBlock* block : model.moe_blocks()) experts.push_back(&block->experts());
     eplb_.emplace(model.eplb_options(), std::move(experts));
@@ -103,6 +104,10 @@ std::vector<ops::DrawnToken> StepRunner::run_drawn(std::vector<StepSequence> seq
   return drawn;
 }
 
+void StepRunner::run_idle() {
+  execute({}, {}, 1, false, [&](const models::ForwardBatch& batch) { host_logits(batch); });
+}
+
 Tensor StepRunner::host_logits(const models::ForwardBatch& batch) {
   // The logits land in a host buffer kept across steps (page-locked on a GPU: the step's copy of
   // [rows, vocab] float32 is then several times faster), replaced when a step needs more rows or
@@ -171,6 +176,7 @@ void StepRunner::execute(const std::vector<StepSequence>& sequences, const std::
   if (all_logits) batch.logit_rows.clear();
   batch.capture = &capturer_;
   batch.loads = &loads_;
+  batch.dispatcher = dispatcher_;
   loads_.clear();
   capturer_.begin_step(batch.size());
   forward(batch);

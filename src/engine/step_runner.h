@@ -32,8 +32,11 @@ struct StepSequence {
 class StepRunner {
  public:
   // max_tokens: the largest step (rows, padding included) the capture buffer is sized for.
+  // dispatcher: an expert-parallel rank's, which its MoE layers send their routed rows through;
+  // the group then runs EPLB over every rank's loads, so this runner has no EPLB control of its
+  // own. nullptr: a single rank.
   StepRunner(models::CausalLM& model, backend::Context& ctx, models::ModelCache& cache, int64_t max_tokens,
-             bool keep_weights = false);
+             bool keep_weights = false, const moe::Dispatcher* dispatcher = nullptr);
 
   // Runs the sequences that pass their checks; a refused one gets its `error` set and does not
   // stop the others. Returns logits F32 [sequences, vocab] of each sequence's last token (rows of
@@ -46,6 +49,10 @@ class StepRunner {
   // otherwise, by the same rules (engine/host_draw.h).
   std::vector<ops::DrawnToken> run_drawn(std::vector<StepSequence> sequences, std::span<const ops::TokenDraw> draws);
 
+  // A step of one padding row and no sequence: an expert-parallel rank without work of its own
+  // takes part in the step's all-to-alls (and runs its experts for the other ranks' rows).
+  void run_idle();
+
   // Why `sequence` cannot run now (empty when it can): tokens outside the vocabulary, a sequence
   // out of range or used twice in the step, the cache capacity, a replayed routing of the
   // wrong size or with ids outside [0, num_experts) or repeated in a row.
@@ -54,6 +61,8 @@ class StepRunner {
   const moe::RoutingCapturer& capturer() const { return capturer_; }
   // EPLB control over the model's MoE layers (when its EPLB options ask for it), or nullptr.
   const moe::EplbController* eplb() const { return eplb_ ? &*eplb_ : nullptr; }
+  // The last step's tokens per physical expert (padding rows not counted).
+  const moe::ExpertLoads& loads() const { return loads_; }
 
  private:
   // Checks every sequence (setting its `error`), sequences used twice included; the accepted indices.
@@ -72,6 +81,7 @@ class StepRunner {
   models::CausalLM& model_;
   backend::Context& ctx_;
   models::ModelCache& cache_;
+  const moe::Dispatcher* dispatcher_;
   moe::RoutingCapturer capturer_;
   moe::ExpertLoads loads_;  // this step's tokens per physical expert
   Tensor logits_buffer_;    // the steps' logits, [most rows so far, vocab] on the host

@@ -88,7 +88,8 @@ void DecoderModel::forward_into(backend::Context& ctx, const ForwardBatch& batch
     if (layer.feed_forward->moe_block() != nullptr) {
       forced = batch.forced_for_layer(ctx.workspace(), moe_index++, moe_count, info_.top_k);
     }
-    layer.feed_forward->forward(ctx, {normed, batch.token_ids, forced, batch.replayed, batch.capture, batch.loads, padding}, branch);
+    layer.feed_forward->forward(ctx, {normed, batch.token_ids, forced, batch.replayed, batch.capture, batch.loads, padding,
+                                     batch.dispatcher}, branch);
     ops::add_rows(ctx, branch, nullptr, residual);
   }
   for (int64_t t = 0; t < tokens; ++t) {

@@ -9,6 +9,7 @@
 #include "backend/workspace.h"
 
 #include "moe/capture.h"
+#include "moe/dispatcher.h"
 #include "moe/expert_loads.h"
 
 namespace r3::models {
@@ -33,6 +34,9 @@ struct ForwardBatch {
   moe::CaptureBuffer* capture = nullptr;
   // The step's per-expert token counts (EPLB), filled by the MoE layers; nullptr: not counted.
   moe::ExpertLoads* loads = nullptr;
+  // Where the MoE layers' routed rows go to their experts: nullptr is this device; an
+  // expert-parallel rank's dispatcher sends them to the ranks that hold the experts.
+  const moe::Dispatcher* dispatcher = nullptr;
 
   int64_t size() const { return static_cast<int64_t>(token_ids.size()); }
   // [tokens]: 1 for padding rows (in `workspace`).

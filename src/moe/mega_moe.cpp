@@ -5,10 +5,10 @@
 namespace r3::moe {
 
 void MegaExperts::forward(backend::Context& ctx, const Tensor& hidden, Routing routing, CaptureBuffer* buffer,
-                          LoadCount load, Tensor& out) const {
+                          LoadCount load, const Dispatcher& dispatcher, Tensor& out) const {
   const CapturedRouting captured = capture(std::move(routing), layer_id_, buffer);
   const PhysicalRouting physical = experts_.map(ctx.workspace(), captured, load);
-  fused_experts(ctx, hidden, physical, experts_, out);
+  fused_experts(ctx, hidden, physical, experts_, out, dispatcher);
 }
 
 MegaMoe::MegaMoe(std::unique_ptr<Router> gate, std::shared_ptr<PhysicalExperts> experts)
@@ -20,7 +20,8 @@ MegaMoe::MegaMoe(std::unique_ptr<Router> gate, std::shared_ptr<PhysicalExperts> 
 
 void MegaMoe::forward(backend::Context& ctx, const MoeInput& input, Tensor& out) const {
   backend::Workspace::Scope scope(ctx.workspace());
-  mega_.forward(ctx, input.experts_rows(), gate_->compute(ctx, input), input.capture, input.load_count(layer_id()), out);
+  mega_.forward(ctx, input.experts_rows(), gate_->compute(ctx, input), input.capture, input.load_count(layer_id()),
+                input.experts_dispatcher(), out);
 }
 
 }  // namespace r3::moe

@@ -12,9 +12,10 @@ class MegaExperts final : public CaptureSource {
   MegaExperts(int64_t layer_id, const PhysicalExperts& experts) : layer_id_(layer_id), experts_(experts) {}
 
   int64_t layer_id() const override { return layer_id_; }
-  // routing: the logical top-k ids and weights the model computed; capture: the step's buffer.
+  // routing: the logical top-k ids and weights the model computed; capture: the step's buffer;
+  // dispatcher: where the pairs' rows go (this device, or an expert-parallel rank's all-to-all).
   void forward(backend::Context& ctx, const Tensor& hidden, Routing routing, CaptureBuffer* capture, LoadCount load,
-               Tensor& out) const;
+               const Dispatcher& dispatcher, Tensor& out) const;
 
  private:
   int64_t layer_id_;

@@ -15,7 +15,7 @@ void ModularMoe::forward(backend::Context& ctx, const MoeInput& input, Tensor& o
   backend::Workspace::Scope scope(ctx.workspace());
   const CapturedRouting routing = router_->route(ctx, input);  // captures
   const PhysicalRouting physical = experts().map(ctx.workspace(), routing, input.load_count(layer_id()));
-  grouped_experts(ctx, input.experts_rows(), physical, experts(), out);
+  grouped_experts(ctx, input.experts_rows(), physical, experts(), out, input.experts_dispatcher());
 }
 
 }  // namespace r3::moe

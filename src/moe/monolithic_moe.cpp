@@ -43,7 +43,7 @@ void MonolithicMoe::forward(backend::Context& ctx, const MoeInput& input, Tensor
   Discard discard;
   const CapturedRouting captured = capture(std::move(routing), layer_id(), can_capture_ ? input.capture : &discard);
   const PhysicalRouting physical = experts().map(ctx.workspace(), captured, input.load_count(layer_id()));
-  fused_experts(ctx, input.experts_rows(), physical, experts(), out);
+  fused_experts(ctx, input.experts_rows(), physical, experts(), out, input.experts_dispatcher());
 }
 
 }  // namespace r3::moe

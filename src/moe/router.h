@@ -11,6 +11,7 @@
 #include "core/tensor.h"
 #include "backend/context.h"
 #include "moe/capture.h"
+#include "moe/dispatcher.h"
 #include "moe/expert_loads.h"
 #include "moe/routing_rule.h"
 
@@ -26,12 +27,16 @@ struct MoeInput {
   CaptureBuffer* capture = nullptr;        // the step's capture buffer (moe/capture.h)
   ExpertLoads* loads = nullptr;            // the step's per-expert token counts, or nullptr
   std::span<const uint8_t> padding = {};   // [tokens]; 1 = padding row (not counted); empty: none
+  // Where the routed pairs' rows go to their experts and come back (moe/dispatcher.h): nullptr is
+  // this device; an expert-parallel rank's all-to-all otherwise (moe/ep).
+  const Dispatcher* dispatcher = nullptr;
   // What the routed experts multiply, when it is not `hidden` (Kimi K3's latent MoE routes on the
   // hidden state and runs its experts on a down-projection of it): F32 [tokens, expert width].
   // The experts' output then has the experts' width too.
   const Tensor* experts_input = nullptr;
 
   const Tensor& experts_rows() const { return experts_input != nullptr ? *experts_input : hidden; }
+  const Dispatcher& experts_dispatcher() const { return dispatcher != nullptr ? *dispatcher : local_dispatcher(); }
 
   // Where MoE layer `layer_id`'s EPLB map counts this step's tokens.
   LoadCount load_count(int64_t layer_id) const {

@@ -67,6 +67,7 @@ void Decoder::forward_drawn(backend::Context& ctx, const ForwardBatch& batch, Mo
 void Decoder::run_step(backend::Context& ctx, const ForwardBatch& batch, ModelCache& model_cache,
                        FunctionRef<void(const Tensor& logits)> finish) const {
   R3_CHECK(&ctx == &ctx_, "forward: a device model runs on the context it was placed with");
+  R3_CHECK(batch.dispatcher == nullptr, "forward: expert parallelism across GPUs is not built yet");
   const ModelInfo& info = p_.info;
   validate_batch(ctx.workspace(), batch, model_cache, info);
   auto* kv = dynamic_cast<KvCache*>(&model_cache);

@@ -99,7 +99,8 @@ void DeepseekV4Model::forward_into(backend::Context& ctx, const ForwardBatch& ba
     ops::hc_collapse(streams, mixes.pre.data(), collapsed);
     ops::rms_norm(ctx, collapsed, &layer.ffn_norm, static_cast<float>(spec_.rms_norm_eps), x);
     const std::span<const int32_t> forced = batch.forced_for_layer(ws, static_cast<int64_t>(l), moe_count, info_.top_k);
-    layer.moe->forward(ctx, {x, batch.token_ids, forced, batch.replayed, batch.capture, batch.loads, padding}, y);
+    layer.moe->forward(ctx, {x, batch.token_ids, forced, batch.replayed, batch.capture, batch.loads, padding,
+                                     batch.dispatcher}, y);
     layer.shared_expert->forward(ctx, x, shared);
     ops::add_rows(ctx, shared, nullptr, y);
     ops::hc_expand(ctx, mixes.post.data(), mixes.comb.data(), y, streams);

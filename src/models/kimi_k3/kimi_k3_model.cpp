@@ -85,7 +85,8 @@ void KimiK3Model::forward_into(backend::Context& ctx, const ForwardBatch& batch,
       forced = batch.forced_for_layer(ctx.workspace(), moe_index++, moe_count, info_.top_k);
     }
     layer.feed_forward->forward(
-        ctx, {normed, batch.token_ids, forced, batch.replayed, batch.capture, batch.loads, padding}, branch);
+        ctx, {normed, batch.token_ids, forced, batch.replayed, batch.capture, batch.loads, padding,
+                                     batch.dispatcher}, branch);
     ops::add_rows(ctx, branch, nullptr, h);
   }
   for (int64_t t = 0; t < tokens; ++t) {

@@ -105,6 +105,9 @@ Dispatch ExpertParallelDispatcher::dispatch(backend::Context& ctx, const Tensor&
     const auto d = static_cast<std::size_t>(owner_of_[static_cast<std::size_t>(p)]);
     out[d].put(filled[d]++, s, p, hidden.data<float>() + (s / routing.top_k) * h);
   }
+  for (int d = 0; d < ranks; ++d) {
+    if (d != me) rows_sent_elsewhere_ += count[static_cast<std::size_t>(d)];
+  }
   std::vector<Buffer> to_each;
   for (Writer& w : out) to_each.push_back(w.take());
   const std::vector<Buffer> received = transport_.all_to_all(std::move(to_each));

@@ -31,9 +31,13 @@ class ExpertParallelDispatcher final : public Dispatcher {
   void combine(backend::Context& ctx, const Dispatch& dispatch, const Tensor& expert_out,
                const PhysicalRouting& routing, Tensor& out) const override;
 
+  // (token, choice) rows dispatched to another rank's experts so far: the all-to-all's traffic.
+  int64_t rows_sent_elsewhere() const { return rows_sent_elsewhere_; }
+
  private:
   Transport& transport_;
   std::vector<int32_t> owner_of_;
+  mutable int64_t rows_sent_elsewhere_ = 0;  // one rank's thread dispatches through it
 };
 
 // The physical experts in contiguous slices over `ranks` ranks, as evenly as they divide: expert

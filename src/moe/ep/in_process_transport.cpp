@@ -60,6 +60,16 @@ void InProcessGroup::arrive_and_wait() {
   R3_CHECK(generation_ != generation, "expert-parallel group failed: ", failure_);
 }
 
+void InProcessGroup::reset() {
+  std::lock_guard lock(mutex_);
+  failure_.clear();
+  arrived_ = 0;
+  ++generation_;
+  for (auto& row : mailbox_) {
+    for (Buffer& b : row) b.clear();
+  }
+}
+
 void InProcessGroup::fail(const std::string& reason) {
   {
     std::lock_guard lock(mutex_);

@@ -25,6 +25,9 @@ class InProcessGroup {
   int size() const { return size_; }
   // Rank r's endpoint (0 <= r < size), owned by the group; each rank's thread uses its own.
   Transport& rank(int r);
+  // Clears a failure (abort) so that the ranks can exchange again; only while no rank is inside
+  // all_to_all (between steps).
+  void reset();
 
  private:
   class Endpoint;
