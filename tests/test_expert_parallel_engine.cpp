@@ -136,9 +136,11 @@ TEST(ExpertParallelEngine, RequestsGoToARankWithRoomInItsQueue) {
   e.submit(greedy_request({4, 5}, 3));
   EXPECT_NO_THROW(e.submit(greedy_request({6, 7}, 3)));
   EXPECT_EQ(e.stats().waiting, 4);
+  EXPECT_EQ(e.stats().max_batch_sequences, 0);
   EXPECT_EQ(error_of([&] { e.submit(greedy_request({8}, 3)); }),
             "the waiting queue is full (2 of 2 samples): retry later");
   EXPECT_EQ(engine_run_all(e).size(), 4u);  // every sample of the three requests
+  EXPECT_EQ(e.stats().max_batch_sequences, 4);  // the group's first step ran all four samples
 }
 
 TEST(ExpertParallelEngine, RankCountsTheModelCannotSplitAreRefused) {

@@ -37,7 +37,6 @@ void EngineStats::add_rank(const EngineStats& r) {
   steps += r.steps;
   prompt_tokens_computed += r.prompt_tokens_computed;
   decode_tokens += r.decode_tokens;
-  max_batch_sequences = std::max(max_batch_sequences, r.max_batch_sequences);
   batch_sequences_sum += r.batch_sequences_sum;
   prefix_blocks_looked_up += r.prefix_blocks_looked_up;
   prefix_blocks_hit += r.prefix_blocks_hit;
@@ -118,9 +117,16 @@ std::vector<RequestOutput> Engine::step() {
   if (ranks_.size() == 1) return ranks_.front().engine->step();
   if (!has_work()) return {};
   const auto start = std::chrono::steady_clock::now();
+  const auto sequences_run = [&] {
+    int64_t n = 0;
+    for (const Rank& r : ranks_) n += r.engine->stats().batch_sequences_sum;
+    return n;
+  };
+  const int64_t before = sequences_run();
   std::vector<RequestOutput> outputs = step_ranks();
   end_group_step();
   ++group_steps_;
+  group_max_sequences_ = std::max(group_max_sequences_, sequences_run() - before);
   group_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return outputs;
 }
@@ -188,6 +194,7 @@ EngineStats Engine::stats() const {
   }
   s.steps = group_steps_;
   s.step_seconds = group_seconds_;
+  s.max_batch_sequences = group_max_sequences_;
   return s;
 }
 

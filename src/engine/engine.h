@@ -74,6 +74,7 @@ class Engine {
   std::optional<moe::ExpertLoads> group_loads_;
   RequestId next_id_ = 0;
   int64_t group_steps_ = 0;
+  int64_t group_max_sequences_ = 0;  // most sequences of all ranks in one step
   double group_seconds_ = 0;
 };
 

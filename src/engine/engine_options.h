@@ -38,8 +38,8 @@ struct EngineStats {
   // Expert parallelism: (token, choice) rows a rank sent to another rank's experts.
   int64_t expert_rows_exchanged = 0;
 
-  // Adds another rank's counters: sums, and the larger max_batch_sequences. (The group's steps and
-  // step_seconds are its own: the engine counts and times its steps over all ranks.)
+  // Adds another rank's counters. (The group's steps, step_seconds and max_batch_sequences are its
+  // own: the engine counts, times and sizes its steps over all ranks.)
   void add_rank(const EngineStats& rank);
 };
 
