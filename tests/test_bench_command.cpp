@@ -71,6 +71,19 @@ TEST(BenchCommand, DeepSeekV4RunsWithoutPrefixCaching) {
   EXPECT_EQ(j.at("prompt_tokens_cached").get<int>(), 0) << j;
 }
 
+// --ep 2: the same requests over two ranks of at most 4 running sequences each, rows crossing
+// between them; one rank sends none.
+TEST(BenchCommand, ExpertParallelRanksServeEveryRequest) {
+  const auto j = bench_json("qwen3_moe", " --ep 2");
+  EXPECT_EQ(j.at("requests").get<int>(), 12) << j;
+  EXPECT_EQ(j.at("output_tokens").get<int>(), 12 * 8) << j;
+  EXPECT_EQ(j.at("prompt_tokens_computed").get<int>() + j.at("prompt_tokens_cached").get<int>(), 12 * 40) << j;
+  EXPECT_GT(j.at("max_sequences_per_step").get<int>(), 4) << j;
+  EXPECT_LE(j.at("max_sequences_per_step").get<int>(), 8) << j;
+  EXPECT_GT(j.at("expert_rows_exchanged").get<int64_t>(), 0) << j;
+  EXPECT_EQ(bench_json("qwen3_moe", "").at("expert_rows_exchanged").get<int64_t>(), 0);
+}
+
 TEST(BenchCommand, TextReport) {
   const CommandResult r = run_r3("bench --model " + family_dir("qwen3_moe") + kBenchSize + " --shared-prefix 0.5");
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -181,6 +181,7 @@ nlohmann::json to_json(const BenchResult& r) {
       {"routed_share", ratio(s.routed_seconds, s.step_seconds)},
       {"mean_ttft_seconds", r.mean_ttft_seconds},
       {"mean_latency_seconds", r.mean_latency_seconds},
+      {"expert_rows_exchanged", s.expert_rows_exchanged},
   };
 }
 
@@ -207,6 +208,10 @@ void print_report(const BenchResult& r) {
              100 * ratio(s.routed_seconds, s.step_seconds), s.routed_seconds, s.step_seconds);
   fmt::print("mean time to first token: {:.1f} ms\n", 1e3 * r.mean_ttft_seconds);
   fmt::print("mean request latency:     {:.1f} ms\n", 1e3 * r.mean_latency_seconds);
+  if (s.expert_rows_exchanged > 0) {
+    fmt::print("expert parallelism:       {} (token, choice) rows sent to another rank's experts\n",
+               s.expert_rows_exchanged);
+  }
 }
 
 int run_bench(const BenchCommandOptions& options) {

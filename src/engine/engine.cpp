@@ -44,7 +44,7 @@ void EngineStats::add_rank(const EngineStats& r) {
   kv_blocks_total += r.kv_blocks_total;
   kv_blocks_free += r.kv_blocks_free;
   step_seconds += r.step_seconds;
-  routed_seconds += r.routed_seconds;
+  routed_seconds = std::max(routed_seconds, r.routed_seconds);  // the ranks handle theirs at once
   running += r.running;
   waiting += r.waiting;
   expert_rows_exchanged += r.expert_rows_exchanged;

@@ -38,8 +38,9 @@ struct EngineStats {
   // Expert parallelism: (token, choice) rows a rank sent to another rank's experts.
   int64_t expert_rows_exchanged = 0;
 
-  // Adds another rank's counters. (The group's steps, step_seconds and max_batch_sequences are its
-  // own: the engine counts, times and sizes its steps over all ranks.)
+  // Adds another rank's counters (routed_seconds: the slowest rank's, the ranks run at once). The
+  // group's steps, step_seconds and max_batch_sequences are its own: the engine counts, times
+  // and sizes its steps over all ranks.
   void add_rank(const EngineStats& rank);
 };
 
