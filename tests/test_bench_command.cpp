@@ -82,6 +82,10 @@ TEST(BenchCommand, ExpertParallelRanksServeEveryRequest) {
   EXPECT_LE(j.at("max_sequences_per_step").get<int>(), 8) << j;
   EXPECT_GT(j.at("expert_rows_exchanged").get<int64_t>(), 0) << j;
   EXPECT_EQ(bench_json("qwen3_moe", "").at("expert_rows_exchanged").get<int64_t>(), 0);
+  const CommandResult synthetic = run_r3("bench --synthetic qwen3-30b-a3b --ep 2");
+  EXPECT_NE(synthetic.exit_code, 0);
+  EXPECT_NE(synthetic.err.find("--ep runs requests through the engine's ranks; --synthetic times whole model steps"),
+            std::string::npos) << synthetic.err;
 }
 
 TEST(BenchCommand, TextReport) {

@@ -215,6 +215,8 @@ void print_report(const BenchResult& r) {
 }
 
 int run_bench(const BenchCommandOptions& options) {
+  R3_CHECK(options.synthetic.empty() || options.engine.engine.expert_parallel == 1,
+           "--ep runs requests through the engine's ranks; --synthetic times whole model steps on one device");
   auto ctx = options.model.make_context();
   if (!options.synthetic.empty()) {
     return run_synthetic_bench(*ctx, options.synthetic, options.synthetic_weights, options.synthetic_batches,
@@ -242,10 +244,10 @@ int run_bench(const BenchCommandOptions& options) {
   R3_CHECK(blocks <= used.kv_blocks, "--prompt-len + --output-len of ", positions, " positions need ", blocks,
            " KV blocks of --block-size ", used.block_size, ", more than the ", used.kv_blocks, " of --kv-blocks");
   spdlog::info("bench: {} prompts of {} tokens ({} shared), {} output tokens each; max {} running, {} KV blocks "
-               "of {}, prefix caching {}, {} threads",
+               "of {}, prefix caching {}, {} threads, {} expert-parallel rank(s)",
                options.num_prompts, options.prompt_len, options.prefix_len(), options.output_len,
                used.scheduler.max_running, used.kv_blocks, used.block_size, used.prefix_caching ? "on" : "off",
-               ctx->threads().size());
+               ctx->threads().size(), used.expert_parallel);
 
   const BenchResult result = run_requests(eng, make_prompts(options, info.vocab_size), options.output_len);
   if (options.json) {
