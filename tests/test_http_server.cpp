@@ -443,6 +443,10 @@ TEST(HttpServer, ExpertParallelRanksAnswerAsOneRank) {
     EXPECT_EQ(got[i].at("meta_info").at("routed_experts"), want[i].at("meta_info").at("routed_experts")) << "prompt " << i;
   }
   EXPECT_GT(four.stats().expert_rows_exchanged, 0);
+  const auto res = c4.Get("/metrics");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(metric_value(res->body, "r3:expert_rows_exchanged_total"),
+            static_cast<double>(four.stats().expert_rows_exchanged));
 }
 
 // A full waiting queue is a 503 (retry later), not an ever-growing queue; the prompts of the

@@ -86,6 +86,8 @@ std::string ServerMetrics::render(const engine::EngineStats& stats, int64_t bloc
          stats.prefix_blocks_hit * block_size);
   metric("r3:routed_experts_bytes_total", "counter", "Bytes of routed expert ids returned (int32, before base64).",
          routed_bytes_);
+  metric("r3:expert_rows_exchanged_total", "counter",
+         "Expert parallelism: (token, choice) rows sent to another rank's experts.", stats.expert_rows_exchanged);
   out += "# HELP r3:time_to_first_token_seconds Time from submission to the first token.\n";
   out += "# TYPE r3:time_to_first_token_seconds histogram\n" + ttft_.render("r3:time_to_first_token_seconds");
   out += "# HELP r3:inter_token_latency_seconds Time between outputs of a request.\n";
