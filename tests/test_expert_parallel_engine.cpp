@@ -5,6 +5,7 @@
 // error, and the group serves again after.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -154,7 +155,8 @@ TEST(ExpertParallelEngine, RankCountsTheModelCannotSplitAreRefused) {
   EXPECT_EQ(error_of([&] { Engine e(*model, ctx, options); }), "--ep must be in [1, 64], got 0");
 }
 
-// The command line: `--ep 4` prints what `--ep 1` prints, prompt by prompt.
+// The command line: `--ep 4` prints what `--ep 1` prints, prompt by prompt, sampled with a seed
+// too; a rollout of one rank replayed over four ranks reproduces it.
 TEST(ExpertParallelEngine, GenerateWithRanksPrintsWhatOneRankPrints) {
   const std::string args = "generate -q --json --ignore-eos --max-new-tokens 5 --ids 3,17,42,99 --ids 5,6 --ids 7 "
                            "--model " + family_dir("deepseek_v3");
@@ -163,6 +165,17 @@ TEST(ExpertParallelEngine, GenerateWithRanksPrintsWhatOneRankPrints) {
   const CommandResult four = run_r3(args + " --ep 4");
   ASSERT_EQ(four.exit_code, 0) << four.err;
   EXPECT_EQ(four.out, one.out);
+  const CommandResult sampled = run_r3(args + " --temperature 0.9 --seed 5");
+  ASSERT_EQ(sampled.exit_code, 0) << sampled.err;
+  EXPECT_EQ(run_r3(args + " --temperature 0.9 --seed 5 --ep 3").out, sampled.out);
+  TempDir tmp;
+  const std::string one_prompt = "generate -q --json --max-new-tokens 6 --ids 3,17,42 --model " + family_dir("deepseek_v3");
+  const CommandResult rollout = run_r3(one_prompt);
+  ASSERT_EQ(rollout.exit_code, 0) << rollout.err;
+  std::ofstream(tmp.path("run.json")) << rollout.out;
+  const CommandResult replayed = run_r3(one_prompt + " --ep 4 --replay " + tmp.path("run.json"));
+  ASSERT_EQ(replayed.exit_code, 0) << replayed.err;
+  EXPECT_EQ(replayed.out, rollout.out);
   const CommandResult bad = run_r3(args + " --ep 17");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.err.find("--ep 17: each rank needs at least one of the 16 physical experts"), std::string::npos)
