@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <exception>
 #include <thread>
@@ -135,13 +136,16 @@ std::vector<RequestOutput> Engine::step_ranks() {
   const std::size_t n = ranks_.size();
   std::vector<std::vector<RequestOutput>> outputs(n);
   std::vector<std::exception_ptr> errors(n);
-  std::vector<std::string> reasons(n);
+  // The rank that failed first: its catch runs before it aborts the group, and the others fail
+  // only once the group is aborted, so its error is the step's cause.
+  std::atomic<int> first{-1};
   const auto run = [&](std::size_t r) {
     try {
       outputs[r] = ranks_[r].engine->step();
     } catch (const std::exception& e) {
       errors[r] = std::current_exception();
-      reasons[r] = e.what();
+      int none = -1;
+      first.compare_exchange_strong(none, static_cast<int>(r));
       group_->rank(static_cast<int>(r)).abort(e.what());  // the others stop waiting for this rank
     }
   };
@@ -150,20 +154,9 @@ std::vector<RequestOutput> Engine::step_ranks() {
     for (std::size_t r = 1; r < n; ++r) others.emplace_back(run, r);
     run(0);
   }
-  // A failed step: the first rank's own error (the others then failed for it), the group ready
-  // for the next step (whose aborts end the requests).
-  const std::string group_failed = "expert-parallel group failed";
-  std::exception_ptr first;
-  for (std::size_t r = 0; r < n; ++r) {
-    if (errors[r] && reasons[r].rfind(group_failed, 0) != 0) {
-      first = errors[r];
-      break;
-    }
-    if (errors[r] && !first) first = errors[r];
-  }
-  if (first) {
+  if (first >= 0) {  // the group is made ready for the next step, whose aborts end the requests
     group_->reset();
-    std::rethrow_exception(first);
+    std::rethrow_exception(errors[static_cast<std::size_t>(first.load())]);
   }
   std::vector<RequestOutput> all;
   for (auto& mine : outputs) std::move(mine.begin(), mine.end(), std::back_inserter(all));
