@@ -23,10 +23,6 @@ status=0
 if [[ "${R3_TESTS_ONLY:-0}" == 1 ]]; then cat "$out/device.txt"; exit $status; fi
 ./build-gpu/r3_gpu_kernels_bench 2>&1 | tee "$out/gpu_kernels_bench.jsonl" || status=1
 ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --json 2>"$out/gpu_decode_bench.log" | tee "$out/gpu_decode_bench.json" || status=1
-# The same decode steps with every kernel launched after the previous one has finished (no
-# programmatic dependent launch): what the overlap of neighbouring kernels buys.
-R3_SERIAL_LAUNCHES=1 ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-batches 1,8,64 --json \
-  2>>"$out/gpu_decode_bench.log" | tee "$out/gpu_decode_bench_serial.json" || status=1
 # The same shape published as FP8 (e4m3, a float32 scale per 128x128 block), read as stored.
 ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-weights fp8 --json \
   2>>"$out/gpu_decode_bench.log" | tee "$out/gpu_decode_bench_fp8.json" || status=1

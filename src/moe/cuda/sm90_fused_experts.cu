@@ -29,7 +29,6 @@ using ops::cuda::Fp8Matrix;
 using ops::cuda::kWarp;
 using ops::cuda::Mxfp4Matrix;
 using ops::cuda::PlainMatrix;
-using ops::cuda::prefetch_row;
 using ops::cuda::row_of;
 using ops::cuda::warp_sum;
 using ops::cuda::row_dots;
@@ -174,7 +173,7 @@ __global__ void combine_choices(const float* __restrict__ expert_out, const floa
 
 // Steps of at most kPairMajorTokens tokens (decode of a few sequences) skip the grouping: one warp
 // per (pair, row) for gate/up, which reads an expert's rows once per token choosing it (the
-// second time mostly from L2), and for down one block per (token, kDownRows hidden rows) whose warps take
+// second time mostly from L2), and for down one block per (token, hidden row) whose warps take
 // the token's k choices, their results summed in order as combine_choices does (the combine
 // inside the down kernel). Every dot product, bias and sum is the grouped kernels' own, in the
 // same order, so both paths give the same bits and a step may take either even with
@@ -205,52 +204,30 @@ __global__ void gate_up_by_pair(const float* __restrict__ hidden, const int32_t*
   }
 }
 
-// Hidden rows a down block takes: each warp reads kDownRows rows of its choice's expert at once
-// (a row of Qwen3-30B-A3B's down is 1.5 KB, three loads a lane; one row a block left each warp a
-// single round trip to memory and twice as many blocks as fit on the GPU at once).
-constexpr int kDownRows = 4;
-
 template <typename Matrix, bool kVec8>
 __global__ void down_and_combine_by_token(const float* __restrict__ activated, const int32_t* __restrict__ ids,
                                           const float* __restrict__ weights, int64_t k, Matrix down,
                                           const float* __restrict__ down_bias, int64_t h, int64_t inter,
                                           float* __restrict__ out) {
-  extern __shared__ float choice_out[];  // [k][kDownRows]: each choice's down rows . activation (+ bias)
-  const int64_t row_blocks = (h + kDownRows - 1) / kDownRows;
-  const int64_t t = blockIdx.x / row_blocks, d0 = (blockIdx.x % row_blocks) * kDownRows;
+  backend::cuda::wait_for_predecessor();
+  extern __shared__ float choice_out[];  // [k]: each choice's down row . activation (+ bias)
+  const int64_t t = blockIdx.x / h, d = blockIdx.x % h;
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int warps = static_cast<int>(blockDim.x) / kWarp;
-  // The ids were written before the gate/up kernel this one follows, so they may be read before
-  // the wait (backend/cuda/launch.cuh): the block's down rows stream toward L2 while gate/up runs.
-  for (int64_t j = threadIdx.x / kWarp; j < k; j += warps) {
-#pragma unroll
-    for (int r = 0; r < kDownRows; ++r) {
-      if (d0 + r < h) prefetch_row(row_of(down, ids[t * k + j] * h + d0 + r), inter, lane);
-    }
-  }
-  backend::cuda::wait_for_predecessor();
   for (int64_t j = threadIdx.x / kWarp; j < k; j += warps) {
     const int64_t p = t * k + j;
-    decltype(row_of(down, 0)) w[kDownRows];
-#pragma unroll
-    for (int r = 0; r < kDownRows; ++r) w[r] = row_of(down, ids[p] * h + min(d0 + r, h - 1));
+    const decltype(row_of(down, 0)) w[1] = {row_of(down, ids[p] * h + d)};
     const float* const a[1] = {activated + p * inter};
-    float acc[kDownRows][1] = {};
+    float acc[1][1] = {{0.0f}};
     row_dots<kVec8>(w, a, 1, inter, lane, acc);
-#pragma unroll
-    for (int r = 0; r < kDownRows; ++r) {
-      const float y = warp_sum(acc[r][0]);
-      const int64_t d = min(d0 + r, h - 1);
-      if (lane == 0) choice_out[j * kDownRows + r] = down_bias ? y + down_bias[ids[p] * h + d] : y;
-    }
+    const float y = warp_sum(acc[0][0]);
+    if (lane == 0) choice_out[j] = down_bias ? y + down_bias[ids[p] * h + d] : y;
   }
   __syncthreads();
-  if (threadIdx.x < kDownRows && d0 + threadIdx.x < h) {
+  if (threadIdx.x == 0) {
     float sum = 0.0f;
-    for (int64_t j = 0; j < k; ++j) {
-      sum = __fadd_rn(sum, __fmul_rn(weights[t * k + j], choice_out[j * kDownRows + threadIdx.x]));
-    }
-    out[t * h + d0 + threadIdx.x] = sum;
+    for (int64_t j = 0; j < k; ++j) sum = __fadd_rn(sum, __fmul_rn(weights[t * k + j], choice_out[j]));
+    out[t * h + d] = sum;
   }
 }
 
@@ -284,9 +261,8 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
                                    hidden.data<float>(), ids, pairs, k, gw, uw, bias(x.gate_bias), bias(x.up_bias), h,
                                    inter, act, activated.data<float>());
       const auto choice_warps = static_cast<unsigned>(std::min<int64_t>(k, kMaxChoiceWarps));
-      backend::cuda::launch_kernel(down_and_combine_by_token<Matrix, kVec8>,
-                                   static_cast<unsigned>(tokens * ((h + kDownRows - 1) / kDownRows)),
-                                   choice_warps * kWarp, k * kDownRows * sizeof(float), stream, activated.data<float>(), ids,
+      backend::cuda::launch_kernel(down_and_combine_by_token<Matrix, kVec8>, static_cast<unsigned>(tokens * h),
+                                   choice_warps * kWarp, k * sizeof(float), stream, activated.data<float>(), ids,
                                    weights, k, dw, bias(x.down_bias), h, inter, out.data<float>());
     };
     if (vec8) pair_major(std::true_type{});

@@ -75,6 +75,7 @@ __global__ void __launch_bounds__(kMmaBlockWarps * kWarp, 3)
   constexpr int kSteps = kD / 16;       // MMAs of K = 16 along the head (scores) = m-tiles of O^T
   constexpr int kKeyLoads = kD / 32;    // 128-bit loads of a key row per lane
   constexpr int kValueLoads = kD / 64;  // 128-bit loads of a value row per lane (d / 8 dimensions)
+  backend::cuda::wait_for_predecessor();
   __shared__ float warp_max_of[kMmaBlockWarps][kG], warp_sum_of[kMmaBlockWarps][kG];
   __shared__ float warp_acc[kMmaBlockWarps][kG][kD];
   const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
@@ -91,16 +92,6 @@ __global__ void __launch_bounds__(kMmaBlockWarps * kWarp, 3)
     first = begin + chunk * chunk_len;
     count = max(int64_t{0}, min(pos + 1, first + chunk_len) - first);
   }
-  // The step's tables came with its upload, before any kernel of the step: the warp's first
-  // tile of key and value rows can head for L2 before the wait (backend/cuda/launch.cuh), while
-  // the kernel before this one (the rows' rotation and write) runs. A prefetch of the row that
-  // kernel is writing is harmless: L2 sees the write.
-  if (static_cast<int64_t>(warp) * kMmaTile + lane % 16 < count) {
-    const int64_t row = cache_row(step, pool, seq, first + warp * kMmaTile + lane % 16);
-    if (lane < 16) prefetch_l2(static_cast<const __nv_bfloat16*>(pool.keys) + kv_offset + row * pool.key_width, kD);
-    else prefetch_l2(static_cast<const __nv_bfloat16*>(pool.values) + kv_offset + row * pool.value_width, kD);
-  }
-  backend::cuda::wait_for_predecessor();
   const int64_t part = (t * heads + first_head) * chunks + chunk;
   if (count == 0) {
     for (int g = static_cast<int>(threadIdx.x); g < kG; g += static_cast<int>(blockDim.x)) {

@@ -25,12 +25,10 @@ constexpr int kMaxRowsPerPass = 8;
 template <bool kVec8, typename Matrix, int kRowsPerPass>
 __global__ void rows_kernel(const float* __restrict__ x, int64_t m, int64_t k, Matrix w, int64_t n,
                             const float* __restrict__ bias, float* __restrict__ y) {
+  backend::cuda::wait_for_predecessor();
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   const int64_t first = static_cast<int64_t>(blockIdx.y) * kRowsPerPass;
-  // The weight row streams toward L2 while the kernel before this one finishes.
-  if (col < n && blockIdx.y == 0) prefetch_row(row_of(w, col), k, lane);
-  backend::cuda::wait_for_predecessor();
   if (col >= n) return;
   const int count = static_cast<int>(min(static_cast<int64_t>(kRowsPerPass), m - first));
   const float* rows[kRowsPerPass];

@@ -18,7 +18,6 @@
 
 #include <cstdint>
 
-#include "backend/cuda/launch.cuh"
 #include "ops/cuda/weight_matrices.h"
 
 namespace r3::ops::cuda {
@@ -50,23 +49,6 @@ __device__ inline Fp8Row row_of(const Fp8Matrix& m, int64_t r) {
 }
 __device__ inline Mxfp4Row row_of(const Mxfp4Matrix& m, int64_t r) {
   return {m.packed + r * (m.cols / 2), m.scales + r * ((m.cols + 31) / 32)};
-}
-
-// ---- Prefetch ----
-
-// Asks L2 for the first k values of a row (and, quantized, their scales), for a kernel's prologue
-// before it waits on its predecessor (backend/cuda/launch.cuh).
-template <typename T>
-__device__ inline void prefetch_row(const PlainRow<T>& row, int64_t k, int lane) {
-  backend::cuda::prefetch_to_l2(row.values, k * static_cast<int64_t>(sizeof(T)), lane);
-}
-__device__ inline void prefetch_row(const Fp8Row& row, int64_t k, int lane) {
-  backend::cuda::prefetch_to_l2(row.values, k, lane);
-  backend::cuda::prefetch_to_l2(row.scales, (k + row.block_cols - 1) / row.block_cols * 4, lane);
-}
-__device__ inline void prefetch_row(const Mxfp4Row& row, int64_t k, int lane) {
-  backend::cuda::prefetch_to_l2(row.packed, k / 2, lane);
-  backend::cuda::prefetch_to_l2(row.scales, (k + 31) / 32, lane);
 }
 
 // ---- Decoding ----
