@@ -82,6 +82,7 @@ TEST(BenchCommand, ExpertParallelRanksServeEveryRequest) {
   EXPECT_LE(j.at("max_sequences_per_step").get<int>(), 8) << j;
   EXPECT_GT(j.at("expert_rows_exchanged").get<int64_t>(), 0) << j;
   EXPECT_EQ(bench_json("qwen3_moe", "").at("expert_rows_exchanged").get<int64_t>(), 0);
+  EXPECT_EQ(j.at("expert_weight_bytes_moved").get<int64_t>(), 0) << j;  // no EPLB
   const CommandResult synthetic = run_r3("bench --synthetic qwen3-30b-a3b --ep 2");
   EXPECT_NE(synthetic.exit_code, 0);
   EXPECT_NE(synthetic.err.find("--ep runs requests through the engine's ranks; --synthetic times whole model steps"),
@@ -142,6 +143,17 @@ TEST(BenchCommand, DeviceOptionsAreCheckedUpFront) {
   } else {
     EXPECT_TRUE(refused_with(gpu, "--device cuda"));
   }
+}
+
+// --ep 2 with EPLB rebalancing every 2 steps, a layer a step: every request served, and the
+// weights EPLB moved between the two ranks reported.
+TEST(BenchCommand, ExpertParallelRebalancesReportTheWeightsTheyMoved) {
+  const auto j = bench_json("qwen3_moe",
+                            " --ep 2 --eplb-redundant-experts 4 --eplb-window 2 --eplb-rebalance-every 2 "
+                            "--eplb-layers-per-step 1");
+  EXPECT_EQ(j.at("requests").get<int>(), 12) << j;
+  EXPECT_EQ(j.at("output_tokens").get<int>(), 12 * 8) << j;
+  EXPECT_GT(j.at("expert_weight_bytes_moved").get<int64_t>(), 0) << j;
 }
 
 }  // namespace

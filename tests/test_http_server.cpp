@@ -447,6 +447,8 @@ TEST(HttpServer, ExpertParallelRanksAnswerAsOneRank) {
   ASSERT_TRUE(res);
   EXPECT_EQ(metric_value(res->body, "r3:expert_rows_exchanged_total"),
             static_cast<double>(four.stats().expert_rows_exchanged));
+  // No EPLB here: no weights moved, and the counter says so.
+  EXPECT_EQ(metric_value(res->body, "r3:expert_weight_bytes_moved_total"), 0.0);
 }
 
 // A full waiting queue is a 503 (retry later), not an ever-growing queue; the prompts of the

@@ -182,6 +182,7 @@ nlohmann::json to_json(const BenchResult& r) {
       {"mean_ttft_seconds", r.mean_ttft_seconds},
       {"mean_latency_seconds", r.mean_latency_seconds},
       {"expert_rows_exchanged", s.expert_rows_exchanged},
+      {"expert_weight_bytes_moved", s.expert_weight_bytes_moved},
   };
 }
 
@@ -211,6 +212,10 @@ void print_report(const BenchResult& r) {
   if (s.expert_rows_exchanged > 0) {
     fmt::print("expert parallelism:       {} (token, choice) rows sent to another rank's experts\n",
                s.expert_rows_exchanged);
+  }
+  if (s.expert_weight_bytes_moved > 0) {
+    fmt::print("EPLB weight moves:        {:.1f} MB of expert weights sent between ranks\n",
+               f(s.expert_weight_bytes_moved) / 1e6);
   }
 }
 

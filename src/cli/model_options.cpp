@@ -47,6 +47,10 @@ void ModelOptions::add_to(CLI::App& command, bool model_required) {
                      "Re-place experts every N steps from the measured load (0: never)")
       ->capture_default_str()
       ->check(at_least<int64_t>(0));
+  command.add_option("--eplb-layers-per-step", eplb.layers_per_step,
+                     "MoE layers whose experts move after each step of a rebalance (0: all at once)")
+      ->capture_default_str()
+      ->check(at_least<int64_t>(0));
   command.add_option("--eplb-groups", eplb.topology.num_groups, "Expert groups kept on one node")
       ->capture_default_str()
       ->check(at_least<int64_t>(1));

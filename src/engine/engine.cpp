@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "core/check.h"
+#include "moe/ep/expert_moves.h"
 #include "moe/ep/expert_parallel_dispatcher.h"
 #include "moe/ep/in_process_transport.h"
 
@@ -75,16 +76,18 @@ Engine::Engine(models::CausalLM& model, backend::Context& ctx, EngineOptions opt
       layers.push_back(&b->experts());
       widths.push_back(b->experts().num_physical());
     }
-    eplb_.emplace(eplb, std::move(layers));
+    eplb_.emplace(eplb, std::move(layers), [this](moe::PhysicalExperts& layer, moe::ExpertPlacement placement) {
+      move_experts_between_ranks(layer, std::move(placement));
+    });
     group_loads_.emplace(widths);
   }
   group_ = std::make_unique<moe::ep::InProcessGroup>(n);
-  const std::vector<int32_t> owners = moe::ep::contiguous_owners(physical, n);
+  owners_ = moe::ep::contiguous_owners(physical, n);
   const int threads = std::max(1, ctx.threads().size() / n);
   for (int r = 0; r < n; ++r) {
     Rank& rank = ranks_.emplace_back();
     rank.own_ctx = std::make_unique<backend::Context>(threads);
-    rank.dispatcher = std::make_unique<moe::ep::ExpertParallelDispatcher>(group_->rank(r), owners);
+    rank.dispatcher = std::make_unique<moe::ep::ExpertParallelDispatcher>(group_->rank(r), owners_);
     rank.engine = std::make_unique<RankEngine>(model, *rank.own_ctx, options_, rank.dispatcher.get());
   }
   options_ = ranks_.front().engine->options();
@@ -132,35 +135,55 @@ std::vector<RequestOutput> Engine::step() {
   return outputs;
 }
 
-std::vector<RequestOutput> Engine::step_ranks() {
-  const std::size_t n = ranks_.size();
-  std::vector<std::vector<RequestOutput>> outputs(n);
-  std::vector<std::exception_ptr> errors(n);
+void Engine::on_every_rank(const std::function<void(int rank)>& work) {
+  const int n = static_cast<int>(ranks_.size());
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
   // The rank that failed first: its catch runs before it aborts the group, and the others fail
-  // only once the group is aborted, so its error is the step's cause.
+  // only once the group is aborted, so its error is the cause.
   std::atomic<int> first{-1};
-  const auto run = [&](std::size_t r) {
+  const auto run = [&](int r) {
     try {
-      outputs[r] = ranks_[r].engine->step();
+      work(r);
     } catch (const std::exception& e) {
-      errors[r] = std::current_exception();
+      errors[static_cast<std::size_t>(r)] = std::current_exception();
       int none = -1;
-      first.compare_exchange_strong(none, static_cast<int>(r));
-      group_->rank(static_cast<int>(r)).abort(e.what());  // the others stop waiting for this rank
+      first.compare_exchange_strong(none, r);
+      group_->rank(r).abort(e.what());  // the others stop waiting for this rank
     }
   };
   {
     std::vector<std::jthread> others;
-    for (std::size_t r = 1; r < n; ++r) others.emplace_back(run, r);
+    for (int r = 1; r < n; ++r) others.emplace_back(run, r);
     run(0);
   }
-  if (first >= 0) {  // the group is made ready for the next step, whose aborts end the requests
+  if (first >= 0) {  // the group is made ready for the next collective
     group_->reset();
     std::rethrow_exception(errors[static_cast<std::size_t>(first.load())]);
   }
+}
+
+std::vector<RequestOutput> Engine::step_ranks() {
+  std::vector<std::vector<RequestOutput>> outputs(ranks_.size());
+  // A failed step throws here; the next step's aborts end its requests.
+  on_every_rank([&](int r) { outputs[static_cast<std::size_t>(r)] = ranks_[static_cast<std::size_t>(r)].engine->step(); });
   std::vector<RequestOutput> all;
   for (auto& mine : outputs) std::move(mine.begin(), mine.end(), std::back_inserter(all));
   return all;
+}
+
+void Engine::move_experts_between_ranks(moe::PhysicalExperts& layer, moe::ExpertPlacement placement) {
+  const std::vector<moe::ep::ExpertMove> moves = moe::ep::plan_expert_moves(layer.placement(), placement, owners_);
+  std::vector<moe::ep::ArrivedExperts> arrived(ranks_.size());
+  // The ranks only read the layer here; it changes once all of them have returned.
+  on_every_rank([&](int r) {
+    arrived[static_cast<std::size_t>(r)] = moe::ep::move_expert_weights(group_->rank(r), layer, moves, owners_);
+  });
+  std::vector<std::pair<int32_t, moe::SwigluExpertWeights>> slots;
+  for (moe::ep::ArrivedExperts& a : arrived) {
+    weight_bytes_moved_ += a.bytes_received;
+    std::move(a.slots.begin(), a.slots.end(), std::back_inserter(slots));
+  }
+  layer.rearrange(std::move(placement), std::move(slots));
 }
 
 void Engine::end_group_step() {
@@ -185,6 +208,7 @@ EngineStats Engine::stats() const {
     rank.expert_rows_exchanged = r.dispatcher->rows_sent_elsewhere();
     s.add_rank(rank);
   }
+  s.expert_weight_bytes_moved = weight_bytes_moved_;
   s.steps = group_steps_;
   s.step_seconds = group_seconds_;
   s.max_batch_sequences = group_max_sequences_;

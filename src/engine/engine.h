@@ -9,10 +9,11 @@
 // with its own scheduler and KV cache, captures its tokens' logical ids before they leave it, and
 // runs the routed experts of its slice of the physical experts for every rank's tokens. Every
 // rank steps together (a rank without sequences on a padding row), and EPLB plans from the loads
-// of all ranks, between steps. The outputs, tokens and routed experts are those of one rank.
+// of all ranks, between steps, and moves the experts' weights between the ranks. The outputs, tokens and routed experts are those of one rank.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -61,15 +62,24 @@ class Engine {
     std::unique_ptr<moe::ep::ExpertParallelDispatcher> dispatcher;
     std::unique_ptr<RankEngine> engine;
   };
-  // Every rank's step, rank 0 on this thread and the others on threads of their own.
+  // Runs work(r) for every rank r at once, rank 0 on this thread and the others on threads of
+  // their own. If ranks throw, the group is reset and the first rank's error is rethrown (the
+  // others failed because it aborted the group).
+  void on_every_rank(const std::function<void(int rank)>& work);
+  // Every rank's step.
   std::vector<RequestOutput> step_ranks();
   // Sums the ranks' loads of the step just run into the group's EPLB window.
   void end_group_step();
+  // EPLB's re-placement of one layer across the ranks: each changed slot's weights travel from a
+  // rank holding them to the slot's rank (moe/ep/expert_moves.h), then the layer takes them.
+  void move_experts_between_ranks(moe::PhysicalExperts& layer, moe::ExpertPlacement placement);
 
   models::CausalLM& model_;
   EngineOptions options_;
   std::unique_ptr<moe::ep::InProcessGroup> group_;
   std::vector<Rank> ranks_;
+  std::vector<int32_t> owners_;  // expert parallelism: the rank of each physical expert (slot)
+  int64_t weight_bytes_moved_ = 0;
   std::optional<moe::EplbController> eplb_;  // the group's, under expert parallelism
   std::optional<moe::ExpertLoads> group_loads_;
   RequestId next_id_ = 0;

@@ -37,6 +37,8 @@ struct EngineStats {
   int64_t running = 0, waiting = 0;
   // Expert parallelism: (token, choice) rows a rank sent to another rank's experts.
   int64_t expert_rows_exchanged = 0;
+  // Expert parallelism: bytes of expert weights EPLB moved from one rank to another.
+  int64_t expert_weight_bytes_moved = 0;
 
   // Adds another rank's counters (routed_seconds: the slowest rank's, the ranks run at once). The
   // group's steps, step_seconds and max_batch_sequences are its own: the engine counts, times

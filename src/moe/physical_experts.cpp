@@ -7,18 +7,14 @@ namespace r3::moe {
 
 namespace {
 
-// A replica's own copy of a weight (rows of a strided view, GPT-OSS's MXFP4 gate and up, packed
-// together). Block and MXFP4 scales are never written: the copy shares them.
-Tensor copy_of(const Tensor& t) { return contiguous_copy(t); }
-
-Tensor copy_if_defined(const Tensor& t) { return t.defined() ? copy_of(t) : Tensor(); }
-
-SwigluExpertWeights copy_of(const SwigluExpertWeights& w) {
-  return {copy_of(w.gate), copy_of(w.up), copy_of(w.down), copy_if_defined(w.gate_bias), copy_if_defined(w.up_bias),
-          copy_if_defined(w.down_bias)};
-}
+Tensor copy_if_defined(const Tensor& t) { return t.defined() ? contiguous_copy(t) : Tensor(); }
 
 }  // namespace
+
+SwigluExpertWeights copy_expert(const SwigluExpertWeights& w) {
+  return {contiguous_copy(w.gate), contiguous_copy(w.up), contiguous_copy(w.down), copy_if_defined(w.gate_bias),
+          copy_if_defined(w.up_bias), copy_if_defined(w.down_bias)};
+}
 
 PhysicalExperts::PhysicalExperts(std::vector<SwigluExpertWeights> logical, ExpertPlacement placement,
                                  ExpertActivation activation)
@@ -45,7 +41,7 @@ PhysicalExperts::PhysicalExperts(std::vector<SwigluExpertWeights> logical, Exper
     physical_ = std::move(logical);  // no EPLB: the checkpoint's tensors, zero-copy
   } else {
     for (int32_t p = 0; p < placement_.num_physical(); ++p) {
-      physical_.push_back(copy_of(logical[static_cast<std::size_t>(placement_.logical_of(p))]));
+      physical_.push_back(copy_expert(logical[static_cast<std::size_t>(placement_.logical_of(p))]));
     }
   }
   build_bank();
@@ -91,9 +87,40 @@ void PhysicalExperts::rearrange(ExpertPlacement placement) {
   for (int32_t p = 0; p < placement.num_physical(); ++p) {
     // Any current replica of the logical expert holds its weights.
     const int32_t source = placement_.replicas(placement.logical_of(p)).front();
-    moved.push_back(copy_of(physical_[static_cast<std::size_t>(source)]));
+    moved.push_back(copy_expert(physical_[static_cast<std::size_t>(source)]));
   }
   physical_ = std::move(moved);
+  placement_ = std::move(placement);
+  ++placement_version_;
+  build_bank();
+}
+
+void PhysicalExperts::rearrange(ExpertPlacement placement,
+                                std::vector<std::pair<int32_t, SwigluExpertWeights>> arrived) {
+  R3_CHECK(placement.num_logical() == num_logical() && placement.num_physical() == num_physical(),
+           "rearrange: placement of ", placement.num_logical(), " experts in ", placement.num_physical(),
+           " slots, layer has ", num_logical(), " in ", num_physical());
+  std::vector<SwigluExpertWeights> next = physical_;  // tensors share their memory: no copy
+  std::vector<bool> given(static_cast<std::size_t>(num_physical()), false);
+  for (auto& [slot, w] : arrived) {
+    R3_CHECK(slot >= 0 && slot < num_physical() && !given[static_cast<std::size_t>(slot)], "rearrange: slot ", slot,
+             " of ", num_physical(), " given twice or out of range");
+    R3_CHECK(value_shape(w.gate) == Shape({intermediate_, hidden_}) && value_shape(w.up) == value_shape(w.gate) &&
+                 value_shape(w.down) == Shape({hidden_, intermediate_}) && w.gate.dtype() == physical_[0].gate.dtype() &&
+                 w.down.dtype() == physical_[0].down.dtype() &&
+                 w.gate_bias.defined() == physical_[0].gate_bias.defined() &&
+                 w.down_bias.defined() == physical_[0].down_bias.defined(),
+             "rearrange: the weights for slot ", slot, " (", dtype_name(w.gate.dtype()), " ",
+             shape_to_string(value_shape(w.gate)), ") are not this layer's expert shape");
+    given[static_cast<std::size_t>(slot)] = true;
+    next[static_cast<std::size_t>(slot)] = std::move(w);
+  }
+  for (int32_t p = 0; p < num_physical(); ++p) {
+    R3_CHECK(given[static_cast<std::size_t>(p)] || placement.logical_of(p) == placement_.logical_of(p), "rearrange: slot ",
+             p, " changes from expert ", placement_.logical_of(p), " to expert ", placement.logical_of(p),
+             " but its weights never arrived");
+  }
+  physical_ = std::move(next);
   placement_ = std::move(placement);
   ++placement_version_;
   build_bank();

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -27,6 +28,10 @@ struct SwigluExpertWeights {
   // [intermediate], [intermediate], [hidden]; GPT-OSS only.
   Tensor gate_bias = Tensor(), up_bias = Tensor(), down_bias = Tensor();
 };
+
+// An owned copy of an expert's weights (rows packed; block and MXFP4 scales shared, they are
+// never written): a replica's own memory.
+SwigluExpertWeights copy_expert(const SwigluExpertWeights& w);
 
 // The gated activation between the experts' two projections.
 struct ExpertActivation {
@@ -115,6 +120,10 @@ class PhysicalExperts {
   std::vector<double> logical_load(std::span<const int64_t> physical_counts) const;
   // Moves expert weights to the physical experts of `placement` (copies).
   void rearrange(ExpertPlacement placement);
+  // Re-places the experts with weights that came from elsewhere (expert parallelism: from the rank
+  // holding each; moe/ep/expert_moves.h): every slot whose logical expert changes must be among
+  // `arrived`, once, with the layer's shapes; the other slots keep theirs.
+  void rearrange(ExpertPlacement placement, std::vector<std::pair<int32_t, SwigluExpertWeights>> arrived);
   // Counts rearrange() calls: copies of these experts elsewhere (the GPU's) follow it.
   int64_t placement_version() const { return placement_version_; }
 

@@ -88,6 +88,9 @@ std::string ServerMetrics::render(const engine::EngineStats& stats, int64_t bloc
          routed_bytes_);
   metric("r3:expert_rows_exchanged_total", "counter",
          "Expert parallelism: (token, choice) rows sent to another rank's experts.", stats.expert_rows_exchanged);
+  metric("r3:expert_weight_bytes_moved_total", "counter",
+         "Expert parallelism: bytes of expert weights EPLB moved from one rank to another.",
+         stats.expert_weight_bytes_moved);
   out += "# HELP r3:time_to_first_token_seconds Time from submission to the first token.\n";
   out += "# TYPE r3:time_to_first_token_seconds histogram\n" + ttft_.render("r3:time_to_first_token_seconds");
   out += "# HELP r3:inter_token_latency_seconds Time between outputs of a request.\n";

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "core/check.h"
 
 namespace r3::moe {
@@ -11,6 +13,7 @@ void EplbOptions::validate() const {
   R3_CHECK(window_steps >= 1 && window_steps <= kMaxWindowSteps, "--eplb-window must be in [1, ", kMaxWindowSteps,
            "] steps, got ", window_steps);
   R3_CHECK(rebalance_every >= 0, "--eplb-rebalance-every must be >= 0, got ", rebalance_every);
+  R3_CHECK(layers_per_step >= 0, "--eplb-layers-per-step must be >= 0, got ", layers_per_step);
 }
 
 void EplbOptions::validate(int64_t num_experts) const {
@@ -20,9 +23,10 @@ void EplbOptions::validate(int64_t num_experts) const {
            "), got ", redundant_experts);
 }
 
-EplbController::EplbController(EplbOptions options, std::vector<PhysicalExperts*> layers)
-    : options_(options), layers_(std::move(layers)) {
+EplbController::EplbController(EplbOptions options, std::vector<PhysicalExperts*> layers, MoveExperts move)
+    : options_(options), layers_(std::move(layers)), move_(std::move(move)) {
   options_.validate();
+  if (!move_) move_ = [](PhysicalExperts& layer, ExpertPlacement placement) { layer.rearrange(std::move(placement)); };
   // The topology only matters at the first rebalance, but a shape that cannot be placed is a
   // bad option: refuse it now, before any token runs, not steps into the run.
   for (const PhysicalExperts* layer : layers_) {
@@ -40,20 +44,37 @@ void EplbController::end_step(const ExpertLoads& step) {
   }
   ++steps_;
   if (options_.rebalance_every > 0 && steps_ % options_.rebalance_every == 0) {
-    for (std::size_t j = 0; j < layers_.size(); ++j) {
-      PhysicalExperts* layer = layers_[j];
-      const std::vector<double> load = layer->logical_load(windows_[j].totals());
-      const EplbPlan plan = plan_placement(load, layer->num_physical(), options_.topology);
-      const double before = placement_balance(layer->placement().physical_to_logical(), load,
-                                              options_.topology.num_gpus).imbalance();
-      const double after = placement_balance(plan.physical_to_logical, load, options_.topology.num_gpus).imbalance();
-      layer->rearrange(ExpertPlacement(plan.physical_to_logical, layer->num_logical()));
-      windows_[j].reset();  // its counts refer to the old placement
-      spdlog::debug("EPLB step {}: max/mean GPU load {:.3f} -> {:.3f}", steps_, before, after);
-    }
-    ++rebalances_;
+    if (waiting_.empty()) plan();
+    else spdlog::debug("EPLB step {}: {} layers of the last rebalance still to move; this one is skipped", steps_, waiting_.size());
   }
+  move_waiting_layers();
   for (LoadWindow& window : windows_) window.end_step();
+}
+
+void EplbController::plan() {
+  for (std::size_t j = 0; j < layers_.size(); ++j) {
+    const PhysicalExperts* layer = layers_[j];
+    const std::vector<double> load = layer->logical_load(windows_[j].totals());
+    const EplbPlan plan = plan_placement(load, layer->num_physical(), options_.topology);
+    const double before = placement_balance(layer->placement().physical_to_logical(), load,
+                                            options_.topology.num_gpus).imbalance();
+    const double after = placement_balance(plan.physical_to_logical, load, options_.topology.num_gpus).imbalance();
+    spdlog::debug("EPLB step {}, MoE layer {}: max/mean GPU load {:.3f} -> {:.3f}", steps_, j, before, after);
+    waiting_.emplace_back(j, ExpertPlacement(plan.physical_to_logical, layer->num_logical()));
+  }
+  ++rebalances_;
+}
+
+void EplbController::move_waiting_layers() {
+  const std::size_t n = options_.layers_per_step == 0
+                            ? waiting_.size()
+                            : std::min(waiting_.size(), static_cast<std::size_t>(options_.layers_per_step));
+  for (std::size_t i = 0; i < n; ++i) {
+    auto [j, placement] = std::move(waiting_.front());
+    waiting_.pop_front();
+    move_(*layers_[j], std::move(placement));
+    windows_[j].reset();  // its counts refer to the old placement
+  }
 }
 
 }  // namespace r3::moe
