@@ -13,6 +13,7 @@
 
 #include "core/check.h"
 #include "moe/ep/in_process_transport.h"
+#include "rank_threads.h"
 
 namespace r3::test {
 namespace {
@@ -26,28 +27,11 @@ Buffer transport_message(int from, int to, int round) {
   return b;
 }
 
-// Runs body(rank) on one thread per rank of `group`; the errors the ranks threw, by rank ("" for none).
-std::vector<std::string> run_ranks(moe::ep::InProcessGroup& group, const std::function<void(int)>& body) {
-  std::vector<std::string> errors(static_cast<std::size_t>(group.size()));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < group.size(); ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        body(r);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
-}
-
 TEST(InProcessTransport, EveryRankReceivesWhatEachRankSentItRoundAfterRound) {
   for (const int ranks : {1, 2, 4, 8}) {
     moe::ep::InProcessGroup group(ranks);
     std::vector<int> mismatches(static_cast<std::size_t>(ranks), 0);
-    const auto errors = run_ranks(group, [&](int r) {
+    const auto errors = run_rank_threads(group, [&](int r) {
       moe::ep::Transport& t = group.rank(r);
       ASSERT_EQ(t.rank(), r);
       ASSERT_EQ(t.size(), ranks);
@@ -68,7 +52,7 @@ TEST(InProcessTransport, EveryRankReceivesWhatEachRankSentItRoundAfterRound) {
 
 TEST(InProcessTransport, AFailedRankReleasesTheOthersWithItsReason) {
   moe::ep::InProcessGroup group(4);
-  const auto errors = run_ranks(group, [&](int r) {
+  const auto errors = run_rank_threads(group, [&](int r) {
     moe::ep::Transport& t = group.rank(r);
     t.all_to_all(std::vector<Buffer>(4));  // one exchange succeeds
     if (r == 2) {
@@ -92,7 +76,7 @@ TEST(InProcessTransport, AGroupNeedsARankAndRanksAreInRange) {
 
 TEST(InProcessTransport, TheWrongNumberOfBuffersFailsEveryRank) {
   moe::ep::InProcessGroup group(3);
-  const auto errors = run_ranks(group, [&](int r) { group.rank(r).all_to_all(std::vector<Buffer>(r == 1 ? 2 : 3)); });
+  const auto errors = run_rank_threads(group, [&](int r) { group.rank(r).all_to_all(std::vector<Buffer>(r == 1 ? 2 : 3)); });
   for (int r = 0; r < 3; ++r) {
     EXPECT_NE(errors[static_cast<std::size_t>(r)].find("rank 1 sent 2 buffers to a group of 3"), std::string::npos)
         << "rank " << r << ": " << errors[static_cast<std::size_t>(r)];

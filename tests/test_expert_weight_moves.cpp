@@ -26,6 +26,7 @@
 #include "moe/ep/expert_parallel_dispatcher.h"
 #include "moe/ep/expert_weights_wire.h"
 #include "moe/ep/in_process_transport.h"
+#include "rank_threads.h"
 #include "test_support.h"
 
 namespace r3::test {
@@ -183,24 +184,6 @@ TEST(ExpertMoves, PlanTakesAReplicaOnTheSlotsOwnRankFirstAndMovesOnlyChangedSlot
   EXPECT_TRUE(moe::ep::plan_expert_moves(from, from, owners).empty());
 }
 
-// Runs body(rank) on one thread per rank; the errors thrown, by rank ("" for none).
-std::vector<std::string> moves_on_ranks(moe::ep::InProcessGroup& group, const std::function<void(int)>& body) {
-  std::vector<std::string> errors(static_cast<std::size_t>(group.size()));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < group.size(); ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        body(r);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-        group.rank(r).abort(e.what());
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
-}
-
 TEST(ExpertMoves, RanksReplacedThroughTheTransportHoldTheNewPlacementsExperts) {
   for (const char* family : {"qwen3_moe", "deepseek_v3_fp8", "gpt_oss_mxfp4"}) {
     SCOPED_TRACE(family);
@@ -216,7 +199,7 @@ TEST(ExpertMoves, RanksReplacedThroughTheTransportHoldTheNewPlacementsExperts) {
     const auto moves = moe::ep::plan_expert_moves(layer.placement(), placement, owners);
     moe::ep::InProcessGroup group(4);
     std::vector<moe::ep::ArrivedExperts> arrived(4);
-    const auto errors = moves_on_ranks(group, [&](int r) {
+    const auto errors = run_rank_threads(group, [&](int r) {
       arrived[static_cast<std::size_t>(r)] = moe::ep::move_expert_weights(group.rank(r), layer, moves, owners);
     });
     for (const std::string& e : errors) ASSERT_EQ(e, "");
@@ -253,7 +236,7 @@ TEST(ExpertMoves, WeightsThatNeverArriveOrArriveUnaskedAreRefused) {
   // Rank 1 sends rank 0 the weights of slot 0, which no move gives rank 0.
   moe::ep::InProcessGroup group(2);
   const std::vector<int32_t> owners = moe::ep::contiguous_owners(experts, 2);
-  const auto errors = moves_on_ranks(group, [&](int r) {
+  const auto errors = run_rank_threads(group, [&](int r) {
     if (r == 0) {
       moe::ep::move_expert_weights(group.rank(0), layer, {}, owners);
     } else {
