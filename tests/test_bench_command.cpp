@@ -30,6 +30,8 @@ void bench_expect_counts(const nlohmann::json& j) {
   EXPECT_EQ(j.at("output_tokens").get<int>(), 12 * 8) << j;  // ignore_eos: every request runs to the end
   EXPECT_GT(j.at("total_tokens_per_second").get<double>(), 0) << j;
   EXPECT_GT(j.at("output_tokens_per_second").get<double>(), 0) << j;
+  EXPECT_GT(j.at("max_step_seconds").get<double>(), 0) << j;
+  EXPECT_LE(j.at("max_step_seconds").get<double>(), j.at("step_seconds").get<double>()) << j;
   EXPECT_LE(j.at("peak_kv_blocks_in_use").get<int>(), j.at("kv_blocks_total").get<int>()) << j;
   EXPECT_GT(j.at("peak_kv_blocks_in_use").get<int>(), 0) << j;
   EXPECT_LE(j.at("max_sequences_per_step").get<int>(), 4) << j;

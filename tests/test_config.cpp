@@ -21,7 +21,7 @@ models::DecoderSpec spec_of(const nlohmann::json& j) {
   return models::spec_from_config(HfConfig::parse(j.dump()));
 }
 
-std::string error_of(const nlohmann::json& j) {
+std::string config_error_of(const nlohmann::json& j) {
   try {
     spec_of(j);
   } catch (const Error& e) {
@@ -108,7 +108,7 @@ TEST(Config, UnknownArchitectureListsSupportedOnes) {
   auto j = fixture_config("qwen3_moe");
   j["architectures"] = {"LlamaForCausalLM"};
   j["model_type"] = "llama";
-  const std::string err = error_of(j);
+  const std::string err = config_error_of(j);
   EXPECT_NE(err.find("unsupported architecture 'LlamaForCausalLM'"), std::string::npos) << err;
   EXPECT_NE(err.find("Qwen3MoeForCausalLM"), std::string::npos) << err;
   EXPECT_NE(err.find("MixtralForCausalLM"), std::string::npos) << err;
@@ -123,23 +123,23 @@ TEST(Config, ModelTypeIsUsedWhenArchitecturesAreAbsent) {
 TEST(Config, MissingAndMistypedFieldsAreNamed) {
   auto j = fixture_config("mixtral");
   j.erase("hidden_size");
-  EXPECT_NE(error_of(j).find("'hidden_size' is missing"), std::string::npos) << error_of(j);
+  EXPECT_NE(config_error_of(j).find("'hidden_size' is missing"), std::string::npos) << config_error_of(j);
   j = fixture_config("mixtral");
   j["num_attention_heads"] = "four";
-  EXPECT_NE(error_of(j).find("'num_attention_heads' must be an integer"), std::string::npos);
+  EXPECT_NE(config_error_of(j).find("'num_attention_heads' must be an integer"), std::string::npos);
   j = fixture_config("mixtral");
   j["num_experts_per_tok"] = 9;
-  EXPECT_NE(error_of(j).find("num_experts_per_tok must be in [1, num_experts]"), std::string::npos)
-      << error_of(j);
+  EXPECT_NE(config_error_of(j).find("num_experts_per_tok must be in [1, num_experts]"), std::string::npos)
+      << config_error_of(j);
   j = fixture_config("mixtral");
   j["num_key_value_heads"] = 3;
-  EXPECT_NE(error_of(j).find("not divisible"), std::string::npos) << error_of(j);
+  EXPECT_NE(config_error_of(j).find("not divisible"), std::string::npos) << config_error_of(j);
 }
 
 TEST(Config, UnsupportedRopeScalingIsRefusedNotIgnored) {
   auto j = fixture_config("qwen3_moe");
   j["rope_parameters"]["rope_type"] = "longrope";
-  EXPECT_NE(error_of(j).find("rope_type 'longrope' is not supported"), std::string::npos) << error_of(j);
+  EXPECT_NE(config_error_of(j).find("rope_type 'longrope' is not supported"), std::string::npos) << config_error_of(j);
 }
 
 TEST(Config, MalformedJsonIsAClearError) {

@@ -212,7 +212,7 @@ TEST(Progress, SilentForQuickWorkThenReportsPercentages) {
   EXPECT_NE(text.find(" done"), std::string::npos) << text;
 }
 
-int count_lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
+int core_count_lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
 
 // Not on a terminal (a log file, a pipe) progress is a handful of lines: one per quarter at most,
 // and the final one; it used to be one line per print interval (about 150 for a long load).
@@ -224,8 +224,8 @@ TEST(Progress, NotATerminalPrintsAtMostOneLinePerQuarter) {
     for (int i = 0; i < 1000; ++i) p.advance(1);
   }
   const std::string text = log.text();
-  EXPECT_LE(count_lines(text), 4) << text;
-  EXPECT_GE(count_lines(text), 2) << text;
+  EXPECT_LE(core_count_lines(text), 4) << text;
+  EXPECT_GE(core_count_lines(text), 2) << text;
   EXPECT_NE(text.find("loading many: 25% (250/1000 MB"), std::string::npos) << text;
   EXPECT_NE(text.find("loading many: 100% (1000/1000 MB"), std::string::npos) << text;
   EXPECT_EQ(text.find("loading many: 100%"), text.rfind("loading many: 100%")) << "one final line: " << text;
@@ -269,7 +269,7 @@ TEST(Progress, OnATerminalOneLineIsRedrawnInPlace) {
     return text;
   };
   const std::string text = drawn(spdlog::level::info);
-  EXPECT_EQ(count_lines(text), 1);
+  EXPECT_EQ(core_count_lines(text), 1);
   ASSERT_FALSE(text.empty());
   EXPECT_EQ(text.back(), '\n');
   EXPECT_GT(std::count(text.begin(), text.end(), '\r'), 100);  // redrawn on every advance here

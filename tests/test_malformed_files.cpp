@@ -18,7 +18,7 @@ void write_text(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary | std::ios::trunc).write(text.data(), static_cast<std::streamsize>(text.size()));
 }
 
-std::string read_bytes(const std::string& path) {
+std::string malformed_read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
@@ -30,7 +30,7 @@ std::string le64(uint64_t n) {
 }
 
 // A safetensors file with an arbitrary header text and `data_bytes` zero bytes of data.
-void write_raw(const std::string& path, const std::string& header, std::size_t data_bytes) {
+void malformed_write_raw(const std::string& path, const std::string& header, std::size_t data_bytes) {
   write_text(path, le64(header.size()) + header + std::string(data_bytes, '\0'));
 }
 
@@ -56,12 +56,12 @@ TEST(MalformedJson, DeepNestingIsRefusedAtParseTime) {
 TEST(MalformedSafetensors, EightByteElementCountThatWrapsIsRefused) {
   TempDir tmp;
   // [2^59, 4] I64 "needed" 2^61 * 8 = 2^64 = 0 bytes.
-  write_raw(tmp.path("t.safetensors"),
+  malformed_write_raw(tmp.path("t.safetensors"),
             R"({"x":{"dtype":"I64","shape":[576460752303423488,4],"data_offsets":[0,0]}})", 0);
   EXPECT_EQ(error_of([&] { SafetensorsFile::open(tmp.path("t.safetensors")); }),
             tmp.path("t.safetensors") + ": tensor 'x': shape [576460752303423488, 4] of I64 is too large");
   // F64 too, and a zero dimension does not hide a huge one.
-  write_raw(tmp.path("t.safetensors"),
+  malformed_write_raw(tmp.path("t.safetensors"),
             R"({"x":{"dtype":"F64","shape":[0,18446744073709551615],"data_offsets":[0,0]}})", 0);
   EXPECT_NE(error_of([&] { SafetensorsFile::open(tmp.path("t.safetensors")); })
                 .find(": tensor 'x': shape dimension 18446744073709551615 is out of range"),
@@ -70,7 +70,7 @@ TEST(MalformedSafetensors, EightByteElementCountThatWrapsIsRefused) {
 
 TEST(MalformedSafetensors, HeaderLengthOneByteShortIsRefused) {
   TempDir tmp;
-  std::string bytes = read_bytes(family_dir("qwen3_moe") + "/model.safetensors");
+  std::string bytes = malformed_read_bytes(family_dir("qwen3_moe") + "/model.safetensors");
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)]);
   const std::string path = tmp.path("model.safetensors");
@@ -83,24 +83,24 @@ TEST(MalformedSafetensors, HeaderLengthOneByteShortIsRefused) {
 TEST(MalformedSafetensors, GapsAndTrailingBytesAreRefused) {
   TempDir tmp;
   const std::string p = tmp.path("t.safetensors");
-  write_raw(p,
+  malformed_write_raw(p,
             R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
             R"("b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
             12);
   EXPECT_EQ(error_of([&] { SafetensorsFile::open(p); }),
             p + ": bytes [4, 8) of the data section belong to no tensor (before tensor 'b')");
-  write_raw(p, R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8);
+  malformed_write_raw(p, R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8);
   EXPECT_EQ(error_of([&] { SafetensorsFile::open(p); }),
             p + ": bytes [0, 4) of the data section belong to no tensor (before tensor 'a')");
-  write_raw(p, R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 8);
+  malformed_write_raw(p, R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 8);
   EXPECT_EQ(error_of([&] { SafetensorsFile::open(p); }), p + ": data section is 8 bytes but the tensors cover 4 (is the header length right?)");
   // Overlaps stay refused; empty tensors may sit anywhere in the tiling.
-  write_raw(p,
+  malformed_write_raw(p,
             R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
             R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
             8);
   EXPECT_EQ(error_of([&] { SafetensorsFile::open(p); }), p + ": tensors 'a' and 'b' overlap");
-  write_raw(p,
+  malformed_write_raw(p,
             R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
             R"("e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})",
             4);
@@ -110,7 +110,7 @@ TEST(MalformedSafetensors, GapsAndTrailingBytesAreRefused) {
 TEST(MalformedSafetensors, DuplicateTensorNamesAreRefused) {
   TempDir tmp;
   const std::string p = tmp.path("t.safetensors");
-  write_raw(p,
+  malformed_write_raw(p,
             R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
             R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
             8);
@@ -120,7 +120,7 @@ TEST(MalformedSafetensors, DuplicateTensorNamesAreRefused) {
 TEST(MalformedSafetensors, ErrorsAreOneLineWhateverTheNames) {
   TempDir tmp;
   const std::string p = tmp.path("t.safetensors");
-  write_raw(p, "{\"bad\\nname\":{\"dtype\":\"Q7\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4);
+  malformed_write_raw(p, "{\"bad\\nname\":{\"dtype\":\"Q7\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4);
   const std::string err = error_of([&] { SafetensorsFile::open(p); });
   EXPECT_EQ(err.find('\n'), std::string::npos) << err;
   EXPECT_NE(err.find("tensor 'bad\\nname'"), std::string::npos) << err;

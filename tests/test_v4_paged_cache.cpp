@@ -96,7 +96,7 @@ V4Run run_v4_schedule(models::DeepseekV4Model& model, int64_t capacity, V4CacheO
   return run;
 }
 
-void expect_scattered_blocks_change_nothing(const std::string& family, int64_t capacity, int64_t first,
+void v4_expect_scattered_blocks_change_nothing(const std::string& family, int64_t capacity, int64_t first,
                                             int64_t second) {
   V4Model m = load_v4(family);
   ASSERT_NE(m.model, nullptr) << family;
@@ -130,13 +130,13 @@ void expect_scattered_blocks_change_nothing(const std::string& family, int64_t c
 
 TEST(V4PagedCache, ScatteredBlocksAndRingsAreBitIdentical) {
   // Windows of 8 positions, CSA rate 4 (overlapping), HCA rate 8: chunks of 5 and 4 cross them.
-  expect_scattered_blocks_change_nothing("deepseek_v4", 24, 5, 4);
+  v4_expect_scattered_blocks_change_nothing("deepseek_v4", 24, 5, 4);
 }
 
 TEST(V4PagedCache, ScatteredBlocksAndRingsAreBitIdenticalWithYarnAndLongWindows) {
   // HCA rate 128: sequence 0's chunks of 129 and 128 positions complete HCA windows 0 and 1 in
   // different steps, and its projections ring over 128 positions.
-  expect_scattered_blocks_change_nothing("deepseek_v4_yarn", 288, 129, 128);
+  v4_expect_scattered_blocks_change_nothing("deepseek_v4_yarn", 288, 129, 128);
 }
 
 TEST(V4PagedCache, PrefillAndDecodeMatchTheReferenceInAnyBlockLayout) {

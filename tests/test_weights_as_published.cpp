@@ -80,7 +80,7 @@ int64_t resident_bytes() {
   return 0;
 }
 
-std::vector<float> logits_of(models::CausalLM& model) {
+std::vector<float> published_logits_of(models::CausalLM& model) {
   backend::Context ctx(2);
   auto cache = model.make_cache(1, 16);
   const Tensor logits = test::forward_captured(model, ctx, models::ForwardBatch::sequence({5, 17, 300, 2047, 9, 1000}, 0), *cache);
@@ -110,7 +110,7 @@ TEST_P(WeightsAsPublished, ComputeExactlyWhatTheWidenedFloat32CheckpointComputes
   write_model(dir.path("f32"), DType::F32);
   auto half = models::load_model(dir.path("half"));
   auto f32 = models::load_model(dir.path("f32"));
-  const std::vector<float> a = logits_of(*half), b = logits_of(*f32);
+  const std::vector<float> a = published_logits_of(*half), b = published_logits_of(*f32);
   ASSERT_EQ(a.size(), b.size());
   for (std::size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "logit " << i;
 }

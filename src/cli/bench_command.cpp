@@ -177,6 +177,7 @@ nlohmann::json to_json(const BenchResult& r) {
       {"peak_kv_blocks_in_use", r.peak_blocks_in_use},
       {"kv_blocks_total", s.kv_blocks_total},
       {"step_seconds", s.step_seconds},
+      {"max_step_seconds", s.max_step_seconds},
       {"routed_seconds", s.routed_seconds},
       {"routed_share", ratio(s.routed_seconds, s.step_seconds)},
       {"mean_ttft_seconds", r.mean_ttft_seconds},
@@ -201,8 +202,8 @@ void print_report(const BenchResult& r) {
   fmt::print("wall time:             {:.3f} s\n", r.wall_seconds);
   fmt::print("throughput:            {:.1f} tokens/s total, {:.1f} output tokens/s\n",
              ratio(f(r.prompt_tokens + r.output_tokens), r.wall_seconds), ratio(f(r.output_tokens), r.wall_seconds));
-  fmt::print("steps:                 {} (sequences per step: mean {:.2f}, max {})\n", s.steps,
-             ratio(f(s.batch_sequences_sum), f(s.steps)), s.max_batch_sequences);
+  fmt::print("steps:                 {} (sequences per step: mean {:.2f}, max {}; longest {:.1f} ms)\n", s.steps,
+             ratio(f(s.batch_sequences_sum), f(s.steps)), s.max_batch_sequences, 1e3 * s.max_step_seconds);
   fmt::print("preemptions:           {}\n", s.preemptions);
   fmt::print("peak KV blocks in use: {} of {}\n", r.peak_blocks_in_use, s.kv_blocks_total);
   fmt::print("routed-experts share:  {:.1f}% of step time ({:.3f} of {:.3f} s)\n",

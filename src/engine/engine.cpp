@@ -47,6 +47,7 @@ void EngineStats::add_rank(const EngineStats& r) {
   kv_blocks_free += r.kv_blocks_free;
   step_seconds += r.step_seconds;
   routed_seconds = std::max(routed_seconds, r.routed_seconds);  // the ranks handle theirs at once
+  max_step_seconds = std::max(max_step_seconds, r.max_step_seconds);
   running += r.running;
   waiting += r.waiting;
   expert_rows_exchanged += r.expert_rows_exchanged;
@@ -131,7 +132,9 @@ std::vector<RequestOutput> Engine::step() {
   end_group_step();
   ++group_steps_;
   group_max_sequences_ = std::max(group_max_sequences_, sequences_run() - before);
-  group_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  group_seconds_ += took;
+  group_max_step_seconds_ = std::max(group_max_step_seconds_, took);
   return outputs;
 }
 
@@ -211,6 +214,7 @@ EngineStats Engine::stats() const {
   s.expert_weight_bytes_moved = weight_bytes_moved_;
   s.steps = group_steps_;
   s.step_seconds = group_seconds_;
+  s.max_step_seconds = group_max_step_seconds_;
   s.max_batch_sequences = group_max_sequences_;
   return s;
 }

@@ -86,6 +86,7 @@ class Engine {
   int64_t group_steps_ = 0;
   int64_t group_max_sequences_ = 0;  // most sequences of all ranks in one step
   double group_seconds_ = 0;
+  double group_max_step_seconds_ = 0;
 };
 
 }  // namespace r3::engine

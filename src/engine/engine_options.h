@@ -33,6 +33,7 @@ struct EngineStats {
   int64_t preemptions = 0;
   int64_t kv_blocks_total = 0, kv_blocks_free = 0;
   double step_seconds = 0;
+  double max_step_seconds = 0;  // the longest step (a prefill, an EPLB weight move)
   double routed_seconds = 0;  // handling routed rows after the model step (the capture's host side)
   int64_t running = 0, waiting = 0;
   // Expert parallelism: (token, choice) rows a rank sent to another rank's experts.
@@ -41,7 +42,7 @@ struct EngineStats {
   int64_t expert_weight_bytes_moved = 0;
 
   // Adds another rank's counters (routed_seconds: the slowest rank's, the ranks run at once). The
-  // group's steps, step_seconds and max_batch_sequences are its own: the engine counts, times
+  // group's steps, step_seconds, max_step_seconds and max_batch_sequences are its own: the engine counts, times
   // and sizes its steps over all ranks.
   void add_rank(const EngineStats& rank);
 };

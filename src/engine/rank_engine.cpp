@@ -255,7 +255,9 @@ std::vector<RequestOutput> RankEngine::step() {
     runner_->run_idle();  // the other ranks' tokens still need this rank's experts
   }
   std::vector<RequestOutput> outputs = collect_outputs();
-  stats_.step_seconds += seconds_since(start);
+  const double took = seconds_since(start);
+  stats_.step_seconds += took;
+  stats_.max_step_seconds = std::max(stats_.max_step_seconds, took);
   return outputs;
 }
 
