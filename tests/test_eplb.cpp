@@ -2,6 +2,8 @@
 // over random loads and topologies.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <iterator>
 #include <map>
 #include <numeric>
 #include <random>
@@ -174,6 +176,62 @@ TEST(Rebalance, PropertyRandomLoadsAndTopologies) {
   // Packing replicas onto GPUs is greedy (DeepSeek's algorithm), so the busiest GPU is not
   // always lighter than under the naive placement; with this seed it is in 257 of 300 cases.
   EXPECT_GE(improved, cases * 8 / 10) << improved << " of " << cases;
+}
+
+// A rebalance keeps experts where they are as far as the balance allows: the planned GPUs of a
+// node go to the node's GPUs sharing the most experts with them, and on each GPU the experts it
+// keeps stay in their slots.
+TEST(Rebalance, KeepInPlaceMovesOnlyWhatMustMove) {
+  // 2 GPUs of 3 slots on one node. Planned GPU 1 {1, 5, 4} shares two experts with GPU 0 {0, 1, 5}
+  // and so goes there, 1 and 5 in their slots; planned GPU 0 {2, 3, 0} goes to GPU 1 {2, 3, 4}.
+  EXPECT_EQ(keep_in_place(std::vector<int32_t>{0, 1, 5, 2, 3, 4}, {2, 3, 0, 1, 5, 4}, {1, 1, 2}),
+            (std::vector<int32_t>{4, 1, 5, 2, 3, 0}));
+  // Two nodes: GPUs never change node.
+  EXPECT_EQ(keep_in_place(std::vector<int32_t>{0, 1, 2, 3}, {1, 0, 3, 2}, {1, 2, 2}), (std::vector<int32_t>{0, 1, 2, 3}));
+  std::mt19937 rng(99);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t nodes = std::uniform_int_distribution<int64_t>(1, 2)(rng);
+    const int64_t gpus = nodes * std::uniform_int_distribution<int64_t>(1, 3)(rng);
+    const int64_t per_gpu = std::uniform_int_distribution<int64_t>(1, 6)(rng);
+    const int64_t experts = std::uniform_int_distribution<int64_t>(1, gpus * per_gpu)(rng);
+    const auto random_placement = [&] {
+      std::vector<int32_t> p(static_cast<std::size_t>(gpus * per_gpu));
+      for (std::size_t i = 0; i < p.size(); ++i) {
+        p[i] = i < static_cast<std::size_t>(experts) ? static_cast<int32_t>(i)
+                                                     : std::uniform_int_distribution<int32_t>(0, static_cast<int32_t>(experts) - 1)(rng);
+      }
+      std::shuffle(p.begin(), p.end(), rng);
+      return p;
+    };
+    const std::vector<int32_t> current = random_placement(), planned = random_placement();
+    const std::vector<int32_t> placed = keep_in_place(current, planned, {1, nodes, gpus});
+    const auto gpu = [&](const std::vector<int32_t>& v, int64_t g) {
+      std::vector<int32_t> part(v.begin() + g * per_gpu, v.begin() + (g + 1) * per_gpu);
+      std::sort(part.begin(), part.end());
+      return part;
+    };
+    const int64_t per_node = gpus / nodes;
+    for (int64_t node = 0; node < nodes; ++node) {
+      // The node holds the planned GPUs' experts, each GPU's set whole (the balance).
+      std::vector<std::vector<int32_t>> want, got;
+      for (int64_t g = node * per_node; g < (node + 1) * per_node; ++g) {
+        want.push_back(gpu(planned, g));
+        got.push_back(gpu(placed, g));
+      }
+      std::sort(want.begin(), want.end());
+      std::sort(got.begin(), got.end());
+      ASSERT_EQ(got, want) << "trial " << trial << " node " << node;
+    }
+    for (int64_t g = 0; g < gpus; ++g) {
+      // On each GPU every expert it keeps stays in its slot.
+      std::vector<int32_t> both;
+      const auto c = gpu(current, g), p = gpu(placed, g);
+      std::set_intersection(c.begin(), c.end(), p.begin(), p.end(), std::back_inserter(both));
+      int64_t unchanged = 0;
+      for (int64_t s = g * per_gpu; s < (g + 1) * per_gpu; ++s) unchanged += placed[static_cast<std::size_t>(s)] == current[static_cast<std::size_t>(s)];
+      EXPECT_EQ(unchanged, static_cast<int64_t>(both.size())) << "trial " << trial << " GPU " << g;
+    }
+  }
 }
 
 }  // namespace

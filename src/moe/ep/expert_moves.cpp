@@ -40,7 +40,19 @@ ArrivedExperts move_expert_weights(Transport& transport, const PhysicalExperts& 
     const int source = owner_of[static_cast<std::size_t>(m.source_slot)];
     const int destination = owner_of[static_cast<std::size_t>(m.slot)];
     if (destination == me) expected_from[static_cast<std::size_t>(m.slot)] = source;
-    if (source != me) continue;
+  }
+  // Each message sized once (the weights are most of it), then written.
+  std::vector<std::size_t> sizes(static_cast<std::size_t>(ranks), 0);
+  for (const ExpertMove& m : moves) {
+    const int destination = owner_of[static_cast<std::size_t>(m.slot)];
+    if (owner_of[static_cast<std::size_t>(m.source_slot)] == me && destination != me) {
+      sizes[static_cast<std::size_t>(destination)] += expert_bytes(experts.weights(m.source_slot));
+    }
+  }
+  for (int d = 0; d < ranks; ++d) to_each[static_cast<std::size_t>(d)].reserve(sizes[static_cast<std::size_t>(d)]);
+  for (const ExpertMove& m : moves) {
+    const int destination = owner_of[static_cast<std::size_t>(m.slot)];
+    if (owner_of[static_cast<std::size_t>(m.source_slot)] != me) continue;
     if (destination == me) arrived.slots.emplace_back(m.slot, copy_expert(experts.weights(m.source_slot)));
     else append_expert(to_each[static_cast<std::size_t>(destination)], m.slot, experts.weights(m.source_slot));
   }

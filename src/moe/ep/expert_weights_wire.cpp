@@ -27,7 +27,7 @@ void put(Buffer& out, T v) {
 void put_tensor(Buffer& out, const Tensor& t) {
   put<uint8_t>(out, t.defined() ? 1 : 0);
   if (!t.defined()) return;
-  const Tensor packed = contiguous_copy(t);  // rows packed; scales still attached (shared)
+  const Tensor packed = t.is_contiguous() ? t : contiguous_copy(t);  // rows packed; scales attached
   put<uint8_t>(out, static_cast<uint8_t>(packed.dtype()));
   put<int32_t>(out, static_cast<int32_t>(packed.rank()));
   for (int64_t d : packed.shape()) put<int64_t>(out, d);
@@ -57,7 +57,22 @@ void put_tensor(Buffer& out, const Tensor& t) {
   }
 }
 
+// Bytes a tensor takes in a message, at most (its values, its scales, the headers).
+std::size_t tensor_bytes(const Tensor& t) {
+  if (!t.defined()) return 1;
+  std::size_t bytes = 64 + t.nbytes();
+  if (const BlockScales* s = t.block_scales()) bytes += 64 + s->scales.nbytes();
+  if (const MxScales* mx = t.mx_scales()) bytes += 64 + static_cast<std::size_t>(mx->scales.numel());
+  return bytes;
+}
+
 }  // namespace
+
+std::size_t expert_bytes(const SwigluExpertWeights& w) {
+  std::size_t bytes = sizeof(int32_t);
+  for (const Tensor* t : {&w.gate, &w.up, &w.down, &w.gate_bias, &w.up_bias, &w.down_bias}) bytes += tensor_bytes(*t);
+  return bytes;
+}
 
 void append_expert(Buffer& out, int32_t slot, const SwigluExpertWeights& w) {
   put<int32_t>(out, slot);

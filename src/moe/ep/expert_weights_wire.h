@@ -17,6 +17,9 @@
 
 namespace r3::moe::ep {
 
+// An upper bound of the bytes append_expert adds for these weights (to reserve a message at once).
+std::size_t expert_bytes(const SwigluExpertWeights& weights);
+
 // Appends physical expert `slot`'s weights to `out`.
 void append_expert(Buffer& out, int32_t slot, const SwigluExpertWeights& weights);
 

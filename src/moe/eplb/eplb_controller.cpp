@@ -60,7 +60,10 @@ void EplbController::plan() {
                                             options_.topology.num_gpus).imbalance();
     const double after = placement_balance(plan.physical_to_logical, load, options_.topology.num_gpus).imbalance();
     spdlog::debug("EPLB step {}, MoE layer {}: max/mean GPU load {:.3f} -> {:.3f}", steps_, j, before, after);
-    waiting_.emplace_back(j, ExpertPlacement(plan.physical_to_logical, layer->num_logical()));
+    // The same balance, with as many experts as possible staying on their GPU and in their slot.
+    std::vector<int32_t> placed =
+        keep_in_place(layer->placement().physical_to_logical(), plan.physical_to_logical, options_.topology);
+    waiting_.emplace_back(j, ExpertPlacement(std::move(placed), layer->num_logical()));
   }
   ++rebalances_;
 }

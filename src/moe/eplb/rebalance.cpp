@@ -1,6 +1,7 @@
 #include "moe/eplb/rebalance.h"
 
 #include <algorithm>
+#include <iterator>
 #include <numeric>
 
 #include "core/check.h"
@@ -132,6 +133,79 @@ EplbPlan plan_placement(std::span<const double> logical_load, int64_t num_physic
     return plan_hierarchical(logical_load, num_physical, t.num_groups, t.num_nodes, t.num_gpus);
   }
   return plan_hierarchical(logical_load, num_physical, 1, 1, t.num_gpus);
+}
+
+namespace {
+
+// How many experts two GPUs' slots have in common, replicas counted: the multisets' intersection.
+int64_t shared_experts(std::span<const int32_t> a, std::span<const int32_t> b) {
+  std::vector<int32_t> x(a.begin(), a.end()), y(b.begin(), b.end());
+  std::sort(x.begin(), x.end());
+  std::sort(y.begin(), y.end());
+  std::vector<int32_t> both;
+  std::set_intersection(x.begin(), x.end(), y.begin(), y.end(), std::back_inserter(both));
+  return static_cast<int64_t>(both.size());
+}
+
+}  // namespace
+
+std::vector<int32_t> keep_in_place(std::span<const int32_t> current, std::vector<int32_t> planned,
+                                   const EplbTopology& topology) {
+  const auto slots = static_cast<int64_t>(planned.size());
+  const int64_t gpus = topology.num_gpus, nodes = topology.num_nodes;
+  R3_CHECK(static_cast<int64_t>(current.size()) == slots && gpus > 0 && nodes > 0 && gpus % nodes == 0 &&
+               slots % gpus == 0,
+           "EPLB: keeping experts in place across ", current.size(), " and ", slots, " slots on ", gpus, " GPUs of ",
+           nodes, " nodes");
+  const int64_t per_gpu = slots / gpus, per_node = gpus / nodes;
+  const auto on_gpu = [&](auto& v, int64_t g) { return std::span(v).subspan(static_cast<std::size_t>(g * per_gpu), static_cast<std::size_t>(per_gpu)); };
+  // Planned GPU -> GPU, within each node.
+  std::vector<int64_t> gpu_of(static_cast<std::size_t>(gpus), -1);
+  for (int64_t node = 0; node < nodes; ++node) {
+    const int64_t first = node * per_node;
+    std::vector<std::vector<int64_t>> shared(static_cast<std::size_t>(per_node));
+    for (int64_t a = 0; a < per_node; ++a) {
+      for (int64_t b = 0; b < per_node; ++b) shared[a].push_back(shared_experts(on_gpu(planned, first + a), on_gpu(current, first + b)));
+    }
+    std::vector<bool> taken(static_cast<std::size_t>(per_node), false);
+    for (int64_t round = 0; round < per_node; ++round) {
+      int64_t best_a = -1, best_b = -1;
+      for (int64_t a = 0; a < per_node; ++a) {
+        if (gpu_of[static_cast<std::size_t>(first + a)] >= 0) continue;
+        for (int64_t b = 0; b < per_node; ++b) {
+          if (!taken[static_cast<std::size_t>(b)] && (best_a < 0 || shared[a][b] > shared[best_a][best_b])) {
+            best_a = a;
+            best_b = b;
+          }
+        }
+      }
+      gpu_of[static_cast<std::size_t>(first + best_a)] = first + best_b;
+      taken[static_cast<std::size_t>(best_b)] = true;
+    }
+  }
+  std::vector<int32_t> placed(planned.size());
+  for (int64_t a = 0; a < gpus; ++a) {
+    const std::span<const int32_t> mine = on_gpu(planned, a);
+    const int64_t g = gpu_of[static_cast<std::size_t>(a)];
+    const std::span<const int32_t> held = on_gpu(current, g);
+    const std::span<int32_t> out = on_gpu(placed, g);
+    std::vector<int32_t> pending(mine.begin(), mine.end());
+    std::vector<bool> kept(static_cast<std::size_t>(per_gpu), false);
+    for (int64_t s = 0; s < per_gpu; ++s) {
+      const auto it = std::find(pending.begin(), pending.end(), held[s]);
+      if (it == pending.end()) continue;
+      out[s] = held[s];
+      kept[static_cast<std::size_t>(s)] = true;
+      *it = -1;  // taken
+    }
+    auto next = pending.begin();
+    for (int64_t s = 0; s < per_gpu; ++s) {
+      if (kept[static_cast<std::size_t>(s)]) continue;
+      next = std::find_if(next, pending.end(), [](int32_t e) { return e >= 0; });
+      out[s] = *next++;
+    }
+  }
+  return placed;
 }
 
 PlacementBalance placement_balance(std::span<const int32_t> physical_to_logical,

@@ -34,6 +34,17 @@ void validate_topology(const EplbTopology& topology, int64_t num_experts, int64_
 EplbPlan plan_placement(std::span<const double> logical_load, int64_t num_physical,
                         const EplbTopology& topology);
 
+// `planned` (a plan's physical_to_logical) rearranged so that as many experts as possible stay
+// where `current` has them, with the same balance: the balance depends only on which experts each
+// GPU holds, not on which GPU of its node that is nor on the slot an expert sits in. An expert that
+// stays on its GPU does not cross to another (between expert-parallel ranks, the transfers), and
+// one that stays in its slot is not copied at all. First the node's planned GPUs go to its GPUs,
+// greedily, the pair sharing the most experts first (ties: lower planned, then lower current GPU);
+// then within a GPU, slots keeping their expert keep it and the other experts fill the freed slots
+// in the planned order.
+std::vector<int32_t> keep_in_place(std::span<const int32_t> current, std::vector<int32_t> planned,
+                                   const EplbTopology& topology);
+
 struct PlacementBalance {
   std::vector<double> gpu_load;  // each replica carries load / replica_count of its expert
   double max = 0, mean = 0;
