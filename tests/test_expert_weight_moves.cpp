@@ -248,6 +248,25 @@ TEST(ExpertMoves, WeightsThatNeverArriveOrArriveUnaskedAreRefused) {
   EXPECT_EQ(errors[0], "EPLB: rank 1 sent the weights of slot 0, which rank 0 does not take from it");
 }
 
+// On one rank a re-placement copies only the slots whose expert changes; the others keep their
+// memory, and every slot then holds its new expert's weights.
+TEST(ExpertMoves, ARearrangedLayerCopiesOnlyTheSlotsThatChange) {
+  const FixtureExperts f = fixture_experts("qwen3_moe");
+  const auto experts = static_cast<int64_t>(f.logical.size());
+  moe::PhysicalExperts layer(f.logical, ExpertPlacement::initial(experts, 2), f.activation);
+  std::vector<const void*> before;
+  for (int32_t p = 0; p < layer.num_physical(); ++p) before.push_back(layer.weights(p).gate.raw_data());
+  std::vector<int32_t> to = layer.placement().physical_to_logical();
+  std::swap(to[0], to[1]);  // slots 0 and 1 trade experts; the rest keep theirs
+  const ExpertPlacement placement(to, experts);
+  layer.rearrange(placement);
+  for (int32_t p = 0; p < layer.num_physical(); ++p) {
+    SCOPED_TRACE(p);
+    EXPECT_EQ(layer.weights(p).gate.raw_data() == before[static_cast<std::size_t>(p)], p >= 2);
+    expect_same_expert(layer.weights(p), f.logical[static_cast<std::size_t>(placement.logical_of(p))]);
+  }
+}
+
 // The controller spreads a rebalance over steps, `layers_per_step` layers after each, in layer
 // order; the layers not yet moved keep their placement, and a rebalance falling due meanwhile is
 // skipped.

@@ -85,6 +85,10 @@ void PhysicalExperts::rearrange(ExpertPlacement placement) {
            placement.num_logical(), " experts, layer has ", num_logical());
   std::vector<SwigluExpertWeights> moved;
   for (int32_t p = 0; p < placement.num_physical(); ++p) {
+    if (p < num_physical() && placement.logical_of(p) == placement_.logical_of(p)) {
+      moved.push_back(physical_[static_cast<std::size_t>(p)]);  // keeps its expert: nothing to copy
+      continue;
+    }
     // Any current replica of the logical expert holds its weights.
     const int32_t source = placement_.replicas(placement.logical_of(p)).front();
     moved.push_back(copy_expert(physical_[static_cast<std::size_t>(source)]));

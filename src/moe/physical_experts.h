@@ -118,7 +118,8 @@ class PhysicalExperts {
 
   // Logical experts' load from per-physical-expert counts under this placement.
   std::vector<double> logical_load(std::span<const int64_t> physical_counts) const;
-  // Moves expert weights to the physical experts of `placement` (copies).
+  // Moves expert weights to the physical experts of `placement`: a slot that gets another expert
+  // gets a copy of it, a slot that keeps its expert keeps its memory.
   void rearrange(ExpertPlacement placement);
   // Re-places the experts with weights that came from elsewhere (expert parallelism: from the rank
   // holding each; moe/ep/expert_moves.h): every slot whose logical expert changes must be among
