@@ -9,7 +9,8 @@
 // with its own scheduler and KV cache, captures its tokens' logical ids before they leave it, and
 // runs the routed experts of its slice of the physical experts for every rank's tokens. Every
 // rank steps together (a rank without sequences on a padding row), and EPLB plans from the loads
-// of all ranks, between steps, and moves the experts' weights between the ranks. The outputs, tokens and routed experts are those of one rank.
+// of all ranks, between steps, and moves the experts' weights between the ranks. The outputs,
+// tokens and routed experts are those of one rank.
 #pragma once
 
 #include <cstdint>

@@ -42,8 +42,8 @@ struct EngineStats {
   int64_t expert_weight_bytes_moved = 0;
 
   // Adds another rank's counters (routed_seconds: the slowest rank's, the ranks run at once). The
-  // group's steps, step_seconds, max_step_seconds and max_batch_sequences are its own: the engine counts, times
-  // and sizes its steps over all ranks.
+  // group's steps, step_seconds, max_step_seconds and max_batch_sequences are its own: the
+  // engine counts, times and sizes its steps over all ranks.
   void add_rank(const EngineStats& rank);
 };
 

@@ -31,8 +31,10 @@ ArrivedExperts move_expert_weights(Transport& transport, const PhysicalExperts& 
            " slots for ", experts.num_physical(), " physical experts");
   ArrivedExperts arrived;
   std::vector<Buffer> to_each(static_cast<std::size_t>(ranks));
-  // Source rank of each slot this rank expects to receive: what a message may carry.
+  // Source rank of each slot this rank expects to receive: what a message may carry. And the
+  // size of each message it sends, so that each is allocated once.
   std::vector<int> expected_from(static_cast<std::size_t>(experts.num_physical()), -1);
+  std::vector<std::size_t> sizes(static_cast<std::size_t>(ranks), 0);
   for (const ExpertMove& m : moves) {
     R3_CHECK(m.slot >= 0 && m.slot < experts.num_physical() && m.source_slot >= 0 &&
                  m.source_slot < experts.num_physical(),
@@ -40,14 +42,7 @@ ArrivedExperts move_expert_weights(Transport& transport, const PhysicalExperts& 
     const int source = owner_of[static_cast<std::size_t>(m.source_slot)];
     const int destination = owner_of[static_cast<std::size_t>(m.slot)];
     if (destination == me) expected_from[static_cast<std::size_t>(m.slot)] = source;
-  }
-  // Each message sized once (the weights are most of it), then written.
-  std::vector<std::size_t> sizes(static_cast<std::size_t>(ranks), 0);
-  for (const ExpertMove& m : moves) {
-    const int destination = owner_of[static_cast<std::size_t>(m.slot)];
-    if (owner_of[static_cast<std::size_t>(m.source_slot)] == me && destination != me) {
-      sizes[static_cast<std::size_t>(destination)] += expert_bytes(experts.weights(m.source_slot));
-    }
+    else if (source == me) sizes[static_cast<std::size_t>(destination)] += expert_bytes(experts.weights(m.source_slot));
   }
   for (int d = 0; d < ranks; ++d) to_each[static_cast<std::size_t>(d)].reserve(sizes[static_cast<std::size_t>(d)]);
   for (const ExpertMove& m : moves) {
