@@ -10,6 +10,7 @@
 
 #include "backend/context.h"
 #include "backend/device_memory.h"
+#include "gpu/gpu_test_support.h"
 #include "models/device_step_builder.h"
 #include "moe/device_capture.h"
 #include "moe/device_experts.h"
@@ -30,14 +31,6 @@
 namespace r3::test {
 namespace {
 
-Tensor gpu_random(Shape shape, uint32_t seed, float scale = 1.0f) {
-  Tensor t = Tensor::empty(DType::F32, std::move(shape));
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = normal(rng);
-  return t;
-}
-
 // A host copy of a host tensor.
 Tensor gpu_host_copy(const Tensor& t) {
   Tensor c = Tensor::empty(t.dtype(), t.shape());
@@ -53,16 +46,6 @@ Tensor gpu_widened_bf16(const Tensor& t) {
   Tensor f = Tensor::empty(DType::F32, t.shape());
   convert_to_f32(t.raw_data(), t.dtype(), static_cast<std::size_t>(t.numel()), f.data<float>());
   return f;
-}
-
-// Largest |a - b| over the largest |b|: a relative error of the whole tensor.
-double gpu_relative_error(const Tensor& a, const Tensor& b) {
-  double diff = 0, scale = 0;
-  for (int64_t i = 0; i < b.numel(); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(a.data<float>()[i]) - b.data<float>()[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(b.data<float>()[i])));
-  }
-  return scale == 0 ? diff : diff / scale;
 }
 
 class CudaOps : public testing::Test {
@@ -266,11 +249,6 @@ TEST_F(CudaOps, ResidualAddAndClampMatchTheCpu) {
   ops::clamp(*gpu_, xd, 1.5f);
   const Tensor got = backend::to_host(*gpu_, xd);
   EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), want.nbytes()), 0);
-}
-
-// Host int32 values as a device tensor (kept alive by the caller).
-Tensor gpu_ints(backend::Context& gpu, const std::vector<int32_t>& values) {
-  return backend::to_device(gpu, Tensor::from(values, {static_cast<int64_t>(values.size())}));
 }
 
 TEST_F(CudaOps, EmbeddingOfDeviceIdsMatchesTheCpu) {

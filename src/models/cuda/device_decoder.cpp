@@ -20,7 +20,32 @@ namespace device {
 Decoder::Decoder(backend::Context& ctx, DecoderParts parts) : ctx_(ctx), p_(std::move(parts)) {
   R3_CHECK(ctx.device() == Device::kCuda, "a device decoder needs a CUDA context");
   R3_CHECK(!p_.layers.empty(), "a device decoder needs at least one layer");
+  for (const Layer& layer : p_.layers) has_recurrent_layers_ = has_recurrent_layers_ || layer.delta_attention;
 }
+
+namespace {
+
+// A recurrent layer's state has taken in exactly its sequence's cached positions, and its kernels
+// take each sequence's rows of a step as one run (ops/cuda/sequence_runs.cuh): refused here, with
+// the CPU layer's message, is a step whose rows of a sequence are split or do not continue the
+// cache (which the kernels could not report).
+void check_runs_continue_states(const ForwardBatch& batch, const KvCache& kv) {
+  std::vector<bool> seen(static_cast<std::size_t>(kv.max_seqs()), false);
+  for (int64_t t = 0; t < batch.size(); ++t) {
+    const int32_t seq = batch.seqs[static_cast<std::size_t>(t)];
+    if (seq == ForwardBatch::kPadding) continue;
+    const int32_t pos = batch.positions[static_cast<std::size_t>(t)];
+    const bool continues = t > 0 && batch.seqs[static_cast<std::size_t>(t - 1)] == seq &&
+                           batch.positions[static_cast<std::size_t>(t - 1)] + 1 == pos;
+    if (continues) continue;
+    R3_CHECK(!seen[static_cast<std::size_t>(seq)] && pos == kv.length(seq), "KDA layers: sequence ", seq,
+             "'s rows start at position ", pos, " but its state holds ", kv.length(seq),
+             " positions (a sequence's rows of a step must be consecutive)");
+    seen[static_cast<std::size_t>(seq)] = true;
+  }
+}
+
+}  // namespace
 
 Decoder::~Decoder() { drop_graphs(); }
 
@@ -74,6 +99,7 @@ void Decoder::run_step(backend::Context& ctx, const ForwardBatch& batch, ModelCa
   R3_CHECK(kv != nullptr && kv->on_device() && kv->num_layers() == static_cast<int64_t>(p_.layers.size()),
            "forward: the cache was not made by this device model");
   check_kv_blocks(batch, *kv);
+  if (has_recurrent_layers_) check_runs_continue_states(batch, *kv);
   const int64_t tokens = batch.size(), hidden = info.hidden_size;
   prepare(tokens, *kv);
   backend::Workspace::Scope step_scope(ctx.workspace());
@@ -132,7 +158,8 @@ void Decoder::run_layers(backend::Context& ctx, const ops::DeviceStep& step, KvC
     const Layer& layer = p_.layers[l];
     const ops::DeviceKvPool pool = kv.device_pool(static_cast<int64_t>(l));
     if (layer.attention) layer.attention->forward(ctx, t.normed, step, pool, t.branch);
-    else layer.latent_attention->forward(ctx, t.normed, step, pool, t.branch);
+    else if (layer.latent_attention) layer.latent_attention->forward(ctx, t.normed, step, pool, t.branch);
+    else layer.delta_attention->forward(ctx, t.normed, step, pool, t.branch);
     ops::cuda::add_rms_norm(ctx, t.branch, t.residual, &layer.post_attention_norm, p_.rms_eps, t.normed);
     if (layer.moe) {
       const int64_t j = layer.moe->layer_id;
@@ -296,11 +323,10 @@ std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr
     device::Layer d;
     d.input_norm = device::on_device(ctx, layer.input_norm, DType::F32);
     d.post_attention_norm = device::on_device(ctx, layer.post_attention_norm, DType::F32);
-    R3_CHECK(dynamic_cast<const KdaAttention*>(layer.attention.get()) == nullptr, "--device cuda: ",
-             parts.info.architecture, " layer ", l,
-             " is a Kimi Delta Attention layer, which has no CUDA kernels yet; use --device cpu");
     if (const auto* gqa = dynamic_cast<const GqaAttention*>(layer.attention.get())) {
       d.attention.emplace(ctx, *gqa, weights);
+    } else if (const auto* kda = dynamic_cast<const KdaAttention*>(layer.attention.get())) {
+      d.delta_attention.emplace(ctx, *kda, weights);
     } else {
       const auto* mla = dynamic_cast<const MlaAttention*>(layer.attention.get());
       R3_CHECK(mla != nullptr, "--device cuda: layer ", l, "'s attention has no CUDA kernels");

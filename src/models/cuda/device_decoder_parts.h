@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -16,6 +17,7 @@
 
 #include "backend/context.h"
 #include "models/decoder_model.h"
+#include "models/kda_attention.h"
 #include "models/mla_attention.h"
 #include "models/device_step_builder.h"
 #include "moe/device_capture.h"
@@ -32,6 +34,12 @@ namespace r3::models::device {
 
 // A host weight in device memory as `dtype`, or an undefined tensor for an absent optional weight.
 Tensor on_device(backend::Context& ctx, const Tensor& host, DType dtype);
+
+// Host matrices of one width as one matrix of their rows stacked, on the device as `dtype`: float
+// weights always (widened exactly first), quantized ones when they are FP8 whose block scales
+// stack (each part starting and ending on a block row); an undefined tensor otherwise (they then
+// stay apart).
+Tensor stacked_on_device(backend::Context& ctx, std::initializer_list<const Tensor*> parts, DType dtype);
 
 // A host MLP with its matrices on the device as `dtype` (SwigluMlp's forward runs wherever its
 // context does).
@@ -74,6 +82,22 @@ struct LatentAttention {
                Tensor& out) const;
 };
 
+// Kimi Delta Attention (KdaAttention::forward over every sequence of the step): the projections,
+// then the short convolutions and the fused delta rule (ops/short_conv.h, ops/delta_rule.h), each
+// sequence's conv and recurrent states in the layer's device pool (KvCache's recurrent storage).
+struct KimiDeltaAttention {
+  KdaSpec spec;
+  KdaWeights w;  // on the device: projections as the model's dtype (q, k, v empty when stacked), the rest float32
+  Tensor qkv;    // q, k and v as one projection [3 width, hidden] when their weights stack (as Attention's)
+  Tensor conv;   // the q, k and v convolutions' taps stacked [3 width, kernel], float32
+
+  KimiDeltaAttention(backend::Context& ctx, const KdaAttention& host, DType dtype);
+  // The rows of a step must be each sequence's one run continuing its cached length (the decoder
+  // checks it on the host before the step).
+  void forward(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, const ops::DeviceKvPool& pool,
+               Tensor& out) const;
+};
+
 struct Moe {
   int64_t layer_id = 0;
   int64_t num_experts = 0, top_k = 0;
@@ -112,8 +136,9 @@ struct Moe {
 
 struct Layer {
   Tensor input_norm, post_attention_norm;
-  std::optional<Attention> attention;       // one of the two
+  std::optional<Attention> attention;       // one of the three
   std::optional<LatentAttention> latent_attention;
+  std::optional<KimiDeltaAttention> delta_attention;
   std::optional<SwigluMlp> dense;
   std::optional<Moe> moe;
 };
@@ -208,6 +233,7 @@ class Decoder final : public CausalLM {
   mutable std::unique_ptr<moe::DeviceLoadCounts> loads_;  // EPLB on: each step's loads
   mutable int64_t moe_layers_routed_ = 0;                  // of the running step, for a failed one
   mutable ops::cuda::TokenDrawer drawer_;
+  bool has_recurrent_layers_ = false;  // Kimi Delta Attention layers: steps are checked for their runs
 };
 
 }  // namespace r3::models::device

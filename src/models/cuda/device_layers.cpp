@@ -85,6 +85,14 @@ Tensor on_device(backend::Context& ctx, const Tensor& host, DType dtype) {
   return host.defined() ? backend::to_device_as(ctx, host, dtype) : Tensor();
 }
 
+Tensor stacked_on_device(backend::Context& ctx, std::initializer_list<const Tensor*> parts, DType dtype) {
+  bool quantized = false;
+  for (const Tensor* t : parts) quantized = quantized || stored_quantized(*t);
+  if (!quantized) return on_device(ctx, stacked_rows(parts), dtype);
+  const Tensor fp8 = stacked_fp8_rows(parts);
+  return fp8.defined() ? on_device(ctx, fp8, dtype) : Tensor();
+}
+
 SwigluMlp mlp_on_device(backend::Context& ctx, const SwigluMlp& host, DType dtype) {
   return SwigluMlp(on_device(ctx, host.gate(), dtype), on_device(ctx, host.up(), dtype),
                    on_device(ctx, host.down(), dtype), host.limit());
@@ -93,12 +101,8 @@ SwigluMlp mlp_on_device(backend::Context& ctx, const SwigluMlp& host, DType dtyp
 Attention::Attention(backend::Context& ctx, const GqaAttention& host, DType dtype)
     : Attention(host.spec(), host.rms_eps(), host.rotary(), host.sliding_window()) {
   const GqaAttentionWeights& h = host.weights();
-  // Quantized q, k and v become one projection when their block scales stack (stacked_fp8_rows),
-  // and stay three otherwise.
-  const bool quantized = stored_quantized(h.q) || stored_quantized(h.k) || stored_quantized(h.v);
-  const Tensor fp8_qkv = quantized && fuses_qkv(spec) ? stacked_fp8_rows({&h.q, &h.k, &h.v}) : Tensor();
-  if (fuses_qkv(spec) && (!quantized || fp8_qkv.defined())) {
-    qkv = on_device(ctx, quantized ? fp8_qkv : stacked_rows({&h.q, &h.k, &h.v}), dtype);
+  if (fuses_qkv(spec)) qkv = stacked_on_device(ctx, {&h.q, &h.k, &h.v}, dtype);
+  if (qkv.defined()) {
     if (h.q_bias.defined() || h.k_bias.defined() || h.v_bias.defined()) {
       const int64_t q_width = spec.num_heads * spec.head_dim, kv_width = spec.num_kv_heads * spec.head_dim;
       const Tensor zq = Tensor::empty(DType::F32, {q_width}), zkv = Tensor::empty(DType::F32, {kv_width});

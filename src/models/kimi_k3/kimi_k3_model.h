@@ -38,8 +38,7 @@ class KimiK3Model final : public CausalLM {
   void forward_into(backend::Context& ctx, const ForwardBatch& batch, ModelCache& cache, Tensor& logits) const override;
   std::vector<moe::MoeBlock*> moe_blocks() override;
   std::string device_unsupported() const override {
-    return "Kimi K3's attention residuals, Kimi Delta Attention, gated MLA and SiTU latent MoE have no CUDA kernels "
-           "yet";
+    return "Kimi K3's attention residuals, gated MLA and SiTU latent MoE have no CUDA kernels yet";
   }
 
  private:
