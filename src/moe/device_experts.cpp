@@ -113,9 +113,6 @@ Tensor stacked_bias(backend::Context& ctx, const PhysicalExperts& experts, Pick 
 DeviceExperts upload_experts(backend::Context& ctx, const PhysicalExperts& experts, DType dtype) {
   R3_CHECK(dtype == DType::F32 || dtype == DType::BF16, "experts on the device: F32 or BF16, not ", dtype_name(dtype));
   R3_CHECK(experts.num_physical() > 0, "experts on the device: no experts");
-  // The device kernels have SwiGLU and GPT-OSS's activation only.
-  R3_CHECK(experts.activation().kind != ExpertActivation::Kind::kSitu,
-           "experts on the device: the SiTU activation (Kimi K3) has no CUDA kernels yet");
   DeviceExperts d;
   const auto gate = [](const SwigluExpertWeights& w) -> const Tensor& { return w.gate; };
   const auto up = [](const SwigluExpertWeights& w) -> const Tensor& { return w.up; };

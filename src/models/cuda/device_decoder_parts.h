@@ -18,6 +18,10 @@
 #include "backend/context.h"
 #include "models/decoder_model.h"
 #include "models/kda_attention.h"
+#include "models/kimi_k3/attention_residual.h"
+#include "models/kimi_k3/kimi_k3_model.h"
+#include "models/kimi_k3/latent_moe.h"
+#include "models/kimi_k3/situ_mlp.h"
 #include "models/mla_attention.h"
 #include "models/device_step_builder.h"
 #include "moe/device_capture.h"
@@ -116,6 +120,8 @@ struct Moe {
 
   Moe() = default;
   Moe(backend::Context& ctx, const MoeFeedForward& host, DType dtype, bool eplb);
+  // The block's routing and experts only (no shared expert).
+  Moe(backend::Context& ctx, const moe::MoeBlock& block, DType dtype, bool eplb);
   // Gate GEMM, then routing fused with the capture write (the ids reach `capture` rows in the
   // same kernel that writes them to `ids`; null rows: not captured). ids: device [tokens, k]
   // logical ids; weights: device [tokens, k].
@@ -134,6 +140,31 @@ struct Moe {
   bool host_map() const { return host_experts != nullptr && host_experts->has_map_function(); }
 };
 
+// Kimi K3's latent MoE (LatentMoeFeedForward): routed on the hidden state, its experts run in
+// the latent width between `down` and rms_norm + `up`; the shared experts at full width.
+struct LatentMoe {
+  Moe moe;  // no shared expert: `shared` is
+  Tensor down, norm, up;
+  float rms_eps;
+  SituMlp shared;
+
+  LatentMoe(backend::Context& ctx, const LatentMoeFeedForward& host, DType dtype, bool eplb);
+};
+
+// One of Kimi K3's attention-residual mixes (AttentionResidual) with its weights on the device.
+struct ResidualMix {
+  Tensor query, norm;
+  float eps;
+
+  ResidualMix(backend::Context& ctx, const AttentionResidual& host);
+  // snapshots: device [blocks, tokens, hidden], the first `count` used; current, out: [tokens, hidden].
+  void mix(backend::Context& ctx, const Tensor& snapshots, int64_t count, const Tensor& current, Tensor& out) const;
+};
+
+// A host SiTU MLP with its matrices on the device as `dtype` (SituMlp's forward runs wherever
+// its context does).
+SituMlp situ_on_device(backend::Context& ctx, const SituMlp& host, DType dtype);
+
 struct Layer {
   Tensor input_norm, post_attention_norm;
   std::optional<Attention> attention;       // one of the three
@@ -141,7 +172,18 @@ struct Layer {
   std::optional<KimiDeltaAttention> delta_attention;
   std::optional<SwigluMlp> dense;
   std::optional<Moe> moe;
+  // Kimi K3 (DecoderParts::residual_block_size > 0): its feed-forward is one of these two, and
+  // its input and its MLP's input are mixed from the block snapshots.
+  std::optional<SituMlp> situ;
+  std::optional<LatentMoe> latent_moe;
+  std::optional<ResidualMix> pre_mix, post_mix;
+
+  // The layer's routed experts (its MoE's or its latent MoE's), or null for a dense layer.
+  const Moe* routed_moe() const { return moe ? &*moe : latent_moe ? &latent_moe->moe : nullptr; }
 };
+
+// The attention of host layer `l` on the device as `dtype` (GQA, latent or Kimi Delta).
+void place_attention(backend::Context& ctx, const AttentionLayer& host, DType dtype, int64_t l, Layer& d);
 
 // What a decoder on the device is made of; `host` is the model it was copied from (kept alive
 // for its checkpoint mapping and MoE blocks), or null for random weights.
@@ -151,7 +193,11 @@ struct DecoderParts {
   std::vector<CacheSpec> cache_specs;
   Tensor embed, final_norm, lm_head;
   std::vector<Layer> layers;
-  std::unique_ptr<DecoderModel> host;
+  std::unique_ptr<CausalLM> host;
+  // > 0: Kimi K3's attention residuals over blocks of this many layers (Layer::pre_mix, post_mix,
+  // and output_mix before the final norm) instead of one running residual sum.
+  int64_t residual_block_size = 0;
+  std::optional<ResidualMix> output_mix;
   // False: the routing kernels write no capture rows and nothing is copied back (benchmarks measure
   // capture's cost with it; a model the engine runs always captures).
   bool capture_routing = true;
@@ -207,6 +253,19 @@ class Decoder final : public CausalLM {
                 FunctionRef<void(const Tensor& logits)> finish) const;
   // Embedding, layers, final norm and lm_head: the part of a step a graph holds.
   void run_layers(backend::Context& ctx, const ops::DeviceStep& step, KvCache& kv, StepTensors& t) const;
+  // The same for Kimi K3's attention residuals (models/cuda/kimi_k3_on_device.cpp).
+  void run_residual_mix_layers(backend::Context& ctx, const ops::DeviceStep& step, KvCache& kv, StepTensors& t) const;
+  // Layer l's attention from t.normed into t.branch.
+  void run_attention(backend::Context& ctx, const Layer& layer, const ops::DeviceStep& step, KvCache& kv, int64_t l,
+                     StepTensors& t) const;
+  // A MoE layer's gate and routing with the capture write: its logical ids (scratch of the
+  // caller's workspace scope) and weights (in the capture buffer), and its load counts (EPLB).
+  struct Routed {
+    const int32_t* ids;
+    const float* weights;
+    int32_t* loads;
+  };
+  Routed route(backend::Context& ctx, const Moe& moe, const Tensor& normed, const ops::DeviceStep& step) const;
   // run_layers, from a graph of this step's shape when there is one (capturing it when due).
   void run_layers_graphed(backend::Context& ctx, ops::DeviceStep step, KvCache& kv, StepTensors& t) const;
   // Sizes the step builder and the capture buffer for a step of `tokens` tokens over the cache's
@@ -235,5 +294,8 @@ class Decoder final : public CausalLM {
   mutable ops::cuda::TokenDrawer drawer_;
   bool has_recurrent_layers_ = false;  // Kimi Delta Attention layers: steps are checked for their runs
 };
+
+// Kimi K3 on the device (models/cuda/kimi_k3_on_device.cpp).
+std::unique_ptr<CausalLM> place_kimi_k3(backend::Context& ctx, std::unique_ptr<KimiK3Model> host, DType weights);
 
 }  // namespace r3::models::device

@@ -9,6 +9,7 @@
 #include "backend/device_memory.h"
 #include "core/dtype.h"
 #include "models/cuda/device_decoder_parts.h"
+#include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/kv_write.h"
 #include "ops/latent_attention.h"
@@ -171,6 +172,7 @@ LatentAttention::LatentAttention(backend::Context& ctx, const MlaAttention& host
   w.kv_a_proj = on_device(ctx, h.kv_a_proj, dtype);
   w.kv_b_proj = on_device(ctx, h.kv_b_proj, dtype);
   w.o_proj = on_device(ctx, h.o_proj, dtype);
+  w.g_proj = on_device(ctx, h.g_proj, dtype);
   w.q_a_norm = f32_on_device(ctx, h.q_a_norm);
   w.kv_a_norm = f32_on_device(ctx, h.kv_a_norm);
   w.q_a_bias = f32_on_device(ctx, h.q_a_bias);
@@ -197,12 +199,22 @@ void LatentAttention::forward(backend::Context& ctx, const Tensor& x, const ops:
   Tensor attended = ctx.scratch_for_output(DType::F32, {tokens, heads * m.v_head_dim});
   ops::cuda::latent_attention_paged(ctx, q, w.kv_b_proj, step, pool, {heads, nope, rope, m.v_head_dim, lora},
                                     softmax_scale, attended);
+  if (w.g_proj.defined()) {  // Kimi K3's output gate, as MlaAttention::forward
+    Tensor gate = ctx.scratch_for_output(DType::F32, {tokens, heads * m.v_head_dim});
+    ops::linear(ctx, x, w.g_proj, nullptr, gate);
+    ops::mul_sigmoid(ctx, gate, attended);
+  }
   ops::linear(ctx, attended, w.o_proj, w.o_bias.if_defined(), out);
 }
 
 Moe::Moe(backend::Context& ctx, const MoeFeedForward& host, DType weights_dtype, bool eplb)
-    : layer_id(host.moe().layer_id()), dtype(weights_dtype) {
-  const moe::MoeBlock& block = host.moe();
+    : Moe(ctx, host.moe(), weights_dtype, eplb) {
+  if (host.shared_expert()) shared_expert.emplace(mlp_on_device(ctx, *host.shared_expert(), dtype));
+  shared_gate = f32_on_device(ctx, host.shared_gate());
+}
+
+Moe::Moe(backend::Context& ctx, const moe::MoeBlock& block, DType weights_dtype, bool eplb)
+    : layer_id(block.layer_id()), dtype(weights_dtype) {
   const moe::PhysicalExperts& physical = block.experts();
   const moe::MoeBlock::Gate gate = block.gate();
   num_experts = gate.weight.dim(0);
@@ -222,8 +234,6 @@ Moe::Moe(backend::Context& ctx, const MoeFeedForward& host, DType weights_dtype,
   host_experts = &physical;
   placement_version = physical.placement_version();
   if (eplb) map = std::make_shared<moe::DeviceExpertMap>(ctx, physical.placement());
-  if (host.shared_expert()) shared_expert.emplace(mlp_on_device(ctx, *host.shared_expert(), dtype));
-  shared_gate = f32_on_device(ctx, host.shared_gate());
 }
 
 void Moe::route(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, int32_t* ids, float* weights,
