@@ -19,6 +19,7 @@ void download_into(Context& ctx, const Tensor& t, Tensor& host);
 void copy_device_to_device(Context& ctx, const Tensor& src, Tensor& dst);
 double copy_bandwidth(Context& ctx);
 void synchronize(Context& ctx);
+void zero(Context& ctx, Tensor& t);
 }  // namespace cuda
 #endif
 
@@ -138,6 +139,18 @@ void synchronize(Context& ctx) {
   if (ctx.device() == Device::kCuda) cuda::synchronize(ctx);
 #endif
   (void)ctx;
+}
+
+void fill_zero(Context& ctx, Tensor& t) {
+  R3_CHECK(t.is_contiguous(), "fill_zero: needs a contiguous tensor");
+#if R3_WITH_CUDA
+  if (t.device() == Device::kCuda) {
+    R3_CHECK(ctx.device() == Device::kCuda, "fill_zero: a device tensor on a CPU context");
+    return cuda::zero(ctx, t);
+  }
+#endif
+  (void)ctx;
+  std::memset(t.raw_data(), 0, t.nbytes());
 }
 
 }  // namespace r3::backend

@@ -11,9 +11,9 @@
 // and dense GEMMs through cuBLASLt in float32) or bfloat16 (rounded to nearest where stored wider;
 // r3's weight-streaming kernels widen them in registers). Embedding, norms, biases, sinks and
 // router gates stay float32; activations are float32 in both modes. What has no device kernels
-// yet is refused by name when the model is placed:
-// DeepSeek-V4, multi-head latent attention (DeepSeek-V2/V3), DeepSeek-V2's routing, and EPLB
-// replicas or rebalancing.
+// yet is refused by name when the model is placed: DeepSeek-V4 (a model class of its own), and
+// Kimi Delta Attention heads wider than its kernel holds. Kimi K3, also a class of its own, is
+// placed as a decoder with its attention-residual layer loop.
 #pragma once
 
 #include <memory>

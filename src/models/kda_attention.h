@@ -61,6 +61,7 @@ class KdaAttention final : public AttentionLayer {
   static KdaWeights load(const Checkpoint& checkpoint, const std::string& prefix, const KdaSpec& spec);
 
   const KdaSpec& spec() const { return spec_; }
+  const KdaWeights& weights() const { return w_; }  // placing the layer on a device copies them
   int64_t conv_state_floats() const { return 3 * spec_.width() * (spec_.conv_kernel - 1); }
   int64_t recurrent_state_floats() const { return spec_.heads * spec_.head_dim * spec_.head_dim; }
 

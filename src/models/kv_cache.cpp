@@ -35,7 +35,7 @@ uint64_t KvCache::next_serial() {
 
 KvCache::KvCache(std::vector<CacheSpec> layers, int64_t max_seqs, int64_t capacity, KvCacheOptions options)
     : max_seqs_(max_seqs), capacity_(capacity), block_size_(options.block_size),
-      engine_pool_blocks_(options.pool_blocks), on_device_(options.device != nullptr) {
+      engine_pool_blocks_(options.pool_blocks), on_device_(options.device != nullptr), device_(options.device) {
   R3_CHECK(!layers.empty() && max_seqs > 0 && capacity > 0 && block_size_ > 0 && engine_pool_blocks_ >= 0,
            "KV cache: layers, seqs, capacity and block size must be positive");
   R3_CHECK(options.device_dtype == DType::F32 || (on_device_ && options.device_dtype == DType::BF16),
@@ -52,16 +52,19 @@ KvCache::KvCache(std::vector<CacheSpec> layers, int64_t max_seqs, int64_t capaci
     layer.seq_blocks = table_blocks_;
     layer.positions_per_pass = capacity_;
     if (spec.kind == CacheSpec::Kind::kRecurrentState) {  // one state per sequence, no blocks
-      R3_CHECK(!on_device_, "KV cache: layer ", l, "'s recurrent state has no device storage yet");
-      const Shape first{checked_mul(max_seqs_, spec.key_width, "KV cache: recurrent state")};
-      const Shape second{checked_mul(max_seqs_, spec.value_width, "KV cache: recurrent state")};
+      const int64_t floats = checked_add(checked_mul(max_seqs_, spec.key_width, "KV cache: recurrent state"),
+                                         checked_mul(max_seqs_, spec.value_width, "KV cache: recurrent state"),
+                                         "KV cache: recurrent state");
       if (pass == 0) {
-        total_bytes = checked_add(total_bytes, (first[0] + second[0]) * static_cast<int64_t>(sizeof(float)),
-                                  "KV cache: bytes");
+        total_bytes = checked_add(total_bytes, floats * static_cast<int64_t>(sizeof(float)), "KV cache: bytes");
         continue;
       }
-      layer.keys = Tensor::empty(DType::F32, first);
-      layer.values = Tensor::empty(DType::F32, second);
+      // Float32 wherever it lives (a bf16 device cache too): every token rewrites the whole
+      // state, so rounding it to bf16 would compound over a sequence.
+      const Shape first{max_seqs_, spec.key_width}, second{max_seqs_, spec.value_width};
+      layer.keys = on_device_ ? backend::device_empty(*options.device, DType::F32, first) : Tensor::empty(DType::F32, first);
+      layer.values =
+          on_device_ ? backend::device_empty(*options.device, DType::F32, second) : Tensor::empty(DType::F32, second);
       layers_.push_back(std::move(layer));
       continue;
     }
@@ -223,9 +226,14 @@ void KvCache::set_length(int64_t seq, int64_t length) {
     high_water_[s] = 0;
     for (Layer& layer : layers_) {
       if (!is_recurrent(layer)) continue;
-      const SequenceState state = this->state(&layer - layers_.data(), seq);
-      std::fill(state.first, state.first + layer.spec.key_width, 0.0f);
-      std::fill(state.second, state.second + layer.spec.value_width, 0.0f);
+      Tensor first = layer.keys.rows(seq, seq + 1), second = layer.values.rows(seq, seq + 1);
+      if (device_ != nullptr) {  // queued on the device's stream, before the sequence's next step
+        backend::fill_zero(*device_, first);
+        backend::fill_zero(*device_, second);
+      } else {
+        std::fill(first.data<float>(), first.data<float>() + first.numel(), 0.0f);
+        std::fill(second.data<float>(), second.data<float>() + second.numel(), 0.0f);
+      }
     }
   } else if (length < high_water_[s]) {
     for (const Layer& layer : layers_) {

@@ -79,7 +79,8 @@ class KvCache final : public ModelCache {
   std::span<const int32_t> block_table(int64_t layer, int64_t seq) const;
   // The paged view of (layer, sequence) that kernels read and write through (host pools only).
   ops::PagedKv view(int64_t layer, int64_t seq);
-  // A recurrent-state layer's state of `seq`: [spec.key_width] then [spec.value_width] floats.
+  // A recurrent-state layer's state of `seq`: [spec.key_width] then [spec.value_width] floats
+  // (device memory when on_device(); the layer's device_pool then has every slot's, slot-major).
   struct SequenceState {
     float* first = nullptr;
     float* second = nullptr;
@@ -119,6 +120,7 @@ class KvCache final : public ModelCache {
   int64_t max_seqs_, capacity_, block_size_, table_blocks_;
   int64_t engine_pool_blocks_ = 0;
   bool on_device_ = false;
+  backend::Context* device_ = nullptr;  // the pools' context when on_device_
   uint64_t serial_ = next_serial();
   std::vector<Layer> layers_;
   std::vector<int64_t> lengths_;

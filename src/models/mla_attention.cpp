@@ -85,9 +85,7 @@ void MlaAttention::forward(backend::Context& ctx, const Tensor& x, const Forward
   if (w_.g_proj.defined()) {
     Tensor gate = ctx.scratch(DType::F32, {tokens, heads * vd});
     ops::linear(ctx, x, w_.g_proj, nullptr, gate);
-    float* a = attended.data<float>();
-    const float* g = gate.data<float>();
-    for (int64_t i = 0; i < attended.numel(); ++i) a[i] *= ops::sigmoid(g[i]);
+    ops::mul_sigmoid(ctx, gate, attended);
   }
   ops::linear(ctx, attended, w_.o_proj, w_.o_bias.if_defined(), out);
 }

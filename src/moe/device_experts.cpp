@@ -113,9 +113,6 @@ Tensor stacked_bias(backend::Context& ctx, const PhysicalExperts& experts, Pick 
 DeviceExperts upload_experts(backend::Context& ctx, const PhysicalExperts& experts, DType dtype) {
   R3_CHECK(dtype == DType::F32 || dtype == DType::BF16, "experts on the device: F32 or BF16, not ", dtype_name(dtype));
   R3_CHECK(experts.num_physical() > 0, "experts on the device: no experts");
-  // The device kernels have SwiGLU and GPT-OSS's activation only.
-  R3_CHECK(experts.activation().kind != ExpertActivation::Kind::kSitu,
-           "experts on the device: the SiTU activation (Kimi K3) has no CUDA kernels yet");
   DeviceExperts d;
   const auto gate = [](const SwigluExpertWeights& w) -> const Tensor& { return w.gate; };
   const auto up = [](const SwigluExpertWeights& w) -> const Tensor& { return w.up; };
@@ -147,6 +144,7 @@ DeviceExperts upload_experts(backend::Context& ctx, const PhysicalExperts& exper
   d.up_bias = stacked_bias(ctx, experts, [](const SwigluExpertWeights& w) -> const Tensor& { return w.up_bias; });
   d.down_bias = stacked_bias(ctx, experts, [](const SwigluExpertWeights& w) -> const Tensor& { return w.down_bias; });
   d.activation = experts.activation();
+  d.reduced_precision = dtype == DType::BF16;
   return d;
 }
 

@@ -30,10 +30,16 @@ inline float situ(float gate, float up, float beta, float linear_beta) {
 
 namespace cpu {
 void silu_and_mul(backend::Context& ctx, const Tensor& gate, const Tensor& up, Tensor& out, float limit);
+void situ_and_mul(backend::Context& ctx, const Tensor& gate, const Tensor& up, Tensor& out, float beta,
+                  float linear_beta);
+void mul_sigmoid(backend::Context& ctx, const Tensor& gate, Tensor& x);
 }
 #if R3_WITH_CUDA
 namespace cuda {  // ops/cuda/sm90_activation.cu
 void silu_and_mul(backend::Context& ctx, const Tensor& gate, const Tensor& up, Tensor& out, float limit);
+void situ_and_mul(backend::Context& ctx, const Tensor& gate, const Tensor& up, Tensor& out, float beta,
+                  float linear_beta);
+void mul_sigmoid(backend::Context& ctx, const Tensor& gate, Tensor& x);
 }
 #endif
 
@@ -41,6 +47,17 @@ void silu_and_mul(backend::Context& ctx, const Tensor& gate, const Tensor& up, T
 inline void silu_and_mul(backend::Context& ctx, const Tensor& gate, const Tensor& up, Tensor& out,
                          float limit = INFINITY) {
   R3_DISPATCH_GPU(ctx, silu_and_mul, ctx, gate, up, out, limit);
+}
+
+// out[r, i] = situ(gate[r, i], up[r, i], beta, linear_beta) (Kimi K3's MLPs); out may be gate.
+inline void situ_and_mul(backend::Context& ctx, const Tensor& gate, const Tensor& up, Tensor& out, float beta,
+                         float linear_beta) {
+  R3_DISPATCH_GPU(ctx, situ_and_mul, ctx, gate, up, out, beta, linear_beta);
+}
+
+// x[r, i] *= sigmoid(gate[r, i]) (Kimi K3's gated MLA on its attended values); both F32, same shape.
+inline void mul_sigmoid(backend::Context& ctx, const Tensor& gate, Tensor& x) {
+  R3_DISPATCH_GPU(ctx, mul_sigmoid, ctx, gate, x);
 }
 
 }  // namespace r3::ops

@@ -13,6 +13,11 @@
 
 #include <cstdint>
 
+#if R3_WITH_CUDA
+#include "backend/context.h"
+#include "ops/device_step.h"
+#endif
+
 // Head dimensions up to kMaxDeltaRuleHeadDim (the recurrent form keeps a head's normalised q and k
 // on the stack).
 
@@ -60,5 +65,39 @@ void delta_rule_log_decay(const float* f, int64_t tokens, const DeltaRuleShape& 
 // over each head's dv values. x, gate, y: [rows, heads * dv] (y may alias x); weight: [dv].
 void gated_rms_norm_heads(const float* x, const float* gate, const float* weight, int64_t rows, int64_t heads,
                           int64_t dv, float eps, float* y);
+
+#if R3_WITH_CUDA
+namespace cuda {  // ops/cuda/sm90_delta_rule.cu
+// A KDA layer's core over a step's rows on the device, in one kernel: for every sequence's run
+// of consecutive rows (ops/cuda/sequence_runs.cuh) and head, the log-decays from the forget-gate
+// projection (delta_rule_log_decay), beta = sigmoid of its projection, the recurrent delta rule
+// continuing the sequence's state (delta_rule_recurrent, in float32: the state is float32 as on
+// the CPU) and the output's gated RMSNorm (gated_rms_norm_heads). Padding rows get zeros.
+// Key and value head dimensions are equal, at most kMaxDeviceDeltaRuleHeadDim (a head's state
+// is held in shared memory while its run is processed).
+constexpr int64_t kMaxDeviceDeltaRuleHeadDim = 128;
+struct DeltaRuleStepRows {
+  const float* q = nullptr;  // row t, head h at q + t * qkv_stride + h * dim (k, v likewise)
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t qkv_stride = 0;
+  const float* f = nullptr;     // the forget gate's projection [tokens, heads * dim]
+  const float* beta = nullptr;  // beta's projection (before the sigmoid) [tokens, heads]
+  const float* gate = nullptr;  // the output gate's projection [tokens, heads * dim]
+};
+struct DeltaRuleHeadWeights {
+  const float* a_log = nullptr;    // [heads]
+  const float* dt_bias = nullptr;  // [heads * dim]
+  const float* norm = nullptr;     // the gated norm's weight [dim]
+  float eps = 1e-6f;
+  bool bounded = false;            // Kimi K3's gate: lower_bound * sigmoid(...)
+  float lower_bound = 0.0f;
+};
+// state: [slots, heads, dim, dim] float32 (each sequence slot's recurrent state); out: [tokens,
+// heads * dim]. All device memory.
+void gated_delta_rule_step(backend::Context& ctx, int64_t heads, int64_t dim, const DeltaRuleStepRows& rows,
+                           const DeltaRuleHeadWeights& w, const DeviceStep& step, float* state, float* out);
+}  // namespace cuda
+#endif
 
 }  // namespace r3::ops

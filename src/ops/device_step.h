@@ -30,7 +30,9 @@ struct DeviceStep {
 // elements, block b's rows starting at keys + b * block_size * key_width (values likewise). The
 // elements are float32, or bfloat16 when `bf16` (a bf16 model's cache: half the bytes every
 // decode step reads, the precision the model's own K/V projections carry); kernels widen them
-// to float32 as they load them and round to nearest even as they store them.
+// to float32 as they load them and round to nearest even as they store them. A recurrent-state
+// layer (Kimi Delta Attention) has no blocks: keys and values are then every sequence slot's two
+// states, [slots, key_width] and [slots, value_width], always float32.
 struct DeviceKvPool {
   void* keys = nullptr;
   void* values = nullptr;

@@ -8,6 +8,11 @@
 
 #include <cstdint>
 
+#if R3_WITH_CUDA
+#include "backend/context.h"
+#include "ops/device_step.h"
+#endif
+
 namespace r3::ops {
 
 // x, out: [tokens, channels] (out may not alias x); weight: [channels, K] (the checkpoint's
@@ -15,5 +20,26 @@ namespace r3::ops {
 // last K - 1 inputs (earlier state included when tokens < K - 1).
 void short_conv_silu(const float* x, int64_t tokens, int64_t channels, const float* weight, int64_t kernel,
                      float* state, float* out);
+
+#if R3_WITH_CUDA
+namespace cuda {  // ops/cuda/sm90_short_conv.cu
+// The same convolution over a step's rows on the device, every sequence's run of consecutive
+// rows continuing its state (ops/cuda/sequence_runs.cuh); padding rows are left unwritten. The
+// channels come in `parts` parts of `part_channels` each (e.g. a layer's q, k and v), part i of
+// row t at in[i] + t * in_stride, so that they may be columns of one projection's output or
+// tensors of their own. weight: [parts * part_channels, kernel]; state: [slots,
+// parts * part_channels, kernel - 1] (a sequence slot's states, channel-major as the CPU keeps
+// them); out: [tokens, parts * part_channels]. All device memory, float32.
+struct ConvInputs {
+  static constexpr int kMaxParts = 3;
+  const float* part[kMaxParts] = {};
+  int parts = 0;
+  int64_t part_channels = 0;
+  int64_t stride = 0;
+};
+void short_conv_silu_step(backend::Context& ctx, const ConvInputs& in, const float* weight, int64_t kernel,
+                          const DeviceStep& step, float* state, float* out);
+}  // namespace cuda
+#endif
 
 }  // namespace r3::ops

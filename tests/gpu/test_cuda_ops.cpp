@@ -10,6 +10,7 @@
 
 #include "backend/context.h"
 #include "backend/device_memory.h"
+#include "gpu/gpu_test_support.h"
 #include "models/device_step_builder.h"
 #include "moe/device_capture.h"
 #include "moe/device_experts.h"
@@ -30,14 +31,6 @@
 namespace r3::test {
 namespace {
 
-Tensor gpu_random(Shape shape, uint32_t seed, float scale = 1.0f) {
-  Tensor t = Tensor::empty(DType::F32, std::move(shape));
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = normal(rng);
-  return t;
-}
-
 // A host copy of a host tensor.
 Tensor gpu_host_copy(const Tensor& t) {
   Tensor c = Tensor::empty(t.dtype(), t.shape());
@@ -53,16 +46,6 @@ Tensor gpu_widened_bf16(const Tensor& t) {
   Tensor f = Tensor::empty(DType::F32, t.shape());
   convert_to_f32(t.raw_data(), t.dtype(), static_cast<std::size_t>(t.numel()), f.data<float>());
   return f;
-}
-
-// Largest |a - b| over the largest |b|: a relative error of the whole tensor.
-double gpu_relative_error(const Tensor& a, const Tensor& b) {
-  double diff = 0, scale = 0;
-  for (int64_t i = 0; i < b.numel(); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(a.data<float>()[i]) - b.data<float>()[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(b.data<float>()[i])));
-  }
-  return scale == 0 ? diff : diff / scale;
 }
 
 class CudaOps : public testing::Test {
@@ -266,11 +249,6 @@ TEST_F(CudaOps, ResidualAddAndClampMatchTheCpu) {
   ops::clamp(*gpu_, xd, 1.5f);
   const Tensor got = backend::to_host(*gpu_, xd);
   EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), want.nbytes()), 0);
-}
-
-// Host int32 values as a device tensor (kept alive by the caller).
-Tensor gpu_ints(backend::Context& gpu, const std::vector<int32_t>& values) {
-  return backend::to_device(gpu, Tensor::from(values, {static_cast<int64_t>(values.size())}));
 }
 
 TEST_F(CudaOps, EmbeddingOfDeviceIdsMatchesTheCpu) {
@@ -737,6 +715,109 @@ TEST_F(CudaOps, FusedExpertsMatchADoubleEvaluation) {
         EXPECT_LT(gpu_relative_error(backend::to_host(*gpu_, out), want), tensor_cores ? 1e-4 : 1e-5)
             << tokens << " tokens, intermediate " << inter << ", " << (bf16 ? "bf16" : "f32") << (oss ? ", GPT-OSS activation with biases" : ", SwiGLU") << (tensor_cores ? ", tensor cores" : "");
       }
+    }
+  }
+}
+
+// FP8 experts (e4m3 with 2D block scales) on the tensor cores, as a model placed with bfloat16
+// precision runs them, against a double evaluation of the dequantized weights (each e4m3 value
+// times its block's scale, rounded once, as the CPU decodes it): blocks of 16 x 32, 32 x 32 and
+// 128 x 128 (one partial block each way at these widths), 20 and 70 tokens. Placed for float32
+// the same experts keep the weight-streaming rows, within float32 rounding.
+TEST_F(CudaOps, Fp8ExpertsOnTensorCoresMatchADoubleEvaluation) {
+  const int64_t experts = 6, h = 96, inter = 64, k = 3;
+  struct Blocks { int64_t rows, cols; };
+  for (const Blocks b : {Blocks{16, 32}, Blocks{32, 32}, Blocks{128, 128}}) {
+    // One matrix kind [experts, rows, cols]: e4m3 values and their scales, and the dequantized floats.
+    struct Quantized { Tensor values, scales; std::vector<float> dequantized; };
+    auto quantize = [&](int64_t rows, int64_t cols, uint32_t seed) {
+      const Tensor w = gpu_random({experts, rows, cols}, seed, 0.2f);
+      const int64_t srows = (rows + b.rows - 1) / b.rows, scols = (cols + b.cols - 1) / b.cols;
+      Quantized q{Tensor::empty(DType::F8_E4M3, {experts, rows, cols}), Tensor::empty(DType::F32, {experts, srows, scols}),
+                  std::vector<float>(static_cast<std::size_t>(w.numel()))};
+      auto* bytes = static_cast<uint8_t*>(q.values.raw_data());
+      for (int64_t e = 0; e < experts; ++e) {
+        for (int64_t sr = 0; sr < srows; ++sr) {
+          for (int64_t sc = 0; sc < scols; ++sc) {
+            float top = 0;
+            for (int64_t r = sr * b.rows; r < std::min(rows, (sr + 1) * b.rows); ++r) {
+              for (int64_t c = sc * b.cols; c < std::min(cols, (sc + 1) * b.cols); ++c) {
+                top = std::max(top, std::abs(w.data<float>()[(e * rows + r) * cols + c]));
+              }
+            }
+            const float scale = top / 448.0f;
+            q.scales.data<float>()[(e * srows + sr) * scols + sc] = scale;
+            for (int64_t r = sr * b.rows; r < std::min(rows, (sr + 1) * b.rows); ++r) {
+              for (int64_t c = sc * b.cols; c < std::min(cols, (sc + 1) * b.cols); ++c) {
+                const int64_t i = (e * rows + r) * cols + c;
+                bytes[i] = f32_to_f8_e4m3(w.data<float>()[i] / scale);
+                q.dequantized[static_cast<std::size_t>(i)] = f8_e4m3_to_f32(bytes[i]) * scale;
+              }
+            }
+          }
+        }
+      }
+      return q;
+    };
+    const Quantized gate = quantize(inter, h, 71), up = quantize(inter, h, 72), down = quantize(h, inter, 73);
+    for (const int64_t tokens : {20, 70}) {
+      std::vector<int32_t> ids;
+      std::vector<float> weights;
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t j = 0; j < k; ++j) ids.push_back(static_cast<int32_t>((t + 2 * j) % experts));
+        for (float w : {0.6f, 0.3f, 0.1f}) weights.push_back(w);
+      }
+      const Tensor x = gpu_random({tokens, h}, 74);
+      Tensor want = Tensor::empty(DType::F32, {tokens, h});
+      for (int64_t t = 0; t < tokens; ++t) {
+        std::vector<double> acc(static_cast<std::size_t>(h), 0.0);
+        for (int64_t j = 0; j < k; ++j) {
+          const int64_t e = ids[static_cast<std::size_t>(t * k + j)];
+          std::vector<float> a(static_cast<std::size_t>(inter));
+          for (int64_t i = 0; i < inter; ++i) {
+            double gs = 0, us = 0;
+            for (int64_t c = 0; c < h; ++c) {
+              gs += static_cast<double>(x.data<float>()[t * h + c]) * gate.dequantized[static_cast<std::size_t>((e * inter + i) * h + c)];
+              us += static_cast<double>(x.data<float>()[t * h + c]) * up.dequantized[static_cast<std::size_t>((e * inter + i) * h + c)];
+            }
+            a[static_cast<std::size_t>(i)] = moe::ExpertActivation{}(static_cast<float>(gs), static_cast<float>(us));
+          }
+          for (int64_t c = 0; c < h; ++c) {
+            double y = 0;
+            for (int64_t i = 0; i < inter; ++i) {
+              y += static_cast<double>(a[static_cast<std::size_t>(i)]) * down.dequantized[static_cast<std::size_t>((e * h + c) * inter + i)];
+            }
+            acc[static_cast<std::size_t>(c)] += weights[static_cast<std::size_t>(t * k + j)] * y;
+          }
+        }
+        for (int64_t c = 0; c < h; ++c) want.data<float>()[t * h + c] = static_cast<float>(acc[static_cast<std::size_t>(c)]);
+      }
+      Tensor by_path[2];  // tensor cores, rows
+      for (const bool reduced : {true, false}) {
+        moe::DeviceExperts dev;
+        dev.gate = backend::to_device(*gpu_, gate.values);
+        dev.up = backend::to_device(*gpu_, up.values);
+        dev.down = backend::to_device(*gpu_, down.values);
+        dev.gate_scales = backend::to_device(*gpu_, gate.scales);
+        dev.up_scales = backend::to_device(*gpu_, up.scales);
+        dev.down_scales = backend::to_device(*gpu_, down.scales);
+        dev.block_rows = b.rows;
+        dev.block_cols = b.cols;
+        dev.reduced_precision = reduced;
+        const Tensor ids_d = gpu_ints(*gpu_, ids), weights_d = backend::to_device(*gpu_, Tensor::from(weights, {tokens, k}));
+        Tensor grouping = backend::device_empty(*gpu_, DType::I32, {moe::grouping_ints(experts, tokens * k)});
+        Tensor activated = backend::device_empty(*gpu_, DType::F32, {moe::expert_scratch_rows(tokens * k), inter});
+        Tensor expert_out = backend::device_empty(*gpu_, DType::F32, {moe::expert_scratch_rows(tokens * k), h});
+        Tensor out = backend::device_empty(*gpu_, DType::F32, {tokens, h});
+        moe::fused_experts_on_device(*gpu_, backend::to_device(*gpu_, x), ids_d.data<int32_t>(), weights_d.data<float>(),
+                                     k, dev, grouping, activated, expert_out, out);
+        by_path[reduced ? 0 : 1] = backend::to_host(*gpu_, out);
+        EXPECT_LT(gpu_relative_error(by_path[reduced ? 0 : 1], want), reduced ? 1e-4 : 1e-5)
+            << tokens << " tokens, blocks " << b.rows << " x " << b.cols << (reduced ? ", tensor cores" : ", rows");
+      }
+      // The two placements took different kernels (their roundings differ somewhere).
+      EXPECT_NE(std::memcmp(by_path[0].raw_data(), by_path[1].raw_data(), by_path[0].nbytes()), 0)
+          << tokens << " tokens, blocks " << b.rows << " x " << b.cols;
     }
   }
 }

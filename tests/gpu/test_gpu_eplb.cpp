@@ -38,7 +38,7 @@ std::vector<std::vector<int32_t>> placements(models::CausalLM& model) {
 }
 
 TEST(GpuEplb, ReplicasAndRebalancingGiveTheCpusTokensRoutingAndPlacements) {
-  for (const std::string family : {"qwen3_moe", "deepseek_v3", "gpt_oss"}) {
+  for (const std::string family : {"qwen3_moe", "deepseek_v3", "gpt_oss", "kimi_k3"}) {
     SCOPED_TRACE(family);
     auto cpu_model = load_with(family, replicas_rebalanced_every_step());
     backend::Context cpu(2);
@@ -94,7 +94,7 @@ void expect_capture_before_map(const std::string& family, int64_t layer, const m
 }
 
 TEST(GpuCaptureOrder, CaptureHoldsLogicalIdsBeforeTheEplbMapRuns) {
-  for (const std::string family : {"qwen3_moe", "deepseek_v3"}) {
+  for (const std::string family : {"qwen3_moe", "deepseek_v3", "kimi_k3"}) {
     for (const int64_t layer : {0, 1}) {  // MoE layer indices (DeepSeek-V3's first layer is dense)
       expect_capture_before_map(family, layer, {});
       expect_capture_before_map(family, layer, replicas_rebalanced_every_step());

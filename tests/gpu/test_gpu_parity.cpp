@@ -44,7 +44,13 @@ std::vector<GpuCase> gpu_cases() {
        {"qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "glm4_moe", "gpt_oss", "deepseek_v2", "deepseek_v3",
         // Published quantized layouts, placed as stored: FP8 with 128x128 blocks (partial ones at
         // these sizes) and 16x16 blocks, and GPT-OSS's MXFP4 experts.
-        "qwen3_moe_fp8", "deepseek_v3_fp8", "deepseek_v3_fp8_b16", "gpt_oss_mxfp4"}) {
+        "qwen3_moe_fp8", "deepseek_v3_fp8", "deepseek_v3_fp8_b16", "gpt_oss_mxfp4",
+        // Kimi Delta Attention layers beside latent attention without rotary (heads of 16 and
+        // 32, convolutions of 4 and 3 taps), and Kimi Linear's FP8 layout.
+        "kimi_linear", "kimi_linear_alt", "kimi_linear_fp8",
+        // Kimi K3: attention residuals, gated latent attention, KDA with the bounded forget gate
+        // and full-rank output gate, SiTU latent MoE.
+        "kimi_k3", "kimi_k3_alt"}) {
     for (int index : {0, 1}) cases.push_back({family, index});
   }
   return cases;
@@ -242,7 +248,7 @@ INSTANTIATE_TEST_SUITE_P(Families, GpuParity, testing::ValuesIn(gpu_cases()), gp
 // the device): each gets the reference's greedy tokens and routed experts for the tokens both
 // references generate.
 TEST(GpuEngine, TwoPromptsBatchedMatchTheirReferences) {
-  for (const std::string family : {"qwen3_moe", "gpt_oss"}) {
+  for (const std::string family : {"qwen3_moe", "gpt_oss", "kimi_linear", "kimi_k3"}) {
     const Reference a = load_reference(family, 0), b = load_reference(family, 1);
     const std::size_t gen = std::min(a.generated.size(), b.generated.size());
     const CommandResult run =
@@ -403,9 +409,10 @@ TEST(GpuGraphs, TwoEnginesSteppedInTurnEachKeepTheirOwnCache) {
 // each alone and then served together (batched, small prefill chunks, without prefix caching,
 // under preemption), get the same tokens and routed experts bit for bit. Float32 weights (their
 // GEMMs leave cuBLASLt for the row kernel) and bfloat16 ones; GPT-OSS adds sinks and sliding
-// windows.
+// windows; Kimi Linear and Kimi K3 keep recurrent states in device memory, zeroed for each
+// request a slot takes and after a preemption.
 TEST(GpuEngine, EachRequestIsBitIdenticalAloneAndServedWithBatchInvariance) {
-  for (const std::string family : {"qwen3_moe", "gpt_oss", "qwen3_moe_fp8"}) {
+  for (const std::string family : {"qwen3_moe", "gpt_oss", "qwen3_moe_fp8", "kimi_linear", "kimi_k3"}) {
     for (const DType weights : {DType::F32, DType::BF16}) {
       SCOPED_TRACE(family + " " + std::string(dtype_name(weights)));
       auto gpu = backend::Context::cuda(0);

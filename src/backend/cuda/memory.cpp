@@ -89,4 +89,8 @@ double copy_bandwidth(Context& ctx) {
 
 void synchronize(Context& ctx) { R3_CUDA_CHECK(cudaStreamSynchronize(ctx.cuda_state().stream)); }
 
+void zero(Context& ctx, Tensor& t) {
+  R3_CUDA_CHECK(cudaMemsetAsync(t.raw_data(), 0, t.nbytes(), ctx.cuda_state().stream));
+}
+
 }  // namespace r3::backend::cuda

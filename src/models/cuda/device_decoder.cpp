@@ -8,6 +8,7 @@
 #include "backend/device_memory.h"
 #include "models/cuda/device_decoder_parts.h"
 #include "models/kda_attention.h"
+#include "models/kimi_k3/kimi_k3_model.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/linear.h"
@@ -20,7 +21,32 @@ namespace device {
 Decoder::Decoder(backend::Context& ctx, DecoderParts parts) : ctx_(ctx), p_(std::move(parts)) {
   R3_CHECK(ctx.device() == Device::kCuda, "a device decoder needs a CUDA context");
   R3_CHECK(!p_.layers.empty(), "a device decoder needs at least one layer");
+  for (const Layer& layer : p_.layers) has_recurrent_layers_ = has_recurrent_layers_ || layer.delta_attention;
 }
+
+namespace {
+
+// A recurrent layer's state has taken in exactly its sequence's cached positions, and its kernels
+// take each sequence's rows of a step as one run (ops/cuda/sequence_runs.cuh): refused here, with
+// the CPU layer's message, is a step whose rows of a sequence are split or do not continue the
+// cache (which the kernels could not report).
+void check_runs_continue_states(const ForwardBatch& batch, const KvCache& kv) {
+  std::vector<bool> seen(static_cast<std::size_t>(kv.max_seqs()), false);
+  for (int64_t t = 0; t < batch.size(); ++t) {
+    const int32_t seq = batch.seqs[static_cast<std::size_t>(t)];
+    if (seq == ForwardBatch::kPadding) continue;
+    const int32_t pos = batch.positions[static_cast<std::size_t>(t)];
+    const bool continues = t > 0 && batch.seqs[static_cast<std::size_t>(t - 1)] == seq &&
+                           batch.positions[static_cast<std::size_t>(t - 1)] + 1 == pos;
+    if (continues) continue;
+    R3_CHECK(!seen[static_cast<std::size_t>(seq)] && pos == kv.length(seq), "KDA layers: sequence ", seq,
+             "'s rows start at position ", pos, " but its state holds ", kv.length(seq),
+             " positions (a sequence's rows of a step must be consecutive)");
+    seen[static_cast<std::size_t>(seq)] = true;
+  }
+}
+
+}  // namespace
 
 Decoder::~Decoder() { drop_graphs(); }
 
@@ -74,6 +100,7 @@ void Decoder::run_step(backend::Context& ctx, const ForwardBatch& batch, ModelCa
   R3_CHECK(kv != nullptr && kv->on_device() && kv->num_layers() == static_cast<int64_t>(p_.layers.size()),
            "forward: the cache was not made by this device model");
   check_kv_blocks(batch, *kv);
+  if (has_recurrent_layers_) check_runs_continue_states(batch, *kv);
   const int64_t tokens = batch.size(), hidden = info.hidden_size;
   prepare(tokens, *kv);
   backend::Workspace::Scope step_scope(ctx.workspace());
@@ -91,9 +118,10 @@ void Decoder::run_step(backend::Context& ctx, const ForwardBatch& batch, ModelCa
   const bool capturing = capture_ && p_.capture_routing;
   bool host_map = false;
   for (const Layer& layer : p_.layers) {
-    if (!layer.moe) continue;
-    layer.moe->follow_placement(ctx);  // after a rebalance of the step before
-    host_map = host_map || layer.moe->host_map();
+    const Moe* moe = layer.routed_moe();
+    if (moe == nullptr) continue;
+    moe->follow_placement(ctx);  // after a rebalance of the step before
+    host_map = host_map || moe->host_map();
   }
   if (capturing) capture_->begin_step();
   if (loads_) loads_->begin_step();
@@ -123,26 +151,38 @@ void Decoder::run_step(backend::Context& ctx, const ForwardBatch& batch, ModelCa
   }
 }
 
+void Decoder::run_attention(backend::Context& ctx, const Layer& layer, const ops::DeviceStep& step, KvCache& kv,
+                            int64_t l, StepTensors& t) const {
+  const ops::DeviceKvPool pool = kv.device_pool(l);
+  if (layer.attention) layer.attention->forward(ctx, t.normed, step, pool, t.branch);
+  else if (layer.latent_attention) layer.latent_attention->forward(ctx, t.normed, step, pool, t.branch);
+  else layer.delta_attention->forward(ctx, t.normed, step, pool, t.branch);
+}
+
+Decoder::Routed Decoder::route(backend::Context& ctx, const Moe& moe, const Tensor& normed,
+                               const ops::DeviceStep& step) const {
+  const int64_t j = moe.layer_id, tokens = step.tokens;
+  const moe::DeviceCaptureRows rows = p_.capture_routing ? capture_->layer_rows(j) : moe::DeviceCaptureRows{};
+  int32_t* ids = ctx.scratch_for_output(DType::I32, {tokens, moe.top_k}).data<int32_t>();
+  float* weights = capture_->layer_weights(j, tokens);
+  moe.route(ctx, normed, step, ids, weights, rows);
+  moe_layers_routed_ = j + 1;
+  return {ids, weights, loads_ ? loads_->layer(j) : nullptr};
+}
+
 void Decoder::run_layers(backend::Context& ctx, const ops::DeviceStep& step, KvCache& kv, StepTensors& t) const {
-  const int64_t tokens = step.tokens;
-  ops::cuda::embedding_ids_on_device(ctx, p_.embed, step.token_ids, tokens, t.residual);
+  if (p_.residual_block_size > 0) return run_residual_mix_layers(ctx, step, kv, t);
+  ops::cuda::embedding_ids_on_device(ctx, p_.embed, step.token_ids, step.tokens, t.residual);
   // Each residual add runs with the norm after it (ops::cuda::add_rms_norm): one kernel, not two.
   ops::rms_norm(ctx, t.residual, &p_.layers.front().input_norm, p_.rms_eps, t.normed);
   for (std::size_t l = 0; l < p_.layers.size(); ++l) {
     const Layer& layer = p_.layers[l];
-    const ops::DeviceKvPool pool = kv.device_pool(static_cast<int64_t>(l));
-    if (layer.attention) layer.attention->forward(ctx, t.normed, step, pool, t.branch);
-    else layer.latent_attention->forward(ctx, t.normed, step, pool, t.branch);
+    run_attention(ctx, layer, step, kv, static_cast<int64_t>(l), t);
     ops::cuda::add_rms_norm(ctx, t.branch, t.residual, &layer.post_attention_norm, p_.rms_eps, t.normed);
     if (layer.moe) {
-      const int64_t j = layer.moe->layer_id;
-      const moe::DeviceCaptureRows rows = p_.capture_routing ? capture_->layer_rows(j) : moe::DeviceCaptureRows{};
       backend::Workspace::Scope scope(ctx.workspace());
-      int32_t* ids = ctx.scratch_for_output(DType::I32, {tokens, layer.moe->top_k}).data<int32_t>();
-      float* weights = capture_->layer_weights(j, tokens);
-      layer.moe->route(ctx, t.normed, step, ids, weights, rows);
-      moe_layers_routed_ = j + 1;
-      layer.moe->run_experts(ctx, t.normed, step, ids, weights, loads_ ? loads_->layer(j) : nullptr, t.branch);
+      const Routed routed = route(ctx, *layer.moe, t.normed, step);
+      layer.moe->run_experts(ctx, t.normed, step, routed.ids, routed.weights, routed.loads, t.branch);
     } else {
       layer.dense->forward(ctx, t.normed, t.branch);
     }
@@ -219,7 +259,8 @@ void Decoder::prepare(int64_t tokens, const KvCache& kv) const {
   if (!loads_) {
     int64_t width = 0;
     for (const Layer& layer : p_.layers) {
-      if (layer.moe && layer.moe->map) width = std::max(width, layer.moe->map->num_physical());
+      const Moe* moe = layer.routed_moe();
+      if (moe != nullptr && moe->map) width = std::max(width, moe->map->num_physical());
     }
     if (width > 0) {
       loads_ = std::make_unique<moe::DeviceLoadCounts>(ctx_, moe_layers, width);
@@ -273,15 +314,35 @@ int64_t graph_replays(const CausalLM& model) {
   return decoder != nullptr ? decoder->graph_replays() : 0;
 }
 
+namespace device {
+
+void place_attention(backend::Context& ctx, const AttentionLayer& host, DType dtype, int64_t l, Layer& d) {
+  if (const auto* gqa = dynamic_cast<const GqaAttention*>(&host)) {
+    d.attention.emplace(ctx, *gqa, dtype);
+  } else if (const auto* kda = dynamic_cast<const KdaAttention*>(&host)) {
+    d.delta_attention.emplace(ctx, *kda, dtype);
+  } else {
+    const auto* mla = dynamic_cast<const MlaAttention*>(&host);
+    R3_CHECK(mla != nullptr, "--device cuda: layer ", l, "'s attention has no CUDA kernels");
+    d.latent_attention.emplace(ctx, *mla, dtype);
+  }
+}
+
+}  // namespace device
+
 std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr<CausalLM> model, DType weights) {
+  R3_CHECK(ctx.device() == Device::kCuda, "place_on_device: not a CUDA context");
+  R3_CHECK(weights == DType::F32 || weights == DType::BF16, "--dtype: float32 or bfloat16 weights on the GPU, not ",
+           dtype_name(weights));
+  if (auto* k3 = dynamic_cast<KimiK3Model*>(model.get())) {
+    model.release();
+    return device::place_kimi_k3(ctx, std::unique_ptr<KimiK3Model>(k3), weights);
+  }
   auto* decoder = dynamic_cast<DecoderModel*>(model.get());
   R3_CHECK(decoder != nullptr, "--device cuda: ", model->info().architecture,
            " has no CUDA kernels yet (DeepSeek-V4's compressed attention comes in a later release); use --device cpu");
   model.release();
   std::unique_ptr<DecoderModel> host(decoder);
-  R3_CHECK(ctx.device() == Device::kCuda, "place_on_device: not a CUDA context");
-  R3_CHECK(weights == DType::F32 || weights == DType::BF16, "--dtype: float32 or bfloat16 weights on the GPU, not ",
-           dtype_name(weights));
   device::DecoderParts parts;
   parts.info = host->info();
   parts.rms_eps = host->rms_eps();
@@ -296,16 +357,7 @@ std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr
     device::Layer d;
     d.input_norm = device::on_device(ctx, layer.input_norm, DType::F32);
     d.post_attention_norm = device::on_device(ctx, layer.post_attention_norm, DType::F32);
-    R3_CHECK(dynamic_cast<const KdaAttention*>(layer.attention.get()) == nullptr, "--device cuda: ",
-             parts.info.architecture, " layer ", l,
-             " is a Kimi Delta Attention layer, which has no CUDA kernels yet; use --device cpu");
-    if (const auto* gqa = dynamic_cast<const GqaAttention*>(layer.attention.get())) {
-      d.attention.emplace(ctx, *gqa, weights);
-    } else {
-      const auto* mla = dynamic_cast<const MlaAttention*>(layer.attention.get());
-      R3_CHECK(mla != nullptr, "--device cuda: layer ", l, "'s attention has no CUDA kernels");
-      d.latent_attention.emplace(ctx, *mla, weights);
-    }
+    device::place_attention(ctx, *layer.attention, weights, static_cast<int64_t>(l), d);
     if (const auto* dense = dynamic_cast<const DenseFeedForward*>(layer.feed_forward.get())) {
       d.dense.emplace(device::mlp_on_device(ctx, dense->mlp(), weights));
     } else {

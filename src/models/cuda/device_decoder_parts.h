@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -16,6 +17,11 @@
 
 #include "backend/context.h"
 #include "models/decoder_model.h"
+#include "models/kda_attention.h"
+#include "models/kimi_k3/attention_residual.h"
+#include "models/kimi_k3/kimi_k3_model.h"
+#include "models/kimi_k3/latent_moe.h"
+#include "models/kimi_k3/situ_mlp.h"
 #include "models/mla_attention.h"
 #include "models/device_step_builder.h"
 #include "moe/device_capture.h"
@@ -32,6 +38,12 @@ namespace r3::models::device {
 
 // A host weight in device memory as `dtype`, or an undefined tensor for an absent optional weight.
 Tensor on_device(backend::Context& ctx, const Tensor& host, DType dtype);
+
+// Host matrices of one width as one matrix of their rows stacked, on the device as `dtype`: float
+// weights always (widened exactly first), quantized ones when they are FP8 whose block scales
+// stack (each part starting and ending on a block row); an undefined tensor otherwise (they then
+// stay apart).
+Tensor stacked_on_device(backend::Context& ctx, std::initializer_list<const Tensor*> parts, DType dtype);
 
 // A host MLP with its matrices on the device as `dtype` (SwigluMlp's forward runs wherever its
 // context does).
@@ -74,6 +86,22 @@ struct LatentAttention {
                Tensor& out) const;
 };
 
+// Kimi Delta Attention (KdaAttention::forward over every sequence of the step): the projections,
+// then the short convolutions and the fused delta rule (ops/short_conv.h, ops/delta_rule.h), each
+// sequence's conv and recurrent states in the layer's device pool (KvCache's recurrent storage).
+struct KimiDeltaAttention {
+  KdaSpec spec;
+  KdaWeights w;  // on the device: projections as the model's dtype (q, k, v empty when stacked), the rest float32
+  Tensor qkv;    // q, k and v as one projection [3 width, hidden] when their weights stack (as Attention's)
+  Tensor conv;   // the q, k and v convolutions' taps stacked [3 width, kernel], float32
+
+  KimiDeltaAttention(backend::Context& ctx, const KdaAttention& host, DType dtype);
+  // The rows of a step must be each sequence's one run continuing its cached length (the decoder
+  // checks it on the host before the step).
+  void forward(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, const ops::DeviceKvPool& pool,
+               Tensor& out) const;
+};
+
 struct Moe {
   int64_t layer_id = 0;
   int64_t num_experts = 0, top_k = 0;
@@ -92,6 +120,8 @@ struct Moe {
 
   Moe() = default;
   Moe(backend::Context& ctx, const MoeFeedForward& host, DType dtype, bool eplb);
+  // The block's routing and experts only (no shared expert).
+  Moe(backend::Context& ctx, const moe::MoeBlock& block, DType dtype, bool eplb);
   // Gate GEMM, then routing fused with the capture write (the ids reach `capture` rows in the
   // same kernel that writes them to `ids`; null rows: not captured). ids: device [tokens, k]
   // logical ids; weights: device [tokens, k].
@@ -110,13 +140,50 @@ struct Moe {
   bool host_map() const { return host_experts != nullptr && host_experts->has_map_function(); }
 };
 
+// Kimi K3's latent MoE (LatentMoeFeedForward): routed on the hidden state, its experts run in
+// the latent width between `down` and rms_norm + `up`; the shared experts at full width.
+struct LatentMoe {
+  Moe moe;  // no shared expert: `shared` is
+  Tensor down, norm, up;
+  float rms_eps;
+  SituMlp shared;
+
+  LatentMoe(backend::Context& ctx, const LatentMoeFeedForward& host, DType dtype, bool eplb);
+};
+
+// One of Kimi K3's attention-residual mixes (AttentionResidual) with its weights on the device.
+struct ResidualMix {
+  Tensor query, norm;
+  float eps;
+
+  ResidualMix(backend::Context& ctx, const AttentionResidual& host);
+  // snapshots: device [blocks, tokens, hidden], the first `count` used; current, out: [tokens, hidden].
+  void mix(backend::Context& ctx, const Tensor& snapshots, int64_t count, const Tensor& current, Tensor& out) const;
+};
+
+// A host SiTU MLP with its matrices on the device as `dtype` (SituMlp's forward runs wherever
+// its context does).
+SituMlp situ_on_device(backend::Context& ctx, const SituMlp& host, DType dtype);
+
 struct Layer {
   Tensor input_norm, post_attention_norm;
-  std::optional<Attention> attention;       // one of the two
+  std::optional<Attention> attention;       // one of the three
   std::optional<LatentAttention> latent_attention;
+  std::optional<KimiDeltaAttention> delta_attention;
   std::optional<SwigluMlp> dense;
   std::optional<Moe> moe;
+  // Kimi K3 (DecoderParts::residual_block_size > 0): its feed-forward is one of these two, and
+  // its input and its MLP's input are mixed from the block snapshots.
+  std::optional<SituMlp> situ;
+  std::optional<LatentMoe> latent_moe;
+  std::optional<ResidualMix> pre_mix, post_mix;
+
+  // The layer's routed experts (its MoE's or its latent MoE's), or null for a dense layer.
+  const Moe* routed_moe() const { return moe ? &*moe : latent_moe ? &latent_moe->moe : nullptr; }
 };
+
+// The attention of host layer `l` on the device as `dtype` (GQA, latent or Kimi Delta).
+void place_attention(backend::Context& ctx, const AttentionLayer& host, DType dtype, int64_t l, Layer& d);
 
 // What a decoder on the device is made of; `host` is the model it was copied from (kept alive
 // for its checkpoint mapping and MoE blocks), or null for random weights.
@@ -126,7 +193,11 @@ struct DecoderParts {
   std::vector<CacheSpec> cache_specs;
   Tensor embed, final_norm, lm_head;
   std::vector<Layer> layers;
-  std::unique_ptr<DecoderModel> host;
+  std::unique_ptr<CausalLM> host;
+  // > 0: Kimi K3's attention residuals over blocks of this many layers (Layer::pre_mix, post_mix,
+  // and output_mix before the final norm) instead of one running residual sum.
+  int64_t residual_block_size = 0;
+  std::optional<ResidualMix> output_mix;
   // False: the routing kernels write no capture rows and nothing is copied back (benchmarks measure
   // capture's cost with it; a model the engine runs always captures).
   bool capture_routing = true;
@@ -182,6 +253,19 @@ class Decoder final : public CausalLM {
                 FunctionRef<void(const Tensor& logits)> finish) const;
   // Embedding, layers, final norm and lm_head: the part of a step a graph holds.
   void run_layers(backend::Context& ctx, const ops::DeviceStep& step, KvCache& kv, StepTensors& t) const;
+  // The same for Kimi K3's attention residuals (models/cuda/kimi_k3_on_device.cpp).
+  void run_residual_mix_layers(backend::Context& ctx, const ops::DeviceStep& step, KvCache& kv, StepTensors& t) const;
+  // Layer l's attention from t.normed into t.branch.
+  void run_attention(backend::Context& ctx, const Layer& layer, const ops::DeviceStep& step, KvCache& kv, int64_t l,
+                     StepTensors& t) const;
+  // A MoE layer's gate and routing with the capture write: its logical ids (scratch of the
+  // caller's workspace scope) and weights (in the capture buffer), and its load counts (EPLB).
+  struct Routed {
+    const int32_t* ids;
+    const float* weights;
+    int32_t* loads;
+  };
+  Routed route(backend::Context& ctx, const Moe& moe, const Tensor& normed, const ops::DeviceStep& step) const;
   // run_layers, from a graph of this step's shape when there is one (capturing it when due).
   void run_layers_graphed(backend::Context& ctx, ops::DeviceStep step, KvCache& kv, StepTensors& t) const;
   // Sizes the step builder and the capture buffer for a step of `tokens` tokens over the cache's
@@ -208,6 +292,10 @@ class Decoder final : public CausalLM {
   mutable std::unique_ptr<moe::DeviceLoadCounts> loads_;  // EPLB on: each step's loads
   mutable int64_t moe_layers_routed_ = 0;                  // of the running step, for a failed one
   mutable ops::cuda::TokenDrawer drawer_;
+  bool has_recurrent_layers_ = false;  // Kimi Delta Attention layers: steps are checked for their runs
 };
+
+// Kimi K3 on the device (models/cuda/kimi_k3_on_device.cpp).
+std::unique_ptr<CausalLM> place_kimi_k3(backend::Context& ctx, std::unique_ptr<KimiK3Model> host, DType weights);
 
 }  // namespace r3::models::device

@@ -9,6 +9,7 @@
 #include "backend/device_memory.h"
 #include "core/dtype.h"
 #include "models/cuda/device_decoder_parts.h"
+#include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/kv_write.h"
 #include "ops/latent_attention.h"
@@ -85,6 +86,14 @@ Tensor on_device(backend::Context& ctx, const Tensor& host, DType dtype) {
   return host.defined() ? backend::to_device_as(ctx, host, dtype) : Tensor();
 }
 
+Tensor stacked_on_device(backend::Context& ctx, std::initializer_list<const Tensor*> parts, DType dtype) {
+  bool quantized = false;
+  for (const Tensor* t : parts) quantized = quantized || stored_quantized(*t);
+  if (!quantized) return on_device(ctx, stacked_rows(parts), dtype);
+  const Tensor fp8 = stacked_fp8_rows(parts);
+  return fp8.defined() ? on_device(ctx, fp8, dtype) : Tensor();
+}
+
 SwigluMlp mlp_on_device(backend::Context& ctx, const SwigluMlp& host, DType dtype) {
   return SwigluMlp(on_device(ctx, host.gate(), dtype), on_device(ctx, host.up(), dtype),
                    on_device(ctx, host.down(), dtype), host.limit());
@@ -93,12 +102,8 @@ SwigluMlp mlp_on_device(backend::Context& ctx, const SwigluMlp& host, DType dtyp
 Attention::Attention(backend::Context& ctx, const GqaAttention& host, DType dtype)
     : Attention(host.spec(), host.rms_eps(), host.rotary(), host.sliding_window()) {
   const GqaAttentionWeights& h = host.weights();
-  // Quantized q, k and v become one projection when their block scales stack (stacked_fp8_rows),
-  // and stay three otherwise.
-  const bool quantized = stored_quantized(h.q) || stored_quantized(h.k) || stored_quantized(h.v);
-  const Tensor fp8_qkv = quantized && fuses_qkv(spec) ? stacked_fp8_rows({&h.q, &h.k, &h.v}) : Tensor();
-  if (fuses_qkv(spec) && (!quantized || fp8_qkv.defined())) {
-    qkv = on_device(ctx, quantized ? fp8_qkv : stacked_rows({&h.q, &h.k, &h.v}), dtype);
+  if (fuses_qkv(spec)) qkv = stacked_on_device(ctx, {&h.q, &h.k, &h.v}, dtype);
+  if (qkv.defined()) {
     if (h.q_bias.defined() || h.k_bias.defined() || h.v_bias.defined()) {
       const int64_t q_width = spec.num_heads * spec.head_dim, kv_width = spec.num_kv_heads * spec.head_dim;
       const Tensor zq = Tensor::empty(DType::F32, {q_width}), zkv = Tensor::empty(DType::F32, {kv_width});
@@ -167,6 +172,7 @@ LatentAttention::LatentAttention(backend::Context& ctx, const MlaAttention& host
   w.kv_a_proj = on_device(ctx, h.kv_a_proj, dtype);
   w.kv_b_proj = on_device(ctx, h.kv_b_proj, dtype);
   w.o_proj = on_device(ctx, h.o_proj, dtype);
+  w.g_proj = on_device(ctx, h.g_proj, dtype);
   w.q_a_norm = f32_on_device(ctx, h.q_a_norm);
   w.kv_a_norm = f32_on_device(ctx, h.kv_a_norm);
   w.q_a_bias = f32_on_device(ctx, h.q_a_bias);
@@ -193,12 +199,22 @@ void LatentAttention::forward(backend::Context& ctx, const Tensor& x, const ops:
   Tensor attended = ctx.scratch_for_output(DType::F32, {tokens, heads * m.v_head_dim});
   ops::cuda::latent_attention_paged(ctx, q, w.kv_b_proj, step, pool, {heads, nope, rope, m.v_head_dim, lora},
                                     softmax_scale, attended);
+  if (w.g_proj.defined()) {  // Kimi K3's output gate, as MlaAttention::forward
+    Tensor gate = ctx.scratch_for_output(DType::F32, {tokens, heads * m.v_head_dim});
+    ops::linear(ctx, x, w.g_proj, nullptr, gate);
+    ops::mul_sigmoid(ctx, gate, attended);
+  }
   ops::linear(ctx, attended, w.o_proj, w.o_bias.if_defined(), out);
 }
 
 Moe::Moe(backend::Context& ctx, const MoeFeedForward& host, DType weights_dtype, bool eplb)
-    : layer_id(host.moe().layer_id()), dtype(weights_dtype) {
-  const moe::MoeBlock& block = host.moe();
+    : Moe(ctx, host.moe(), weights_dtype, eplb) {
+  if (host.shared_expert()) shared_expert.emplace(mlp_on_device(ctx, *host.shared_expert(), dtype));
+  shared_gate = f32_on_device(ctx, host.shared_gate());
+}
+
+Moe::Moe(backend::Context& ctx, const moe::MoeBlock& block, DType weights_dtype, bool eplb)
+    : layer_id(block.layer_id()), dtype(weights_dtype) {
   const moe::PhysicalExperts& physical = block.experts();
   const moe::MoeBlock::Gate gate = block.gate();
   num_experts = gate.weight.dim(0);
@@ -218,8 +234,6 @@ Moe::Moe(backend::Context& ctx, const MoeFeedForward& host, DType weights_dtype,
   host_experts = &physical;
   placement_version = physical.placement_version();
   if (eplb) map = std::make_shared<moe::DeviceExpertMap>(ctx, physical.placement());
-  if (host.shared_expert()) shared_expert.emplace(mlp_on_device(ctx, *host.shared_expert(), dtype));
-  shared_gate = f32_on_device(ctx, host.shared_gate());
 }
 
 void Moe::route(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, int32_t* ids, float* weights,

@@ -20,6 +20,11 @@ class AttentionResidual {
   // out: F32 [tokens, hidden] (not aliasing either).
   void mix(backend::Context& ctx, const Tensor& snapshots, int64_t count, const Tensor& current, Tensor& out) const;
 
+  // Placing the model on a device copies them.
+  const Tensor& query() const { return query_; }
+  const Tensor& norm() const { return norm_; }
+  float eps() const { return eps_; }
+
  private:
   Tensor query_, norm_;
   float eps_;

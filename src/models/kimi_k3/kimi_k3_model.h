@@ -37,10 +37,16 @@ class KimiK3Model final : public CausalLM {
                                                int64_t block_size) const override;
   void forward_into(backend::Context& ctx, const ForwardBatch& batch, ModelCache& cache, Tensor& logits) const override;
   std::vector<moe::MoeBlock*> moe_blocks() override;
-  std::string device_unsupported() const override {
-    return "Kimi K3's attention residuals, Kimi Delta Attention, gated MLA and SiTU latent MoE have no CUDA kernels "
-           "yet";
-  }
+
+  // What placing the model on a device copies (models/cuda/kimi_k3_on_device.cpp).
+  float rms_eps() const { return rms_eps_; }
+  int64_t block_size() const { return block_size_; }
+  const std::vector<CacheSpec>& cache_specs() const { return cache_specs_; }
+  const Tensor& embed() const { return embed_; }
+  const std::vector<KimiK3Layer>& layers() const { return layers_; }
+  const AttentionResidual& output_mix() const { return *output_mix_; }
+  const Tensor& final_norm() const { return final_norm_; }
+  const Tensor& lm_head() const { return lm_head_; }
 
  private:
   ModelInfo info_;

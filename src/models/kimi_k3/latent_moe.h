@@ -24,6 +24,12 @@ class LatentMoeFeedForward final : public FeedForward {
   void forward(backend::Context& ctx, const moe::MoeInput& input, Tensor& out) const override;
   moe::MoeBlock* moe_block() override { return moe_.get(); }
 
+  // Placing the model on a device copies them.
+  const moe::MoeBlock& moe() const { return *moe_; }
+  const LatentMoeWeights& latent() const { return latent_; }
+  float rms_eps() const { return rms_eps_; }
+  const SituMlp& shared() const { return shared_; }
+
  private:
   std::unique_ptr<moe::MoeBlock> moe_;
   LatentMoeWeights latent_;
@@ -37,6 +43,7 @@ class SituFeedForward final : public FeedForward {
   void forward(backend::Context& ctx, const moe::MoeInput& input, Tensor& out) const override {
     mlp_.forward(ctx, input.hidden, out);
   }
+  const SituMlp& mlp() const { return mlp_; }
 
  private:
   SituMlp mlp_;

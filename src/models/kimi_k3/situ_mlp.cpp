@@ -1,11 +1,15 @@
 #include "models/kimi_k3/situ_mlp.h"
 
+#include "core/check.h"
+#include "ops/activation.h"
 #include "ops/linear.h"
 
 namespace r3::models {
 
 SituMlp::SituMlp(Tensor gate, Tensor up, Tensor down, moe::ExpertActivation activation)
-    : gate_(std::move(gate)), up_(std::move(up)), down_(std::move(down)), activation_(activation) {}
+    : gate_(std::move(gate)), up_(std::move(up)), down_(std::move(down)), activation_(activation) {
+  R3_CHECK(activation_.kind == moe::ExpertActivation::Kind::kSitu, "SiTU MLP: built with another activation");
+}
 
 void SituMlp::forward(backend::Context& ctx, const Tensor& x, Tensor& out) const {
   const int64_t tokens = x.dim(0), width = gate_.dim(0);
@@ -14,9 +18,7 @@ void SituMlp::forward(backend::Context& ctx, const Tensor& x, Tensor& out) const
   Tensor u = ctx.scratch(DType::F32, {tokens, width});
   ops::linear(ctx, x, gate_, nullptr, g);
   ops::linear(ctx, x, up_, nullptr, u);
-  float* gd = g.data<float>();
-  const float* ud = u.data<float>();
-  for (int64_t i = 0; i < g.numel(); ++i) gd[i] = activation_(gd[i], ud[i]);
+  ops::situ_and_mul(ctx, g, u, g, activation_.beta, activation_.linear_beta);
   ops::linear(ctx, g, down_, nullptr, out);
 }
 

@@ -15,7 +15,12 @@ namespace r3::moe::experts_detail {
 struct Activation {
   ExpertActivation::Kind kind;
   float limit, alpha;
+  float beta, linear_beta;  // kSitu
   __device__ float operator()(float gate, float up) const {
+    if (kind == ExpertActivation::Kind::kSitu) {  // ops::situ
+      const float u = isinf(linear_beta) ? up : linear_beta * tanhf(up / linear_beta);
+      return beta * tanhf(gate / beta) * (1.0f / (1.0f + expf(-gate))) * u;
+    }
     const float g = gate > limit ? limit : gate;
     const float u = up > limit ? limit : (up < -limit ? -limit : up);
     if (kind == ExpertActivation::Kind::kSwiglu) return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);

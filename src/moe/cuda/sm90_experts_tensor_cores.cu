@@ -4,7 +4,8 @@
 // swapped-operand MMAs over the expert's pairs, up to 32 per pass, with no block barrier. Gate
 // and up share the activation fragments; the activation is applied on the accumulators and
 // written, split again, in expert order for down, whose results go back to each pair's row for
-// the combine.
+// the combine. The weights are bfloat16, or FP8 e4m3 with block scales (widened exactly to
+// bfloat16 in registers, each K block's partial sums scaled: mma_rows::multiply_fp8).
 #include <cuda_bf16.h>
 
 #include "backend/cuda/launch.cuh"
@@ -20,6 +21,33 @@ constexpr int kPairsPerTile = kColsPerTile;
 
 constexpr int kWarps = 4;  // per block, one 16-row weight tile each
 constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
+
+// The experts' stacked matrices [experts, rows, cols] as the kernels take them: tile(e, n0) is
+// the 16-row tile of expert e from row n0, and multiply() the MMA loop for its kind.
+struct Bf16Experts {
+  const __nv_bfloat16* values;
+  int64_t rows, cols;
+  __device__ const __nv_bfloat16* tile(int64_t e, int64_t n0) const { return values + (e * rows + n0) * cols; }
+};
+struct Fp8Experts {
+  const uint8_t* values;
+  const float* scales;  // [experts, scale_rows, scale_cols]
+  int64_t rows, cols, scale_rows, scale_cols;
+  int32_t block_rows, block_cols;
+  __device__ Fp8Tile tile(int64_t e, int64_t n0) const {
+    return {values + (e * rows + n0) * cols, scales + (e * scale_rows + n0 / block_rows) * scale_cols, block_cols};
+  }
+};
+template <int kB, int kN>
+__device__ void multiply_tiles(const SplitRows& a, int64_t first, int64_t end, const __nv_bfloat16* const (&w)[kB],
+                               float (&acc)[kB][kN][4]) {
+  multiply<kB, kN, unroll_for(kN)>(a, first, end, w, acc);
+}
+template <int kB, int kN>
+__device__ void multiply_tiles(const SplitRows& a, int64_t first, int64_t end, const Fp8Tile (&w)[kB],
+                               float (&acc)[kB][kN][4]) {
+  multiply_fp8<kB, kN>(a, first, end, w, acc);
+}
 
 // Row r of the gathered copy = hidden row of the pair order[r]'s token.
 __global__ void gather_split(const float* __restrict__ hidden, int64_t k, Grouping g, int64_t pairs, SplitRows out) {
@@ -39,10 +67,8 @@ __device__ inline bool warp_tile(const Grouping& g, int64_t rows, int64_t* slot,
   return *slot < *g.used_count && *n0 < rows;
 }
 
-template <int kN>
-__global__ void __launch_bounds__(kWarps * 32) gate_up_tiles(SplitRows x, Grouping g,
-                                                              const __nv_bfloat16* __restrict__ gate,
-                                                              const __nv_bfloat16* __restrict__ up,
+template <int kN, typename Experts>
+__global__ void __launch_bounds__(kWarps * 32) gate_up_tiles(SplitRows x, Grouping g, Experts gate, Experts up,
                                                               const float* __restrict__ gate_bias,
                                                               const float* __restrict__ up_bias, int64_t inter,
                                                               Activation act, SplitRows activated) {
@@ -51,10 +77,11 @@ __global__ void __launch_bounds__(kWarps * 32) gate_up_tiles(SplitRows x, Groupi
   if (!warp_tile(g, inter, &slot, &n0)) return;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int32_t e = g.used[slot], end = g.offsets[e + 1];
-  const __nv_bfloat16* const w[2] = {gate + (e * inter + n0) * x.width, up + (e * inter + n0) * x.width};
+  using Tile = decltype(gate.tile(0, 0));
+  const Tile w[2] = {gate.tile(e, n0), up.tile(e, n0)};
   for (int32_t first = g.offsets[e]; first < end; first += kPairsPerTile * kN) {
     float acc[2][kN][4] = {};
-    multiply<2, kN, unroll_for(kN)>(x, first, end, w, acc);
+    multiply_tiles<2, kN>(x, first, end, w, acc);
 #pragma unroll
     for (int n = 0; n < kN; ++n) {
 #pragma unroll
@@ -71,9 +98,8 @@ __global__ void __launch_bounds__(kWarps * 32) gate_up_tiles(SplitRows x, Groupi
   }
 }
 
-template <int kN>
-__global__ void __launch_bounds__(kWarps * 32) down_tiles(SplitRows activated, Grouping g,
-                                                           const __nv_bfloat16* __restrict__ down,
+template <int kN, typename Experts>
+__global__ void __launch_bounds__(kWarps * 32) down_tiles(SplitRows activated, Grouping g, Experts down,
                                                            const float* __restrict__ down_bias, int64_t h,
                                                            float* __restrict__ expert_out) {
   backend::cuda::wait_for_predecessor();
@@ -81,10 +107,11 @@ __global__ void __launch_bounds__(kWarps * 32) down_tiles(SplitRows activated, G
   if (!warp_tile(g, h, &slot, &n0)) return;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int32_t e = g.used[slot], end = g.offsets[e + 1];
-  const __nv_bfloat16* const w[1] = {down + (e * h + n0) * activated.width};
+  using Tile = decltype(down.tile(0, 0));
+  const Tile w[1] = {down.tile(e, n0)};
   for (int32_t first = g.offsets[e]; first < end; first += kPairsPerTile * kN) {
     float acc[1][kN][4] = {};
-    multiply<1, kN, unroll_for(kN)>(activated, first, end, w, acc);
+    multiply_tiles<1, kN>(activated, first, end, w, acc);
 #pragma unroll
     for (int n = 0; n < kN; ++n) {
 #pragma unroll
@@ -99,26 +126,40 @@ __global__ void __launch_bounds__(kWarps * 32) down_tiles(SplitRows activated, G
   }
 }
 
-template <int kN>
-void launch_tiles(cudaStream_t stream, const Grouping& g, const DeviceExperts& x, const Activation& act, int64_t slots,
-                  const SplitRows& xs, const SplitRows& as, float* expert_out) {
-  const int64_t inter = x.gate.dim(1), h = x.gate.dim(2);
+template <int kN, typename Experts>
+void launch_tiles(cudaStream_t stream, const Grouping& g, const DeviceExperts& x, const Experts (&w)[3],
+                  const Activation& act, int64_t slots, const SplitRows& xs, const SplitRows& as, float* expert_out) {
+  const int64_t inter = x.intermediate(), h = x.hidden();
   auto bias = [](const Tensor& b) { return b.defined() ? b.data<float>() : nullptr; };
   const auto blocks = [&](int64_t n) { return static_cast<unsigned>(slots * ((n + kRowsPerBlock - 1) / kRowsPerBlock)); };
-  backend::cuda::launch_kernel(gate_up_tiles<kN>, blocks(inter), kWarps * 32, 0, stream, xs, g,
-                               static_cast<const __nv_bfloat16*>(x.gate.raw_data()),
-                               static_cast<const __nv_bfloat16*>(x.up.raw_data()), bias(x.gate_bias), bias(x.up_bias),
-                               inter, act, as);
-  backend::cuda::launch_kernel(down_tiles<kN>, blocks(h), kWarps * 32, 0, stream, as, g,
-                               static_cast<const __nv_bfloat16*>(x.down.raw_data()), bias(x.down_bias), h, expert_out);
+  backend::cuda::launch_kernel(gate_up_tiles<kN, Experts>, blocks(inter), kWarps * 32, 0, stream, xs, g, w[0], w[1],
+                               bias(x.gate_bias), bias(x.up_bias), inter, act, as);
+  backend::cuda::launch_kernel(down_tiles<kN, Experts>, blocks(h), kWarps * 32, 0, stream, as, g, w[2],
+                               bias(x.down_bias), h, expert_out);
+}
+
+// Pair columns per pass for the pairs an expert is likely to have; an expert with more takes
+// another pass over its rows, which are then in L2.
+template <typename Experts>
+void launch_for_pairs(cudaStream_t stream, const Grouping& g, const DeviceExperts& x, const Experts (&w)[3],
+                      const Activation& act, int64_t slots, int64_t likely_pairs, const SplitRows& xs,
+                      const SplitRows& as, float* expert_out) {
+  if (likely_pairs <= kPairsPerTile) launch_tiles<1>(stream, g, x, w, act, slots, xs, as, expert_out);
+  else if (likely_pairs <= 2 * kPairsPerTile) launch_tiles<2>(stream, g, x, w, act, slots, xs, as, expert_out);
+  else launch_tiles<4>(stream, g, x, w, act, slots, xs, as, expert_out);
 }
 
 }  // namespace
 
 // Whole 16-row tiles and whole 32-position K steps: both widths multiples of 32 (so every
-// 128-bit load is aligned in the 256-byte aligned buffers).
+// 128-bit load is aligned in the 256-byte aligned buffers). FP8 experts also need their blocks to
+// hold whole tiles and steps, and a placement that asked for bfloat16 precision (the tensor
+// cores' split activations keep about 16 bits; --dtype float32 keeps the weight-streaming rows).
 bool tensor_cores_fit(const DeviceExperts& x) {
-  return x.gate.dtype() == DType::BF16 && x.gate.dim(1) % kStepK == 0 && x.gate.dim(2) % kStepK == 0;
+  const bool widths = x.intermediate() % kStepK == 0 && x.hidden() % kStepK == 0;
+  if (x.gate.dtype() == DType::BF16) return widths;
+  return x.gate.dtype() == DType::F8_E4M3 && x.reduced_precision && widths && x.block_rows % kRowsPerWarp == 0 &&
+         x.block_cols % kStepK == 0;
 }
 
 void experts_on_tensor_cores(cudaStream_t stream, const float* hidden, int64_t k, const Grouping& g,
@@ -132,11 +173,19 @@ void experts_on_tensor_cores(cudaStream_t stream, const float* hidden, int64_t k
   const SplitRows xs{gathered, gathered + rows * h, h}, as{act_parts, act_parts + rows * inter, inter};
   backend::cuda::launch_kernel(gather_split, static_cast<unsigned>(std::min<int64_t>((pairs * h + 255) / 256, 65535)),
                                256, 0, stream, hidden, k, g, pairs, xs);
-  // Pair columns per pass for the pairs an expert is likely to have; an expert with more takes
-  // another pass over its rows, which are then in L2.
-  if (likely_pairs <= kPairsPerTile) launch_tiles<1>(stream, g, x, act, slots, xs, as, expert_out);
-  else if (likely_pairs <= 2 * kPairsPerTile) launch_tiles<2>(stream, g, x, act, slots, xs, as, expert_out);
-  else launch_tiles<4>(stream, g, x, act, slots, xs, as, expert_out);
+  if (x.gate.dtype() == DType::BF16) {
+    const auto bf16 = [](const Tensor& t) {
+      return Bf16Experts{static_cast<const __nv_bfloat16*>(t.raw_data()), t.dim(1), t.dim(2)};
+    };
+    const Bf16Experts w[3] = {bf16(x.gate), bf16(x.up), bf16(x.down)};
+    return launch_for_pairs(stream, g, x, w, act, slots, likely_pairs, xs, as, expert_out);
+  }
+  const auto fp8 = [&](const Tensor& t, const Tensor& s) {
+    return Fp8Experts{static_cast<const uint8_t*>(t.raw_data()), s.data<float>(), t.dim(1), t.dim(2), s.dim(1),
+                      s.dim(2), static_cast<int32_t>(x.block_rows), static_cast<int32_t>(x.block_cols)};
+  };
+  const Fp8Experts w[3] = {fp8(x.gate, x.gate_scales), fp8(x.up, x.up_scales), fp8(x.down, x.down_scales)};
+  launch_for_pairs(stream, g, x, w, act, slots, likely_pairs, xs, as, expert_out);
 }
 
 }  // namespace r3::moe::experts_detail

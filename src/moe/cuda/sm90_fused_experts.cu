@@ -249,7 +249,8 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
   const int64_t tokens = hidden.dim(0), h = hidden.dim(1), experts = x.gate.dim(0), inter = x.intermediate();
   const int64_t pairs = tokens * k;
   auto bias = [](const Tensor& b) { return b.defined() ? b.data<float>() : nullptr; };
-  const Activation act{x.activation.kind, x.activation.limit, x.activation.alpha};
+  const Activation act{x.activation.kind, x.activation.limit, x.activation.alpha, x.activation.beta,
+                       x.activation.linear_beta};
   // Eight-value loads when every row starts on a multiple of 8 values (buffers are 256-byte
   // aligned) and FP8 blocks hold whole groups of eight.
   const bool vec8 = h % 8 == 0 && inter % 8 == 0 && x.block_cols % 8 == 0;

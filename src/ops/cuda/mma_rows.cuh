@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "ops/cuda/warp_row_dots.cuh"
+#include "ops/cuda/weight_rows.cuh"
 
 namespace r3::ops::cuda::mma_rows {
 
@@ -48,6 +49,20 @@ __device__ inline void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// Where this lane's activation row of each of the kN 8-row tiles from row `first` starts (its
+// first K position, 8t), high and low parts; null for rows from `end` on (they count as zeros).
+template <int kN>
+__device__ inline void lane_activation_rows(const SplitRows& a, int64_t first, int64_t end,
+                                            const __nv_bfloat16* (&x_hi)[kN], const __nv_bfloat16* (&x_lo)[kN]) {
+  const int lane = static_cast<int>(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int n = 0; n < kN; ++n) {
+    const int64_t p = first + n * kColsPerTile + g;
+    x_hi[n] = p < end ? a.hi + p * a.width + 8 * t : nullptr;
+    x_lo[n] = p < end ? a.lo + p * a.width + 8 * t : nullptr;
+  }
+}
+
 // acc[m][n] += W_m (16 rows at w[m], stride a.width) x the activation rows [first + 8n, first +
 // 8n + 8) of `a` (rows from `end` on count as zeros), over K positions [k_begin, k_end) (k_end 0:
 // the whole K = a.width; both multiples of 32). In the fragments, lane (g = lane / 4, t = lane %
@@ -61,12 +76,7 @@ __device__ void multiply(const SplitRows& a, int64_t first, int64_t end, const _
   const int64_t k_stop = k_end > 0 ? k_end : a.width;
   const __nv_bfloat16* x_hi[kN];
   const __nv_bfloat16* x_lo[kN];
-#pragma unroll
-  for (int n = 0; n < kN; ++n) {
-    const int64_t p = first + n * kColsPerTile + g;
-    x_hi[n] = p < end ? a.hi + p * a.width + 8 * t : nullptr;
-    x_lo[n] = p < end ? a.lo + p * a.width + 8 * t : nullptr;
-  }
+  lane_activation_rows<kN>(a, first, end, x_hi, x_lo);
   for (int64_t k0 = k_begin; k0 < k_stop; k0 += kStepK * kUnroll) {
     uint4 top[kUnroll][kB], bottom[kUnroll][kB], hi[kUnroll][kN], lo[kUnroll][kN];
 #pragma unroll
@@ -96,6 +106,80 @@ __device__ void multiply(const SplitRows& a, int64_t first, int64_t end, const _
           mma(acc[m][n], top[u][m].z, bottom[u][m].z, top[u][m].w, bottom[u][m].w, hi[u][n].z, hi[u][n].w);
           mma(acc[m][n], top[u][m].z, bottom[u][m].z, top[u][m].w, bottom[u][m].w, lo[u][n].z, lo[u][n].w);
         }
+      }
+    }
+  }
+}
+
+// A 16-row tile of FP8 e4m3 weights with 2D block scales: rows at `values` (a.width bytes
+// apart), the scale row of the tile's block at `scales` (one per block_cols positions). The 16
+// rows lie in one block (block_rows a multiple of 16), and each 32-position K step in one
+// (block_cols a multiple of 32).
+struct Fp8Tile {
+  const uint8_t* values;
+  const float* scales;
+  int32_t block_cols;
+};
+
+// Eight e4m3 bytes (K positions in byte order) as eight bfloat16, exactly: every e4m3 value is a
+// bfloat16 (3 mantissa bits of 7, exponents within range), laid out as one 128-bit load of bf16.
+__device__ inline uint4 e4m3x8_to_bf16x8(uint2 v) {
+  uint4 r;
+  uint32_t* out = &r.x;
+  const uint32_t words[2] = {v.x, v.y};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat162 b = __float22bfloat162_rn(e4m3x2_to_float2(static_cast<uint16_t>(words[i / 2] >> (16 * (i % 2)))));
+    out[i] = *reinterpret_cast<const uint32_t*>(&b);
+  }
+  return r;
+}
+
+// multiply() over FP8 tiles: each block of block_cols K positions multiplies the tiles' e4m3
+// values (widened exactly to bfloat16) into partial sums, which the block's scale then scales
+// into acc. The weights' part is the CPU's e4m3 value; only the scale's product is placed
+// differently (after the block's sum instead of on each weight).
+template <int kB, int kN>
+__device__ void multiply_fp8(const SplitRows& a, int64_t first, int64_t end, const Fp8Tile (&w)[kB],
+                             float (&acc)[kB][kN][4]) {
+  const int lane = static_cast<int>(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+  const __nv_bfloat16* x_hi[kN];
+  const __nv_bfloat16* x_lo[kN];
+  lane_activation_rows<kN>(a, first, end, x_hi, x_lo);
+  const int64_t block = w[0].block_cols;
+  for (int64_t kb = 0; kb < a.width; kb += block) {
+    const int64_t kb_end = kb + block < a.width ? kb + block : a.width;
+    float part[kB][kN][4] = {};
+    for (int64_t k = kb; k < kb_end; k += kStepK) {
+      uint4 top[kB], bottom[kB], hi[kN], lo[kN];
+#pragma unroll
+      for (int m = 0; m < kB; ++m) {
+        top[m] = e4m3x8_to_bf16x8(load_streaming8(w[m].values + g * a.width + k + 8 * t));
+        bottom[m] = e4m3x8_to_bf16x8(load_streaming8(w[m].values + (g + 8) * a.width + k + 8 * t));
+      }
+#pragma unroll
+      for (int n = 0; n < kN; ++n) {
+        hi[n] = x_hi[n] ? *reinterpret_cast<const uint4*>(x_hi[n] + k) : make_uint4(0, 0, 0, 0);
+        lo[n] = x_lo[n] ? *reinterpret_cast<const uint4*>(x_lo[n] + k) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int m = 0; m < kB; ++m) {
+#pragma unroll
+        for (int n = 0; n < kN; ++n) {
+          mma(part[m][n], top[m].x, bottom[m].x, top[m].y, bottom[m].y, hi[n].x, hi[n].y);
+          mma(part[m][n], top[m].x, bottom[m].x, top[m].y, bottom[m].y, lo[n].x, lo[n].y);
+          mma(part[m][n], top[m].z, bottom[m].z, top[m].w, bottom[m].w, hi[n].z, hi[n].w);
+          mma(part[m][n], top[m].z, bottom[m].z, top[m].w, bottom[m].w, lo[n].z, lo[n].w);
+        }
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < kB; ++m) {
+      const float scale = w[m].scales[static_cast<uint32_t>(kb) / static_cast<uint32_t>(block)];
+#pragma unroll
+      for (int n = 0; n < kN; ++n) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[m][n][i] = __fadd_rn(acc[m][n][i], __fmul_rn(part[m][n][i], scale));
       }
     }
   }
