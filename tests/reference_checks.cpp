@@ -61,22 +61,26 @@ void expect_forward_dump_matches(const Reference& ref, const std::string& dump_p
   }
 }
 
+std::vector<int64_t> greedy_tokens_fixed_by(const Reference& ref) {
+  if (ref.generate_agrees) return ref.generated;
+  const double* row = ref.logits.data() + (ref.prompt_len - 1) * ref.vocab;
+  return {static_cast<int64_t>(std::max_element(row, row + ref.vocab) - row)};
+}
+
+int64_t routed_rows_fixed_by(const Reference& ref) { return ref.generate_agrees ? ref.tokens : ref.prompt_len; }
+
 void expect_generate_output_matches(const Reference& ref, const std::string& json_out) {
   const auto out = nlohmann::json::parse(json_out);
   EXPECT_EQ(out.at("prompt_ids").get<std::vector<int64_t>>(), prompt_ids(ref));
   const auto output = out.at("output_ids").get<std::vector<int64_t>>();
-  // Where transformers' own generate left its float64 forward, the reference only fixes the first
-  // token (the forward's argmax after the prompt) and the prompt's routing; after that the
-  // sequences differ by construction.
-  int64_t compared_rows = ref.tokens;
+  const std::vector<int64_t> fixed = greedy_tokens_fixed_by(ref);
   if (ref.generate_agrees) {
-    EXPECT_EQ(output, ref.generated);
+    EXPECT_EQ(output, fixed);
   } else {
     ASSERT_FALSE(output.empty());
-    const double* row = ref.logits.data() + (ref.prompt_len - 1) * ref.vocab;
-    EXPECT_EQ(output[0], std::max_element(row, row + ref.vocab) - row) << "the first token is the forward's argmax";
-    compared_rows = ref.prompt_len;
+    EXPECT_EQ(output[0], fixed[0]) << "the first token is the forward's argmax";
   }
+  const int64_t compared_rows = routed_rows_fixed_by(ref);
   EXPECT_EQ(out.at("moe_layers").get<std::vector<int64_t>>(), ref.moe_layers);
 
   // Rows: prompt + generated - 1 = every input of the reference forward.

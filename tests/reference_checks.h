@@ -19,8 +19,15 @@ std::vector<int64_t> prompt_ids(const Reference& ref);
 // logit, every row's expert set equal, and each expert's weight within 1e-4.
 void expect_forward_dump_matches(const Reference& ref, const std::string& dump_path);
 
-// The stdout of `r3 generate --json --ignore-eos` over the reference prompt: greedy tokens equal,
-// and every row's routed expert set equal to the reference's.
+// The greedy tokens and the routed rows a reference fixes: all its generated tokens and rows, or,
+// where transformers' own generate left its float64 forward (generate_agrees false), only the
+// first token (the forward's argmax after the prompt) and the prompt's rows; after that the
+// sequences differ by construction.
+std::vector<int64_t> greedy_tokens_fixed_by(const Reference& ref);
+int64_t routed_rows_fixed_by(const Reference& ref);
+
+// The stdout of `r3 generate --json --ignore-eos` over the reference prompt: the greedy tokens
+// and every routed row's expert set the reference fixes equal to it.
 void expect_generate_output_matches(const Reference& ref, const std::string& json_out);
 
 }  // namespace r3::test
