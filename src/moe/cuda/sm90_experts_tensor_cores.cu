@@ -67,11 +67,11 @@ __device__ inline bool warp_tile(const Grouping& g, int64_t rows, int64_t* slot,
   return *slot < *g.used_count && *n0 < rows;
 }
 
-template <int kN, typename Experts>
+template <int kN, typename Experts, typename Act>
 __global__ void __launch_bounds__(kWarps * 32) gate_up_tiles(SplitRows x, Grouping g, Experts gate, Experts up,
                                                               const float* __restrict__ gate_bias,
                                                               const float* __restrict__ up_bias, int64_t inter,
-                                                              Activation act, SplitRows activated) {
+                                                              Act act, SplitRows activated) {
   backend::cuda::wait_for_predecessor();
   int64_t slot, n0;
   if (!warp_tile(g, inter, &slot, &n0)) return;
@@ -126,13 +126,13 @@ __global__ void __launch_bounds__(kWarps * 32) down_tiles(SplitRows activated, G
   }
 }
 
-template <int kN, typename Experts>
+template <int kN, typename Experts, typename Act>
 void launch_tiles(cudaStream_t stream, const Grouping& g, const DeviceExperts& x, const Experts (&w)[3],
-                  const Activation& act, int64_t slots, const SplitRows& xs, const SplitRows& as, float* expert_out) {
+                  const Act& act, int64_t slots, const SplitRows& xs, const SplitRows& as, float* expert_out) {
   const int64_t inter = x.intermediate(), h = x.hidden();
   auto bias = [](const Tensor& b) { return b.defined() ? b.data<float>() : nullptr; };
   const auto blocks = [&](int64_t n) { return static_cast<unsigned>(slots * ((n + kRowsPerBlock - 1) / kRowsPerBlock)); };
-  backend::cuda::launch_kernel(gate_up_tiles<kN, Experts>, blocks(inter), kWarps * 32, 0, stream, xs, g, w[0], w[1],
+  backend::cuda::launch_kernel(gate_up_tiles<kN, Experts, Act>, blocks(inter), kWarps * 32, 0, stream, xs, g, w[0], w[1],
                                bias(x.gate_bias), bias(x.up_bias), inter, act, as);
   backend::cuda::launch_kernel(down_tiles<kN, Experts>, blocks(h), kWarps * 32, 0, stream, as, g, w[2],
                                bias(x.down_bias), h, expert_out);
@@ -140,9 +140,9 @@ void launch_tiles(cudaStream_t stream, const Grouping& g, const DeviceExperts& x
 
 // Pair columns per pass for the pairs an expert is likely to have; an expert with more takes
 // another pass over its rows, which are then in L2.
-template <typename Experts>
+template <typename Experts, typename Act>
 void launch_for_pairs(cudaStream_t stream, const Grouping& g, const DeviceExperts& x, const Experts (&w)[3],
-                      const Activation& act, int64_t slots, int64_t likely_pairs, const SplitRows& xs,
+                      const Act& act, int64_t slots, int64_t likely_pairs, const SplitRows& xs,
                       const SplitRows& as, float* expert_out) {
   if (likely_pairs <= kPairsPerTile) launch_tiles<1>(stream, g, x, w, act, slots, xs, as, expert_out);
   else if (likely_pairs <= 2 * kPairsPerTile) launch_tiles<2>(stream, g, x, w, act, slots, xs, as, expert_out);
@@ -162,8 +162,9 @@ bool tensor_cores_fit(const DeviceExperts& x) {
          x.block_cols % kStepK == 0;
 }
 
+template <typename Act>
 void experts_on_tensor_cores(cudaStream_t stream, const float* hidden, int64_t k, const Grouping& g,
-                             const DeviceExperts& x, const Activation& act, int64_t pairs, int64_t slots,
+                             const DeviceExperts& x, const Act& act, int64_t pairs, int64_t slots,
                              int64_t likely_pairs, float* activated, float* expert_out) {
   const int64_t inter = x.gate.dim(1), h = x.gate.dim(2), rows = expert_scratch_rows(pairs);
   // The gathered activations live in expert_out's scratch until down overwrites it; the
@@ -187,5 +188,12 @@ void experts_on_tensor_cores(cudaStream_t stream, const float* hidden, int64_t k
   const Fp8Experts w[3] = {fp8(x.gate, x.gate_scales), fp8(x.up, x.up_scales), fp8(x.down, x.down_scales)};
   launch_for_pairs(stream, g, x, w, act, slots, likely_pairs, xs, as, expert_out);
 }
+
+template void experts_on_tensor_cores<Activation>(cudaStream_t, const float*, int64_t, const Grouping&,
+                                                const DeviceExperts&, const Activation&, int64_t, int64_t, int64_t,
+                                                float*, float*);
+template void experts_on_tensor_cores<SituActivation>(cudaStream_t, const float*, int64_t, const Grouping&,
+                                                    const DeviceExperts&, const SituActivation&, int64_t, int64_t,
+                                                    int64_t, float*, float*);
 
 }  // namespace r3::moe::experts_detail

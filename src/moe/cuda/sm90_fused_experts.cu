@@ -24,6 +24,7 @@ namespace r3::moe {
 namespace {
 
 using experts_detail::Activation;
+using experts_detail::SituActivation;
 using experts_detail::Grouping;
 using ops::cuda::Fp8Matrix;
 using ops::cuda::kWarp;
@@ -90,10 +91,10 @@ __global__ void group_pairs_by_expert(const int32_t* __restrict__ ids, int64_t p
 
 
 
-template <typename Matrix, bool kVec8, int kPairsPerPass>
+template <typename Matrix, bool kVec8, int kPairsPerPass, typename Act>
 __global__ void gate_up_rows(const float* __restrict__ hidden, int64_t k, Grouping g, Matrix gate, Matrix up,
                              const float* __restrict__ gate_bias,
-                             const float* __restrict__ up_bias, int64_t h, int64_t inter, Activation act,
+                             const float* __restrict__ up_bias, int64_t h, int64_t inter, Act act,
                              float* __restrict__ activated) {
   backend::cuda::wait_for_predecessor();
   const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
@@ -181,11 +182,11 @@ __global__ void combine_choices(const float* __restrict__ expert_out, const floa
 constexpr int64_t kPairMajorTokens = 4;
 constexpr int kMaxChoiceWarps = 8;  // warps of a down block (choices beyond take turns)
 
-template <typename Matrix, bool kVec8>
+template <typename Matrix, bool kVec8, typename Act>
 __global__ void gate_up_by_pair(const float* __restrict__ hidden, const int32_t* __restrict__ ids, int64_t pairs,
                                 int64_t k, Matrix gate, Matrix up,
                                 const float* __restrict__ gate_bias, const float* __restrict__ up_bias, int64_t h,
-                                int64_t inter, Activation act, float* __restrict__ activated) {
+                                int64_t inter, Act act, float* __restrict__ activated) {
   backend::cuda::wait_for_predecessor();
   const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   const int64_t p = warp / inter, i = warp % inter;
@@ -241,16 +242,14 @@ bool use_tensor_cores(const backend::Context& ctx, const DeviceExperts& x, int64
   return !ctx.batch_invariant() && experts_detail::tensor_cores_fit(x) && pairs >= 2 * experts;
 }
 
-template <typename Matrix>
+template <typename Matrix, typename Act>
 void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, const float* weights, int64_t k,
-            const DeviceExperts& x, Matrix gw, Matrix uw, Matrix dw, Tensor& grouping, Tensor& activated,
-            Tensor& expert_out, Tensor& out) {
+            const DeviceExperts& x, const Act& act, Matrix gw, Matrix uw, Matrix dw, Tensor& grouping,
+            Tensor& activated, Tensor& expert_out, Tensor& out) {
   const cudaStream_t stream = ctx.cuda_state().stream;
   const int64_t tokens = hidden.dim(0), h = hidden.dim(1), experts = x.gate.dim(0), inter = x.intermediate();
   const int64_t pairs = tokens * k;
   auto bias = [](const Tensor& b) { return b.defined() ? b.data<float>() : nullptr; };
-  const Activation act{x.activation.kind, x.activation.limit, x.activation.alpha, x.activation.beta,
-                       x.activation.linear_beta};
   // Eight-value loads when every row starts on a multiple of 8 values (buffers are 256-byte
   // aligned) and FP8 blocks hold whole groups of eight.
   const bool vec8 = h % 8 == 0 && inter % 8 == 0 && x.block_cols % 8 == 0;
@@ -258,7 +257,7 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
   if (tokens <= kPairMajorTokens) {
     auto pair_major = [&](auto vec8_tag) {
       constexpr bool kVec8 = decltype(vec8_tag)::value;
-      backend::cuda::launch_kernel(gate_up_by_pair<Matrix, kVec8>, warp_blocks(pairs * inter), kThreads, 0, stream,
+      backend::cuda::launch_kernel(gate_up_by_pair<Matrix, kVec8, Act>, warp_blocks(pairs * inter), kThreads, 0, stream,
                                    hidden.data<float>(), ids, pairs, k, gw, uw, bias(x.gate_bias), bias(x.up_bias), h,
                                    inter, act, activated.data<float>());
       const auto choice_warps = static_cast<unsigned>(std::min<int64_t>(k, kMaxChoiceWarps));
@@ -289,7 +288,7 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
     auto rows = [&](auto vec8_tag, auto pairs_tag) {
       constexpr bool kVec8 = decltype(vec8_tag)::value;
       constexpr int kPairs = decltype(pairs_tag)::value;
-      backend::cuda::launch_kernel(gate_up_rows<Matrix, kVec8, kPairs>, gate_blocks, kThreads, 0, stream,
+      backend::cuda::launch_kernel(gate_up_rows<Matrix, kVec8, kPairs, Act>, gate_blocks, kThreads, 0, stream,
                                    hidden.data<float>(), k, g, gw, uw, bias(x.gate_bias), bias(x.up_bias), h, inter,
                                    act, activated.data<float>());
       backend::cuda::launch_kernel(down_rows<Matrix, kVec8, kPairs>, down_blocks, kThreads, 0, stream,
@@ -330,8 +329,15 @@ void fused_experts_on_device(backend::Context& ctx, const Tensor& hidden, const 
            "experts (cuda): scratch too small for ", pairs, " pairs");
   R3_CHECK(g.dim(0) <= 4096, "experts (cuda): ", g.dim(0), " experts (at most 4096)");
   if (tokens == 0) return;
+  const ExpertActivation& a = experts.activation;
   const auto run = [&](auto gate, auto up, auto down) {
-    launch(ctx, hidden, ids, weights, k, experts, gate, up, down, grouping, activated, expert_out, out);
+    if (a.kind == ExpertActivation::Kind::kSitu) {
+      launch(ctx, hidden, ids, weights, k, experts, SituActivation{a.beta, a.linear_beta}, gate, up, down, grouping,
+             activated, expert_out, out);
+    } else {
+      launch(ctx, hidden, ids, weights, k, experts, Activation{a.kind, a.limit, a.alpha}, gate, up, down, grouping,
+             activated, expert_out, out);
+    }
   };
   const auto bytes = [](const Tensor& t) { return static_cast<const uint8_t*>(t.raw_data()); };
   switch (g.dtype()) {
