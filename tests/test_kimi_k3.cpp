@@ -134,9 +134,8 @@ TEST(KimiK3Layers, SequenceOfSeveralChunksDecodesAsItsFullForward) {
   }
 }
 
-// Prefix caching is off with its reason (the KDA layers' recurrent state); --device cuda has
-// nothing to refuse before placing it.
-TEST(KimiK3Serving, WhatItCannotDoIsRefusedWithItsReason) {
+// Prefix caching is off with its reason (the KDA layers' recurrent state).
+TEST(KimiK3Serving, PrefixCachingIsOffWithItsReason) {
   auto model = models::load_model(family_dir("kimi_k3"));
   backend::Context ctx(2);
   engine::EngineOptions options;
@@ -144,7 +143,6 @@ TEST(KimiK3Serving, WhatItCannotDoIsRefusedWithItsReason) {
   const engine::Engine e(*model, ctx, options);
   EXPECT_NE(e.prefix_caching_off_reason().find("recurrent state per sequence"), std::string::npos)
       << e.prefix_caching_off_reason();
-  EXPECT_EQ(model->device_unsupported(), "");
 }
 
 // Configs that do not describe the checkpoint, or switch off what K3 is built with, are refused

@@ -75,8 +75,6 @@ std::unique_ptr<models::CausalLM> ModelOptions::load(backend::Context& ctx) cons
                model_dir, info.family, info.num_layers, info.moe_layers.size(), info.num_experts,
                info.top_k, ctx.device() == Device::kCpu ? moe_path : "fused (GPU)", ms_since(start));
   if (ctx.device() == Device::kCpu) return model;
-  const std::string unsupported = model->device_unsupported();
-  R3_CHECK(unsupported.empty(), "--device cuda: ", info.architecture, ": ", unsupported, "; use --device cpu");
   const auto placed = std::chrono::steady_clock::now();
   model = models::place_on_device(ctx, std::move(model), dtype == "float32" ? DType::F32 : DType::BF16);
   spdlog::info("weights copied to the {} device as {} (quantized ones as published) in {:.1f} ms",

@@ -52,9 +52,6 @@ class CausalLM {
                              std::span<const ops::TokenDraw> draws, std::span<ops::DrawnToken> drawn) const;
   // The MoE layers in order; index j has layer id j.
   virtual std::vector<moe::MoeBlock*> moe_blocks() = 0;
-  // Why the model cannot run on a CUDA device, for a family with no device kernels that the
-  // device decoder would not recognise by its own checks; empty: ask the device decoder.
-  virtual std::string device_unsupported() const { return ""; }
 
   // The EPLB options the model was loaded with: its replicas were placed at load; the engine
   // runs load windows and rebalancing from them (moe::EplbController over the step's loads).
