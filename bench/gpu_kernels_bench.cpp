@@ -25,6 +25,7 @@
 #include "backend/device_memory.h"
 #include "moe/device_capture.h"
 #include "moe/device_experts.h"
+#include "moe/device_mega_moe.h"
 #include "moe/device_routing.h"
 #include "ops/attention.h"
 #include "ops/linear.h"
@@ -114,6 +115,44 @@ void moe_layer(backend::Context& gpu, bool fp8) {
     std::printf("{\"bench\":\"moe_layer\",\"weights\":\"%s\",\"batch\":%lld,\"distinct_experts\":%zu,\"MB\":%.1f,"
                 "\"ms\":%.4f,\"routing_with_capture_ms\":%.4f,\"floor_ms\":%.4f,\"of_floor\":%.3f}\n",
                 fp8 ? "fp8" : "bf16", static_cast<long long>(batch), distinct.size(), bytes / 1e6, ms, route_ms, floor_ms, floor_ms / ms);
+  }
+  // The whole layer from the hidden rows (router projection included) on the two MoE paths, at the
+  // decode sizes the mega kernel takes: the modular path's kernels (router GEMV, routing, grouping,
+  // grouped experts, combine) against one mega launch.
+  const Tensor router = backend::to_device(gpu, random_host(DType::F32, {experts, h}, 9, 0.05f));
+  moe::MegaMoeSync sync(gpu);
+  for (const int64_t batch : {int64_t{1}, moe::kPairMajorTokens}) {
+    const Tensor x = backend::to_device(gpu, random_host(DType::F32, {batch, h}, 4, 1.0f));
+    Tensor logits = backend::device_empty(gpu, DType::F32, {batch, experts});
+    Tensor ids = backend::device_empty(gpu, DType::I32, {batch, k}), weights = backend::device_empty(gpu, DType::F32, {batch, k});
+    Tensor grouping = backend::device_empty(gpu, DType::I32, {moe::grouping_ints(experts, batch * k)});
+    Tensor activated = backend::device_empty(gpu, DType::F32, {moe::expert_scratch_rows(batch * k), inter});
+    Tensor expert_out = backend::device_empty(gpu, DType::F32, {moe::expert_scratch_rows(batch * k), h});
+    Tensor out = backend::device_empty(gpu, DType::F32, {batch, h});
+    Tensor scratch = backend::device_empty(gpu, DType::F32, {moe::mega_moe_scratch_floats(dev, batch, experts, k)});
+    const double modular_ms = mean_ms(gpu, [&] {
+      ops::linear(gpu, x, router, nullptr, logits);
+      moe::route_on_device(gpu, logits, rule, nullptr, nullptr, ids.data<int32_t>(), weights.data<float>(),
+                           capture.layer_rows(0));
+      moe::fused_experts_on_device(gpu, x, ids.data<int32_t>(), weights.data<float>(), k, dev, grouping, activated,
+                                   expert_out, out, /*always_grouped=*/true);
+    });
+    moe::MegaMoeStep step;
+    step.hidden = &x;
+    step.router = &router;
+    step.rule = rule;
+    step.capture = capture.layer_rows(0);
+    step.ids = ids.data<int32_t>();
+    step.weights = weights.data<float>();
+    const double mega_ms = mean_ms(gpu, [&] { moe::mega_moe_on_device(gpu, step, dev, sync, scratch, out); });
+    const Tensor host_ids = backend::to_host(gpu, ids);
+    const std::set<int32_t> distinct(host_ids.data<int32_t>(), host_ids.data<int32_t>() + batch * k);
+    const double bytes = static_cast<double>(distinct.size()) * expert_bytes + 4.0 * static_cast<double>(experts * h);
+    const double floor_ms = bytes / kCopyBandwidth * 1e3;
+    std::printf("{\"bench\":\"moe_layer_paths\",\"weights\":\"%s\",\"batch\":%lld,\"distinct_experts\":%zu,"
+                "\"MB\":%.1f,\"modular_ms\":%.4f,\"mega_ms\":%.4f,\"floor_ms\":%.4f,\"mega_of_floor\":%.3f}\n",
+                fp8 ? "fp8" : "bf16", static_cast<long long>(batch), distinct.size(), bytes / 1e6, modular_ms, mega_ms,
+                floor_ms, floor_ms / mega_ms);
   }
 }
 

@@ -32,8 +32,9 @@ void ModelOptions::add_to(CLI::App& command, bool model_required) {
   moe_path_option = command.add_option("--moe-path,--moe-backend", moe_path,
                      "MoE execution path: modular (router + grouped GEMMs), monolithic (one fused "
                      "routine), mega (fused experts module fed by the model's gate); "
-                     "monolithic-nocapture is a fused kernel that cannot report its routing")
-      ->capture_default_str()
+                     "monolithic-nocapture is a fused kernel that cannot report its routing. "
+                     "The CPU's default is monolithic; the GPU runs mega (its default: a decode step of up to 4 "
+                     "tokens runs each MoE layer as one kernel) or modular")
       ->check(CLI::IsMember(moe::moe_path_names()));
   auto& eplb = load_options.eplb;
   command.add_option("--eplb-redundant-experts", eplb.redundant_experts,
@@ -71,23 +72,28 @@ std::unique_ptr<models::CausalLM> ModelOptions::load(backend::Context& ctx) cons
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
   };
   const auto& info = model->info();
+  const std::string path = ctx.device() == Device::kCpu ? moe_path : gpu_moe_path();
   spdlog::info("loaded {} ({}, {} layers, {} MoE layers, {} experts, top-{}, MoE path {}) in {:.1f} ms",
                model_dir, info.family, info.num_layers, info.moe_layers.size(), info.num_experts,
-               info.top_k, ctx.device() == Device::kCpu ? moe_path : "fused (GPU)", ms_since(start));
+               info.top_k, path, ms_since(start));
   if (ctx.device() == Device::kCpu) return model;
   const auto placed = std::chrono::steady_clock::now();
-  model = models::place_on_device(ctx, std::move(model), dtype == "float32" ? DType::F32 : DType::BF16);
+  model = models::place_on_device(ctx, std::move(model), dtype == "float32" ? DType::F32 : DType::BF16,
+                                  moe::parse_moe_path(path));
   spdlog::info("weights copied to the {} device as {} (quantized ones as published) in {:.1f} ms",
                device_name(ctx.device()), dtype, ms_since(placed));
   return model;
 }
 
+std::string ModelOptions::gpu_moe_path() const {
+  return moe_path_option != nullptr && moe_path_option->count() > 0 ? moe_path : "mega";
+}
+
 std::unique_ptr<backend::Context> ModelOptions::make_context() const {
   R3_CHECK(device == "cuda" || dtype_option == nullptr || dtype_option->count() == 0,
            "--dtype applies to --device cuda; the CPU runs the checkpoint's own dtypes");
-  R3_CHECK(device == "cpu" || moe_path_option == nullptr || moe_path_option->count() == 0,
-           "--moe-path applies to --device cpu; on the GPU every MoE layer runs the fused path (routing with "
-           "capture, then one fused experts kernel)");
+  R3_CHECK(device == "cpu" || gpu_moe_path() == "mega" || gpu_moe_path() == "modular",
+           "--moe-path ", moe_path, ": the GPU runs mega or modular (the monolithic paths are the CPU's)");
   if (device == "cuda") {
     auto ctx = backend::Context::cuda(0);
     ctx->set_batch_invariant(batch_invariant);

@@ -19,13 +19,15 @@ struct ModelOptions {
   std::string dtype = "bfloat16";  // of the weights on the GPU
   bool batch_invariant = false;
   int threads = 0;
-  std::string moe_path = "monolithic";  // fastest on CPU: see README, Performance
+  std::string moe_path = "monolithic";  // fastest on CPU: see README, Performance; the GPU's is gpu_moe_path()
   models::LoadOptions load_options;
   CLI::Option* dtype_option = nullptr;
   CLI::Option* moe_path_option = nullptr;
 
   // model_required = false: the command checks for --model itself (r3 bench --synthetic needs none).
   void add_to(CLI::App& command, bool model_required = true);
+  // The MoE path a GPU placement runs: --moe-path when given, else mega.
+  std::string gpu_moe_path() const;
   // The model, placed on ctx's device; logs load time and model summary.
   std::unique_ptr<models::CausalLM> load(backend::Context& ctx) const;
   // The execution context the commands run on: the CPU (its thread pool has `threads` threads)

@@ -24,6 +24,7 @@
 #include "backend/device_memory.h"
 #include "engine/host_draw.h"
 #include "models/device_decoder.h"
+#include "moe/device_experts.h"
 #include "moe/routing_capturer.h"
 
 namespace r3::cli {
@@ -245,6 +246,13 @@ int run_synthetic_bench(backend::Context& ctx, const std::string& name, const st
     decode[i]["batch_invariant_cost"] = invariant_ms / decode[i]["ms"].get<double>() - 1.0;
   }
   ctx.set_batch_invariant(false);
+  // The modular MoE path where the default one (mega) runs each MoE layer as one kernel: steps of
+  // up to kPairMajorTokens sequences (larger steps take the same kernels on both paths).
+  models::set_moe_path(*model, moe::MoePath::kModular);
+  for (std::size_t i = 0; i < batches.size(); ++i) {
+    if (batches[i] <= moe::kPairMajorTokens) decode[i]["modular_ms"] = bench.decode_ms(*model, batches[i], nullptr);
+  }
+  models::set_moe_path(*model, moe::MoePath::kMega);
   const double prefill_s = bench.prefill_seconds(*model);
   // The same steps with capture off, interleaved with steps with it on.
   for (std::size_t i = 0; i < batches.size(); ++i) {
@@ -276,6 +284,12 @@ int run_synthetic_bench(backend::Context& ctx, const std::string& name, const st
                100 * d["capture_overhead"].get<double>(), d["batch_invariant_ms"].get<double>(),
                100 * d["batch_invariant_cost"].get<double>(), d["logits_step_ms"].get<double>(),
                d["host_draw_ms"].get<double>());
+  }
+  for (const auto& d : decode) {
+    if (d.contains("modular_ms")) {
+      fmt::print("batch {}: {:.3f} ms a step with --moe-path modular (mega: {:.3f} ms)\n", d["batch"].get<int64_t>(),
+                 d["modular_ms"].get<double>(), d["ms"].get<double>());
+    }
   }
   fmt::print("prefill of {} tokens: {:.3f} s ({:.0f} tokens/s)\n", kPrefillTokens, prefill_s,
              static_cast<double>(kPrefillTokens) / prefill_s);

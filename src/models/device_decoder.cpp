@@ -47,10 +47,18 @@ std::unique_ptr<CausalLM> synthetic_on_device(backend::Context& ctx, const Synth
   R3_FAIL("--synthetic: this build of r3 has no CUDA backend");
 }
 
-std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr<CausalLM> model, DType weights) {
+void set_moe_path(CausalLM& model, moe::MoePath path) {
+  (void)model;
+  (void)path;
+  R3_FAIL("--moe-path: this build of r3 has no CUDA backend");
+}
+
+std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr<CausalLM> model, DType weights,
+                                          moe::MoePath moe_path) {
   (void)ctx;
   (void)model;
   (void)weights;
+  (void)moe_path;
   R3_FAIL("--device cuda: this build of r3 has no CUDA backend (nvcc was not found when it was built)");
 }
 

@@ -21,13 +21,22 @@
 
 #include "backend/context.h"
 #include "models/causal_lm.h"
+#include "moe/moe_path.h"
 
 namespace r3::models {
 
 // `model` on ctx's CUDA device (ctx must outlive the result). Throws r3::Error for what the CUDA
-// backend cannot run yet, or when this build has no CUDA backend.
+// backend cannot run yet, or when this build has no CUDA backend. moe_path: how its MoE layers
+// run (--moe-path): kMega (the default: a decode step of up to 4 tokens runs each MoE layer as one
+// kernel, moe/device_mega_moe.h; larger steps as kModular) or kModular (router, routing, grouping
+// by expert, grouped experts and combine as separate kernels at every size); the two give the
+// same bits. The CPU's monolithic paths are refused.
 std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr<CausalLM> model,
-                                          DType weights = DType::BF16);
+                                          DType weights = DType::BF16, moe::MoePath moe_path = moe::MoePath::kMega);
+
+// Switches a device model's MoE path between steps (benchmarks compare both on one model).
+// Throws for other models and for a path the GPU does not run.
+void set_moe_path(CausalLM& model, moe::MoePath path);
 
 // How many steps of a device model ran as one CUDA graph launch (everything from the embedding to
 // lm_head, routing capture included); 0 for any other model.

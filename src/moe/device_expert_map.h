@@ -31,6 +31,10 @@ class DeviceExpertMap {
   // A new placement of the same numbers of logical and physical experts, between steps.
   void update(const ExpertPlacement& placement);
   int64_t num_physical() const { return physical_; }
+  // The tables on the device (the mega kernel maps with them): each logical expert's first
+  // replica index [logical + 1], then the replicas' physical ids.
+  const int32_t* offsets() const { return tables_; }
+  const int32_t* replicas() const { return tables_ + logical_ + 1; }
 
   // logical: device [tokens, k] (valid ids); seqs: device [tokens], -1 for a padding row (not
   // counted); physical: device [tokens, k], written; counts: device [num_physical] added to, or

@@ -46,6 +46,11 @@ DeviceExperts upload_experts(backend::Context& ctx, const PhysicalExperts& exper
 // (the host already holds the new placement's weights); waits for the copies.
 void refresh_experts(backend::Context& ctx, const PhysicalExperts& experts, DeviceExperts& into);
 
+// Steps of at most this many tokens (decode of a few sequences) may skip the grouping by expert:
+// their pairs run one by one (sm90_fused_experts.cu), or inside the mega kernel
+// (moe/device_mega_moe.h), with the grouped kernels' arithmetic.
+constexpr int64_t kPairMajorTokens = 4;
+
 // Ints of scratch the pairs' grouping by expert takes: offsets, order, used experts, their count.
 constexpr int64_t grouping_ints(int64_t experts, int64_t pairs) { return 2 * experts + pairs + 2; }
 
@@ -57,10 +62,11 @@ constexpr int64_t expert_scratch_rows(int64_t pairs) { return pairs + 32; }
 // hidden: device F32 [tokens, H]; ids, weights: device [tokens, k] (physical ids); out: device F32
 // [tokens, H] (overwritten). Device scratch: grouping I32 of grouping_ints(experts, tokens * k),
 // activated F32 [expert_scratch_rows(tokens * k), I], expert_out F32
-// [expert_scratch_rows(tokens * k), H].
+// [expert_scratch_rows(tokens * k), H]. always_grouped (the `modular` path): the pairs are grouped
+// by expert and the combine runs apart at every step size, steps of kPairMajorTokens included.
 void fused_experts_on_device(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, const float* weights,
                              int64_t k, const DeviceExperts& experts, Tensor& grouping, Tensor& activated,
-                             Tensor& expert_out, Tensor& out);
+                             Tensor& expert_out, Tensor& out, bool always_grouped = false);
 #endif
 
 }  // namespace r3::moe

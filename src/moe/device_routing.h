@@ -59,6 +59,9 @@ struct DeviceCaptureRows {
 constexpr int64_t kMaxDeviceExperts = 512;
 
 #if R3_WITH_CUDA
+// Throws unless the routing kernel takes `rule` over `experts` experts.
+void check_device_routing(const DeviceRoutingRule& rule, int64_t experts);
+
 // logits: device F32 [tokens, experts] (left as is); forced: device [tokens, k] ids to replay or
 // nullptr, with replayed: device [tokens] (1 = replay that row) or nullptr (every row replays);
 // ids, weights: device [tokens, k]. Forced ids must have been checked on the host.

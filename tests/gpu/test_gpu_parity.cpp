@@ -23,6 +23,7 @@
 #include "models/device_decoder.h"
 #include "models/kv_cache.h"
 #include "models/registry.h"
+#include "moe/moe_path.h"
 #include "moe/routing_capturer.h"
 #include "engine_checks.h"
 #include "reference_checks.h"
@@ -100,6 +101,35 @@ TEST_P(GpuParity, RoutingMarginsFollowTheCpu) {
   ASSERT_EQ(static_cast<int64_t>(got.size()), ref_.tokens * ref_.layers);
   for (std::size_t i = 0; i < got.size(); ++i) {
     EXPECT_NEAR(got[i], want[i], 1e-5 * std::max(1.0f, std::abs(want[i]))) << "row " << i / ref_.layers;
+  }
+}
+
+// The two MoE paths the GPU runs (--moe-path mega, the default, and modular) on a greedy run:
+// the prompt's step takes the modular kernels in both, each decode step of one token runs every
+// MoE layer as one mega kernel in the first. Every logprob, routed expert and routing margin is
+// bit-identical, with float32 and bf16 weights.
+TEST_P(GpuParity, MegaAndModularPathsGiveTheSameBits) {
+  const std::vector<int64_t> prompt64 = prompt_ids(ref_);
+  engine::RequestParams p = greedy_request(std::vector<int32_t>(prompt64.begin(), prompt64.end()),
+                                           static_cast<int64_t>(ref_.generated.size()));
+  p.return_routing_margins = true;
+  auto gpu = backend::Context::cuda(0);
+  for (const DType weights : {DType::F32, DType::BF16}) {
+    const auto run_on = [&](moe::MoePath path) {
+      auto model = models::place_on_device(*gpu, models::load_model(family_dir(GetParam().family)), weights, path);
+      engine::Engine e(*model, *gpu);
+      return run_one(e, p);
+    };
+    const EngineResult mega = run_on(moe::MoePath::kMega), modular = run_on(moe::MoePath::kModular);
+    const auto same_bits = [](const auto& a, const auto& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+    };
+    const std::string what = " with " + std::string(dtype_name(weights)) + " weights";
+    EXPECT_EQ(mega.tokens, modular.tokens) << what;
+    EXPECT_TRUE(same_bits(mega.logprobs, modular.logprobs)) << "logprobs" << what;
+    EXPECT_EQ(mega.routed, modular.routed) << what;
+    ASSERT_EQ(mega.margins.size(), static_cast<std::size_t>(ref_.tokens * ref_.layers)) << what;
+    EXPECT_TRUE(same_bits(mega.margins, modular.margins)) << "margins" << what;
   }
 }
 

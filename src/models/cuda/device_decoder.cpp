@@ -170,6 +170,24 @@ Decoder::Routed Decoder::route(backend::Context& ctx, const Moe& moe, const Tens
   return {ids, weights, loads_ ? loads_->layer(j) : nullptr};
 }
 
+void Decoder::run_moe(backend::Context& ctx, const Moe& moe, const Tensor& normed, const ops::DeviceStep& step,
+                      Tensor& out, const Tensor* experts_in) const {
+  backend::Workspace::Scope scope(ctx.workspace());
+  const bool modular = p_.moe_path == moe::MoePath::kModular;
+  if (modular || !moe.mega_fits(step.tokens)) {
+    const Routed routed = route(ctx, moe, normed, step);
+    moe.run_experts(ctx, experts_in != nullptr ? *experts_in : normed, step, routed.ids, routed.weights, routed.loads,
+                    out, modular);
+    return;
+  }
+  const int64_t j = moe.layer_id, tokens = step.tokens;
+  int32_t* ids = ctx.scratch_for_output(DType::I32, {tokens, moe.top_k}).data<int32_t>();
+  moe.route_and_run_experts(ctx, normed, step, ids, capture_->layer_weights(j, tokens),
+                            p_.capture_routing ? capture_->layer_rows(j) : moe::DeviceCaptureRows{},
+                            loads_ ? loads_->layer(j) : nullptr, out, experts_in);
+  moe_layers_routed_ = j + 1;
+}
+
 void Decoder::run_layers(backend::Context& ctx, const ops::DeviceStep& step, KvCache& kv, StepTensors& t) const {
   if (p_.residual_block_size > 0) return run_residual_mix_layers(ctx, step, kv, t);
   ops::cuda::embedding_ids_on_device(ctx, p_.embed, step.token_ids, step.tokens, t.residual);
@@ -180,9 +198,7 @@ void Decoder::run_layers(backend::Context& ctx, const ops::DeviceStep& step, KvC
     run_attention(ctx, layer, step, kv, static_cast<int64_t>(l), t);
     ops::cuda::add_rms_norm(ctx, t.branch, t.residual, &layer.post_attention_norm, p_.rms_eps, t.normed);
     if (layer.moe) {
-      backend::Workspace::Scope scope(ctx.workspace());
-      const Routed routed = route(ctx, *layer.moe, t.normed, step);
-      layer.moe->run_experts(ctx, t.normed, step, routed.ids, routed.weights, routed.loads, t.branch);
+      run_moe(ctx, *layer.moe, t.normed, step, t.branch);
     } else {
       layer.dense->forward(ctx, t.normed, t.branch);
     }
@@ -203,7 +219,8 @@ void Decoder::run_layers_graphed(backend::Context& ctx, ops::DeviceStep step, Kv
   int64_t bucket = 64;
   while (bucket < step.max_context) bucket *= 2;
   step.max_context = std::min(bucket, std::max(step.max_context, kv.capacity()));
-  const GraphKey key{step.tokens, step.logit_row_count, step.max_context, ctx.batch_invariant(), p_.capture_routing};
+  const GraphKey key{step.tokens, step.logit_row_count, step.max_context, ctx.batch_invariant(), p_.capture_routing,
+                     p_.moe_path};
   const int64_t growths = ctx.workspace().growths();
   const cudaStream_t stream = ctx.cuda_state().stream;
   auto found = graphs_.find(key);
@@ -309,12 +326,23 @@ void set_capture_routing(CausalLM& model, bool on) {
   decoder->set_capture_routing(on);
 }
 
+void set_moe_path(CausalLM& model, moe::MoePath path) {
+  auto* decoder = dynamic_cast<device::Decoder*>(&model);
+  R3_CHECK(decoder != nullptr, "--moe-path: not a device model");
+  decoder->set_moe_path(path);
+}
+
 int64_t graph_replays(const CausalLM& model) {
   const auto* decoder = dynamic_cast<const device::Decoder*>(&model);
   return decoder != nullptr ? decoder->graph_replays() : 0;
 }
 
 namespace device {
+
+void check_device_moe_path(moe::MoePath path) {
+  R3_CHECK(path == moe::MoePath::kMega || path == moe::MoePath::kModular, "--moe-path ", moe::moe_path_name(path),
+           ": the GPU runs mega or modular");
+}
 
 void place_attention(backend::Context& ctx, const AttentionLayer& host, DType dtype, int64_t l, Layer& d) {
   if (const auto* gqa = dynamic_cast<const GqaAttention*>(&host)) {
@@ -330,13 +358,15 @@ void place_attention(backend::Context& ctx, const AttentionLayer& host, DType dt
 
 }  // namespace device
 
-std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr<CausalLM> model, DType weights) {
+std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr<CausalLM> model, DType weights,
+                                          moe::MoePath moe_path) {
   R3_CHECK(ctx.device() == Device::kCuda, "place_on_device: not a CUDA context");
   R3_CHECK(weights == DType::F32 || weights == DType::BF16, "--dtype: float32 or bfloat16 weights on the GPU, not ",
            dtype_name(weights));
+  device::check_device_moe_path(moe_path);
   if (auto* k3 = dynamic_cast<KimiK3Model*>(model.get())) {
     model.release();
-    return device::place_kimi_k3(ctx, std::unique_ptr<KimiK3Model>(k3), weights);
+    return device::place_kimi_k3(ctx, std::unique_ptr<KimiK3Model>(k3), weights, moe_path);
   }
   auto* decoder = dynamic_cast<DecoderModel*>(model.get());
   R3_CHECK(decoder != nullptr, "--device cuda: ", model->info().architecture,
@@ -348,6 +378,7 @@ std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr
   parts.rms_eps = host->rms_eps();
   parts.cache_specs = host->cache_specs();
   parts.kv_dtype = weights;
+  parts.moe_path = moe_path;
   parts.embed = device::on_device(ctx, host->embed(), weights);  // the lookup widens it exactly
   parts.final_norm = device::on_device(ctx, host->final_norm(), DType::F32);
   const bool tied = host->lm_head().raw_data() == host->embed().raw_data();

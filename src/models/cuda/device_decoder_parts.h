@@ -27,6 +27,8 @@
 #include "moe/device_capture.h"
 #include "moe/device_expert_map.h"
 #include "moe/device_experts.h"
+#include "moe/device_mega_moe.h"
+#include "moe/moe_path.h"
 #include "moe/device_routing.h"
 #include "core/function_ref.h"
 #include "ops/cuda/token_drawer.h"
@@ -117,6 +119,7 @@ struct Moe {
   const moe::PhysicalExperts* host_experts = nullptr;
   std::shared_ptr<moe::DeviceExpertMap> map;
   mutable int64_t placement_version = 0;
+  std::shared_ptr<moe::MegaMoeSync> mega_sync;  // the mega kernel's counters for this layer
 
   Moe() = default;
   Moe(backend::Context& ctx, const MoeFeedForward& host, DType dtype, bool eplb);
@@ -128,9 +131,19 @@ struct Moe {
   void route(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, int32_t* ids, float* weights,
              moe::DeviceCaptureRows capture) const;
   // The EPLB map (when on: logical ids to physical ones, counting into `load_counts`, device
-  // [num_physical] or null), then the fused experts and the shared expert.
+  // [num_physical] or null), then the fused experts (always_grouped: the modular path's kernels
+  // at every step size) and the shared expert.
   void run_experts(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, const int32_t* ids,
-                   const float* weights, int32_t* load_counts, Tensor& out) const;
+                   const float* weights, int32_t* load_counts, Tensor& out, bool always_grouped) const;
+  // Whether a step of `tokens` tokens can run the whole layer as one mega kernel
+  // (moe/device_mega_moe.h): a few tokens, and no map a test replaced.
+  bool mega_fits(int64_t tokens) const { return !host_map() && moe::mega_moe_fits(experts, tokens); }
+  // route and run_experts as one mega kernel (then the shared expert): the same ids, weights,
+  // capture rows, load counts and output, with the same bits.
+  // experts_x: the experts' input when it is not x (Kimi K3's latent rows), or null.
+  void route_and_run_experts(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, int32_t* ids,
+                             float* weights, moe::DeviceCaptureRows capture, int32_t* load_counts, Tensor& out,
+                             const Tensor* experts_x = nullptr) const;
   // Brings the device experts and map up to the host layer's placement after a rebalance
   // (between steps; the device addresses stay, so recorded graphs stay valid).
   void follow_placement(backend::Context& ctx) const;
@@ -185,6 +198,9 @@ struct Layer {
 // The attention of host layer `l` on the device as `dtype` (GQA, latent or Kimi Delta).
 void place_attention(backend::Context& ctx, const AttentionLayer& host, DType dtype, int64_t l, Layer& d);
 
+// The MoE paths the GPU runs: mega and modular; throws naming them for another.
+void check_device_moe_path(moe::MoePath path);
+
 // What a decoder on the device is made of; `host` is the model it was copied from (kept alive
 // for its checkpoint mapping and MoE blocks), or null for random weights.
 struct DecoderParts {
@@ -204,7 +220,13 @@ struct DecoderParts {
   // The KV pools' element type: the weights' (a bf16 model keeps bf16 keys and values, as its
   // projections produce them at that precision; float32 for parity runs).
   DType kv_dtype = DType::F32;
+  // How MoE layers run (--moe-path): kMega (decode steps of a few tokens as one kernel a layer,
+  // larger steps as kModular) or kModular (router, routing, grouping by expert, grouped experts
+  // and combine as separate kernels at every size). Both give the same bits.
+  moe::MoePath moe_path = moe::MoePath::kMega;
 };
+
+
 
 class Decoder final : public CausalLM {
  public:
@@ -225,6 +247,10 @@ class Decoder final : public CausalLM {
                      std::span<const ops::TokenDraw> draws, std::span<ops::DrawnToken> drawn) const override;
   int64_t graph_replays() const { return graph_replays_; }
   void set_capture_routing(bool on) { p_.capture_routing = on; }
+  void set_moe_path(moe::MoePath path) {
+    check_device_moe_path(path);
+    p_.moe_path = path;
+  }
 
  private:
   // The device tensors of a step that outlive its layers; taken first from the step's workspace
@@ -233,14 +259,14 @@ class Decoder final : public CausalLM {
     Tensor residual, normed, branch, selected, logits;
   };
   // Steps replayed as one CUDA graph, by (tokens, logit rows, context bucket, batch invariance
-  // of the context, which picks some kernels, capture on or off): the step's kernels
+  // of the context, which picks some kernels, capture on or off, the MoE path): the step's kernels
   // read everything that changes from one step to the next (token ids, positions, block tables,
   // the KV pools) through fixed device addresses, so one capture serves every later step of that
   // shape. A shape is captured the second time it is seen (the first run, eager, sizes the
   // workspace), and again whenever the workspace has moved its memory since. A graph also holds
   // the addresses of the KV pools, the step builder's buffer and the capture buffer: all graphs
   // are dropped when a step runs on another cache or either buffer is rebuilt larger (prepare).
-  using GraphKey = std::tuple<int64_t, int64_t, int64_t, bool, bool>;
+  using GraphKey = std::tuple<int64_t, int64_t, int64_t, bool, bool, moe::MoePath>;
   struct StepGraph {
     cudaGraphExec_t exec = nullptr;
     const void* residual = nullptr;  // where the step's tensors were when it was captured
@@ -266,6 +292,11 @@ class Decoder final : public CausalLM {
     int32_t* loads;
   };
   Routed route(backend::Context& ctx, const Moe& moe, const Tensor& normed, const ops::DeviceStep& step) const;
+  // A MoE layer's routed experts from `normed` into `out` (the shared expert added), by the
+  // placement's MoE path: route, then run_experts, or both in one mega kernel.
+  // experts_in: the experts' input when it is not `normed` (Kimi K3's latent rows), or null.
+  void run_moe(backend::Context& ctx, const Moe& moe, const Tensor& normed, const ops::DeviceStep& step, Tensor& out,
+               const Tensor* experts_in = nullptr) const;
   // run_layers, from a graph of this step's shape when there is one (capturing it when due).
   void run_layers_graphed(backend::Context& ctx, ops::DeviceStep step, KvCache& kv, StepTensors& t) const;
   // Sizes the step builder and the capture buffer for a step of `tokens` tokens over the cache's
@@ -296,6 +327,7 @@ class Decoder final : public CausalLM {
 };
 
 // Kimi K3 on the device (models/cuda/kimi_k3_on_device.cpp).
-std::unique_ptr<CausalLM> place_kimi_k3(backend::Context& ctx, std::unique_ptr<KimiK3Model> host, DType weights);
+std::unique_ptr<CausalLM> place_kimi_k3(backend::Context& ctx, std::unique_ptr<KimiK3Model> host, DType weights,
+                                        moe::MoePath moe_path);
 
 }  // namespace r3::models::device

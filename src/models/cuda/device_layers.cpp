@@ -234,6 +234,7 @@ Moe::Moe(backend::Context& ctx, const moe::MoeBlock& block, DType weights_dtype,
   host_experts = &physical;
   placement_version = physical.placement_version();
   if (eplb) map = std::make_shared<moe::DeviceExpertMap>(ctx, physical.placement());
+  mega_sync = std::make_shared<moe::MegaMoeSync>(ctx);
 }
 
 void Moe::route(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, int32_t* ids, float* weights,
@@ -270,7 +271,7 @@ void map_on_host(backend::Context& ctx, const moe::PhysicalExperts& experts, con
 }  // namespace
 
 void Moe::run_experts(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, const int32_t* ids,
-                      const float* weights, int32_t* load_counts, Tensor& out) const {
+                      const float* weights, int32_t* load_counts, Tensor& out, bool always_grouped) const {
   const int64_t tokens = x.dim(0), hidden = x.dim(1), pairs = tokens * top_k;
   backend::Workspace::Scope scope(ctx.workspace());
   // Every buffer here is written in full by the kernel that fills it (the grouping's unused tail
@@ -285,8 +286,32 @@ void Moe::run_experts(backend::Context& ctx, const Tensor& x, const ops::DeviceS
   Tensor grouping = ctx.scratch_for_output(DType::I32, {moe::grouping_ints(experts.gate.dim(0), pairs)});
   Tensor activated = ctx.scratch_for_output(DType::F32, {moe::expert_scratch_rows(pairs), experts.gate.dim(1)});
   Tensor expert_out = ctx.scratch_for_output(DType::F32, {moe::expert_scratch_rows(pairs), hidden});
-  moe::fused_experts_on_device(ctx, x, expert_ids, weights, top_k, experts, grouping, activated, expert_out, out);
+  moe::fused_experts_on_device(ctx, x, expert_ids, weights, top_k, experts, grouping, activated, expert_out, out,
+                               always_grouped);
   if (shared_expert) add_shared_expert(ctx, x, *shared_expert, shared_gate, out);
+}
+
+void Moe::route_and_run_experts(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, int32_t* ids,
+                                float* weights, moe::DeviceCaptureRows capture, int32_t* load_counts, Tensor& out,
+                                const Tensor* experts_x) const {
+  const int64_t tokens = x.dim(0);
+  backend::Workspace::Scope scope(ctx.workspace());
+  Tensor scratch =
+      ctx.scratch_for_output(DType::F32, {moe::mega_moe_scratch_floats(experts, tokens, num_experts, top_k)});
+  moe::MegaMoeStep s;
+  s.hidden = &x;
+  s.router = &gate_weight;
+  s.router_bias = gate_bias.if_defined();
+  s.experts_input = experts_x;
+  s.rule = rule;
+  s.forced = step.forced != nullptr ? step.forced + layer_id * tokens * top_k : nullptr;
+  s.replayed = step.replayed;
+  s.capture = capture;
+  if (map) s.map = {map->offsets(), map->replicas(), step.seqs, load_counts};
+  s.ids = ids;
+  s.weights = weights;
+  moe::mega_moe_on_device(ctx, s, experts, *mega_sync, scratch, out);
+  if (shared_expert) add_shared_expert(ctx, experts_x != nullptr ? *experts_x : x, *shared_expert, shared_gate, out);
 }
 
 void Moe::follow_placement(backend::Context& ctx) const {

@@ -75,12 +75,11 @@ void Decoder::run_residual_mix_layers(backend::Context& ctx, const ops::DeviceSt
     if (layer.latent_moe) {
       const LatentMoe& m = *layer.latent_moe;
       backend::Workspace::Scope moe_scope(ctx.workspace());
-      const Routed routed = route(ctx, m.moe, t.normed, step);
       const int64_t latent = m.down.dim(0);
       Tensor latent_in = ctx.scratch_for_output(DType::F32, {tokens, latent});
       ops::linear(ctx, t.normed, m.down, nullptr, latent_in);
       Tensor experts_out = ctx.scratch_for_output(DType::F32, {tokens, latent});
-      m.moe.run_experts(ctx, latent_in, step, routed.ids, routed.weights, routed.loads, experts_out);
+      run_moe(ctx, m.moe, t.normed, step, experts_out, &latent_in);  // routed on the hidden state
       ops::rms_norm(ctx, experts_out, &m.norm, m.rms_eps, experts_out);
       ops::linear(ctx, experts_out, m.up, nullptr, t.branch);
       Tensor shared = ctx.scratch_for_output(DType::F32, {tokens, hidden});
@@ -97,8 +96,10 @@ void Decoder::run_residual_mix_layers(backend::Context& ctx, const ops::DeviceSt
   ops::linear(ctx, t.selected, p_.lm_head, nullptr, t.logits);
 }
 
-std::unique_ptr<CausalLM> place_kimi_k3(backend::Context& ctx, std::unique_ptr<KimiK3Model> host, DType weights) {
+std::unique_ptr<CausalLM> place_kimi_k3(backend::Context& ctx, std::unique_ptr<KimiK3Model> host, DType weights,
+                                        moe::MoePath moe_path) {
   DecoderParts parts;
+  parts.moe_path = moe_path;
   parts.info = host->info();
   parts.rms_eps = host->rms_eps();
   parts.cache_specs = host->cache_specs();

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "moe/device_experts.h"
+#include "ops/cuda/weight_matrices.h"
 
 namespace r3::moe::experts_detail {
 
@@ -36,6 +37,54 @@ struct SituActivation {
     return beta * tanhf(gate / beta) * (1.0f / (1.0f + expf(-gate))) * u;
   }
 };
+
+// The experts' activation as the kernels' type, handed to run(activation): each kind is its own
+// kernel instantiation.
+template <typename Run>
+void with_activation(const ExpertActivation& a, Run&& run) {
+  if (a.kind == ExpertActivation::Kind::kSitu) run(SituActivation{a.beta, a.linear_beta});
+  else run(Activation{a.kind, a.limit, a.alpha});
+}
+
+// The experts' gate, up and down matrices as the weight-streaming kernels read them (every
+// expert's matrix stacked; FP8 with each expert's own grid of block scales, partial last blocks
+// included), handed to run(gate, up, down).
+template <typename Run>
+void with_expert_matrices(const DeviceExperts& x, Run&& run) {
+  using ops::cuda::Fp8Matrix;
+  using ops::cuda::Mxfp4Matrix;
+  using ops::cuda::PlainMatrix;
+  const int64_t h = x.hidden(), inter = x.intermediate();
+  const auto bytes = [](const Tensor& t) { return static_cast<const uint8_t*>(t.raw_data()); };
+  switch (x.gate.dtype()) {
+    case DType::F32:
+      return run(PlainMatrix<float>{x.gate.data<float>(), h}, PlainMatrix<float>{x.up.data<float>(), h},
+                 PlainMatrix<float>{x.down.data<float>(), inter});
+    case DType::BF16: {
+      const auto bf16 = [](const Tensor& t, int64_t cols) {
+        return PlainMatrix<__nv_bfloat16>{static_cast<const __nv_bfloat16*>(t.raw_data()), cols};
+      };
+      return run(bf16(x.gate, h), bf16(x.up, h), bf16(x.down, inter));
+    }
+    case DType::F8_E4M3: {
+      const auto fp8 = [&](const Tensor& values, const Tensor& scales, int64_t cols) {
+        return Fp8Matrix{bytes(values), scales.data<float>(), cols, values.dim(1), scales.dim(1), scales.dim(2), 0,
+                         static_cast<int32_t>(x.block_rows), static_cast<int32_t>(x.block_cols)};
+      };
+      return run(fp8(x.gate, x.gate_scales, h), fp8(x.up, x.up_scales, h), fp8(x.down, x.down_scales, inter));
+    }
+    case DType::F4_E2M1X2:
+      return run(Mxfp4Matrix{bytes(x.gate), bytes(x.gate_scales), h}, Mxfp4Matrix{bytes(x.up), bytes(x.up_scales), h},
+                 Mxfp4Matrix{bytes(x.down), bytes(x.down_scales), inter});
+    default: R3_FAIL("experts (cuda): weights of dtype ", dtype_name(x.gate.dtype()));
+  }
+}
+
+// Whether the experts' rows take eight-value loads: every row starts on a multiple of 8 values
+// (buffers are 256-byte aligned) and FP8 blocks hold whole groups of eight.
+inline bool experts_vec8(const DeviceExperts& x) {
+  return x.hidden() % 8 == 0 && x.intermediate() % 8 == 0 && x.block_cols % 8 == 0;
+}
 
 struct Grouping {
   const int32_t* offsets;

@@ -16,6 +16,7 @@
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
 #include "moe/device_experts.h"
+#include "moe/cuda/experts_by_pair.cuh"
 #include "moe/cuda/experts_parts.cuh"
 #include "ops/cuda/warp_row_dots.cuh"
 
@@ -179,7 +180,6 @@ __global__ void combine_choices(const float* __restrict__ expert_out, const floa
 // inside the down kernel). Every dot product, bias and sum is the grouped kernels' own, in the
 // same order, so both paths give the same bits and a step may take either even with
 // --batch-invariant; a decode step saves the grouping and combine launches.
-constexpr int64_t kPairMajorTokens = 4;
 constexpr int kMaxChoiceWarps = 8;  // warps of a down block (choices beyond take turns)
 
 template <typename Matrix, bool kVec8, typename Act>
@@ -191,18 +191,8 @@ __global__ void gate_up_by_pair(const float* __restrict__ hidden, const int32_t*
   const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   const int64_t p = warp / inter, i = warp % inter;
   if (p >= pairs) return;
-  const int lane = threadIdx.x % kWarp;
-  const int64_t row = ids[p] * inter + i;
-  const decltype(row_of(gate, 0)) gate_up[2] = {row_of(gate, row), row_of(up, row)};
-  const float* const x[1] = {hidden + (p / k) * h};
-  float acc[2][1] = {{0.0f}, {0.0f}};
-  row_dots<kVec8>(gate_up, x, 1, h, lane, acc);
-  float gs = warp_sum(acc[0][0]), us = warp_sum(acc[1][0]);
-  if (lane == 0) {
-    if (gate_bias) gs += gate_bias[row];
-    if (up_bias) us += up_bias[row];
-    activated[p * inter + i] = act(gs, us);
-  }
+  experts_detail::gate_up_pair_row<kVec8>(hidden, ids, k, p, i, gate, up, gate_bias, up_bias, h, inter, act, activated,
+                                          static_cast<int>(threadIdx.x % kWarp));
 }
 
 template <typename Matrix, bool kVec8>
@@ -212,24 +202,8 @@ __global__ void down_and_combine_by_token(const float* __restrict__ activated, c
                                           float* __restrict__ out) {
   backend::cuda::wait_for_predecessor();
   extern __shared__ float choice_out[];  // [k]: each choice's down row . activation (+ bias)
-  const int64_t t = blockIdx.x / h, d = blockIdx.x % h;
-  const int lane = static_cast<int>(threadIdx.x) % kWarp;
-  const int warps = static_cast<int>(blockDim.x) / kWarp;
-  for (int64_t j = threadIdx.x / kWarp; j < k; j += warps) {
-    const int64_t p = t * k + j;
-    const decltype(row_of(down, 0)) w[1] = {row_of(down, ids[p] * h + d)};
-    const float* const a[1] = {activated + p * inter};
-    float acc[1][1] = {{0.0f}};
-    row_dots<kVec8>(w, a, 1, inter, lane, acc);
-    const float y = warp_sum(acc[0][0]);
-    if (lane == 0) choice_out[j] = down_bias ? y + down_bias[ids[p] * h + d] : y;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float sum = 0.0f;
-    for (int64_t j = 0; j < k; ++j) sum = __fadd_rn(sum, __fmul_rn(weights[t * k + j], choice_out[j]));
-    out[t * h + d] = sum;
-  }
+  experts_detail::down_and_combine_row<kVec8>(activated, ids, weights, k, down, down_bias, h, inter, blockIdx.x / h,
+                                              blockIdx.x % h, choice_out, out);
 }
 
 unsigned warp_blocks(int64_t warps) { return static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock); }
@@ -245,16 +219,14 @@ bool use_tensor_cores(const backend::Context& ctx, const DeviceExperts& x, int64
 template <typename Matrix, typename Act>
 void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, const float* weights, int64_t k,
             const DeviceExperts& x, const Act& act, Matrix gw, Matrix uw, Matrix dw, Tensor& grouping,
-            Tensor& activated, Tensor& expert_out, Tensor& out) {
+            Tensor& activated, Tensor& expert_out, Tensor& out, bool always_grouped) {
   const cudaStream_t stream = ctx.cuda_state().stream;
   const int64_t tokens = hidden.dim(0), h = hidden.dim(1), experts = x.gate.dim(0), inter = x.intermediate();
   const int64_t pairs = tokens * k;
   auto bias = [](const Tensor& b) { return b.defined() ? b.data<float>() : nullptr; };
-  // Eight-value loads when every row starts on a multiple of 8 values (buffers are 256-byte
-  // aligned) and FP8 blocks hold whole groups of eight.
-  const bool vec8 = h % 8 == 0 && inter % 8 == 0 && x.block_cols % 8 == 0;
+  const bool vec8 = experts_detail::experts_vec8(x);
   constexpr unsigned kThreads = kWarpsPerBlock * kWarp;
-  if (tokens <= kPairMajorTokens) {
+  if (tokens <= kPairMajorTokens && !always_grouped) {
     auto pair_major = [&](auto vec8_tag) {
       constexpr bool kVec8 = decltype(vec8_tag)::value;
       backend::cuda::launch_kernel(gate_up_by_pair<Matrix, kVec8, Act>, warp_blocks(pairs * inter), kThreads, 0, stream,
@@ -313,7 +285,7 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
 
 void fused_experts_on_device(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, const float* weights,
                              int64_t k, const DeviceExperts& experts, Tensor& grouping, Tensor& activated,
-                             Tensor& expert_out, Tensor& out) {
+                             Tensor& expert_out, Tensor& out, bool always_grouped) {
   const Tensor& g = experts.gate;
   const int64_t h = experts.hidden(), inter = experts.intermediate();
   R3_CHECK(hidden.rank() == 2 && g.rank() == 3 && experts.up.shape() == g.shape() && experts.down.rank() == 3 &&
@@ -329,42 +301,12 @@ void fused_experts_on_device(backend::Context& ctx, const Tensor& hidden, const 
            "experts (cuda): scratch too small for ", pairs, " pairs");
   R3_CHECK(g.dim(0) <= 4096, "experts (cuda): ", g.dim(0), " experts (at most 4096)");
   if (tokens == 0) return;
-  const ExpertActivation& a = experts.activation;
-  const auto run = [&](auto gate, auto up, auto down) {
-    if (a.kind == ExpertActivation::Kind::kSitu) {
-      launch(ctx, hidden, ids, weights, k, experts, SituActivation{a.beta, a.linear_beta}, gate, up, down, grouping,
-             activated, expert_out, out);
-    } else {
-      launch(ctx, hidden, ids, weights, k, experts, Activation{a.kind, a.limit, a.alpha}, gate, up, down, grouping,
-             activated, expert_out, out);
-    }
-  };
-  const auto bytes = [](const Tensor& t) { return static_cast<const uint8_t*>(t.raw_data()); };
-  switch (g.dtype()) {
-    case DType::F32:
-      return run(PlainMatrix<float>{g.data<float>(), h}, PlainMatrix<float>{experts.up.data<float>(), h},
-                 PlainMatrix<float>{experts.down.data<float>(), inter});
-    case DType::BF16: {
-      const auto bf16 = [](const Tensor& t, int64_t cols) {
-        return PlainMatrix<__nv_bfloat16>{static_cast<const __nv_bfloat16*>(t.raw_data()), cols};
-      };
-      return run(bf16(g, h), bf16(experts.up, h), bf16(experts.down, inter));
-    }
-    case DType::F8_E4M3: {
-      // Each expert's matrix has its own grid of block scales (partial last blocks included).
-      const auto fp8 = [&](const Tensor& values, const Tensor& scales, int64_t cols) {
-        return Fp8Matrix{bytes(values), scales.data<float>(), cols, values.dim(1), scales.dim(1), scales.dim(2), 0,
-                         static_cast<int32_t>(experts.block_rows), static_cast<int32_t>(experts.block_cols)};
-      };
-      return run(fp8(g, experts.gate_scales, h), fp8(experts.up, experts.up_scales, h),
-                 fp8(experts.down, experts.down_scales, inter));
-    }
-    case DType::F4_E2M1X2:
-      return run(Mxfp4Matrix{bytes(g), bytes(experts.gate_scales), h},
-                 Mxfp4Matrix{bytes(experts.up), bytes(experts.up_scales), h},
-                 Mxfp4Matrix{bytes(experts.down), bytes(experts.down_scales), inter});
-    default: R3_FAIL("experts (cuda): weights of dtype ", dtype_name(g.dtype()));
-  }
+  experts_detail::with_expert_matrices(experts, [&](auto gate, auto up, auto down) {
+    experts_detail::with_activation(experts.activation, [&](auto act) {
+      launch(ctx, hidden, ids, weights, k, experts, act, gate, up, down, grouping, activated, expert_out, out,
+             always_grouped);
+    });
+  });
 }
 
 }  // namespace r3::moe

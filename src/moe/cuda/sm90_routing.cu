@@ -1,123 +1,17 @@
-// The routing kernel (moe/device_routing.h): one warp per token. The per-expert work (the
-// scores, their exp, bias, each weight's division) runs across the lanes, each element with the
-// CPU rule's arithmetic; the steps whose order matters for the bits (the double sums) run on
-// lane 0 in the CPU's order; the top-k selections are k rounds of a warp argmax (two warp
-// reductions) that prefers the lower id on equal values, which is the CPU's stable order. Scores must be finite (NaN logits are
-// outside the contract: the CPU and the GPU may then choose differently).
+// The routing kernel (moe/device_routing.h): one warp per token, each running
+// routing_detail::route_token (routing_parts.cuh, where the arithmetic is described).
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
+#include "moe/cuda/routing_parts.cuh"
 #include "moe/device_routing.h"
 
 namespace r3::moe {
 
 namespace {
 
-using Kind = DeviceRoutingRule::Kind;
-
-// exp in double, rounded: within one rounding of the C library's float exp the CPU rule calls.
-__device__ inline float exp_rounded(float x) { return static_cast<float>(exp(static_cast<double>(x))); }
-
-constexpr int kWarp = 32;
+using routing_detail::kWarp;
+using routing_detail::WarpScratch;
 constexpr int kWarpsPerBlock = 4;
-
-// A float's bits as an unsigned key with the float's order (-0 below +0; no NaN).
-__device__ inline uint32_t ordered_key(float v) {
-  const uint32_t bits = __float_as_uint(v);
-  return (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
-}
-
-// The k best of values[0, n) in order (equal values: lower index first), as the CPU's topk_indices,
-// by the whole warp; every lane gets the same out[]. `taken` is scratch of n flags. Lane l owns
-// the entries l, l + 32, ...: it alone reads and writes their flags (here and in warp_margin), so
-// the rounds need no barrier. Each round: the lane's best untaken entry (the first of equals),
-// then two warp reductions, the largest value and the lowest index holding it.
-__device__ void warp_topk(const float* values, int64_t n, int32_t k, int32_t* out, uint8_t* taken, int lane) {
-  for (int64_t i = lane; i < n; i += kWarp) taken[i] = 0;
-  for (int32_t r = 0; r < k; ++r) {
-    float best = -INFINITY;
-    int32_t best_i = -1;
-    for (int64_t i = lane; i < n; i += kWarp) {
-      if (!taken[i] && (best_i < 0 || values[i] > best)) {
-        best = values[i];
-        best_i = static_cast<int32_t>(i);
-      }
-    }
-    const uint32_t key = best_i < 0 ? 0u : ordered_key(best);  // 0: below every value (-inf is 0x007fffff)
-    const uint32_t top = __reduce_max_sync(0xffffffffu, key);
-    const auto chosen = static_cast<int32_t>(
-        __reduce_min_sync(0xffffffffu, best_i >= 0 && key == top ? static_cast<uint32_t>(best_i) : 0xffffffffu));
-    out[r] = chosen;
-    if (chosen % kWarp == lane) taken[chosen] = 1;
-  }
-  __syncwarp();
-}
-
-// A free row's routing margin, as the CPU's choose(): the k-th choice's value minus the best value
-// not taken (warp_topk left the choices taken), -inf when every value was taken.
-__device__ float warp_margin(const float* values, int64_t n, const uint8_t* taken, int32_t last, int lane) {
-  float best = -INFINITY;
-  for (int64_t i = lane; i < n; i += kWarp) {
-    if (!taken[i]) best = fmaxf(best, values[i]);
-  }
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, offset));
-  return __fsub_rn(values[last], best);
-}
-
-// In place, as ops::softmax: max, exp(v - max), the sum in double in index order, v / sum rounded.
-__device__ void warp_softmax(float* v, int64_t n, int lane) {
-  float max_value = -INFINITY;
-  for (int64_t i = lane; i < n; i += kWarp) max_value = fmaxf(max_value, v[i]);
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) max_value = fmaxf(max_value, __shfl_xor_sync(0xffffffffu, max_value, offset));
-  for (int64_t i = lane; i < n; i += kWarp) v[i] = exp_rounded(__fsub_rn(v[i], max_value));
-  __syncwarp();
-  double sum = 0;
-  if (lane == 0) {
-    for (int64_t i = 0; i < n; ++i) sum = __dadd_rn(sum, static_cast<double>(v[i]));
-  }
-  sum = __shfl_sync(0xffffffffu, sum, 0);
-  for (int64_t i = lane; i < n; i += kWarp) v[i] = static_cast<float>(__ddiv_rn(static_cast<double>(v[i]), sum));
-  __syncwarp();
-}
-
-// weights[j] = scores[ids[j]] / (sum + eps) * scaling, in double, as the CPU's renormalised(): the
-// sum in choice order on lane 0, then lane j computes weight j.
-__device__ void renormalised(const float* scores, int32_t k, const int32_t* ids, float eps, float scaling,
-                             float* weights, int lane) {
-  double sum = 0;
-  if (lane == 0) {
-    for (int32_t j = 0; j < k; ++j) sum = __dadd_rn(sum, static_cast<double>(scores[ids[j]]));
-  }
-  const double denominator = __dadd_rn(__shfl_sync(0xffffffffu, sum, 0), static_cast<double>(eps));
-  for (int32_t j = lane; j < k; j += kWarp) {
-    weights[j] = static_cast<float>(
-        __dmul_rn(__ddiv_rn(static_cast<double>(scores[ids[j]]), denominator), static_cast<double>(scaling)));
-  }
-}
-
-struct WarpScratch {
-  float scores[kMaxDeviceExperts];
-  float choice[kMaxDeviceExperts];
-  uint8_t taken[kMaxDeviceExperts];
-  float group_score[64];
-  int32_t ids[kMaxDeviceExperts];  // k <= experts
-  int32_t best[2];
-};
-
-// Sets the choices of every group outside the rule's topk_groups best w.group_score entries to
-// `masked`, as the CPU's mask_ineligible_groups.
-__device__ void mask_ineligible_groups(WarpScratch& w, const DeviceRoutingRule& rule, int64_t experts, float masked,
-                                       int lane) {
-  const int64_t group_size = experts / rule.groups;
-  int32_t kept[64];
-  warp_topk(w.group_score, rule.groups, rule.topk_groups, kept, w.taken, lane);
-  for (int64_t e = lane; e < experts; e += kWarp) {
-    const int64_t g = e / group_size;
-    bool keep = false;
-    for (int32_t i = 0; i < rule.topk_groups; ++i) keep = keep || kept[i] == g;
-    if (!keep) w.choice[e] = masked;
-  }
-  __syncwarp();
-}
 
 __global__ void route_tokens(const float* __restrict__ logits, int64_t tokens, int64_t experts, DeviceRoutingRule rule,
                              const int32_t* __restrict__ forced, const uint8_t* __restrict__ replayed,
@@ -127,115 +21,13 @@ __global__ void route_tokens(const float* __restrict__ logits, int64_t tokens, i
   const int lane = threadIdx.x % kWarp;
   const int64_t t = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   if (t >= tokens) return;
-  WarpScratch& w = scratch[threadIdx.x / kWarp];
-  float* scores = w.scores;
-  float* choice = w.choice;
-  int32_t* ids = w.ids;
-  const int32_t k = rule.k;
-  float* weights = weights_out + t * k;
-  for (int64_t e = lane; e < experts; e += kWarp) scores[e] = logits[t * experts + e];
-  __syncwarp();
-  const bool replay = forced != nullptr && (replayed == nullptr || replayed[t] != 0);
-  auto take_forced = [&] {
-    for (int32_t j = lane; j < k; j += kWarp) ids[j] = forced[t * k + j];
-    __syncwarp();
-  };
-  float margin = __int_as_float(0x7fc00000);  // NaN: a replayed row was not chosen
-  // After the free selection of k among `values`: the row's margin (only computed when kept).
-  auto note_margin = [&](const float* values) {
-    if (capture.margins != nullptr) margin = warp_margin(values, experts, w.taken, ids[k - 1], lane);
-  };
-
-  if (rule.kind == Kind::kSoftmaxTopK) {
-    warp_softmax(scores, experts, lane);
-    if (replay) {
-      take_forced();
-    } else {
-      warp_topk(scores, experts, k, ids, w.taken, lane);
-      note_margin(scores);
-    }
-    if (rule.normalize) renormalised(scores, k, ids, 0.0f, 1.0f, weights, lane);
-    else for (int32_t j = lane; j < k; j += kWarp) weights[j] = scores[ids[j]];
-  } else if (rule.kind == Kind::kSigmoidGroupTopK) {
-    for (int64_t e = lane; e < experts; e += kWarp) {
-      scores[e] = __fdiv_rn(1.0f, __fadd_rn(1.0f, exp_rounded(-scores[e])));
-      choice[e] = __fadd_rn(scores[e], rule.bias[e]);
-    }
-    __syncwarp();
-    if (replay) {
-      take_forced();
-    } else {
-      // Group score: the sum of its two best choices (best first, as the CPU adds them); the
-      // groups outside the best topk_groups are masked.
-      const int64_t group_size = experts / rule.groups;
-      const int32_t two = group_size < 2 ? static_cast<int32_t>(group_size) : 2;
-      for (int32_t g = 0; g < rule.groups; ++g) {
-        warp_topk(choice + g * group_size, group_size, two, w.best, w.taken, lane);
-        if (lane == 0) {
-          float sum = 0.0f;
-          for (int32_t i = 0; i < two; ++i) sum = __fadd_rn(sum, choice[g * group_size + w.best[i]]);
-          w.group_score[g] = sum;
-        }
-        __syncwarp();
-      }
-      mask_ineligible_groups(w, rule, experts, -INFINITY, lane);
-      warp_topk(choice, experts, k, ids, w.taken, lane);
-      note_margin(choice);
-    }
-    if (rule.normalize) renormalised(scores, k, ids, 1e-20f, rule.scaling, weights, lane);
-    else for (int32_t j = lane; j < k; j += kWarp) weights[j] = __fmul_rn(scores[ids[j]], rule.scaling);
-  } else if (rule.kind == Kind::kSoftmaxGroupGreedy) {
-    warp_softmax(scores, experts, lane);
-    if (replay) {
-      take_forced();
-    } else {
-      for (int64_t e = lane; e < experts; e += kWarp) choice[e] = scores[e];
-      __syncwarp();
-      if (rule.topk_groups < rule.groups) {
-        // Group score: the group's largest probability; the other groups' choices become 0.
-        const int64_t group_size = experts / rule.groups;
-        for (int32_t g = 0; g < rule.groups; ++g) {
-          float m = -INFINITY;
-          for (int64_t i = lane; i < group_size; i += kWarp) m = fmaxf(m, choice[g * group_size + i]);
-          for (int offset = kWarp / 2; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-          if (lane == 0) w.group_score[g] = m;
-        }
-        __syncwarp();
-        mask_ineligible_groups(w, rule, experts, 0.0f, lane);
-      }
-      warp_topk(choice, experts, k, ids, w.taken, lane);
-      note_margin(choice);
-    }
-    if (lane == 0) for (int32_t j = 0; j < k; ++j) weights[j] = __fmul_rn(scores[ids[j]], rule.scaling);
-  } else {  // kTopKSoftmax
-    if (replay) {
-      take_forced();
-    } else {
-      warp_topk(scores, experts, k, ids, w.taken, lane);
-      note_margin(scores);
-    }
-    if (lane == 0) {
-      for (int32_t j = 0; j < k; ++j) choice[j] = scores[ids[j]];
-    }
-    __syncwarp();
-    warp_softmax(choice, k, lane);
-    if (lane == 0) for (int32_t j = 0; j < k; ++j) weights[j] = choice[j];
-  }
-  __syncwarp();
-  for (int32_t j = lane; j < k; j += kWarp) {
-    ids_out[t * k + j] = ids[j];
-    if (capture.capture != nullptr) capture.capture[t * capture.row_stride + j] = ids[j];
-  }
-  if (capture.margins != nullptr && lane == 0) capture.margins[t * capture.margin_stride] = margin;
+  routing_detail::route_token(logits, t, experts, rule, forced, replayed, ids_out, weights_out, capture,
+                              scratch[threadIdx.x / kWarp], lane);
 }
 
 }  // namespace
 
-void route_on_device(backend::Context& ctx, const Tensor& logits, const DeviceRoutingRule& rule, const int32_t* forced,
-                     const uint8_t* replayed, int32_t* ids, float* weights, DeviceCaptureRows capture) {
-  R3_CHECK(logits.rank() == 2 && logits.is_contiguous() && logits.device() == Device::kCuda,
-           "routing (cuda): logits must be a [tokens, experts] device tensor");
-  const int64_t tokens = logits.dim(0), experts = logits.dim(1);
+void check_device_routing(const DeviceRoutingRule& rule, int64_t experts) {
   R3_CHECK(experts >= 1 && experts <= kMaxDeviceExperts && rule.k >= 1 && rule.k <= experts,
            "routing (cuda): top-", rule.k, " of ", experts, " experts (at most ", kMaxDeviceExperts, ")");
   R3_CHECK(rule.kind != DeviceRoutingRule::Kind::kSigmoidGroupTopK || rule.bias != nullptr,
@@ -245,6 +37,14 @@ void route_on_device(backend::Context& ctx, const Tensor& logits, const DeviceRo
   R3_CHECK(!grouped || (rule.groups >= 1 && rule.groups <= 64 && experts % rule.groups == 0 && rule.topk_groups >= 1 &&
                         rule.topk_groups <= rule.groups),
            "routing (cuda): grouped routing needs 1 to 64 groups dividing ", experts, " experts");
+}
+
+void route_on_device(backend::Context& ctx, const Tensor& logits, const DeviceRoutingRule& rule, const int32_t* forced,
+                     const uint8_t* replayed, int32_t* ids, float* weights, DeviceCaptureRows capture) {
+  R3_CHECK(logits.rank() == 2 && logits.is_contiguous() && logits.device() == Device::kCuda,
+           "routing (cuda): logits must be a [tokens, experts] device tensor");
+  const int64_t tokens = logits.dim(0), experts = logits.dim(1);
+  check_device_routing(rule, experts);
   if (tokens == 0) return;
   backend::cuda::launch_kernel(route_tokens, static_cast<unsigned>((tokens + kWarpsPerBlock - 1) / kWarpsPerBlock),
                                kWarpsPerBlock * kWarp, 0, ctx.cuda_state().stream, logits.data<float>(), tokens,

@@ -1,0 +1,64 @@
+// The fused experts' work for decode steps of a few tokens, pair by pair (no grouping by expert),
+// shared by the two-kernel way of sm90_fused_experts.cu and the mega MoE kernel
+// (sm90_mega_moe.cu), so that both give the bits of the grouped kernels: every dot product, bias
+// and sum is theirs, in the same order. Internal to moe/cuda.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/cuda/warp_row_dots.cuh"
+
+namespace r3::moe::experts_detail {
+
+// One warp: intermediate row i of pair p (token p / k, physical expert ids[p]), gate and up rows
+// read together, into activated[p * inter + i] (lane 0 writes).
+template <bool kVec8, typename Matrix, typename Act>
+__device__ inline void gate_up_pair_row(const float* __restrict__ hidden, const int32_t* __restrict__ ids, int64_t k,
+                                        int64_t p, int64_t i, const Matrix& gate, const Matrix& up,
+                                        const float* __restrict__ gate_bias, const float* __restrict__ up_bias,
+                                        int64_t h, int64_t inter, const Act& act, float* __restrict__ activated,
+                                        int lane) {
+  using ops::cuda::row_of;
+  const int64_t row = ids[p] * inter + i;
+  const decltype(row_of(gate, 0)) gate_up[2] = {row_of(gate, row), row_of(up, row)};
+  const float* const x[1] = {hidden + (p / k) * h};
+  float acc[2][1] = {{0.0f}, {0.0f}};
+  ops::cuda::row_dots<kVec8>(gate_up, x, 1, h, lane, acc);
+  float gs = ops::cuda::warp_sum(acc[0][0]), us = ops::cuda::warp_sum(acc[1][0]);
+  if (lane == 0) {
+    if (gate_bias) gs += gate_bias[row];
+    if (up_bias) us += up_bias[row];
+    activated[p * inter + i] = act(gs, us);
+  }
+}
+
+// The whole block (it has a barrier): hidden row d of token t. Its warps take the k choices (each
+// choice's down row . its activation, + bias, into choice_out[j], shared [k]); then thread 0 adds
+// weight x output over the choices in order into out[t * h + d], as combine_choices does.
+template <bool kVec8, typename Matrix>
+__device__ inline void down_and_combine_row(const float* __restrict__ activated, const int32_t* __restrict__ ids,
+                                            const float* __restrict__ weights, int64_t k, const Matrix& down,
+                                            const float* __restrict__ down_bias, int64_t h, int64_t inter, int64_t t,
+                                            int64_t d, float* choice_out, float* __restrict__ out) {
+  using ops::cuda::kWarp;
+  using ops::cuda::row_of;
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int warps = static_cast<int>(blockDim.x) / kWarp;
+  for (int64_t j = threadIdx.x / kWarp; j < k; j += warps) {
+    const int64_t p = t * k + j;
+    const decltype(row_of(down, 0)) w[1] = {row_of(down, ids[p] * h + d)};
+    const float* const a[1] = {activated + p * inter};
+    float acc[1][1] = {{0.0f}};
+    ops::cuda::row_dots<kVec8>(w, a, 1, inter, lane, acc);
+    const float y = ops::cuda::warp_sum(acc[0][0]);
+    if (lane == 0) choice_out[j] = down_bias ? y + down_bias[ids[p] * h + d] : y;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float sum = 0.0f;
+    for (int64_t j = 0; j < k; ++j) sum = __fadd_rn(sum, __fmul_rn(weights[t * k + j], choice_out[j]));
+    out[t * h + d] = sum;
+  }
+}
+
+}  // namespace r3::moe::experts_detail
