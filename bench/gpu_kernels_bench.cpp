@@ -12,6 +12,10 @@
 //   q/k/v and o also as FP8 with 128x128 block scales; ops::linear: weight-streaming rows for a few rows,
 //   cuBLASLt on split bfloat16 for more), bf16 weights (the router's float32), at batch 1, 8, 64
 //   and 256. Bytes: the weights plus the float32 activations in and out.
+// - moe_layer_paths: one whole MoE layer from its hidden rows (router included) on the modular
+//   path's kernels and as one mega kernel, at 1 and 4 tokens.
+// - graph_kernel_gap: the time per kernel of a CUDA graph of trivial kernels (bench/launch_gap.cu),
+//   what each kernel boundary of a decode step costs at least.
 // Each measurement: 5 warm-up calls, then the mean of 50 timed with CUDA events.
 #include <cuda_runtime.h>
 
@@ -30,6 +34,7 @@
 #include "ops/attention.h"
 #include "ops/linear.h"
 #include "gpu_event_timer.h"
+#include "launch_gap.h"
 
 namespace r3 {
 namespace {
@@ -225,6 +230,11 @@ int main() {
     r3::moe_layer(*gpu, true);
     r3::attention(*gpu);
     r3::linear(*gpu);
+    for (const unsigned blocks : {1u, 132u, 1056u}) {
+      std::printf("{\"bench\":\"graph_kernel_gap\",\"blocks\":%u,\"programmatic_us\":%.3f,\"plain_us\":%.3f}\n",
+                  blocks, r3::bench::graph_kernel_gap_us(*gpu, blocks, true),
+                  r3::bench::graph_kernel_gap_us(*gpu, blocks, false));
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "r3_gpu_kernels_bench: error: %s\n", e.what());
     return 1;

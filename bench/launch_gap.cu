@@ -1,0 +1,57 @@
+// What a kernel boundary costs inside a CUDA graph (the decode step is one graph of ~8 to 11
+// kernels a layer): a graph of kKernels trivial kernels, each of `blocks` blocks of 256 threads
+// that wait for their predecessor and write one value, launched like r3's kernels
+// (backend/cuda/launch.cuh: programmatic dependent launch) or plainly. The time per kernel is the
+// floor a fused kernel saves per boundary it removes.
+#include <cuda_runtime.h>
+
+#include "backend/cuda/launch.cuh"
+#include "backend/cuda/state.h"
+#include "launch_gap.h"
+
+namespace r3::bench {
+
+namespace {
+
+constexpr int kKernels = 200;
+
+__global__ void touch(int* out, int i) {
+  backend::cuda::wait_for_predecessor();
+  if (threadIdx.x == 0) out[blockIdx.x] = i;
+}
+
+}  // namespace
+
+double graph_kernel_gap_us(backend::Context& gpu, unsigned blocks, bool programmatic) {
+  const cudaStream_t stream = gpu.cuda_state().stream;
+  int* out = nullptr;
+  R3_CUDA_CHECK(cudaMalloc(&out, blocks * sizeof(int)));
+  cudaGraph_t graph = nullptr;
+  R3_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kKernels; ++i) {
+    if (programmatic) backend::cuda::launch_kernel(touch, blocks, 256, 0, stream, out, i);
+    else touch<<<blocks, 256, 0, stream>>>(out, i);
+  }
+  R3_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  R3_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 3; ++i) R3_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  cudaEvent_t start, stop;
+  R3_CUDA_CHECK(cudaEventCreate(&start));
+  R3_CUDA_CHECK(cudaEventCreate(&stop));
+  constexpr int kReps = 20;
+  R3_CUDA_CHECK(cudaEventRecord(start, stream));
+  for (int i = 0; i < kReps; ++i) R3_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  R3_CUDA_CHECK(cudaEventRecord(stop, stream));
+  R3_CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  R3_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaFree(out);
+  return static_cast<double>(ms) * 1e3 / (kReps * kKernels);
+}
+
+}  // namespace r3::bench
