@@ -61,4 +61,44 @@ __device__ inline void down_and_combine_row(const float* __restrict__ activated,
   }
 }
 
+// One warp: hidden row d of token t over all k choices, summed in choice order into
+// out[t * h + d] (lane 0 writes): the bits of down_and_combine_row. The choices' dot products are
+// issued four at a time before their sums, so their loads are in flight together.
+template <bool kVec8, typename Matrix>
+__device__ inline void down_and_combine_row_in_warp(const float* __restrict__ activated,
+                                                    const int32_t* __restrict__ ids,
+                                                    const float* __restrict__ weights, int64_t k,
+                                                    const Matrix& down, const float* __restrict__ down_bias,
+                                                    int64_t h, int64_t inter, int64_t t, int64_t d,
+                                                    float* __restrict__ out, int lane) {
+  using ops::cuda::row_of;
+  constexpr int kChoices = 4;
+  float sum = 0.0f;
+  for (int64_t first = 0; first < k; first += kChoices) {
+    float acc[kChoices][1][1];
+#pragma unroll
+    for (int c = 0; c < kChoices; ++c) {
+      acc[c][0][0] = 0.0f;
+      const int64_t j = first + c;
+      if (j < k) {
+        const int64_t p = t * k + j;
+        const decltype(row_of(down, 0)) w[1] = {row_of(down, ids[p] * h + d)};
+        const float* const a[1] = {activated + p * inter};
+        ops::cuda::row_dots<kVec8>(w, a, 1, inter, lane, acc[c]);
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < kChoices; ++c) {
+      const int64_t j = first + c;
+      if (j < k) {
+        const float y = ops::cuda::warp_sum(acc[c][0][0]);
+        const int64_t p = t * k + j;
+        const float choice_out = down_bias ? y + down_bias[ids[p] * h + d] : y;
+        sum = __fadd_rn(sum, __fmul_rn(weights[t * k + j], choice_out));
+      }
+    }
+  }
+  if (lane == 0) out[t * h + d] = sum;
+}
+
 }  // namespace r3::moe::experts_detail

@@ -3,7 +3,7 @@
 //   router   one warp per expert's gate row, for every token (sm90_linear_rows.cu's sums);
 //   routing  one block, one warp per token (routing_parts.cuh), then the EPLB map and counts;
 //   gate/up  one warp per (pair, intermediate row) (experts_by_pair.cuh);
-//   down     one block per (token, hidden row): the k choices' down rows and the combine.
+//   down     one warp per (token, hidden row): the k choices' down rows and the combine.
 // A stage's tickets wait for the stage before (a counter each, bumped once per finished
 // ticket): routing for every router ticket, gate/up for the routing, down for every gate/up
 // ticket. The waits and bumps are the release/acquire pattern of a split-K semaphore: a block's
@@ -167,7 +167,7 @@ __device__ __noinline__ void route_and_map(const Params& p, WarpScratch& w, int6
 template <typename Matrix, typename Act>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<Matrix>) mega_moe(const __grid_constant__ Params p, Matrix gate, Matrix up, Matrix down, Act act) {
   backend::cuda::wait_for_predecessor();
-  extern __shared__ __align__(16) unsigned char shared[];  // routing: WarpScratch per token; down: k floats
+  extern __shared__ __align__(16) unsigned char shared[];  // the routing's WarpScratch, one per token
   __shared__ int32_t ticket_of_block;
   const int32_t tickets = p.router_tickets + 1 + p.gate_up_tickets + p.down_tickets;
   if (threadIdx.x == 0) {
@@ -209,8 +209,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<Matrix>) mega_moe(const _
   ticket -= p.gate_up_tickets;
 
   wait_for(&p.counters[kGateUpDone], p.gate_up_tickets);
-  experts_detail::down_and_combine_row<true>(p.activated, p.physical, p.weights, p.k, down, p.down_bias, p.h, p.inter,
-                                             ticket / p.h, ticket % p.h, reinterpret_cast<float*>(shared), p.out);
+  {
+    // A warp per hidden row: a block's fixed costs (its ticket, the wait, the bump) are paid once
+    // for eight rows, not once per row.
+    const int64_t row = static_cast<int64_t>(ticket) * kWarpsPerBlock + warp, t = row / p.h, d = row % p.h;
+    if (t < p.tokens) {
+      experts_detail::down_and_combine_row_in_warp<true>(p.activated, p.physical, p.weights, p.k, down, p.down_bias,
+                                                         p.h, p.inter, t, d, p.out, lane);
+    }
+  }
   // The last block to finish: every other block is past its waits, so the counters start over.
   if (finished(&p.counters[kDownDone]) == p.down_tickets - 1) {
     p.counters[kRouterDone] = 0;
@@ -287,10 +294,9 @@ void mega_moe_on_device(backend::Context& ctx, const MegaMoeStep& step, const De
   const auto count = [](int64_t n) { return static_cast<int32_t>((n + kWarpsPerBlock - 1) / kWarpsPerBlock); };
   p.router_tickets = count(logical);
   p.gate_up_tickets = count(tokens * k * inter);
-  p.down_tickets = static_cast<int32_t>(tokens * h);
+  p.down_tickets = count(tokens * h);
   const auto blocks = static_cast<unsigned>(p.router_tickets + 1 + p.gate_up_tickets + p.down_tickets);
-  const std::size_t shared_bytes =
-      std::max(static_cast<std::size_t>(tokens) * sizeof(WarpScratch), static_cast<std::size_t>(k) * sizeof(float));
+  const std::size_t shared_bytes = static_cast<std::size_t>(tokens) * sizeof(WarpScratch);
   const cudaStream_t stream = ctx.cuda_state().stream;
   experts_detail::with_expert_matrices(experts, [&](auto gate, auto up, auto down) {
     experts_detail::with_activation(experts.activation, [&](auto act) {
