@@ -13,7 +13,8 @@
 //   cuBLASLt on split bfloat16 for more), bf16 weights (the router's float32), at batch 1, 8, 64
 //   and 256. Bytes: the weights plus the float32 activations in and out.
 // - moe_layer_paths: one whole MoE layer from its hidden rows (router included) on the modular
-//   path's kernels and as one mega kernel, at 1 and 4 tokens.
+//   path's kernels, on the mega path's (routing, then the fused experts pair by pair) and as one
+//   monolithic kernel, at 1 and 4 tokens.
 // - graph_kernel_gap: the time per kernel of a CUDA graph of trivial kernels (bench/launch_gap.cu),
 //   what each kernel boundary of a decode step costs at least.
 // Each measurement: 5 warm-up calls, then the mean of 50 timed with CUDA events.
@@ -29,7 +30,7 @@
 #include "backend/device_memory.h"
 #include "moe/device_capture.h"
 #include "moe/device_experts.h"
-#include "moe/device_mega_moe.h"
+#include "moe/device_monolithic_moe.h"
 #include "moe/device_routing.h"
 #include "ops/attention.h"
 #include "ops/linear.h"
@@ -121,11 +122,12 @@ void moe_layer(backend::Context& gpu, bool fp8) {
                 "\"ms\":%.4f,\"routing_with_capture_ms\":%.4f,\"floor_ms\":%.4f,\"of_floor\":%.3f}\n",
                 fp8 ? "fp8" : "bf16", static_cast<long long>(batch), distinct.size(), bytes / 1e6, ms, route_ms, floor_ms, floor_ms / ms);
   }
-  // The whole layer from the hidden rows (router projection included) on the two MoE paths, at the
-  // decode sizes the mega kernel takes: the modular path's kernels (router GEMV, routing, grouping,
-  // grouped experts, combine) against one mega launch.
+  // The whole layer from the hidden rows (router projection included) on the three MoE paths, at
+  // the decode sizes the monolithic kernel takes: the modular path's kernels (router GEMV,
+  // routing, grouping, grouped experts, combine), the mega path's (router GEMV, routing, gate/up
+  // and down + combine pair by pair) and one monolithic launch.
   const Tensor router = backend::to_device(gpu, random_host(DType::F32, {experts, h}, 9, 0.05f));
-  moe::MegaMoeSync sync(gpu);
+  moe::MonolithicMoeSync sync(gpu);
   for (const int64_t batch : {int64_t{1}, moe::kPairMajorTokens}) {
     const Tensor x = backend::to_device(gpu, random_host(DType::F32, {batch, h}, 4, 1.0f));
     Tensor logits = backend::device_empty(gpu, DType::F32, {batch, experts});
@@ -134,7 +136,7 @@ void moe_layer(backend::Context& gpu, bool fp8) {
     Tensor activated = backend::device_empty(gpu, DType::F32, {moe::expert_scratch_rows(batch * k), inter});
     Tensor expert_out = backend::device_empty(gpu, DType::F32, {moe::expert_scratch_rows(batch * k), h});
     Tensor out = backend::device_empty(gpu, DType::F32, {batch, h});
-    Tensor scratch = backend::device_empty(gpu, DType::F32, {moe::mega_moe_scratch_floats(dev, batch, experts, k)});
+    Tensor scratch = backend::device_empty(gpu, DType::F32, {moe::monolithic_moe_scratch_floats(dev, batch, experts, k)});
     const double modular_ms = mean_ms(gpu, [&] {
       ops::linear(gpu, x, router, nullptr, logits);
       moe::route_on_device(gpu, logits, rule, nullptr, nullptr, ids.data<int32_t>(), weights.data<float>(),
@@ -142,22 +144,31 @@ void moe_layer(backend::Context& gpu, bool fp8) {
       moe::fused_experts_on_device(gpu, x, ids.data<int32_t>(), weights.data<float>(), k, dev, grouping, activated,
                                    expert_out, out, /*always_grouped=*/true);
     });
-    moe::MegaMoeStep step;
+    const double mega_ms = mean_ms(gpu, [&] {
+      ops::linear(gpu, x, router, nullptr, logits);
+      moe::route_on_device(gpu, logits, rule, nullptr, nullptr, ids.data<int32_t>(), weights.data<float>(),
+                           capture.layer_rows(0));
+      moe::fused_experts_on_device(gpu, x, ids.data<int32_t>(), weights.data<float>(), k, dev, grouping, activated,
+                                   expert_out, out);
+    });
+    moe::MonolithicMoeStep step;
     step.hidden = &x;
     step.router = &router;
     step.rule = rule;
     step.capture = capture.layer_rows(0);
     step.ids = ids.data<int32_t>();
     step.weights = weights.data<float>();
-    const double mega_ms = mean_ms(gpu, [&] { moe::mega_moe_on_device(gpu, step, dev, sync, scratch, out); });
+    const double monolithic_ms =
+        mean_ms(gpu, [&] { moe::monolithic_moe_on_device(gpu, step, dev, sync, scratch, out); });
     const Tensor host_ids = backend::to_host(gpu, ids);
     const std::set<int32_t> distinct(host_ids.data<int32_t>(), host_ids.data<int32_t>() + batch * k);
     const double bytes = static_cast<double>(distinct.size()) * expert_bytes + 4.0 * static_cast<double>(experts * h);
     const double floor_ms = bytes / kCopyBandwidth * 1e3;
     std::printf("{\"bench\":\"moe_layer_paths\",\"weights\":\"%s\",\"batch\":%lld,\"distinct_experts\":%zu,"
-                "\"MB\":%.1f,\"modular_ms\":%.4f,\"mega_ms\":%.4f,\"floor_ms\":%.4f,\"mega_of_floor\":%.3f}\n",
+                "\"MB\":%.1f,\"modular_ms\":%.4f,\"mega_ms\":%.4f,\"monolithic_ms\":%.4f,\"floor_ms\":%.4f,"
+                "\"mega_of_floor\":%.3f}\n",
                 fp8 ? "fp8" : "bf16", static_cast<long long>(batch), distinct.size(), bytes / 1e6, modular_ms, mega_ms,
-                floor_ms, floor_ms / mega_ms);
+                monolithic_ms, floor_ms, floor_ms / mega_ms);
   }
 }
 

@@ -129,7 +129,7 @@ TEST(BenchCommand, BadSizesAreRefused) {
 
 // The device options say what is wrong before anything loads: a bench needs a model or a
 // synthetic shape, a synthetic shape is made on the GPU, --dtype is for the GPU's weights, the
-// GPU runs the mega and modular MoE paths only, and
+// GPU runs every MoE path that captures, and
 // --device cuda either runs (a machine with a GPU) or is refused in one line (one without).
 TEST(BenchCommand, DeviceOptionsAreCheckedUpFront) {
   EXPECT_TRUE(refused_with(run_r3("bench"), "give --model DIR (or --synthetic NAME with --device cuda)"));
@@ -137,8 +137,8 @@ TEST(BenchCommand, DeviceOptionsAreCheckedUpFront) {
   EXPECT_TRUE(refused_with(run_r3("forward --dtype float32 --model " + family_dir("qwen3_moe") + " --ids 1,2"),
                            "--dtype applies to --device cuda"));
   EXPECT_TRUE(refused_with(
-      run_r3("forward --device cuda --moe-path monolithic --model " + family_dir("qwen3_moe") + " --ids 1,2"),
-      "--moe-path monolithic: the GPU runs mega or modular"));
+      run_r3("forward --device cuda --moe-path monolithic-nocapture --model " + family_dir("qwen3_moe") + " --ids 1,2"),
+      "--moe-path monolithic-nocapture: the GPU runs mega, modular or monolithic"));
   const CommandResult gpu = run_r3("forward -q --device cuda --model " + family_dir("qwen3_moe") + " --ids 1,2");
   if (backend::Context::cuda_available()) {
     EXPECT_EQ(gpu.exit_code, 0) << gpu.err;

@@ -33,8 +33,8 @@ void ModelOptions::add_to(CLI::App& command, bool model_required) {
                      "MoE execution path: modular (router + grouped GEMMs), monolithic (one fused "
                      "routine), mega (fused experts module fed by the model's gate); "
                      "monolithic-nocapture is a fused kernel that cannot report its routing. "
-                     "The CPU's default is monolithic; the GPU runs mega (its default: a decode step of up to 4 "
-                     "tokens runs each MoE layer as one kernel) or modular")
+                     "The CPU's default is monolithic; the GPU's is mega (routing, then fused experts), and it also "
+                     "runs modular and monolithic (one kernel a MoE layer for decode steps of up to 4 tokens)")
       ->check(CLI::IsMember(moe::moe_path_names()));
   auto& eplb = load_options.eplb;
   command.add_option("--eplb-redundant-experts", eplb.redundant_experts,
@@ -92,8 +92,8 @@ std::string ModelOptions::gpu_moe_path() const {
 std::unique_ptr<backend::Context> ModelOptions::make_context() const {
   R3_CHECK(device == "cuda" || dtype_option == nullptr || dtype_option->count() == 0,
            "--dtype applies to --device cuda; the CPU runs the checkpoint's own dtypes");
-  R3_CHECK(device == "cpu" || gpu_moe_path() == "mega" || gpu_moe_path() == "modular",
-           "--moe-path ", moe_path, ": the GPU runs mega or modular (the monolithic paths are the CPU's)");
+  R3_CHECK(device == "cpu" || gpu_moe_path() != "monolithic-nocapture",
+           "--moe-path monolithic-nocapture: the GPU runs mega, modular or monolithic (every GPU path captures)");
   if (device == "cuda") {
     auto ctx = backend::Context::cuda(0);
     ctx->set_batch_invariant(batch_invariant);

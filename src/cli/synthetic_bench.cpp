@@ -246,11 +246,15 @@ int run_synthetic_bench(backend::Context& ctx, const std::string& name, const st
     decode[i]["batch_invariant_cost"] = invariant_ms / decode[i]["ms"].get<double>() - 1.0;
   }
   ctx.set_batch_invariant(false);
-  // The modular MoE path where the default one (mega) runs each MoE layer as one kernel: steps of
-  // up to kPairMajorTokens sequences (larger steps take the same kernels on both paths).
-  models::set_moe_path(*model, moe::MoePath::kModular);
-  for (std::size_t i = 0; i < batches.size(); ++i) {
-    if (batches[i] <= moe::kPairMajorTokens) decode[i]["modular_ms"] = bench.decode_ms(*model, batches[i], nullptr);
+  // The other MoE paths where their kernels differ from the default (mega)'s: steps of up to
+  // kPairMajorTokens sequences (above, monolithic runs mega's kernels and modular differs only in
+  // launching the combine apart when the experts do not take the tensor cores).
+  for (const auto& [path, key] : {std::pair{moe::MoePath::kModular, "modular_ms"},
+                                  std::pair{moe::MoePath::kMonolithic, "monolithic_ms"}}) {
+    models::set_moe_path(*model, path);
+    for (std::size_t i = 0; i < batches.size(); ++i) {
+      if (batches[i] <= moe::kPairMajorTokens) decode[i][key] = bench.decode_ms(*model, batches[i], nullptr);
+    }
   }
   models::set_moe_path(*model, moe::MoePath::kMega);
   const double prefill_s = bench.prefill_seconds(*model);
@@ -287,8 +291,9 @@ int run_synthetic_bench(backend::Context& ctx, const std::string& name, const st
   }
   for (const auto& d : decode) {
     if (d.contains("modular_ms")) {
-      fmt::print("batch {}: {:.3f} ms a step with --moe-path modular (mega: {:.3f} ms)\n", d["batch"].get<int64_t>(),
-                 d["modular_ms"].get<double>(), d["ms"].get<double>());
+      fmt::print("batch {}: {:.3f} ms a step with --moe-path modular, {:.3f} ms with monolithic (mega: {:.3f} ms)\n",
+                 d["batch"].get<int64_t>(), d["modular_ms"].get<double>(), d["monolithic_ms"].get<double>(),
+                 d["ms"].get<double>());
     }
   }
   fmt::print("prefill of {} tokens: {:.3f} s ({:.0f} tokens/s)\n", kPrefillTokens, prefill_s,

@@ -27,10 +27,12 @@ namespace r3::models {
 
 // `model` on ctx's CUDA device (ctx must outlive the result). Throws r3::Error for what the CUDA
 // backend cannot run yet, or when this build has no CUDA backend. moe_path: how its MoE layers
-// run (--moe-path): kMega (the default: a decode step of up to 4 tokens runs each MoE layer as one
-// kernel, moe/device_mega_moe.h; larger steps as kModular) or kModular (router, routing, grouping
-// by expert, grouped experts and combine as separate kernels at every size); the two give the
-// same bits. The CPU's monolithic paths are refused.
+// run (--moe-path), every path with the same bits: kMega (the default: the routing kernel with
+// its capture write, then the fused experts taking the ids: pair by pair in two kernels for a
+// decode step of up to 4 tokens, grouped by expert above), kModular (router, routing, grouping
+// by expert, grouped experts and combine as separate kernels at every size) or kMonolithic (a
+// decode step of up to 4 tokens runs each MoE layer as one kernel, moe/device_monolithic_moe.h;
+// measured slower than kMega). kMonolithicNoCapture is refused.
 std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr<CausalLM> model,
                                           DType weights = DType::BF16, moe::MoePath moe_path = moe::MoePath::kMega);
 

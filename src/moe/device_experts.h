@@ -47,8 +47,8 @@ DeviceExperts upload_experts(backend::Context& ctx, const PhysicalExperts& exper
 void refresh_experts(backend::Context& ctx, const PhysicalExperts& experts, DeviceExperts& into);
 
 // Steps of at most this many tokens (decode of a few sequences) may skip the grouping by expert:
-// their pairs run one by one (sm90_fused_experts.cu), or inside the mega kernel
-// (moe/device_mega_moe.h), with the grouped kernels' arithmetic.
+// their pairs run one by one (sm90_fused_experts.cu), or inside the monolithic kernel
+// (moe/device_monolithic_moe.h), with the grouped kernels' arithmetic.
 constexpr int64_t kPairMajorTokens = 4;
 
 // Ints of scratch the pairs' grouping by expert takes: offsets, order, used experts, their count.

@@ -104,11 +104,11 @@ TEST_P(GpuParity, RoutingMarginsFollowTheCpu) {
   }
 }
 
-// The two MoE paths the GPU runs (--moe-path mega, the default, and modular) on a greedy run:
-// the prompt's step takes the modular kernels in both, each decode step of one token runs every
-// MoE layer as one mega kernel in the first. Every logprob, routed expert and routing margin is
-// bit-identical, with float32 and bf16 weights.
-TEST_P(GpuParity, MegaAndModularPathsGiveTheSameBits) {
+// The three MoE paths the GPU runs (--moe-path mega, the default; modular; monolithic) on a
+// greedy run: the decode steps of one token take the pair-by-pair experts, the grouped kernels
+// and one kernel a MoE layer. Every logprob, routed expert and routing margin is bit-identical,
+// with float32 and bf16 weights.
+TEST_P(GpuParity, EveryMoePathGivesTheSameBits) {
   const std::vector<int64_t> prompt64 = prompt_ids(ref_);
   engine::RequestParams p = greedy_request(std::vector<int32_t>(prompt64.begin(), prompt64.end()),
                                            static_cast<int64_t>(ref_.generated.size()));
@@ -120,16 +120,20 @@ TEST_P(GpuParity, MegaAndModularPathsGiveTheSameBits) {
       engine::Engine e(*model, *gpu);
       return run_one(e, p);
     };
-    const EngineResult mega = run_on(moe::MoePath::kMega), modular = run_on(moe::MoePath::kModular);
+    const EngineResult mega = run_on(moe::MoePath::kMega);
+    ASSERT_EQ(mega.margins.size(), static_cast<std::size_t>(ref_.tokens * ref_.layers));
     const auto same_bits = [](const auto& a, const auto& b) {
       return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
     };
-    const std::string what = " with " + std::string(dtype_name(weights)) + " weights";
-    EXPECT_EQ(mega.tokens, modular.tokens) << what;
-    EXPECT_TRUE(same_bits(mega.logprobs, modular.logprobs)) << "logprobs" << what;
-    EXPECT_EQ(mega.routed, modular.routed) << what;
-    ASSERT_EQ(mega.margins.size(), static_cast<std::size_t>(ref_.tokens * ref_.layers)) << what;
-    EXPECT_TRUE(same_bits(mega.margins, modular.margins)) << "margins" << what;
+    for (const moe::MoePath path : {moe::MoePath::kModular, moe::MoePath::kMonolithic}) {
+      const EngineResult other = run_on(path);
+      const std::string what = " on " + std::string(moe::moe_path_name(path)) + " with " +
+                               std::string(dtype_name(weights)) + " weights";
+      EXPECT_EQ(other.tokens, mega.tokens) << what;
+      EXPECT_TRUE(same_bits(other.logprobs, mega.logprobs)) << "logprobs" << what;
+      EXPECT_EQ(other.routed, mega.routed) << what;
+      EXPECT_TRUE(same_bits(other.margins, mega.margins)) << "margins" << what;
+    }
   }
 }
 

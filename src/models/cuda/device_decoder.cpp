@@ -174,7 +174,7 @@ void Decoder::run_moe(backend::Context& ctx, const Moe& moe, const Tensor& norme
                       Tensor& out, const Tensor* experts_in) const {
   backend::Workspace::Scope scope(ctx.workspace());
   const bool modular = p_.moe_path == moe::MoePath::kModular;
-  if (modular || !moe.mega_fits(step.tokens)) {
+  if (p_.moe_path != moe::MoePath::kMonolithic || !moe.monolithic_fits(step.tokens)) {
     const Routed routed = route(ctx, moe, normed, step);
     moe.run_experts(ctx, experts_in != nullptr ? *experts_in : normed, step, routed.ids, routed.weights, routed.loads,
                     out, modular);
@@ -340,8 +340,8 @@ int64_t graph_replays(const CausalLM& model) {
 namespace device {
 
 void check_device_moe_path(moe::MoePath path) {
-  R3_CHECK(path == moe::MoePath::kMega || path == moe::MoePath::kModular, "--moe-path ", moe::moe_path_name(path),
-           ": the GPU runs mega or modular");
+  R3_CHECK(path != moe::MoePath::kMonolithicNoCapture, "--moe-path ", moe::moe_path_name(path),
+           ": the GPU runs mega, modular or monolithic (every GPU path captures)");
 }
 
 void place_attention(backend::Context& ctx, const AttentionLayer& host, DType dtype, int64_t l, Layer& d) {

@@ -27,7 +27,7 @@
 #include "moe/device_capture.h"
 #include "moe/device_expert_map.h"
 #include "moe/device_experts.h"
-#include "moe/device_mega_moe.h"
+#include "moe/device_monolithic_moe.h"
 #include "moe/moe_path.h"
 #include "moe/device_routing.h"
 #include "core/function_ref.h"
@@ -119,7 +119,7 @@ struct Moe {
   const moe::PhysicalExperts* host_experts = nullptr;
   std::shared_ptr<moe::DeviceExpertMap> map;
   mutable int64_t placement_version = 0;
-  std::shared_ptr<moe::MegaMoeSync> mega_sync;  // the mega kernel's counters for this layer
+  std::shared_ptr<moe::MonolithicMoeSync> monolithic_sync;  // the monolithic kernel's counters for this layer
 
   Moe() = default;
   Moe(backend::Context& ctx, const MoeFeedForward& host, DType dtype, bool eplb);
@@ -135,10 +135,10 @@ struct Moe {
   // at every step size) and the shared expert.
   void run_experts(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, const int32_t* ids,
                    const float* weights, int32_t* load_counts, Tensor& out, bool always_grouped) const;
-  // Whether a step of `tokens` tokens can run the whole layer as one mega kernel
-  // (moe/device_mega_moe.h): a few tokens, and no map a test replaced.
-  bool mega_fits(int64_t tokens) const { return !host_map() && moe::mega_moe_fits(experts, tokens); }
-  // route and run_experts as one mega kernel (then the shared expert): the same ids, weights,
+  // Whether a step of `tokens` tokens can run the whole layer as one monolithic kernel
+  // (moe/device_monolithic_moe.h): a few tokens, and no map a test replaced.
+  bool monolithic_fits(int64_t tokens) const { return !host_map() && moe::monolithic_moe_fits(experts, tokens); }
+  // route and run_experts as one monolithic kernel (then the shared expert): the same ids, weights,
   // capture rows, load counts and output, with the same bits.
   // experts_x: the experts' input when it is not x (Kimi K3's latent rows), or null.
   void route_and_run_experts(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, int32_t* ids,
@@ -198,7 +198,7 @@ struct Layer {
 // The attention of host layer `l` on the device as `dtype` (GQA, latent or Kimi Delta).
 void place_attention(backend::Context& ctx, const AttentionLayer& host, DType dtype, int64_t l, Layer& d);
 
-// The MoE paths the GPU runs: mega and modular; throws naming them for another.
+// The MoE paths the GPU runs: mega, modular and monolithic; throws for monolithic-nocapture.
 void check_device_moe_path(moe::MoePath path);
 
 // What a decoder on the device is made of; `host` is the model it was copied from (kept alive
@@ -220,9 +220,10 @@ struct DecoderParts {
   // The KV pools' element type: the weights' (a bf16 model keeps bf16 keys and values, as its
   // projections produce them at that precision; float32 for parity runs).
   DType kv_dtype = DType::F32;
-  // How MoE layers run (--moe-path): kMega (decode steps of a few tokens as one kernel a layer,
-  // larger steps as kModular) or kModular (router, routing, grouping by expert, grouped experts
-  // and combine as separate kernels at every size). Both give the same bits.
+  // How MoE layers run (--moe-path), all with the same bits: kMega (the default: routing with
+  // capture, then the fused experts, pair by pair for decode steps of a few tokens), kModular
+  // (router, routing, grouping by expert, grouped experts and combine as separate kernels at
+  // every size) or kMonolithic (decode steps of a few tokens as one kernel a layer, else kMega).
   moe::MoePath moe_path = moe::MoePath::kMega;
 };
 
@@ -293,7 +294,7 @@ class Decoder final : public CausalLM {
   };
   Routed route(backend::Context& ctx, const Moe& moe, const Tensor& normed, const ops::DeviceStep& step) const;
   // A MoE layer's routed experts from `normed` into `out` (the shared expert added), by the
-  // placement's MoE path: route, then run_experts, or both in one mega kernel.
+  // placement's MoE path: route, then run_experts, or both in one monolithic kernel.
   // experts_in: the experts' input when it is not `normed` (Kimi K3's latent rows), or null.
   void run_moe(backend::Context& ctx, const Moe& moe, const Tensor& normed, const ops::DeviceStep& step, Tensor& out,
                const Tensor* experts_in = nullptr) const;

@@ -234,7 +234,7 @@ Moe::Moe(backend::Context& ctx, const moe::MoeBlock& block, DType weights_dtype,
   host_experts = &physical;
   placement_version = physical.placement_version();
   if (eplb) map = std::make_shared<moe::DeviceExpertMap>(ctx, physical.placement());
-  mega_sync = std::make_shared<moe::MegaMoeSync>(ctx);
+  monolithic_sync = std::make_shared<moe::MonolithicMoeSync>(ctx);
 }
 
 void Moe::route(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, int32_t* ids, float* weights,
@@ -297,8 +297,8 @@ void Moe::route_and_run_experts(backend::Context& ctx, const Tensor& x, const op
   const int64_t tokens = x.dim(0);
   backend::Workspace::Scope scope(ctx.workspace());
   Tensor scratch =
-      ctx.scratch_for_output(DType::F32, {moe::mega_moe_scratch_floats(experts, tokens, num_experts, top_k)});
-  moe::MegaMoeStep s;
+      ctx.scratch_for_output(DType::F32, {moe::monolithic_moe_scratch_floats(experts, tokens, num_experts, top_k)});
+  moe::MonolithicMoeStep s;
   s.hidden = &x;
   s.router = &gate_weight;
   s.router_bias = gate_bias.if_defined();
@@ -310,7 +310,7 @@ void Moe::route_and_run_experts(backend::Context& ctx, const Tensor& x, const op
   if (map) s.map = {map->offsets(), map->replicas(), step.seqs, load_counts};
   s.ids = ids;
   s.weights = weights;
-  moe::mega_moe_on_device(ctx, s, experts, *mega_sync, scratch, out);
+  moe::monolithic_moe_on_device(ctx, s, experts, *monolithic_sync, scratch, out);
   if (shared_expert) add_shared_expert(ctx, experts_x != nullptr ? *experts_x : x, *shared_expert, shared_gate, out);
 }
 

@@ -104,7 +104,7 @@ std::unique_ptr<CausalLM> synthetic_on_device(backend::Context& ctx, const Synth
     m.top_k = s.top_k;
     m.gate_weight = random.matrix(DType::F32, {s.experts, s.hidden});
     m.rule = {moe::DeviceRoutingRule::Kind::kSoftmaxTopK, static_cast<int32_t>(s.top_k), true};
-    m.mega_sync = std::make_shared<moe::MegaMoeSync>(ctx);
+    m.monolithic_sync = std::make_shared<moe::MonolithicMoeSync>(ctx);
     const Shape gate_up{s.experts, s.expert_width, s.hidden}, down{s.experts, s.hidden, s.expert_width};
     if (s.fp8) {
       RandomWeights::Fp8 g = random.fp8_matrix(gate_up), u = random.fp8_matrix(gate_up), d = random.fp8_matrix(down);

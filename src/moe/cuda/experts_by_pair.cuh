@@ -1,6 +1,6 @@
 // The fused experts' work for decode steps of a few tokens, pair by pair (no grouping by expert),
-// shared by the two-kernel way of sm90_fused_experts.cu and the mega MoE kernel
-// (sm90_mega_moe.cu), so that both give the bits of the grouped kernels: every dot product, bias
+// shared by the two-kernel way of sm90_fused_experts.cu and the monolithic MoE kernel
+// (sm90_monolithic_moe.cu), so that both give the bits of the grouped kernels: every dot product, bias
 // and sum is theirs, in the same order. Internal to moe/cuda.
 #pragma once
 

@@ -1,5 +1,5 @@
 // The routing kernel's per-token work (moe/device_routing.h), shared by the routing kernel
-// (sm90_routing.cu) and the mega MoE kernel (sm90_mega_moe.cu), so both give the same bits. One
+// (sm90_routing.cu) and the monolithic MoE kernel (sm90_monolithic_moe.cu), so both give the same bits. One
 // warp per token. The per-expert work (the scores, their exp, bias, each weight's division) runs
 // across the lanes, each element with the CPU rule's arithmetic; the steps whose order matters
 // for the bits (the double sums) run on lane 0 in the CPU's order; the top-k selections are k

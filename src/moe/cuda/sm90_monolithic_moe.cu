@@ -1,4 +1,4 @@
-// The mega MoE kernel (moe/device_mega_moe.h). Blocks of 8 warps; each takes the next ticket of
+// The monolithic MoE kernel (moe/device_monolithic_moe.h). Blocks of 8 warps; each takes the next ticket of
 // the launch, and the tickets run the stages in order:
 //   router   one warp per expert's gate row, for every token (sm90_linear_rows.cu's sums);
 //   routing  one block, one warp per token (routing_parts.cuh), then the EPLB map and counts;
@@ -21,7 +21,7 @@
 #include "moe/cuda/experts_by_pair.cuh"
 #include "moe/cuda/experts_parts.cuh"
 #include "moe/cuda/routing_parts.cuh"
-#include "moe/device_mega_moe.h"
+#include "moe/device_monolithic_moe.h"
 #include "ops/cuda/warp_row_dots.cuh"
 
 namespace r3::moe {
@@ -33,7 +33,7 @@ using routing_detail::WarpScratch;
 constexpr int kWarpsPerBlock = 8;
 constexpr unsigned kThreads = kWarpsPerBlock * kWarp;
 
-// The counters (MegaMoeSync): the next ticket, then each stage's finished tickets, each in a
+// The counters (MonolithicMoeSync): the next ticket, then each stage's finished tickets, each in a
 // 128-byte line of its own, so that blocks polling one counter do not slow the atomics on another.
 constexpr int kLine = 32;
 enum Counter : int {
@@ -68,7 +68,7 @@ struct Params {
   const int32_t* forced;
   const uint8_t* replayed;
   DeviceCaptureRows capture;
-  MegaMoeMap map;
+  MonolithicMoeMap map;
   int32_t* ids;
   float* weights;
   float* logits;
@@ -165,7 +165,7 @@ __device__ __noinline__ void route_and_map(const Params& p, WarpScratch& w, int6
 }
 
 template <typename Matrix, typename Act>
-__global__ void __launch_bounds__(kThreads, kMinBlocks<Matrix>) mega_moe(const __grid_constant__ Params p, Matrix gate, Matrix up, Matrix down, Act act) {
+__global__ void __launch_bounds__(kThreads, kMinBlocks<Matrix>) monolithic_moe(const __grid_constant__ Params p, Matrix gate, Matrix up, Matrix down, Act act) {
   backend::cuda::wait_for_predecessor();
   extern __shared__ __align__(16) unsigned char shared[];  // the routing's WarpScratch, one per token
   __shared__ int32_t ticket_of_block;
@@ -231,36 +231,36 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 
 }  // namespace
 
-MegaMoeSync::MegaMoeSync(backend::Context& ctx) {
+MonolithicMoeSync::MonolithicMoeSync(backend::Context& ctx) {
   counters_ = backend::to_device(ctx, Tensor::from(std::vector<int32_t>(kCounters, 0), {kCounters}));
 }
 
-bool mega_moe_fits(const DeviceExperts& experts, int64_t tokens) {
+bool monolithic_moe_fits(const DeviceExperts& experts, int64_t tokens) {
   return tokens >= 1 && tokens <= kPairMajorTokens && experts_detail::experts_vec8(experts);
 }
 
-int64_t mega_moe_scratch_floats(const DeviceExperts& experts, int64_t tokens, int64_t logical_experts, int64_t k) {
+int64_t monolithic_moe_scratch_floats(const DeviceExperts& experts, int64_t tokens, int64_t logical_experts, int64_t k) {
   return ScratchLayout(tokens, logical_experts, k, experts.intermediate()).total;
 }
 
-void mega_moe_on_device(backend::Context& ctx, const MegaMoeStep& step, const DeviceExperts& experts,
-                        const MegaMoeSync& sync, Tensor& scratch, Tensor& out) {
+void monolithic_moe_on_device(backend::Context& ctx, const MonolithicMoeStep& step, const DeviceExperts& experts,
+                        const MonolithicMoeSync& sync, Tensor& scratch, Tensor& out) {
   const Tensor& hidden = *step.hidden;
   const Tensor& router = *step.router;
   const Tensor& experts_in = step.experts_input != nullptr ? *step.experts_input : hidden;
   const int64_t tokens = hidden.dim(0), h = experts.hidden(), inter = experts.intermediate();
   const int64_t logical = router.dim(0), k = step.rule.k;
-  R3_CHECK(mega_moe_fits(experts, tokens), "mega MoE (cuda): ", tokens, " tokens (at most ", kPairMajorTokens,
+  R3_CHECK(monolithic_moe_fits(experts, tokens), "monolithic MoE (cuda): ", tokens, " tokens (at most ", kPairMajorTokens,
            ") with experts of ", h, " x ", inter);
   R3_CHECK(hidden.rank() == 2 && router.rank() == 2 && router.dim(1) == hidden.dim(1) && router.dtype() == DType::F32 &&
                experts_in.rank() == 2 && experts_in.dim(0) == tokens && experts_in.dim(1) == h &&
                out.shape() == experts_in.shape() && aligned16(experts_in.raw_data()) &&
                (step.router_bias == nullptr || step.router_bias->numel() == logical),
-           "mega MoE (cuda): hidden ", shape_to_string(hidden.shape()), ", router ", shape_to_string(router.shape()),
+           "monolithic MoE (cuda): hidden ", shape_to_string(hidden.shape()), ", router ", shape_to_string(router.shape()),
            ", experts' input ", shape_to_string(experts_in.shape()), ", experts of ", h, " x ", inter);
   check_device_routing(step.rule, logical);
   const ScratchLayout layout(tokens, logical, k, inter);
-  R3_CHECK(scratch.dtype() == DType::F32 && scratch.numel() >= layout.total, "mega MoE (cuda): scratch too small");
+  R3_CHECK(scratch.dtype() == DType::F32 && scratch.numel() >= layout.total, "monolithic MoE (cuda): scratch too small");
   float* base = scratch.data<float>();
   Params p{};
   p.hidden = hidden.data<float>();
@@ -300,7 +300,7 @@ void mega_moe_on_device(backend::Context& ctx, const MegaMoeStep& step, const De
   const cudaStream_t stream = ctx.cuda_state().stream;
   experts_detail::with_expert_matrices(experts, [&](auto gate, auto up, auto down) {
     experts_detail::with_activation(experts.activation, [&](auto act) {
-      backend::cuda::launch_kernel(mega_moe<decltype(gate), decltype(act)>, blocks, kThreads, shared_bytes, stream, p,
+      backend::cuda::launch_kernel(monolithic_moe<decltype(gate), decltype(act)>, blocks, kThreads, shared_bytes, stream, p,
                                    gate, up, down, act);
     });
   });

@@ -1,4 +1,4 @@
-// The mega MoE kernel (moe/device_mega_moe.h) against the modular path's kernels on random data:
+// The monolithic MoE kernel (moe/device_monolithic_moe.h) against the modular path's kernels on random data:
 // router projection, routing with capture and margins, the EPLB map with its load counts, grouped
 // experts and combine. The two paths must give the same bits for every output, for 1 to 4
 // tokens, replayed rows included, launch after launch (the kernel's counters start over).
@@ -14,7 +14,7 @@
 #include "backend/device_memory.h"
 #include "gpu/gpu_test_support.h"
 #include "moe/device_experts.h"
-#include "moe/device_mega_moe.h"
+#include "moe/device_monolithic_moe.h"
 #include "moe/device_routing.h"
 #include "ops/linear.h"
 
@@ -23,7 +23,7 @@ namespace {
 
 using Kind = moe::DeviceRoutingRule::Kind;
 
-struct MegaCase {
+struct MonolithicCase {
   std::string name;
   moe::DeviceRoutingRule rule;
   int64_t logical = 0, h = 0, inter = 0;
@@ -52,13 +52,13 @@ struct MapTables {
   }
 };
 
-class CudaMegaMoe : public testing::Test {
+class CudaMonolithicMoe : public testing::Test {
  protected:
   void SetUp() override { gpu_ = backend::Context::cuda(0); }
 
   // The modular path: router GEMV, routing kernel, the map on the host (the documented rule),
   // grouped experts and combine.
-  LayerOutputs modular(const MegaCase& c, const Tensor& x, const Tensor& router, const Tensor& router_bias,
+  LayerOutputs modular(const MonolithicCase& c, const Tensor& x, const Tensor& router, const Tensor& router_bias,
                        const moe::DeviceExperts& experts, const std::vector<int32_t>& forced,
                        const std::vector<uint8_t>& replayed, const std::vector<int32_t>& seqs) {
     const int64_t tokens = x.dim(0), k = c.rule.k, physical = c.logical + c.replicas;
@@ -97,8 +97,8 @@ class CudaMegaMoe : public testing::Test {
     return o;
   }
 
-  // The mega kernel, `launches` times over the same inputs (the last launch's outputs).
-  LayerOutputs mega(const MegaCase& c, const Tensor& x, const Tensor& router, const Tensor& router_bias,
+  // The monolithic kernel, `launches` times over the same inputs (the last launch's outputs).
+  LayerOutputs monolithic(const MonolithicCase& c, const Tensor& x, const Tensor& router, const Tensor& router_bias,
                     const moe::DeviceExperts& experts, const std::vector<int32_t>& forced,
                     const std::vector<uint8_t>& replayed, const std::vector<int32_t>& seqs, int launches) {
     const int64_t tokens = x.dim(0), k = c.rule.k, physical = c.logical + c.replicas;
@@ -110,9 +110,9 @@ class CudaMegaMoe : public testing::Test {
     const Tensor offsets_d = gpu_ints(*gpu_, m.offsets), replicas_d = gpu_ints(*gpu_, m.replicas);
     Tensor counts_d = backend::device_empty(*gpu_, DType::I32, {physical});
     Tensor scratch =
-        backend::device_empty(*gpu_, DType::F32, {moe::mega_moe_scratch_floats(experts, tokens, c.logical, k)});
+        backend::device_empty(*gpu_, DType::F32, {moe::monolithic_moe_scratch_floats(experts, tokens, c.logical, k)});
     Tensor out = backend::device_empty(*gpu_, DType::F32, {tokens, c.h});
-    moe::MegaMoeStep s;
+    moe::MonolithicMoeStep s;
     s.hidden = &x_d;
     s.router = &router;
     s.router_bias = router_bias.if_defined();
@@ -126,7 +126,7 @@ class CudaMegaMoe : public testing::Test {
     s.weights = b.weights.data<float>();
     for (int i = 0; i < launches; ++i) {
       backend::fill_zero(*gpu_, counts_d);
-      moe::mega_moe_on_device(*gpu_, s, experts, *sync_, scratch, out);
+      moe::monolithic_moe_on_device(*gpu_, s, experts, *sync_, scratch, out);
     }
     LayerOutputs o;
     o.ids = backend::to_host(*gpu_, b.ids);
@@ -144,7 +144,7 @@ class CudaMegaMoe : public testing::Test {
     static constexpr int64_t kLayers = 3, kLayer = 1;
     Tensor ids, weights, capture, margins;
     int64_t k;
-    Buffers(backend::Context& gpu, const MegaCase& c, int64_t tokens) : k(c.rule.k) {
+    Buffers(backend::Context& gpu, const MonolithicCase& c, int64_t tokens) : k(c.rule.k) {
       ids = backend::device_empty(gpu, DType::I32, {tokens, k});
       weights = backend::device_empty(gpu, DType::F32, {tokens, k});
       capture = backend::to_device(gpu, Tensor::from(std::vector<int32_t>(tokens * kLayers * k, -7), {tokens, kLayers, k}));
@@ -156,7 +156,7 @@ class CudaMegaMoe : public testing::Test {
   };
 
   std::unique_ptr<backend::Context> gpu_;
-  std::unique_ptr<moe::MegaMoeSync> sync_;  // one for every launch of the test, as a layer has
+  std::unique_ptr<moe::MonolithicMoeSync> sync_;  // one for every launch of the test, as a layer has
 };
 
 void expect_same_bits(const Tensor& got, const Tensor& want, const std::string& what) {
@@ -164,7 +164,7 @@ void expect_same_bits(const Tensor& got, const Tensor& want, const std::string& 
   EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), got.nbytes()), 0) << what << " differs";
 }
 
-TEST_F(CudaMegaMoe, GivesTheModularPathsBitsForEveryOutput) {
+TEST_F(CudaMonolithicMoe, GivesTheModularPathsBitsForEveryOutput) {
   std::vector<float> bias(256);
   std::mt19937 rng(90);
   std::normal_distribution<float> normal(0.0f, 0.05f);
@@ -173,7 +173,7 @@ TEST_F(CudaMegaMoe, GivesTheModularPathsBitsForEveryOutput) {
   moe::ExpertActivation gpt_oss;
   gpt_oss.kind = moe::ExpertActivation::Kind::kGptOss;
   gpt_oss.limit = 7.0f;
-  const std::vector<MegaCase> cases = {
+  const std::vector<MonolithicCase> cases = {
       {"softmax top-8 of 64, bf16", {Kind::kSoftmaxTopK, 8, true}, 64, 128, 96, DType::BF16, {}, false, 0},
       {"softmax top-8 of 64, float32, EPLB map", {Kind::kSoftmaxTopK, 8, true}, 64, 128, 96, DType::F32, {}, false, 5},
       {"grouped sigmoid top-8 of 256, bf16, EPLB map",
@@ -182,8 +182,8 @@ TEST_F(CudaMegaMoe, GivesTheModularPathsBitsForEveryOutput) {
        true, 0},
       {"softmax top-2 of 8, bf16, biases", {Kind::kSoftmaxTopK, 2, false}, 8, 64, 24, DType::BF16, {}, true, 2},
   };
-  sync_ = std::make_unique<moe::MegaMoeSync>(*gpu_);
-  for (const MegaCase& c : cases) {
+  sync_ = std::make_unique<moe::MonolithicMoeSync>(*gpu_);
+  for (const MonolithicCase& c : cases) {
     const int64_t physical = c.logical + c.replicas, k = c.rule.k;
     const Tensor router = backend::to_device(*gpu_, gpu_random({c.logical, c.h}, 91, 0.3f));
     const Tensor router_bias = c.biases ? backend::to_device(*gpu_, gpu_random({c.logical}, 92, 0.1f)) : Tensor();
@@ -199,7 +199,7 @@ TEST_F(CudaMegaMoe, GivesTheModularPathsBitsForEveryOutput) {
     experts.activation = c.activation;
     for (int64_t tokens = 1; tokens <= moe::kPairMajorTokens; ++tokens) {
       SCOPED_TRACE(c.name + ", " + std::to_string(tokens) + " tokens");
-      ASSERT_TRUE(moe::mega_moe_fits(experts, tokens));
+      ASSERT_TRUE(moe::monolithic_moe_fits(experts, tokens));
       const Tensor x = gpu_random({tokens, c.h}, 100 + static_cast<uint32_t>(tokens));
       // The second token replays the k last experts in reverse order; the third is padding
       // (routed and run, not counted).
@@ -211,7 +211,7 @@ TEST_F(CudaMegaMoe, GivesTheModularPathsBitsForEveryOutput) {
         seqs[t] = t == 2 ? -1 : static_cast<int32_t>(t);
       }
       const LayerOutputs want = modular(c, x, router, router_bias, experts, forced, replayed, seqs);
-      const LayerOutputs got = mega(c, x, router, router_bias, experts, forced, replayed, seqs, 3);
+      const LayerOutputs got = monolithic(c, x, router, router_bias, experts, forced, replayed, seqs, 3);
       expect_same_bits(got.ids, want.ids, "logical ids");
       expect_same_bits(got.weights, want.weights, "routing weights");
       expect_same_bits(got.capture, want.capture, "capture rows");
@@ -226,20 +226,20 @@ TEST_F(CudaMegaMoe, GivesTheModularPathsBitsForEveryOutput) {
 }
 
 // Steps too large for one kernel, or rows without eight-value loads, are left to the modular path.
-TEST_F(CudaMegaMoe, TakesOnlyDecodeStepsOfAFewTokens) {
+TEST_F(CudaMonolithicMoe, TakesOnlyDecodeStepsOfAFewTokens) {
   moe::DeviceExperts experts;
   experts.gate = backend::to_device_as(*gpu_, gpu_random({4, 16, 64}, 1), DType::BF16);
   experts.up = experts.gate;
   experts.down = backend::to_device_as(*gpu_, gpu_random({4, 64, 16}, 2), DType::BF16);
-  EXPECT_TRUE(moe::mega_moe_fits(experts, 1));
-  EXPECT_TRUE(moe::mega_moe_fits(experts, moe::kPairMajorTokens));
-  EXPECT_FALSE(moe::mega_moe_fits(experts, moe::kPairMajorTokens + 1));
-  EXPECT_FALSE(moe::mega_moe_fits(experts, 0));
+  EXPECT_TRUE(moe::monolithic_moe_fits(experts, 1));
+  EXPECT_TRUE(moe::monolithic_moe_fits(experts, moe::kPairMajorTokens));
+  EXPECT_FALSE(moe::monolithic_moe_fits(experts, moe::kPairMajorTokens + 1));
+  EXPECT_FALSE(moe::monolithic_moe_fits(experts, 0));
   moe::DeviceExperts odd;
   odd.gate = backend::to_device_as(*gpu_, gpu_random({4, 12, 60}, 3), DType::BF16);
   odd.up = odd.gate;
   odd.down = backend::to_device_as(*gpu_, gpu_random({4, 60, 12}, 4), DType::BF16);
-  EXPECT_FALSE(moe::mega_moe_fits(odd, 1));
+  EXPECT_FALSE(moe::monolithic_moe_fits(odd, 1));
 }
 
 }  // namespace
