@@ -31,9 +31,10 @@ if [[ "${R3_TESTS_ONLY:-0}" == 1 ]]; then cat "$out/device.txt"; exit $status; f
 ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-batches 2,4,8,16,32 --synthetic-context 192 \
   --json 2>>"$out/gpu_decode_bench.log" | tee "$out/gpu_decode_bench_192.json" || status=1
 # R3_BREAKDOWN=1: each kernel's time in one eager decode step at batch 1, or R3_BREAKDOWN_BATCH
-# (Nsight Compute, kernels serialised; the launches skipped are the synthetic model's weight fills).
+# (Nsight Compute, kernels serialised, clocks and caches left alone; the launches skipped are the
+# synthetic model's weight fills).
 if [[ "${R3_BREAKDOWN:-0}" == 1 ]] && command -v ncu > /dev/null; then
-  ncu --csv --metrics gpu__time_duration.sum --launch-skip "${R3_BREAKDOWN_SKIP:-440}" --launch-count 600 \
+  ncu --csv --clock-control none --cache-control none --metrics gpu__time_duration.sum --launch-skip "${R3_BREAKDOWN_SKIP:-440}" --launch-count 600 \
     ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-batches "${R3_BREAKDOWN_BATCH:-1}" \
     > "$out/ncu_step.csv" 2> "$out/ncu_step.log"
   python3 bench/kernel_breakdown.py "$out/ncu_step.csv" | tee "$out/kernel_breakdown.txt"
