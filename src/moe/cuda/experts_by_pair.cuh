@@ -32,38 +32,10 @@ __device__ inline void gate_up_pair_row(const float* __restrict__ hidden, const 
   }
 }
 
-// The whole block (it has a barrier): hidden row d of token t. Its warps take the k choices (each
-// choice's down row . its activation, + bias, into choice_out[j], shared [k]); then thread 0 adds
-// weight x output over the choices in order into out[t * h + d], as combine_choices does.
-template <bool kVec8, typename Matrix>
-__device__ inline void down_and_combine_row(const float* __restrict__ activated, const int32_t* __restrict__ ids,
-                                            const float* __restrict__ weights, int64_t k, const Matrix& down,
-                                            const float* __restrict__ down_bias, int64_t h, int64_t inter, int64_t t,
-                                            int64_t d, float* choice_out, float* __restrict__ out) {
-  using ops::cuda::kWarp;
-  using ops::cuda::row_of;
-  const int lane = static_cast<int>(threadIdx.x) % kWarp;
-  const int warps = static_cast<int>(blockDim.x) / kWarp;
-  for (int64_t j = threadIdx.x / kWarp; j < k; j += warps) {
-    const int64_t p = t * k + j;
-    const decltype(row_of(down, 0)) w[1] = {row_of(down, ids[p] * h + d)};
-    const float* const a[1] = {activated + p * inter};
-    float acc[1][1] = {{0.0f}};
-    ops::cuda::row_dots<kVec8>(w, a, 1, inter, lane, acc);
-    const float y = ops::cuda::warp_sum(acc[0][0]);
-    if (lane == 0) choice_out[j] = down_bias ? y + down_bias[ids[p] * h + d] : y;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float sum = 0.0f;
-    for (int64_t j = 0; j < k; ++j) sum = __fadd_rn(sum, __fmul_rn(weights[t * k + j], choice_out[j]));
-    out[t * h + d] = sum;
-  }
-}
-
-// One warp: hidden row d of token t over all k choices, summed in choice order into
-// out[t * h + d] (lane 0 writes): the bits of down_and_combine_row. The choices' dot products are
-// issued four at a time before their sums, so their loads are in flight together.
+// One warp: hidden row d of token t over all k choices (each choice's down row . its activation,
+// + bias), summed as weight x output in choice order into out[t * h + d] (lane 0 writes), as
+// combine_choices does after the grouped kernels. The choices' dot products are issued four at a
+// time before their sums, so their loads are in flight together.
 template <bool kVec8, typename Matrix>
 __device__ inline void down_and_combine_row_in_warp(const float* __restrict__ activated,
                                                     const int32_t* __restrict__ ids,

@@ -175,12 +175,11 @@ __global__ void combine_choices(const float* __restrict__ expert_out, const floa
 
 // Steps of at most kPairMajorTokens tokens (decode of a few sequences) skip the grouping: one warp
 // per (pair, row) for gate/up, which reads an expert's rows once per token choosing it (the
-// second time mostly from L2), and for down one block per (token, hidden row) whose warps take
-// the token's k choices, their results summed in order as combine_choices does (the combine
-// inside the down kernel). Every dot product, bias and sum is the grouped kernels' own, in the
-// same order, so both paths give the same bits and a step may take either even with
+// second time mostly from L2), and for down one warp per (token, hidden row) that takes the
+// token's k choices and sums their results in order as combine_choices does (the combine inside
+// the down kernel). Every dot product, bias and sum is the grouped kernels' own, in the same
+// order, so both paths give the same bits and a step may take either even with
 // --batch-invariant; a decode step saves the grouping and combine launches.
-constexpr int kMaxChoiceWarps = 8;  // warps of a down block (choices beyond take turns)
 
 template <typename Matrix, bool kVec8, typename Act>
 __global__ void gate_up_by_pair(const float* __restrict__ hidden, const int32_t* __restrict__ ids, int64_t pairs,
@@ -197,13 +196,14 @@ __global__ void gate_up_by_pair(const float* __restrict__ hidden, const int32_t*
 
 template <typename Matrix, bool kVec8>
 __global__ void down_and_combine_by_token(const float* __restrict__ activated, const int32_t* __restrict__ ids,
-                                          const float* __restrict__ weights, int64_t k, Matrix down,
+                                          const float* __restrict__ weights, int64_t tokens, int64_t k, Matrix down,
                                           const float* __restrict__ down_bias, int64_t h, int64_t inter,
                                           float* __restrict__ out) {
   backend::cuda::wait_for_predecessor();
-  extern __shared__ float choice_out[];  // [k]: each choice's down row . activation (+ bias)
-  experts_detail::down_and_combine_row<kVec8>(activated, ids, weights, k, down, down_bias, h, inter, blockIdx.x / h,
-                                              blockIdx.x % h, choice_out, out);
+  const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
+  if (warp >= tokens * h) return;
+  experts_detail::down_and_combine_row_in_warp<kVec8>(activated, ids, weights, k, down, down_bias, h, inter, warp / h,
+                                                      warp % h, out, static_cast<int>(threadIdx.x % kWarp));
 }
 
 unsigned warp_blocks(int64_t warps) { return static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock); }
@@ -232,10 +232,9 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
       backend::cuda::launch_kernel(gate_up_by_pair<Matrix, kVec8, Act>, warp_blocks(pairs * inter), kThreads, 0, stream,
                                    hidden.data<float>(), ids, pairs, k, gw, uw, bias(x.gate_bias), bias(x.up_bias), h,
                                    inter, act, activated.data<float>());
-      const auto choice_warps = static_cast<unsigned>(std::min<int64_t>(k, kMaxChoiceWarps));
-      backend::cuda::launch_kernel(down_and_combine_by_token<Matrix, kVec8>, static_cast<unsigned>(tokens * h),
-                                   choice_warps * kWarp, k * sizeof(float), stream, activated.data<float>(), ids,
-                                   weights, k, dw, bias(x.down_bias), h, inter, out.data<float>());
+      backend::cuda::launch_kernel(down_and_combine_by_token<Matrix, kVec8>, warp_blocks(tokens * h), kThreads, 0,
+                                   stream, activated.data<float>(), ids, weights, tokens, k, dw, bias(x.down_bias), h,
+                                   inter, out.data<float>());
     };
     if (vec8) pair_major(std::true_type{});
     else pair_major(std::false_type{});
