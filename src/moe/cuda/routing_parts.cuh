@@ -73,6 +73,9 @@ __device__ inline void warp_softmax(float* v, int64_t n, int lane) {
   __syncwarp();
   double sum = 0;
   if (lane == 0) {
+    // Unrolled so that the shared-memory loads run ahead of the chain of additions (the serial
+    // sum over a layer's 128 experts is on every decode layer's critical path).
+#pragma unroll 8
     for (int64_t i = 0; i < n; ++i) sum = __dadd_rn(sum, static_cast<double>(v[i]));
   }
   sum = __shfl_sync(0xffffffffu, sum, 0);
