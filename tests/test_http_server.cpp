@@ -467,6 +467,30 @@ TEST(HttpServer, AFullQueueIs503) {
   post(c, "/generate", R"({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}})", 200);
 }
 
+// A request's prompts are admitted together or refused together, by the queues as they are when
+// the request arrives: three prompts do not fit two waiting places, even though the first would
+// be running (and the third would fit) after a step. Before the prompts went in as one group, the
+// engine stepped between them, so the first was running when the third came and all three
+// were served; whether a batch fitted then depended on how fast the engine stepped.
+TEST(HttpServer, ABatchIsAdmittedOrRefusedWhole) {
+  engine::EngineOptions engine_options;
+  engine_options.scheduler.max_running = 1;
+  engine_options.scheduler.max_waiting = 2;
+  Served s({}, engine_options);
+  auto c = s.client();
+  const std::string three = R"({"input_ids": [[1, 2], [3, 4], [5, 6]],
+                                "sampling_params": {"max_new_tokens": 50, "ignore_eos": true}})";
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const json e = post(c, "/generate", three, 503);
+    EXPECT_NE(e["error"]["message"].get<std::string>().find("waiting queue is full (2 of 2"), std::string::npos)
+        << e.dump();
+  }
+  const json two = post(c, "/generate", R"({"input_ids": [[1, 2], [3, 4]], "sampling_params": {"max_new_tokens": 3}})",
+                        200);
+  ASSERT_EQ(two.size(), 2u);
+  for (const json& answer : two) EXPECT_EQ(answer["output_ids"].size(), 3u);
+}
+
 TEST(HttpServer, BodiesOverTheLimitAre413) {
   server::ServerOptions options;
   options.max_body_bytes = 1000;

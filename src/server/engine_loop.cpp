@@ -18,11 +18,22 @@ EngineLoop::~EngineLoop() {
 }
 
 engine::RequestId EngineLoop::submit(engine::RequestParams params, Sink sink) {
-  std::future<engine::RequestId> accepted;
+  std::vector<engine::RequestParams> one;
+  one.push_back(std::move(params));
+  std::vector<Sink> sinks;
+  sinks.push_back(std::move(sink));
+  return submit_all(std::move(one), std::move(sinks)).front();
+}
+
+std::vector<engine::RequestId> EngineLoop::submit_all(std::vector<engine::RequestParams> params,
+                                                      std::vector<Sink> sinks) {
+  R3_CHECK(params.size() == sinks.size() && !params.empty(), "submit_all: ", params.size(), " requests and ",
+           sinks.size(), " sinks");
+  std::future<std::vector<engine::RequestId>> accepted;
   {
     std::lock_guard lock(mutex_);
     R3_CHECK(!stopping_, "the server is shutting down");
-    Pending& p = pending_.emplace_back(Pending{std::move(params), std::move(sink), {}});
+    Pending& p = pending_.emplace_back(Pending{std::move(params), std::move(sinks), {}});
     accepted = p.accepted.get_future();
   }
   wake_.notify_all();
@@ -67,11 +78,19 @@ void EngineLoop::take_queued() {
     abort_every.swap(abort_every_);
   }
   for (Pending& p : pending) {
+    std::vector<engine::RequestId> ids;
     try {
-      const engine::RequestId id = engine_.submit(std::move(p.params));
-      sinks_[id] = std::move(p.sink);
-      p.accepted.set_value(id);
+      for (std::size_t i = 0; i < p.params.size(); ++i) {
+        ids.push_back(engine_.submit(std::move(p.params[i])));
+        sinks_[ids.back()] = std::move(p.sinks[i]);
+      }
+      p.accepted.set_value(std::move(ids));
     } catch (...) {
+      // None of the group runs: the ones accepted end at the next step, unheard.
+      for (const engine::RequestId id : ids) {
+        engine_.abort(id, "another prompt of the request was refused");
+        sinks_.erase(id);
+      }
       p.accepted.set_exception(std::current_exception());
     }
   }

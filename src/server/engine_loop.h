@@ -34,6 +34,12 @@ class EngineLoop {
   // Hands the request to the engine thread and waits until the engine has accepted it (its id)
   // or refused it (the engine's r3::Error, rethrown here).
   engine::RequestId submit(engine::RequestParams params, Sink sink);
+  // The requests of one client request (its prompts), sink i for request i, handed over
+  // together: the engine thread submits them in one pass, no step between, so whether they fit
+  // depends only on the queues when they arrive. Either every one is accepted (their ids, in
+  // order) or none is: on the first refusal the ones accepted before it are aborted, their
+  // sinks dropped (they hear nothing), and the refusal is rethrown here.
+  std::vector<engine::RequestId> submit_all(std::vector<engine::RequestParams> params, std::vector<Sink> sinks);
   // Ends the request at the engine's next step (its sink gets the abort); unknown or finished
   // ids are ignored.
   void abort(engine::RequestId id, const std::string& message = "aborted");
@@ -46,9 +52,9 @@ class EngineLoop {
 
  private:
   struct Pending {
-    engine::RequestParams params;
-    Sink sink;
-    std::promise<engine::RequestId> accepted;
+    std::vector<engine::RequestParams> params;
+    std::vector<Sink> sinks;
+    std::promise<std::vector<engine::RequestId>> accepted;
   };
   void run();
   // Engine thread: the queued submissions and aborts handed to the engine.

@@ -97,9 +97,9 @@ struct HttpServer::Impl {
     }
   }
 
-  // Runs the requests together (every one is submitted before any is awaited) and returns each
+  // Runs the requests together (submitted as one group, EngineLoop::submit_all) and returns each
   // one's outputs. A refused request (the engine's reason: a 400, or a 503 for a full queue)
-  // ends the ones submitted before it.
+  // refuses the whole group.
   std::vector<std::vector<engine::RequestOutput>> run_all(const std::vector<engine::RequestParams>& requests,
                                                           const std::string& param) {
     struct Pending {
@@ -111,27 +111,25 @@ struct HttpServer::Impl {
     };
     std::vector<std::unique_ptr<Pending>> pending;
     for (std::size_t i = 0; i < requests.size(); ++i) pending.push_back(std::make_unique<Pending>());
-    std::vector<engine::RequestId> ids;
     const auto wait = [](Pending& p) {
       std::unique_lock lock(p.mutex);
       p.done.wait(lock, [&] { return p.finished; });
     };
+    std::vector<EngineLoop::Sink> sinks;
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      Pending& mine = *pending[i];
+      mine.clock.emplace(static_cast<int64_t>(requests[i].prompt.size()));
+      sinks.push_back([&mine](const engine::RequestOutput& out) {
+        std::lock_guard lock(mine.mutex);
+        mine.clock->observe(out);
+        mine.outputs.push_back(out);
+        mine.finished = out.finished;
+        if (out.finished) mine.done.notify_all();
+      });
+    }
     try {
-      for (std::size_t i = 0; i < requests.size(); ++i) {
-        Pending& mine = *pending[i];
-        mine.clock.emplace(static_cast<int64_t>(requests[i].prompt.size()));
-        ids.push_back(loop.submit(requests[i], [&mine](const engine::RequestOutput& out) {
-          std::lock_guard lock(mine.mutex);
-          mine.clock->observe(out);
-          mine.outputs.push_back(out);
-          mine.finished = out.finished;
-          if (out.finished) mine.done.notify_all();
-        }));
-      }
+      loop.submit_all(requests, std::move(sinks));
     } catch (const Error& e) {
-      // The sinks of the submitted ones point into `pending`: end them and wait.
-      for (const engine::RequestId id : ids) loop.abort(id, "another prompt of the request was refused");
-      for (std::size_t i = 0; i < ids.size(); ++i) wait(*pending[i]);
       const bool queue_full = std::string(e.what()).find("queue is full") != std::string::npos;
       throw ApiError(queue_full ? 503 : 400, e.what(), param);
     }
@@ -170,22 +168,23 @@ struct HttpServer::Impl {
     };
     auto st = std::make_shared<Stream>();
     for (const engine::RequestParams& p : request.prompts) st->clocks.emplace_back(static_cast<int64_t>(p.prompt.size()));
+    std::vector<EngineLoop::Sink> sinks;
+    for (std::size_t p = 0; p < request.prompts.size(); ++p) {
+      sinks.push_back([st, p](const engine::RequestOutput& out) {
+        std::lock_guard lock(st->mutex);
+        st->clocks[p].observe(out);
+        st->queue.emplace_back(p, out);
+        if (out.finished) --st->unfinished;
+        st->ready.notify_all();
+      });
+    }
+    {
+      std::lock_guard lock(st->mutex);
+      st->unfinished = request.prompts.size();
+    }
     try {
-      for (std::size_t p = 0; p < request.prompts.size(); ++p) {
-        {
-          std::lock_guard lock(st->mutex);
-          ++st->unfinished;
-        }
-        st->ids.push_back(loop.submit(request.prompts[p], [st, p](const engine::RequestOutput& out) {
-          std::lock_guard lock(st->mutex);
-          st->clocks[p].observe(out);
-          st->queue.emplace_back(p, out);
-          if (out.finished) --st->unfinished;
-          st->ready.notify_all();
-        }));
-      }
+      st->ids = loop.submit_all(request.prompts, std::move(sinks));
     } catch (const Error& e) {
-      for (const engine::RequestId id : st->ids) loop.abort(id, "another prompt of the request was refused");
       const bool queue_full = std::string(e.what()).find("queue is full") != std::string::npos;
       throw ApiError(queue_full ? 503 : 400, e.what(), "prompt");
     }
