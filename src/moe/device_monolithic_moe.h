@@ -9,7 +9,7 @@
 //
 // It does not pay, and is not the default: a kernel boundary inside a CUDA graph costs 0.5 to
 // 1.1 us (bench/launch_gap.cu), less than what the stages' synchronisation here costs; at batch 1
-// of Qwen3-30B-A3B a decode step took 4.88 ms this way against 4.11 ms on the mega path
+// of Qwen3-30B-A3B a decode step took 4.60 ms this way against 3.78 ms on the mega path
 // (bench/RESULTS.md, 2026-12-05). How it synchronises: the blocks take tickets in launch order
 // from a counter (a block takes one only once it is running), stages wait on counters of the
 // stages before them, and a block never waits on a later ticket, so the kernel cannot deadlock
