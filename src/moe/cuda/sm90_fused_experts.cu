@@ -24,13 +24,8 @@ namespace r3::moe {
 
 namespace {
 
-using experts_detail::Activation;
-using experts_detail::SituActivation;
 using experts_detail::Grouping;
-using ops::cuda::Fp8Matrix;
 using ops::cuda::kWarp;
-using ops::cuda::Mxfp4Matrix;
-using ops::cuda::PlainMatrix;
 using ops::cuda::row_of;
 using ops::cuda::warp_sum;
 using ops::cuda::row_dots;
