@@ -18,7 +18,6 @@
 
 #include <cstdint>
 
-#include "backend/cuda/launch.cuh"
 #include "ops/cuda/weight_matrices.h"
 
 namespace r3::ops::cuda {
@@ -50,20 +49,6 @@ __device__ inline Fp8Row row_of(const Fp8Matrix& m, int64_t r) {
 }
 __device__ inline Mxfp4Row row_of(const Mxfp4Matrix& m, int64_t r) {
   return {m.packed + r * (m.cols / 2), m.scales + r * ((m.cols + 31) / 32)};
-}
-
-// Rows [first, first + count) of the matrix into L2 (backend::cuda::prefetch_to_l2; one thread
-// calls it, before its kernel's wait): the values, not the scales (a few bytes per row, read
-// through L1 anyway).
-template <typename T>
-__device__ inline void prefetch_rows(const PlainMatrix<T>& m, int64_t first, int64_t count) {
-  backend::cuda::prefetch_to_l2(m.values + first * m.cols, count * m.cols * static_cast<int64_t>(sizeof(T)));
-}
-__device__ inline void prefetch_rows(const Fp8Matrix& m, int64_t first, int64_t count) {
-  backend::cuda::prefetch_to_l2(m.values + first * m.cols, count * m.cols);
-}
-__device__ inline void prefetch_rows(const Mxfp4Matrix& m, int64_t first, int64_t count) {
-  backend::cuda::prefetch_to_l2(m.packed + first * (m.cols / 2), count * (m.cols / 2));
 }
 
 // ---- Decoding ----
