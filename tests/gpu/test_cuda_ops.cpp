@@ -19,7 +19,6 @@
 #include "moe/physical_experts.h"
 #include "moe/routing_rule.h"
 #include "ops/activation.h"
-#include "ops/cuda/l2_prefetch.h"
 #include "ops/attention.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
@@ -155,28 +154,6 @@ TEST_F(CudaOps, LinearMatchesTheCpu) {
     EXPECT_LT(gpu_relative_error(backend::to_host(*gpu_, y), want), 1e-5)
         << c.m << "x" << c.k << "x" << c.n << " " << dtype_name(c.weights);
   }
-}
-
-// Prefetching into L2 is a hint: a weight asked for (whole, a row range starting off a 16-byte
-// boundary, one larger than L2 that takes every block's thread several pieces, an empty one)
-// keeps its bytes, and a projection over it gives the bits it gave before.
-TEST_F(CudaOps, L2PrefetchChangesNoBytesAndNoResult) {
-  Tensor w = Tensor::empty(DType::BF16, {1001, 129});
-  backend::convert_matrix(gpu_random({1001, 129}, 7, 0.05f), DType::BF16, w.raw_data());
-  const Tensor wd = backend::to_device(*gpu_, w), xd = backend::to_device(*gpu_, gpu_random({3, 129}, 6));
-  Tensor before = backend::device_empty(*gpu_, DType::F32, {3, 1001});
-  Tensor after = backend::device_empty(*gpu_, DType::F32, {3, 1001});
-  ops::linear(*gpu_, xd, wd, nullptr, before);
-  const Tensor large = backend::device_empty(*gpu_, DType::F32, {50 * 1024 * 1024});  // 200 MB
-  ops::cuda::prefetch_into_l2(*gpu_, wd);
-  ops::cuda::prefetch_into_l2(*gpu_, wd.rows(3, 700));  // starts 774 bytes in
-  ops::cuda::prefetch_into_l2(*gpu_, wd.rows(5, 5));
-  ops::cuda::prefetch_into_l2(*gpu_, large);
-  ops::linear(*gpu_, xd, wd, nullptr, after);
-  backend::synchronize(*gpu_);
-  const Tensor b = backend::to_host(*gpu_, before), a = backend::to_host(*gpu_, after), back = backend::to_host(*gpu_, wd);
-  EXPECT_EQ(std::memcmp(back.raw_data(), w.raw_data(), w.nbytes()), 0);
-  EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()), 0);
 }
 
 // A random FP8 weight as published checkpoints hold one: e4m3 bytes (every code but the NaNs)

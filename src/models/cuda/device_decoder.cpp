@@ -197,10 +197,6 @@ void Decoder::run_layers(backend::Context& ctx, const ops::DeviceStep& step, KvC
     const Layer& layer = p_.layers[l];
     run_attention(ctx, layer, step, kv, static_cast<int64_t>(l), t);
     ops::cuda::add_rms_norm(ctx, t.branch, t.residual, &layer.post_attention_norm, p_.rms_eps, t.normed);
-    // The next layer's q/k/v weights come into L2 while this layer's router and experts run.
-    if (l + 1 < p_.layers.size() && p_.layers[l + 1].attention && step.tokens <= kPrefetchTokens) {
-      p_.layers[l + 1].attention->prefetch_input_projection(ctx);
-    }
     if (layer.moe) {
       run_moe(ctx, *layer.moe, t.normed, step, t.branch);
     } else {

@@ -72,17 +72,7 @@ struct Attention {
   // bring any number of a sequence's positions (the device pools keep every position).
   void forward(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, const ops::DeviceKvPool& pool,
                Tensor& out) const;
-  // Brings the q/k/v projection's weights into L2 (ops/cuda/l2_prefetch.h), for a step of
-  // kPrefetchTokens tokens or fewer: the decoder asks for the next layer's while this layer's
-  // router and experts run.
-  void prefetch_input_projection(backend::Context& ctx) const;
 };
-
-// Decode steps of at most this many tokens bring a projection's weights into L2 while the
-// latency-bound kernels before it run (attention, routing): there a step's time is the chain of
-// its kernels' latencies more than its bytes. Larger steps stream enough expert bytes that what
-// was brought in would be pushed out before its kernel ran.
-constexpr int64_t kPrefetchTokens = 8;
 
 // Multi-head latent attention (MlaAttention's step): the cache holds each position's normalised
 // latent (key rows) and rotated shared key (value rows).

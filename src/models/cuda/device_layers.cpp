@@ -11,7 +11,6 @@
 #include "models/cuda/device_decoder_parts.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
-#include "ops/cuda/l2_prefetch.h"
 #include "ops/kv_write.h"
 #include "ops/latent_attention.h"
 #include "ops/linear.h"
@@ -157,21 +156,11 @@ void Attention::forward(backend::Context& ctx, const Tensor& x, const ops::Devic
     const ops::cuda::AttentionRows rows{qt.data<float>(), q_width, kt.data<float>(), kv_width, vt.data<float>(), kv_width};
     ops::cuda::prepare_attention_rows(ctx, rotary, rows, spec.num_heads, spec.num_kv_heads, d, rms_eps, step, pool, qh);
   }
-  // The output projection's weights come into L2 while attention reads the cache.
-  if (tokens <= kPrefetchTokens) ops::cuda::prefetch_into_l2(ctx, w.o);
   Tensor attended = ctx.scratch(DType::F32, {tokens, spec.num_heads, d});
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   ops::cuda::paged_attention(ctx, qh, step, pool, spec.num_kv_heads, scale, sliding_window,
                              w.sinks.defined() ? w.sinks.data<float>() : nullptr, attended);
   ops::linear(ctx, attended.reshaped({tokens, q_width}), w.o, w.o_bias.if_defined(), out);
-}
-
-void Attention::prefetch_input_projection(backend::Context& ctx) const {
-  if (qkv.defined()) {
-    ops::cuda::prefetch_into_l2(ctx, qkv);
-    return;
-  }
-  for (const Tensor* p : {&w.q, &w.k, &w.v}) ops::cuda::prefetch_into_l2(ctx, *p);
 }
 
 LatentAttention::LatentAttention(backend::Context& ctx, const MlaAttention& host, DType dtype)

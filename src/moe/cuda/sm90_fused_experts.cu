@@ -26,7 +26,6 @@ namespace {
 
 using experts_detail::Grouping;
 using ops::cuda::kWarp;
-using ops::cuda::prefetch_rows;
 using ops::cuda::row_of;
 using ops::cuda::warp_sum;
 using ops::cuda::row_dots;
@@ -130,14 +129,11 @@ __global__ void gate_up_rows(const float* __restrict__ hidden, int64_t k, Groupi
 template <typename Matrix, bool kVec8, int kPairsPerPass>
 __global__ void down_rows(const float* __restrict__ activated, Grouping g, Matrix down,
                           const float* __restrict__ down_bias, int64_t h, int64_t inter, float* __restrict__ expert_out) {
+  backend::cuda::wait_for_predecessor();
   const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   const int64_t slot = warp / h, d = warp % h;
-  const int lane = threadIdx.x % kWarp;
-  // The grouping was written two kernels back (before gate/up), so the warp's down row can start
-  // on its way to L2 while gate/up runs.
-  if (lane == 0 && slot < *g.used_count) prefetch_rows(down, g.used[slot] * h + d, 1);
-  backend::cuda::wait_for_predecessor();
   if (slot >= *g.used_count) return;
+  const int lane = threadIdx.x % kWarp;
   const int32_t e = g.used[slot];
   const decltype(row_of(down, 0)) w[1] = {row_of(down, e * h + d)};
   for (int32_t first = g.offsets[e]; first < g.offsets[e + 1]; first += kPairsPerPass) {
@@ -198,15 +194,11 @@ __global__ void down_and_combine_by_token(const float* __restrict__ activated, c
                                           const float* __restrict__ weights, int64_t tokens, int64_t k, Matrix down,
                                           const float* __restrict__ down_bias, int64_t h, int64_t inter,
                                           float* __restrict__ out) {
-  const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
-  // The ids were written two kernels back (before gate/up), so the warp's down rows, one per
-  // choice, can start on their way to L2 while gate/up runs.
-  const int lane = static_cast<int>(threadIdx.x % kWarp);
-  if (warp < tokens * h && lane < k) prefetch_rows(down, ids[(warp / h) * k + lane] * h + warp % h, 1);
   backend::cuda::wait_for_predecessor();
+  const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   if (warp >= tokens * h) return;
   experts_detail::down_and_combine_row_in_warp<kVec8>(activated, ids, weights, k, down, down_bias, h, inter, warp / h,
-                                                      warp % h, out, lane);
+                                                      warp % h, out, static_cast<int>(threadIdx.x % kWarp));
 }
 
 unsigned warp_blocks(int64_t warps) { return static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock); }

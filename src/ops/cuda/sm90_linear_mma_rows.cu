@@ -25,17 +25,12 @@ template <int kN>
 __global__ void __launch_bounds__(kWarps * 32) dense_tiles(SplitRows x, int64_t m, const __nv_bfloat16* __restrict__ w,
                                                             int64_t n, const float* __restrict__ bias, int64_t splits,
                                                             float* __restrict__ partial, float* __restrict__ y) {
+  backend::cuda::wait_for_predecessor();
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x / 32) * kRowsPerWarp;
-  const int64_t range = x.width / splits, k_begin = blockIdx.z * range;
-  // The warp's weight rows (their K range) start on their way to L2 while the kernel before
-  // runs: a lane a row, for the first tile of activation rows (the others read the same rows).
-  if (blockIdx.y == 0 && lane < kRowsPerWarp && n0 + lane < n) {
-    backend::cuda::prefetch_to_l2(w + (n0 + lane) * x.width + k_begin, range * static_cast<int64_t>(sizeof(*w)));
-  }
-  backend::cuda::wait_for_predecessor();
   if (n0 >= n) return;
   const int64_t first = static_cast<int64_t>(blockIdx.y) * kColsPerTile * kN;
+  const int64_t range = x.width / splits, k_begin = blockIdx.z * range;
   const __nv_bfloat16* const rows[1] = {w + n0 * x.width};
   float acc[1][kN][4] = {};
   multiply<1, kN, unroll_for(kN)>(x, first, m, rows, acc, k_begin, k_begin + range);

@@ -25,12 +25,6 @@ constexpr int kMaxRowsPerPass = 8;
 template <bool kVec8, typename Matrix, int kRowsPerPass>
 __global__ void rows_kernel(const float* __restrict__ x, int64_t m, int64_t k, Matrix w, int64_t n,
                             const float* __restrict__ bias, float* __restrict__ y) {
-  // The block's weight rows start on their way to L2 while the kernel before runs (the first
-  // pass's blocks; later passes read the same rows).
-  if (threadIdx.x == 0 && blockIdx.y == 0) {
-    const int64_t first_col = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock;
-    prefetch_rows(w, first_col, min(static_cast<int64_t>(kWarpsPerBlock), n - first_col));
-  }
   backend::cuda::wait_for_predecessor();
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;

@@ -18,7 +18,6 @@
 
 #include <cstdint>
 
-#include "backend/cuda/launch.cuh"
 #include "ops/cuda/weight_matrices.h"
 
 namespace r3::ops::cuda {
@@ -50,20 +49,6 @@ __device__ inline Fp8Row row_of(const Fp8Matrix& m, int64_t r) {
 }
 __device__ inline Mxfp4Row row_of(const Mxfp4Matrix& m, int64_t r) {
   return {m.packed + r * (m.cols / 2), m.scales + r * ((m.cols + 31) / 32)};
-}
-
-// Rows [first, first + count) of the matrix into L2 (backend::cuda::prefetch_to_l2; one thread
-// calls it, before its kernel's wait): the values, not the scales (a few bytes per row, read
-// through L1 anyway).
-template <typename T>
-__device__ inline void prefetch_rows(const PlainMatrix<T>& m, int64_t first, int64_t count) {
-  backend::cuda::prefetch_to_l2(m.values + first * m.cols, count * m.cols * static_cast<int64_t>(sizeof(T)));
-}
-__device__ inline void prefetch_rows(const Fp8Matrix& m, int64_t first, int64_t count) {
-  backend::cuda::prefetch_to_l2(m.values + first * m.cols, count * m.cols);
-}
-__device__ inline void prefetch_rows(const Mxfp4Matrix& m, int64_t first, int64_t count) {
-  backend::cuda::prefetch_to_l2(m.packed + first * (m.cols / 2), count * (m.cols / 2));
 }
 
 // ---- Decoding ----
@@ -108,32 +93,22 @@ __device__ inline float load(const Mxfp4Row& row, int64_t c) {
 // ---- Eight values at a time ----
 
 // Weights are streamed once per step, so their loads skip L1 (ld.global.nc.L1::no_allocate),
-// leaving it to the activation rows that every warp of the SM re-reads, and are the first lines L2
-// gives up (an evict-first policy): what a step keeps in L2 on purpose, weights brought in ahead of
-// their kernel (ops/cuda/l2_prefetch.h) and the activations, stays there while experts stream
-// through. A weight line read this way also loses the evict-last priority its prefetch gave it.
-__device__ inline uint64_t streaming_policy() {
-  uint64_t policy;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
+// leaving it to the activation rows that every warp of the SM re-reads.
 __device__ inline uint4 load_streaming(const void* p) {
   uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p), "l"(streaming_policy()));
+               : "l"(p));
   return r;
 }
 __device__ inline uint2 load_streaming8(const void* p) {
   uint2 r;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
-               : "=r"(r.x), "=r"(r.y)
-               : "l"(p), "l"(streaming_policy()));
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
   return r;
 }
 __device__ inline uint32_t load_streaming4(const void* p) {
   uint32_t r;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(r) : "l"(p), "l"(streaming_policy()));
+  asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(r) : "l"(p));
   return r;
 }
 
