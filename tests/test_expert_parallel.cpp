@@ -129,29 +129,5 @@ TEST(ExpertParallel, OwnersAreContiguousSlicesAndChecked) {
   EXPECT_THROW(moe::ep::ExpertParallelDispatcher(group.rank(0), {0, 2}), Error);
 }
 
-// The GPU's map brought to the host (PhysicalExperts::mapped_on_device, which the device MoE layer
-// dispatches from under expert parallelism): the same routing the host map would have made, and
-// ids outside the layer's physical experts or sizes that do not match are refused.
-TEST(ExpertParallel, ADeviceMappedRoutingIsCheckedAgainstTheLayer) {
-  const int64_t h = 8, inter = 4, logical = 4, k = 2;
-  std::vector<moe::SwigluExpertWeights> weights;
-  for (uint32_t e = 0; e < logical; ++e) {
-    weights.push_back({random_normal({inter, h}, 30 + e), random_normal({inter, h}, 40 + e), random_normal({h, inter}, 50 + e)});
-  }
-  const moe::PhysicalExperts experts(weights, moe::ExpertPlacement::initial(logical, 2));  // 6 physical
-  const std::vector<int32_t> ids{0, 5, 3, 4};
-  const std::vector<float> w{0.5f, 0.25f, 0.75f, 0.125f};
-  const moe::PhysicalRouting routing = experts.mapped_on_device(2, k, ids, w);
-  EXPECT_EQ(routing.tokens, 2);
-  EXPECT_EQ(routing.top_k, k);
-  EXPECT_EQ(std::vector<int32_t>(routing.physical_ids.begin(), routing.physical_ids.end()), ids);
-  EXPECT_EQ(std::vector<float>(routing.weights.begin(), routing.weights.end()), w);
-  const std::vector<int32_t> outside{0, 6, 3, 4}, negative{0, -1, 3, 4};
-  EXPECT_THROW(experts.mapped_on_device(2, k, outside, w), Error);
-  EXPECT_THROW(experts.mapped_on_device(2, k, negative, w), Error);
-  EXPECT_THROW(experts.mapped_on_device(3, k, ids, w), Error);
-  EXPECT_THROW(experts.mapped_on_device(2, k, ids, std::span<const float>(w).first(3)), Error);
-}
-
 }  // namespace
 }  // namespace r3::test

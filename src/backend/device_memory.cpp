@@ -16,7 +16,6 @@ Tensor upload(Context& ctx, const Tensor& host);
 Tensor pinned_host(Context& ctx, DType dtype, Shape shape);
 Tensor download(Context& ctx, const Tensor& t);
 void download_into(Context& ctx, const Tensor& t, Tensor& host);
-void upload_into(Context& ctx, const Tensor& host, Tensor& t);
 void copy_device_to_device(Context& ctx, const Tensor& src, Tensor& dst);
 double copy_bandwidth(Context& ctx);
 void synchronize(Context& ctx);
@@ -113,18 +112,6 @@ void copy_to_host(Context& ctx, const Tensor& t, Tensor& host) {
 #endif
   (void)ctx;
   if (t.raw_data() != host.raw_data()) std::memcpy(host.raw_data(), t.raw_data(), t.nbytes());
-}
-
-void copy_to_device(Context& ctx, const Tensor& host, Tensor& t) {
-  R3_CHECK(host.device() == Device::kCpu && t.dtype() == host.dtype() && t.numel() == host.numel() &&
-               t.is_contiguous() && host.is_contiguous(),
-           "copy_to_device: ", dtype_name(host.dtype()), " ", shape_to_string(host.shape()), " into ",
-           dtype_name(t.dtype()), " ", shape_to_string(t.shape()));
-#if R3_WITH_CUDA
-  if (t.device() == Device::kCuda) return cuda::upload_into(ctx, host, t);
-#endif
-  (void)ctx;
-  if (t.raw_data() != host.raw_data()) std::memcpy(t.raw_data(), host.raw_data(), host.nbytes());
 }
 
 void copy_on_device(Context& ctx, const Tensor& src, Tensor& dst) {

@@ -24,9 +24,6 @@ Tensor to_host(Context& ctx, const Tensor& t);
 // Copies device (or host) tensor `t` into the host tensor `host` of the same dtype and size, and
 // waits for it.
 void copy_to_host(Context& ctx, const Tensor& t, Tensor& host);
-// Copies the contiguous host tensor `host` into `t`, a tensor of ctx's device of the same dtype
-// and size, in order with ctx's work, and waits for it.
-void copy_to_device(Context& ctx, const Tensor& host, Tensor& t);
 // Copies `src` into `dst`, tensors of ctx's device of the same dtype and size (on the CPU, a
 // memcpy); waits for it.
 void copy_on_device(Context& ctx, const Tensor& src, Tensor& dst);

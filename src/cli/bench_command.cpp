@@ -243,7 +243,7 @@ int run_bench(const BenchCommandOptions& options) {
                  options.num_prompts);
     max_waiting = options.num_prompts;
   }
-  engine::Engine eng(*model, *ctx, engine_options, options.model.rank_placer());
+  engine::Engine eng(*model, *ctx, engine_options);
   const engine::EngineOptions& used = eng.options();  // with the pool size the engine chose
   const int64_t positions = options.prompt_len + options.output_len;
   const int64_t blocks = (positions + used.block_size - 1) / used.block_size;

@@ -53,19 +53,17 @@ void EngineStats::add_rank(const EngineStats& r) {
   expert_rows_exchanged += r.expert_rows_exchanged;
 }
 
-Engine::Engine(models::CausalLM& model, backend::Context& ctx, EngineOptions options, const PlaceRank& place_rank)
+Engine::Engine(models::CausalLM& model, backend::Context& ctx, EngineOptions options)
     : model_(model), options_(options) {
   const int n = options_.expert_parallel;
   R3_CHECK(n >= 1 && n <= kMaxExpertParallel, "--ep must be in [1, ", kMaxExpertParallel, "], got ", n);
   if (n == 1) {
-    ranks_.emplace_back().engine = std::make_unique<RankEngine>(model, ctx, options_);
+    ranks_.push_back({nullptr, nullptr, std::make_unique<RankEngine>(model, ctx, options_)});
     options_ = ranks_.front().engine->options();  // with the pool size it chose
     return;
   }
-  const bool on_gpu = ctx.device() != Device::kCpu;
-  R3_CHECK(!on_gpu || place_rank, "--ep ", n, " on a GPU: every rank needs a model placed for it");
-  R3_CHECK(!on_gpu || !model.eplb_options().active(), "--ep ", n,
-           " with EPLB runs on the CPU only for now (GPU ranks do not follow a rebalance yet)");
+  R3_CHECK(ctx.device() == Device::kCpu, "--ep ", n,
+           ": expert parallelism runs on the CPU only for now (across GPUs it needs NCCL, not built yet)");
   const int64_t physical = physical_experts_per_layer(model, n);
   if (model.eplb_options().active()) {
     // The rebalancer balances each GPU's load; here the ranks are those GPUs.
@@ -89,22 +87,9 @@ Engine::Engine(models::CausalLM& model, backend::Context& ctx, EngineOptions opt
   const int threads = std::max(1, ctx.threads().size() / n);
   for (int r = 0; r < n; ++r) {
     Rank& rank = ranks_.emplace_back();
-    models::CausalLM* rank_model = &model;
-    backend::Context* rank_ctx = &ctx;
-    if (!on_gpu) {
-      rank.own_ctx = std::make_unique<backend::Context>(threads);
-      rank_ctx = rank.own_ctx.get();
-    } else if (r > 0) {
-      PlacedRank placed = place_rank(r);
-      R3_CHECK(placed.ctx && placed.model && placed.model->info().num_experts == model.info().num_experts,
-               "--ep ", n, ": rank ", r, " was not placed with the model's experts");
-      rank.own_ctx = std::move(placed.ctx);
-      rank.own_model = std::move(placed.model);
-      rank_ctx = rank.own_ctx.get();
-      rank_model = rank.own_model.get();
-    }
+    rank.own_ctx = std::make_unique<backend::Context>(threads);
     rank.dispatcher = std::make_unique<moe::ep::ExpertParallelDispatcher>(group_->rank(r), owners_);
-    rank.engine = std::make_unique<RankEngine>(*rank_model, *rank_ctx, options_, rank.dispatcher.get());
+    rank.engine = std::make_unique<RankEngine>(model, *rank.own_ctx, options_, rank.dispatcher.get());
   }
   options_ = ranks_.front().engine->options();
   options_.expert_parallel = n;

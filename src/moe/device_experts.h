@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cstdint>
-#include <span>
 
 #include "backend/context.h"
 #include "core/tensor.h"
@@ -68,17 +67,6 @@ constexpr int64_t expert_scratch_rows(int64_t pairs) { return pairs + 32; }
 void fused_experts_on_device(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, const float* weights,
                              int64_t k, const DeviceExperts& experts, Tensor& grouping, Tensor& activated,
                              Tensor& expert_out, Tensor& out, bool always_grouped = false);
-
-// Expert parallelism (moe/ep): the rows another rank's dispatch brought here, already grouped by
-// physical expert (group_start [experts + 1], on the host: expert e's rows are [start[e],
-// start[e + 1])), each through its expert's gate/up, activation and down into out [rows, H]
-// (no combine: the rows go back to the ranks they came from, which combine them). rows, out:
-// device F32. Always the weight-streaming rows kernels, whose per-row sums do not depend on the
-// other rows of a group, so a row gets the bits the one-rank rows kernels give its pair. Takes
-// its scratch from ctx's workspace; copies the grouping up on ctx's stream and waits for it.
-void grouped_rows_through_experts_on_device(backend::Context& ctx, const Tensor& rows,
-                                            std::span<const int64_t> group_start, const DeviceExperts& experts,
-                                            Tensor& out);
 #endif
 
 }  // namespace r3::moe

@@ -47,18 +47,6 @@ PhysicalExperts::PhysicalExperts(std::vector<SwigluExpertWeights> logical, Exper
   build_bank();
 }
 
-PhysicalRouting PhysicalExperts::mapped_on_device(int64_t tokens, int64_t top_k, std::span<const int32_t> ids,
-                                                  std::span<const float> weights) const {
-  const auto pairs = static_cast<std::size_t>(tokens * top_k);
-  R3_CHECK(tokens >= 0 && top_k >= 1 && ids.size() == pairs && weights.size() == pairs, "EPLB map (device): ",
-           ids.size(), " ids and ", weights.size(), " weights for ", tokens, " tokens of top-", top_k);
-  for (const int32_t id : ids) {
-    R3_CHECK(id >= 0 && id < num_physical(), "EPLB map (device): physical expert ", id, " outside [0, ",
-             num_physical(), ")");
-  }
-  return PhysicalRouting(tokens, top_k, ids, weights);
-}
-
 PhysicalRouting PhysicalExperts::map(backend::Workspace& workspace, const CapturedRouting& captured,
                                      LoadCount load) const {
   const Routing& r = captured.routing();

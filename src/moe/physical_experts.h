@@ -72,8 +72,7 @@ struct ExpertBank {
 };
 
 // A routing after the EPLB map: physical expert ids, with the logical routing's weights. Only
-// PhysicalExperts makes one: map() from a CapturedRouting, or mapped_on_device() from the ids
-// the GPU's map kernel wrote after the routing kernel had captured the logical ones.
+// PhysicalExperts::map() makes one, from a CapturedRouting.
 class PhysicalRouting {
  public:
   const int64_t tokens;
@@ -106,12 +105,6 @@ class PhysicalExperts {
   // logical expert. Counts the tokens of non-padding rows per physical expert into `load`. The
   // physical ids go to `workspace`.
   PhysicalRouting map(backend::Workspace& workspace, const CapturedRouting& routing, LoadCount load = {}) const;
-
-  // The GPU's map (moe/device_expert_map.h, or the routing itself without EPLB) brought to the
-  // host for an expert-parallel dispatch: ids [tokens, top_k] physical, weights alike, both in the
-  // step workspace. Checks the ids against this layer's physical experts.
-  PhysicalRouting mapped_on_device(int64_t tokens, int64_t top_k, std::span<const int32_t> ids,
-                                   std::span<const float> weights) const;
 
   // Replaces the mapping function (logical, token, choice) -> physical; tests use it to prove
   // capture happens before the map. An empty function restores the placement's own choice.

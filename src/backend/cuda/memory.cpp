@@ -56,12 +56,6 @@ void download_into(Context& ctx, const Tensor& t, Tensor& host) {
   R3_CUDA_CHECK(cudaStreamSynchronize(s.stream));
 }
 
-void upload_into(Context& ctx, const Tensor& host, Tensor& t) {
-  State& s = ctx.cuda_state();
-  R3_CUDA_CHECK(cudaMemcpyAsync(t.raw_data(), host.raw_data(), host.nbytes(), cudaMemcpyHostToDevice, s.stream));
-  R3_CUDA_CHECK(cudaStreamSynchronize(s.stream));
-}
-
 void copy_device_to_device(Context& ctx, const Tensor& src, Tensor& dst) {
   State& s = ctx.cuda_state();
   R3_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), src.nbytes(), cudaMemcpyDeviceToDevice, s.stream));

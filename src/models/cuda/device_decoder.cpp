@@ -93,11 +93,7 @@ void Decoder::forward_drawn(backend::Context& ctx, const ForwardBatch& batch, Mo
 void Decoder::run_step(backend::Context& ctx, const ForwardBatch& batch, ModelCache& model_cache,
                        FunctionRef<void(const Tensor& logits)> finish) const {
   R3_CHECK(&ctx == &ctx_, "forward: a device model runs on the context it was placed with");
-  // The calling thread's device becomes the model's (expert-parallel ranks step on threads of
-  // their own, one per GPU).
-  R3_CUDA_CHECK(cudaSetDevice(ctx.cuda_state().device));
-  dispatcher_ = batch.dispatcher;
-  if (dispatcher_ != nullptr && !host_ctx_) host_ctx_ = std::make_unique<backend::Context>(1);
+  R3_CHECK(batch.dispatcher == nullptr, "forward: expert parallelism across GPUs is not built yet");
   const ModelInfo& info = p_.info;
   validate_batch(ctx.workspace(), batch, model_cache, info);
   auto* kv = dynamic_cast<KvCache*>(&model_cache);
@@ -131,9 +127,9 @@ void Decoder::run_step(backend::Context& ctx, const ForwardBatch& batch, ModelCa
   if (loads_) loads_->begin_step();
   moe_layers_routed_ = 0;
   try {
-    // Replay steps run eagerly (their forced ids are optional pointers), and so do a map a test
-    // replaced (it runs on the host) and expert parallelism (its all-to-alls run on the host).
-    if (step.forced == nullptr && !host_map && dispatcher_ == nullptr) run_layers_graphed(ctx, step, *kv, st);
+    // Replay steps run eagerly (their forced ids are optional pointers), and so does a map a test
+    // replaced (it runs on the host).
+    if (step.forced == nullptr && !host_map) run_layers_graphed(ctx, step, *kv, st);
     else run_layers(ctx, step, *kv, st);
   } catch (...) {
     // What was captured before the failure reaches the capture buffer (as on the CPU, where the
@@ -178,12 +174,6 @@ void Decoder::run_moe(backend::Context& ctx, const Moe& moe, const Tensor& norme
                       Tensor& out, const Tensor* experts_in) const {
   backend::Workspace::Scope scope(ctx.workspace());
   const bool modular = p_.moe_path == moe::MoePath::kModular;
-  if (dispatcher_ != nullptr) {  // expert parallelism: every path routes, then dispatches
-    const Routed routed = route(ctx, moe, normed, step);
-    moe.run_experts_over_ranks(ctx, *host_ctx_, experts_in != nullptr ? *experts_in : normed, step, routed.ids,
-                               routed.weights, routed.loads, *dispatcher_, out);
-    return;
-  }
   if (p_.moe_path != moe::MoePath::kMonolithic || !moe.monolithic_fits(step.tokens)) {
     const Routed routed = route(ctx, moe, normed, step);
     moe.run_experts(ctx, experts_in != nullptr ? *experts_in : normed, step, routed.ids, routed.weights, routed.loads,

@@ -135,14 +135,6 @@ struct Moe {
   // at every step size) and the shared expert.
   void run_experts(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, const int32_t* ids,
                    const float* weights, int32_t* load_counts, Tensor& out, bool always_grouped) const;
-  // Expert parallelism (moe/ep, an eager step): the EPLB map as run_experts runs it, then the
-  // step's pairs go through `dispatcher` on the host (`host`: a CPU context for its buffers): to
-  // the ranks holding their physical experts, this rank's experts over the rows that came to it
-  // (moe::grouped_rows_through_experts_on_device), the outputs back and the one-rank combine;
-  // then the shared expert. Waits for the device at each crossing.
-  void run_experts_over_ranks(backend::Context& ctx, backend::Context& host, const Tensor& x, const ops::DeviceStep& step,
-                              const int32_t* ids, const float* weights, int32_t* load_counts,
-                              const moe::Dispatcher& dispatcher, Tensor& out) const;
   // Whether a step of `tokens` tokens can run the whole layer as one monolithic kernel
   // (moe/device_monolithic_moe.h): a few tokens, and no map a test replaced.
   bool monolithic_fits(int64_t tokens) const { return !host_map() && moe::monolithic_moe_fits(experts, tokens); }
@@ -155,10 +147,6 @@ struct Moe {
   // Brings the device experts and map up to the host layer's placement after a rebalance
   // (between steps; the device addresses stay, so recorded graphs stay valid).
   void follow_placement(backend::Context& ctx) const;
-  // ids (logical) as the experts take them: through the EPLB map when on (counting into
-  // load_counts), else ids itself; in ctx's workspace.
-  const int32_t* physical_ids(backend::Context& ctx, const ops::DeviceStep& step, const int32_t* ids, int64_t tokens,
-                              int32_t* load_counts) const;
   // Whether a test replaced the host layer's map function: the map then runs on the host (eagerly),
   // with or without EPLB, as the CPU paths run it.
   // (A synthetic model has no host layer.)
@@ -335,10 +323,6 @@ class Decoder final : public CausalLM {
   mutable int64_t graph_replays_ = 0;
   mutable std::unique_ptr<moe::DeviceLoadCounts> loads_;  // EPLB on: each step's loads
   mutable int64_t moe_layers_routed_ = 0;                  // of the running step, for a failed one
-  // Expert parallelism: the running step's dispatcher (ForwardBatch::dispatcher; null on one
-  // rank), and a CPU context for the host side of its all-to-alls.
-  mutable const moe::Dispatcher* dispatcher_ = nullptr;
-  mutable std::unique_ptr<backend::Context> host_ctx_;
   mutable ops::cuda::TokenDrawer drawer_;
   bool has_recurrent_layers_ = false;  // Kimi Delta Attention layers: steps are checked for their runs
 };

@@ -270,64 +270,24 @@ void map_on_host(backend::Context& ctx, const moe::PhysicalExperts& experts, con
 
 }  // namespace
 
-const int32_t* Moe::physical_ids(backend::Context& ctx, const ops::DeviceStep& step, const int32_t* ids,
-                                 int64_t tokens, int32_t* load_counts) const {
-  if (!map && !host_map()) return ids;
-  int32_t* physical = ctx.scratch_for_output(DType::I32, {tokens, top_k}).data<int32_t>();
-  if (host_map()) map_on_host(ctx, *host_experts, ids, tokens, top_k, physical);
-  else map->map(ctx, ids, step.seqs, tokens, top_k, physical, load_counts);
-  return physical;
-}
-
 void Moe::run_experts(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, const int32_t* ids,
                       const float* weights, int32_t* load_counts, Tensor& out, bool always_grouped) const {
   const int64_t tokens = x.dim(0), hidden = x.dim(1), pairs = tokens * top_k;
   backend::Workspace::Scope scope(ctx.workspace());
   // Every buffer here is written in full by the kernel that fills it (the grouping's unused tail
   // is never read): no fills.
-  const int32_t* expert_ids = physical_ids(ctx, step, ids, tokens, load_counts);
+  const int32_t* expert_ids = ids;
+  if (map || host_map()) {
+    int32_t* physical = ctx.scratch_for_output(DType::I32, {tokens, top_k}).data<int32_t>();
+    if (host_map()) map_on_host(ctx, *host_experts, ids, tokens, top_k, physical);
+    else map->map(ctx, ids, step.seqs, tokens, top_k, physical, load_counts);
+    expert_ids = physical;
+  }
   Tensor grouping = ctx.scratch_for_output(DType::I32, {moe::grouping_ints(experts.gate.dim(0), pairs)});
   Tensor activated = ctx.scratch_for_output(DType::F32, {moe::expert_scratch_rows(pairs), experts.gate.dim(1)});
   Tensor expert_out = ctx.scratch_for_output(DType::F32, {moe::expert_scratch_rows(pairs), hidden});
   moe::fused_experts_on_device(ctx, x, expert_ids, weights, top_k, experts, grouping, activated, expert_out, out,
                                always_grouped);
-  if (shared_expert) add_shared_expert(ctx, x, *shared_expert, shared_gate, out);
-}
-
-void Moe::run_experts_over_ranks(backend::Context& ctx, backend::Context& host, const Tensor& x,
-                                 const ops::DeviceStep& step, const int32_t* ids, const float* weights,
-                                 int32_t* load_counts, const moe::Dispatcher& dispatcher, Tensor& out) const {
-  const int64_t tokens = x.dim(0), hidden = x.dim(1);
-  backend::Workspace::Scope scope(ctx.workspace());
-  backend::Workspace::Scope host_scope(host.workspace());
-  const auto device_view = [](DType type, Shape shape, const void* p) {
-    return Tensor::view(type, std::move(shape), const_cast<void*>(p), nullptr, Storage::kView, Device::kCuda);
-  };
-  const int32_t* expert_ids = physical_ids(ctx, step, ids, tokens, load_counts);
-  // Down to the host (each copy waits for the step so far): the physical ids, the routing
-  // weights and the experts' input rows.
-  Tensor host_ids = host.scratch(DType::I32, {tokens, top_k}), host_weights = host.scratch(DType::F32, {tokens, top_k});
-  Tensor host_x = host.scratch(DType::F32, {tokens, hidden});
-  backend::copy_to_host(ctx, device_view(DType::I32, {tokens, top_k}, expert_ids), host_ids);
-  backend::copy_to_host(ctx, device_view(DType::F32, {tokens, top_k}, weights), host_weights);
-  backend::copy_to_host(ctx, x, host_x);
-  const auto pairs = static_cast<std::size_t>(tokens * top_k);
-  const moe::PhysicalRouting routing = host_experts->mapped_on_device(
-      tokens, top_k, {host_ids.data<int32_t>(), pairs}, {host_weights.data<float>(), pairs});
-  // The all-to-all out, this rank's experts over the rows that came, and back.
-  const moe::Dispatch dispatch = dispatcher.dispatch(host, host_x, routing, host_experts->num_physical());
-  const int64_t rows = dispatch.rows.dim(0);
-  Tensor rows_on_device = ctx.scratch_for_output(DType::F32, {rows, hidden});
-  Tensor outputs_on_device = ctx.scratch_for_output(DType::F32, {rows, hidden});
-  Tensor outputs = host.scratch(DType::F32, {rows, hidden});
-  if (rows > 0) {
-    backend::copy_to_device(ctx, dispatch.rows, rows_on_device);
-    moe::grouped_rows_through_experts_on_device(ctx, rows_on_device, dispatch.group_start, experts, outputs_on_device);
-    backend::copy_to_host(ctx, outputs_on_device, outputs);
-  }
-  Tensor combined = host.scratch(DType::F32, {tokens, hidden});
-  dispatcher.combine(host, dispatch, outputs, routing, combined);
-  backend::copy_to_device(ctx, combined, out);
   if (shared_expert) add_shared_expert(ctx, x, *shared_expert, shared_gate, out);
 }
 

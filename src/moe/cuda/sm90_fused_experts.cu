@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <type_traits>
-#include <vector>
 
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
@@ -276,76 +275,7 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
   R3_CUDA_CHECK(cudaGetLastError());
 }
 
-template <typename Matrix, typename Act>
-void launch_grouped_rows(cudaStream_t stream, const Tensor& rows, const Grouping& g, int64_t slots, int64_t likely,
-                         const DeviceExperts& x, const Act& act, Matrix gw, Matrix uw, Matrix dw, Tensor& activated,
-                         Tensor& out) {
-  const int64_t h = x.hidden(), inter = x.intermediate();
-  auto bias = [](const Tensor& b) { return b.defined() ? b.data<float>() : nullptr; };
-  constexpr unsigned kThreads = kWarpsPerBlock * kWarp;
-  auto run = [&](auto vec8_tag, auto pairs_tag) {
-    constexpr bool kVec8 = decltype(vec8_tag)::value;
-    constexpr int kPairs = decltype(pairs_tag)::value;
-    // k = 1: each row is its own "token", so a group's entry is the row itself.
-    backend::cuda::launch_kernel(gate_up_rows<Matrix, kVec8, kPairs, Act>, warp_blocks(slots * inter), kThreads, 0,
-                                 stream, rows.data<float>(), int64_t{1}, g, gw, uw, bias(x.gate_bias),
-                                 bias(x.up_bias), h, inter, act, activated.data<float>());
-    backend::cuda::launch_kernel(down_rows<Matrix, kVec8, kPairs>, warp_blocks(slots * h), kThreads, 0, stream,
-                                 activated.data<float>(), g, dw, bias(x.down_bias), h, inter, out.data<float>());
-  };
-  auto by_pairs = [&](auto vec8_tag) {
-    if (likely <= 1) run(vec8_tag, std::integral_constant<int, 1>{});
-    else if (likely <= 2) run(vec8_tag, std::integral_constant<int, 2>{});
-    else if (likely <= 4) run(vec8_tag, std::integral_constant<int, 4>{});
-    else run(vec8_tag, std::integral_constant<int, kMaxPairsPerPass>{});
-  };
-  if (experts_detail::experts_vec8(x)) by_pairs(std::true_type{});
-  else by_pairs(std::false_type{});
-}
-
 }  // namespace
-
-void grouped_rows_through_experts_on_device(backend::Context& ctx, const Tensor& rows,
-                                            std::span<const int64_t> group_start, const DeviceExperts& experts,
-                                            Tensor& out) {
-  const int64_t n = rows.dim(0), h = experts.hidden(), inter = experts.intermediate(), count = experts.gate.dim(0);
-  R3_CHECK(rows.rank() == 2 && rows.dim(1) == h && out.shape() == rows.shape() &&
-               static_cast<int64_t>(group_start.size()) == count + 1 && group_start.back() == n,
-           "experts over ranks (cuda): rows ", shape_to_string(rows.shape()), ", out ", shape_to_string(out.shape()),
-           ", ", group_start.size(), " group starts for ", count, " experts");
-  if (n == 0) return;
-  // The grouping on the host, in grouping_ints' layout: offsets, order (the rows themselves), used
-  // experts, their count.
-  std::vector<int32_t> host(static_cast<std::size_t>(grouping_ints(count, n)), 0);
-  int32_t* offsets = host.data();
-  int32_t* order = offsets + count + 1;
-  int32_t* used = order + n;
-  int32_t& used_count = used[count];
-  int64_t most = 0;
-  for (int64_t e = 0; e <= count; ++e) offsets[e] = static_cast<int32_t>(group_start[static_cast<std::size_t>(e)]);
-  for (int64_t i = 0; i < n; ++i) order[i] = static_cast<int32_t>(i);
-  for (int64_t e = 0; e < count; ++e) {
-    const int64_t size = group_start[static_cast<std::size_t>(e) + 1] - group_start[static_cast<std::size_t>(e)];
-    if (size > 0) used[used_count++] = static_cast<int32_t>(e);
-    most = std::max(most, size);
-  }
-  backend::Workspace::Scope scope(ctx.workspace());
-  Tensor grouping = ctx.scratch_for_output(DType::I32, {static_cast<int64_t>(host.size())});
-  const cudaStream_t stream = ctx.cuda_state().stream;
-  R3_CUDA_CHECK(cudaMemcpyAsync(grouping.raw_data(), host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                stream));
-  R3_CUDA_CHECK(cudaStreamSynchronize(stream));  // `host` goes when this returns
-  Tensor activated = ctx.scratch_for_output(DType::F32, {n, inter});
-  const int32_t* gp = grouping.data<int32_t>();
-  const Grouping g{gp, gp + count + 1, gp + count + 1 + n, gp + 2 * count + 1 + n};
-  const int64_t slots = used_count;
-  experts_detail::with_expert_matrices(experts, [&](auto gate, auto up, auto down) {
-    experts_detail::with_activation(experts.activation, [&](auto act) {
-      launch_grouped_rows(stream, rows, g, slots, most, experts, act, gate, up, down, activated, out);
-    });
-  });
-  R3_CUDA_CHECK(cudaGetLastError());
-}
 
 void fused_experts_on_device(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, const float* weights,
                              int64_t k, const DeviceExperts& experts, Tensor& grouping, Tensor& activated,
