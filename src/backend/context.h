@@ -43,6 +43,13 @@ class Context {
   // GPU benchmark measures.
   bool batch_invariant() const { return batch_invariant_ || device_ == Device::kCpu; }
   void set_batch_invariant(bool on) { batch_invariant_ = on; }
+  // Reduced precision: the step belongs to a model placed for bfloat16 (--dtype bfloat16), so
+  // quantized weights may take the tensor-core kernels, whose float32 activations are split into
+  // two bfloat16 parts (about 16 significant bits), as bfloat16 weights always do. Off (float32
+  // models: the parity runs), quantized weights keep float32 activations. A model sets it for
+  // its steps (ReducedPrecisionScope): one context may serve models of both dtypes.
+  bool reduced_precision() const { return reduced_precision_; }
+  void set_reduced_precision(bool on) { reduced_precision_ = on; }
   // The CUDA state of a CUDA context (throws on a CPU context).
   cuda::State& cuda_state() const;
   ThreadPool& threads() const { return *threads_; }
@@ -75,7 +82,24 @@ class Context {
   Workspace workspace_;
   Device device_ = Device::kCpu;
   bool batch_invariant_ = false;
+  bool reduced_precision_ = false;
   std::unique_ptr<cuda::State, void (*)(cuda::State*)> cuda_{nullptr, nullptr};
+};
+
+// Context::reduced_precision set for a scope (a model's step), the previous setting restored at
+// its end.
+class ReducedPrecisionScope {
+ public:
+  ReducedPrecisionScope(Context& ctx, bool on) : ctx_(ctx), before_(ctx.reduced_precision()) {
+    ctx.set_reduced_precision(on);
+  }
+  ~ReducedPrecisionScope() { ctx_.set_reduced_precision(before_); }
+  ReducedPrecisionScope(const ReducedPrecisionScope&) = delete;
+  ReducedPrecisionScope& operator=(const ReducedPrecisionScope&) = delete;
+
+ private:
+  Context& ctx_;
+  bool before_;
 };
 
 }  // namespace r3::backend

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 
 #include "backend/context.h"
 #include "backend/device_memory.h"
@@ -19,6 +20,8 @@
 #include "moe/physical_experts.h"
 #include "moe/routing_rule.h"
 #include "ops/activation.h"
+#include "ops/cuda/linear_mma_rows.h"
+#include "ops/cuda/linear_rows.h"
 #include "ops/attention.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
@@ -230,6 +233,48 @@ TEST_F(CudaOps, QuantizedLinearMatchesTheCpu) {
     Tensor y = backend::device_empty(*gpu_, DType::F32, {c.m, c.n});
     ops::linear(*gpu_, backend::to_device(*gpu_, x), wd, nullptr, y);
     EXPECT_LT(gpu_relative_error(backend::to_host(*gpu_, y), want), 1e-5) << "MXFP4 " << c.m << "x" << c.k << "x" << c.n;
+  }
+}
+
+// FP8 projections of 5 to 16 rows in a step of reduced precision (a bfloat16 model's) take the
+// tensor-core rows kernel: e4m3 widened exactly to bfloat16, each K block's partial sums scaled,
+// the activations split as for bfloat16 weights; against the CPU within the bfloat16 rows'
+// tolerance. Cases: K split into ranges of whole blocks (few weight rows), a row range of a
+// weight, 16-wide blocks (which do not fit and keep the weight-streaming kernel). Which kernel
+// ran is checked by bits: the result equals the chosen kernel's own, and without reduced
+// precision the weight-streaming kernel's.
+TEST_F(CudaOps, Fp8ProjectionsOfFiveToSixteenRowsTakeTheTensorCoresAtReducedPrecision) {
+  struct Case { int64_t m, k, n, br, bc, first; bool fits; };
+  for (const Case c : {Case{5, 2048, 768, 128, 128, 0, true}, Case{8, 2048, 5120, 128, 128, 0, true},
+                       Case{16, 4096, 2048, 128, 128, 0, true}, Case{13, 1024, 384, 128, 128, 128, true},
+                       Case{9, 2048, 64, 128, 128, 0, true}, Case{8, 256, 64, 16, 16, 0, false}}) {
+    const Tensor x = gpu_random({c.m, c.k}, 21), b = gpu_random({c.n}, 22);
+    const Tensor full = gpu_random_fp8(c.first + c.n, c.k, c.br, c.bc, 23);
+    Tensor want = Tensor::empty(DType::F32, {c.m, c.n});
+    ops::linear(cpu_, x, full.rows(c.first, c.first + c.n), &b, want);
+    const Tensor xd = backend::to_device(*gpu_, x), bd = backend::to_device(*gpu_, b);
+    const Tensor wd = backend::to_device(*gpu_, full).rows(c.first, c.first + c.n);
+    const std::string name = std::to_string(c.m) + "x" + std::to_string(c.k) + "x" + std::to_string(c.n) + " blocks " +
+                             std::to_string(c.bc) + " from row " + std::to_string(c.first);
+    ASSERT_EQ(ops::cuda::linear_mma_rows_fit(wd), c.fits) << name;
+    Tensor y = backend::device_empty(*gpu_, DType::F32, {c.m, c.n});
+    Tensor own = backend::device_empty(*gpu_, DType::F32, {c.m, c.n});
+    {
+      const backend::ReducedPrecisionScope bf16_model(*gpu_, true);
+      ops::linear(*gpu_, xd, wd, &bd, y);
+      if (c.fits) {
+        ops::cuda::linear_mma_rows(*gpu_, xd, wd, bd.data<float>(), own);
+      } else {
+        ops::cuda::linear_rows(*gpu_, xd, wd, &bd, own);
+      }
+    }
+    const Tensor got = backend::to_host(*gpu_, y);
+    EXPECT_LT(gpu_relative_error(got, want), 1e-5) << name;
+    EXPECT_EQ(std::memcmp(got.raw_data(), backend::to_host(*gpu_, own).raw_data(), got.nbytes()), 0) << name;
+    ops::linear(*gpu_, xd, wd, &bd, y);  // float32 precision: the weight-streaming kernel
+    ops::cuda::linear_rows(*gpu_, xd, wd, &bd, own);
+    EXPECT_EQ(std::memcmp(backend::to_host(*gpu_, y).raw_data(), backend::to_host(*gpu_, own).raw_data(), got.nbytes()), 0)
+        << name;
   }
 }
 

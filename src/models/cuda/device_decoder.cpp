@@ -103,6 +103,7 @@ void Decoder::run_step(backend::Context& ctx, const ForwardBatch& batch, ModelCa
   if (has_recurrent_layers_) check_runs_continue_states(batch, *kv);
   const int64_t tokens = batch.size(), hidden = info.hidden_size;
   prepare(tokens, *kv);
+  const backend::ReducedPrecisionScope precision(ctx, p_.reduced_precision);
   backend::Workspace::Scope step_scope(ctx.workspace());
   const std::span<std::span<const int32_t>> tables = ctx.workspace().array<std::span<const int32_t>>(kv->max_seqs());
   for (int64_t s = 0; s < kv->max_seqs(); ++s) tables[static_cast<std::size_t>(s)] = kv->block_table(0, s);
@@ -378,6 +379,7 @@ std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr
   parts.rms_eps = host->rms_eps();
   parts.cache_specs = host->cache_specs();
   parts.kv_dtype = weights;
+  parts.reduced_precision = weights == DType::BF16;
   parts.moe_path = moe_path;
   parts.embed = device::on_device(ctx, host->embed(), weights);  // the lookup widens it exactly
   parts.final_norm = device::on_device(ctx, host->final_norm(), DType::F32);

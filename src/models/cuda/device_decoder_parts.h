@@ -220,6 +220,9 @@ struct DecoderParts {
   // The KV pools' element type: the weights' (a bf16 model keeps bf16 keys and values, as its
   // projections produce them at that precision; float32 for parity runs).
   DType kv_dtype = DType::F32;
+  // Placed for bfloat16 (--dtype bfloat16): its steps run with Context::reduced_precision, so
+  // quantized projections may take the tensor cores as bfloat16 ones do (float32: parity runs).
+  bool reduced_precision = false;
   // How MoE layers run (--moe-path), all with the same bits: kMega (the default: routing with
   // capture, then the fused experts, pair by pair for decode steps of a few tokens), kModular
   // (router, routing, grouping by expert, grouped experts and combine as separate kernels at

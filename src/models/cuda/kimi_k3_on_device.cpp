@@ -104,6 +104,7 @@ std::unique_ptr<CausalLM> place_kimi_k3(backend::Context& ctx, std::unique_ptr<K
   parts.rms_eps = host->rms_eps();
   parts.cache_specs = host->cache_specs();
   parts.kv_dtype = weights;
+  parts.reduced_precision = weights == DType::BF16;
   parts.residual_block_size = host->block_size();
   parts.embed = on_device(ctx, host->embed(), weights);
   parts.final_norm = on_device(ctx, host->final_norm(), DType::F32);

@@ -77,6 +77,7 @@ std::unique_ptr<CausalLM> synthetic_on_device(backend::Context& ctx, const Synth
   parts.rms_eps = 1e-6f;
   parts.capture_routing = capture_routing;
   parts.kv_dtype = DType::BF16;  // as a bf16 checkpoint's
+  parts.reduced_precision = true;  // the FP8 weights too: the benchmark of a bf16 model
   const int64_t q_width = s.heads * s.head_dim, kv_width = s.kv_heads * s.head_dim;
   parts.embed = random.make(DType::BF16, {s.vocab, s.hidden}, 0.0f, 1.0f);
   parts.final_norm = random.ones(s.hidden);

@@ -1,5 +1,6 @@
 // The inner loop of r3's bfloat16 tensor-core kernels for decode-sized steps (the routed experts,
-// moe/cuda/sm90_experts_tensor_cores.cu; the dense projections, ops/cuda/sm90_linear_mma_rows.cu):
+// moe/cuda/sm90_experts_tensor_cores.cu; the dense projections, ops/cuda/sm90_linear_mma_rows.cu;
+// both also over FP8 weights widened exactly to bfloat16, multiply_fp8):
 // mma.sync m16n8k16 with the weights as the 16-row side and up to 32 activation rows as 8-column
 // tiles ("swapped" operands: a decode step has a handful of rows per weight matrix, so 8 columns
 // waste less of each MMA than 16 rows would, and the weights, the bytes that matter, fill whole
@@ -138,17 +139,18 @@ __device__ inline uint4 e4m3x8_to_bf16x8(uint2 v) {
 // multiply() over FP8 tiles: each block of block_cols K positions multiplies the tiles' e4m3
 // values (widened exactly to bfloat16) into partial sums, which the block's scale then scales
 // into acc. The weights' part is the CPU's e4m3 value; only the scale's product is placed
-// differently (after the block's sum instead of on each weight).
+// differently (after the block's sum instead of on each weight). K positions [k_begin, k_end)
+// (k_end 0: the whole K), k_begin a multiple of block_cols.
 template <int kB, int kN>
 __device__ void multiply_fp8(const SplitRows& a, int64_t first, int64_t end, const Fp8Tile (&w)[kB],
-                             float (&acc)[kB][kN][4]) {
+                             float (&acc)[kB][kN][4], int64_t k_begin = 0, int64_t k_end = 0) {
   const int lane = static_cast<int>(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
   const __nv_bfloat16* x_hi[kN];
   const __nv_bfloat16* x_lo[kN];
   lane_activation_rows<kN>(a, first, end, x_hi, x_lo);
-  const int64_t block = w[0].block_cols;
-  for (int64_t kb = 0; kb < a.width; kb += block) {
-    const int64_t kb_end = kb + block < a.width ? kb + block : a.width;
+  const int64_t block = w[0].block_cols, k_stop = k_end > 0 ? k_end : a.width;
+  for (int64_t kb = k_begin; kb < k_stop; kb += block) {
+    const int64_t kb_end = kb + block < k_stop ? kb + block : k_stop;
     float part[kB][kN][4] = {};
     for (int64_t k = kb; k < kb_end; k += kStepK) {
       uint4 top[kB], bottom[kB], hi[kN], lo[kN];

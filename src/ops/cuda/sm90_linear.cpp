@@ -14,7 +14,10 @@
 //   split into high and low bfloat16 parts (ops/cuda/split_bf16.h).
 // - FP8 and MXFP4 weights (published quantized checkpoints) with up to kMmaRows rows through the
 //   weight-streaming kernel, which decodes them in registers; with more rows, decoded into float32
-//   scratch for cuBLASLt.
+//   scratch for cuBLASLt. In a step of reduced precision (a model placed for bfloat16:
+//   Context::reduced_precision) FP8 weights of 5 to kMmaRows rows take the tensor-core rows
+//   kernel instead, widened exactly to bfloat16 (the weight-streaming kernel, re-reading the
+//   activations for every weight row, had FP8 q/k/v at 8 rows at 7% of its bandwidth floor).
 // A batch-invariant context takes the weight-streaming kernel for all of them: cuBLASLt picks its
 // algorithm, and so its reduction order, by the matrix sizes, rows included.
 // cuBLASLt is column-major: row-major y [m, n] is column-major [n, m], so it computes
@@ -123,8 +126,11 @@ void linear(backend::Context& ctx, const Tensor& x, const Tensor& w, const Tenso
   R3_CHECK(bias == nullptr || (bias->rank() == 1 && bias->dim(0) == n), "linear (cuda): bias shape");
   if (m == 0 || n == 0) return;
   const float* bp = bias != nullptr ? bias->data<float>() : nullptr;
-  if (ctx.batch_invariant() || m <= kStreamingRowsBf16 || (w.dtype() == DType::F32 && m <= kStreamingRows) ||
-      (quantized && m <= kMmaRows)) {
+  if (ctx.batch_invariant() || m <= kStreamingRowsBf16 || (w.dtype() == DType::F32 && m <= kStreamingRows)) {
+    return linear_rows(ctx, x, w, bias, y);
+  }
+  if (quantized && m <= kMmaRows) {
+    if (ctx.reduced_precision() && linear_mma_rows_fit(w)) return linear_mma_rows(ctx, x, w, bp, y);
     return linear_rows(ctx, x, w, bias, y);
   }
   if (quantized) {
