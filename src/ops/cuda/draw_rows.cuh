@@ -121,6 +121,50 @@ __device__ inline double round_prefix(double w, int lane) {
   return inclusive;
 }
 
+// The draw's totals, the same on every thread of the row's block: each warp's segment [begin, end)
+// summed in id order (lane-strided partial sums, then the warp's tree) with its last token of
+// weight > 0, then across the warps in order the weight before this warp's segment, the row's
+// total and its last kept token. weight(i): token i's kept weight. warp_d, warp_i: [kWarps] of
+// shared memory. Every thread of the block calls it.
+struct DrawTotals {
+  double before, total;
+  int32_t last_kept;
+};
+template <typename Weight>
+__device__ DrawTotals draw_totals(Weight weight, int32_t begin, int32_t end, int warp, int lane, double* warp_d,
+                                  int32_t* warp_i) {
+  double mine = 0;
+  int32_t last = -1;
+  for (int32_t i = begin + lane; i < end; i += kWarp) {
+    const double w = weight(i);
+    mine = __dadd_rn(mine, w);
+    if (w > 0) last = i;
+  }
+  mine = warp_sum(mine);
+  last = static_cast<int32_t>(__reduce_max_sync(0xffffffffu, static_cast<uint32_t>(last + 1))) - 1;
+  if (lane == 0) warp_d[warp] = mine, warp_i[warp] = last;
+  __syncthreads();
+  DrawTotals t{0, 0, -1};
+  for (int w = 0; w < kWarps; ++w) {
+    if (w < warp) t.before = __dadd_rn(t.before, warp_d[w]);
+    t.total = __dadd_rn(t.total, warp_d[w]);
+    t.last_kept = max(t.last_kept, warp_i[w]);
+  }
+  return t;
+}
+
+// The drawn token: the lowest of the warps' `chosen` (INT_MAX: none in the warp), else the last
+// kept token (rounding left the target unreached). warp_i: [kWarps] of shared memory, which the
+// caller may reuse once every thread has returned (it then synchronises first).
+__device__ inline int32_t drawn_token(int32_t chosen, int32_t last_kept, int warp, int lane, int32_t* warp_i) {
+  __syncthreads();
+  if (lane == 0) warp_i[warp] = chosen;
+  __syncthreads();
+  int32_t token = INT_MAX;
+  for (int w = 0; w < kWarps; ++w) token = min(token, warp_i[w]);
+  return token == INT_MAX ? last_kept : token;
+}
+
 // The rows drawn spread over the GPU (sm90_draw_tokens_split.cu): rows <= kSplitRows, each
 // drawing (or not) without top-k, top-p, min-p or top-n logprobs (split_draw_fits). `scratch`
 // holds split_scratch_bytes(rows, vocab) bytes of device memory (the rows' weights in double:

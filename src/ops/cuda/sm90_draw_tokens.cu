@@ -231,29 +231,12 @@ __global__ void __launch_bounds__(kThreads) draw_rows(const float* __restrict__ 
       const double w = weight_of(x[i], max_logit, t);
       return w >= p.min_p ? w : 0.0;
     };
-    double mine = 0;
-    int32_t last = -1;
-    for (int32_t i = begin + lane; i < end; i += kWarp) {
-      const double w = kept_weight(i);
-      mine = __dadd_rn(mine, w);
-      if (w > 0) last = i;
-    }
-    mine = warp_sum(mine);
-    last = static_cast<int32_t>(__reduce_max_sync(0xffffffffu, static_cast<uint32_t>(last + 1))) - 1;
-    if (lane == 0) s.warp_d[warp] = mine, s.warp_i[warp] = last;
-    __syncthreads();
-    double before = 0, total = 0;
-    int32_t last_kept = -1;
-    for (int w = 0; w < kWarps; ++w) {
-      if (w < warp) before = __dadd_rn(before, s.warp_d[w]);
-      total = __dadd_rn(total, s.warp_d[w]);
-      last_kept = max(last_kept, s.warp_i[w]);
-    }
-    if (z_from_draw) log_z = log(total);
-    const double target = p.uniform * total;
+    const DrawTotals totals = draw_totals(kept_weight, begin, end, warp, lane, s.warp_d, s.warp_i);
+    if (z_from_draw) log_z = log(totals.total);
+    const double target = p.uniform * totals.total;
     int32_t chosen = INT_MAX;
-    if (before <= target && s.warp_d[warp] > 0) {
-      double running = before;
+    if (totals.before <= target && s.warp_d[warp] > 0) {
+      double running = totals.before;
       for (int32_t base = begin; base < end && chosen == INT_MAX; base += kWarp) {
         const int32_t i = base + lane;
         const double w = i < end ? kept_weight(i) : 0.0;
@@ -263,12 +246,7 @@ __global__ void __launch_bounds__(kThreads) draw_rows(const float* __restrict__ 
         running = __dadd_rn(running, __shfl_sync(0xffffffffu, inclusive, kWarp - 1));
       }
     }
-    __syncthreads();
-    if (lane == 0) s.warp_i[warp] = chosen;
-    __syncthreads();
-    token = INT_MAX;
-    for (int w = 0; w < kWarps; ++w) token = min(token, s.warp_i[w]);
-    if (token == INT_MAX) token = last_kept;
+    token = drawn_token(chosen, totals.last_kept, warp, lane, s.warp_i);
     __syncthreads();
   }
   result.token = token;

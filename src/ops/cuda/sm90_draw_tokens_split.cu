@@ -154,31 +154,14 @@ __global__ void __launch_bounds__(kThreads) row_draws(const float* __restrict__ 
   int32_t token = m.argmax;
   if (p.temperature > 0) {
     const int32_t segment = segment_of(s.vocab), begin = warp * segment, end = min(s.vocab, begin + segment);
-    double mine = 0;
-    int32_t last = -1;
-    for (int32_t i = begin + lane; i < end; i += kWarp) {
-      const double w = weights[i];
-      mine = __dadd_rn(mine, w);
-      if (w > 0) last = i;
-    }
-    mine = warp_sum(mine);
-    last = static_cast<int32_t>(__reduce_max_sync(0xffffffffu, static_cast<uint32_t>(last + 1))) - 1;
-    if (lane == 0) sh.warp_d[warp] = mine, sh.warp_i[warp] = last;
-    __syncthreads();
-    double before = 0, total = 0;
-    int32_t last_kept = -1;
-    for (int w = 0; w < kWarps; ++w) {
-      if (w < warp) before = __dadd_rn(before, sh.warp_d[w]);
-      total = __dadd_rn(total, sh.warp_d[w]);
-      last_kept = max(last_kept, sh.warp_i[w]);
-    }
-    if (p.logprobs >= 0 && !z_apart(p)) log_z = log(total);
-    const double target = p.uniform * total;
+    const DrawTotals t = draw_totals([&](int32_t i) { return weights[i]; }, begin, end, warp, lane, sh.warp_d, sh.warp_i);
+    if (p.logprobs >= 0 && !z_apart(p)) log_z = log(t.total);
+    const double target = p.uniform * t.total;
     int32_t chosen = INT_MAX;
-    if (before <= target && sh.warp_d[warp] > 0) {
+    if (t.before <= target && sh.warp_d[warp] > 0) {
       const double* totals = s.totals + (row * kWarps + warp) * s.rounds;
       const double* reaches = s.reaches + (row * kWarps + warp) * s.rounds;
-      double running = before;
+      double running = t.before;
       for (int32_t r = 0; begin + r * kWarp < end; ++r) {
         if (reaches[r] > 0 && __dadd_rn(running, reaches[r]) > target) {
           const int32_t base = begin + r * kWarp, i = base + lane;
@@ -191,12 +174,7 @@ __global__ void __launch_bounds__(kThreads) row_draws(const float* __restrict__ 
         running = __dadd_rn(running, totals[r]);
       }
     }
-    __syncthreads();
-    if (lane == 0) sh.warp_i[warp] = chosen;
-    __syncthreads();
-    token = INT_MAX;
-    for (int w = 0; w < kWarps; ++w) token = min(token, sh.warp_i[w]);
-    if (token == INT_MAX) token = last_kept;
+    token = drawn_token(chosen, t.last_kept, warp, lane, sh.warp_i);
   }
   result.token = token;
   if (p.logprobs >= 0) result.logprob = static_cast<float>(static_cast<double>(x[token]) - static_cast<double>(max_logit) - log_z);
