@@ -15,6 +15,10 @@
 // - moe_layer_paths: one whole MoE layer from its hidden rows (router included) on the modular
 //   path's kernels, on the mega path's (routing, then the fused experts pair by pair) and as one
 //   monolithic kernel, at 1 and 4 tokens.
+// - draws: a step's token draws from [rows, 151936] logits (temperature 1, the chosen token's
+//   logprob: an RL rollout's), as TokenDrawer::draw runs them (parameters up, kernels, results
+//   down, one wait), spread over the GPU for up to 16 rows and on one block per row, at 1, 8,
+//   16 and 64 rows.
 // - graph_kernel_gap: the time per kernel of a CUDA graph of trivial kernels (bench/launch_gap.cu),
 //   what each kernel boundary of a decode step costs at least.
 // Each measurement: 5 warm-up calls, then the mean of 50 timed with CUDA events.
@@ -33,6 +37,7 @@
 #include "moe/device_monolithic_moe.h"
 #include "moe/device_routing.h"
 #include "ops/attention.h"
+#include "ops/cuda/token_drawer.h"
 #include "ops/linear.h"
 #include "gpu_event_timer.h"
 #include "launch_gap.h"
@@ -234,6 +239,27 @@ void linear(backend::Context& gpu) {
   }
 }
 
+void draws(backend::Context& gpu) {
+  const int64_t vocab = 151936;
+  ops::cuda::TokenDrawer spread, one_block(false);
+  for (const int64_t rows : {1, 8, 16, 64}) {
+    const Tensor logits = backend::to_device(gpu, random_host(DType::F32, {rows, vocab}, 11, 3.0f));
+    std::vector<ops::TokenDraw> params(static_cast<std::size_t>(rows));
+    for (std::size_t r = 0; r < params.size(); ++r) {
+      params[r].temperature = 1.0;
+      params[r].logprobs = 0;
+      params[r].uniform = static_cast<double>(r * 40503 % 65536) / 65536.0;
+    }
+    std::vector<ops::DrawnToken> drawn(params.size());
+    const double spread_ms = mean_ms(gpu, [&] { spread.draw(gpu, logits, params, drawn); });
+    const double one_block_ms = mean_ms(gpu, [&] { one_block.draw(gpu, logits, params, drawn); });
+    std::printf("{\"bench\":\"draws\",\"rows\":%lld,\"vocab\":%lld,\"spread_ms\":%.4f,\"one_block_ms\":%.4f,"
+                "\"spread_steps\":%lld}\n",
+                static_cast<long long>(rows), static_cast<long long>(vocab), spread_ms, one_block_ms,
+                static_cast<long long>(spread.spread_steps()));
+  }
+}
+
 }  // namespace
 }  // namespace r3
 
@@ -244,6 +270,7 @@ int main() {
     r3::moe_layer(*gpu, true);
     r3::attention(*gpu);
     r3::linear(*gpu);
+    r3::draws(*gpu);
     for (const unsigned blocks : {1u, 132u, 1056u}) {
       std::printf("{\"bench\":\"graph_kernel_gap\",\"blocks\":%u,\"programmatic_us\":%.3f,\"plain_us\":%.3f}\n",
                   blocks, r3::bench::graph_kernel_gap_us(*gpu, blocks, true),

@@ -3,6 +3,7 @@
 // rounding, the same top lists; and the engine sampling on the GPU as on the CPU.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <random>
 
@@ -89,6 +90,55 @@ TEST(GpuDraws, EveryRuleDrawsTheHostsTokenAndLogprobs) {
   }
   EXPECT_GT(sampled, 60);   // the rules were exercised, not only greedy rows
   EXPECT_GT(checked, 130);
+}
+
+// A few rows drawn without top-k, top-p, min-p or top-n logprobs are spread over the GPU: the
+// same bits as the one-block-per-row kernel (token, logprob, non-finite report) at temperatures
+// 0, 1 and others, with and without the chosen token's logprob, on rows with ties, all-equal
+// logits, NaN and infinities, uniforms at 0 and near 1, vocabularies of one partial round to
+// Qwen3's; and the host's token.
+TEST(GpuDraws, AFewPlainRowsSpreadOverTheGpuGiveTheOneBlockKernelsBits) {
+  auto gpu = backend::Context::cuda(0);
+  ops::cuda::TokenDrawer spread, one_block(false);
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  int64_t sampled = 0, compared = 0;
+  for (const int64_t vocab : {int64_t{37}, int64_t{1000}, int64_t{1025}, int64_t{151936}}) {
+    for (const int64_t rows : {int64_t{1}, int64_t{3}, int64_t{16}}) {
+      const Tensor logits = draw_test_logits(rows, vocab, static_cast<uint32_t>(vocab + rows));
+      std::vector<ops::TokenDraw> draws(static_cast<std::size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) {
+        ops::TokenDraw& d = draws[static_cast<std::size_t>(r)];
+        d.draws = r % 15 != 14;
+        const double temperatures[] = {1.0, 0.0, 0.7, 1.0, 1.3};
+        d.temperature = temperatures[(r + vocab) % 5];
+        d.uniform = r == 2 ? 0.0 : (r == 4 ? 0.9999999 : uniform(rng));
+        d.logprobs = (r + vocab) % 3 == 0 ? -1 : 0;
+      }
+      const Tensor on_device = backend::to_device(*gpu, logits);
+      std::vector<ops::DrawnToken> a(draws.size()), b(draws.size());
+      spread.draw(*gpu, on_device, draws, a);
+      one_block.draw(*gpu, on_device, draws, b);
+      for (int64_t r = 0; r < rows; ++r) {
+        SCOPED_TRACE(::testing::Message() << "vocab " << vocab << ", " << rows << " rows, row " << r);
+        const auto i = static_cast<std::size_t>(r);
+        EXPECT_EQ(a[i].token, b[i].token);
+        EXPECT_EQ(std::bit_cast<uint32_t>(a[i].logprob), std::bit_cast<uint32_t>(b[i].logprob));
+        EXPECT_EQ(a[i].nonfinite_token, b[i].nonfinite_token);
+        EXPECT_EQ(std::bit_cast<uint32_t>(a[i].nonfinite_value), std::bit_cast<uint32_t>(b[i].nonfinite_value));
+        EXPECT_TRUE(a[i].top.empty());
+        const ops::DrawnToken host = engine::draw_on_host(
+            {logits.data<float>() + r * vocab, static_cast<std::size_t>(vocab)}, draws[i]);
+        EXPECT_EQ(a[i].token, host.token);
+        ++compared;
+        if (a[i].token >= 0 && draws[i].temperature > 0) ++sampled;
+      }
+    }
+  }
+  EXPECT_EQ(spread.spread_steps(), 12);  // every step took the spread kernels
+  EXPECT_EQ(one_block.spread_steps(), 0);
+  EXPECT_GT(sampled, 40);
+  EXPECT_EQ(compared, 4 * (1 + 3 + 16));
 }
 
 // The engine on the GPU (float32 weights) samples what it samples on the CPU: the same seeds give

@@ -9,6 +9,9 @@
 //   5. the draw: the kept weight K in double, summed per warp segment then over the warps in
 //      order, and the first kept token in id order whose running weight exceeds uniform * K;
 //   6. top-n logprobs: the n-th token by the same select, its n tokens gathered and sorted.
+// A step of a few rows without top-k, top-p, min-p or top-n logprobs (an RL rollout's draws) runs
+// the same arithmetic spread over the GPU instead (sm90_draw_tokens_split.cu): one block per row
+// leaves all but a few SMs idle while it computes 150k double exps.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -17,42 +20,16 @@
 
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
+#include "ops/cuda/draw_rows.cuh"
 #include "ops/cuda/token_drawer.h"
 
 namespace r3::ops::cuda {
 
 namespace {
 
-constexpr int kThreads = 1024;
-constexpr int kWarp = 32;
-constexpr int kWarps = kThreads / kWarp;
-constexpr int kMaxTop = 1024;  // the engine's limit on logprobs
+using namespace draw_detail;
+
 constexpr double kFixedPoint = 1099511627776.0;  // 2^40: weights <= 1, so a vocabulary < 2^23 sums below 2^63
-
-struct DrawParams {
-  double temperature, top_p, min_p, uniform;
-  int32_t top_k, logprobs, draws, pad;
-};
-
-struct DrawResult {
-  int32_t token;
-  float logprob;
-  int32_t nonfinite_token;
-  float nonfinite_value;
-  int32_t top_count, pad;
-};
-
-struct TopEntry {
-  int32_t token;
-  float logprob;
-};
-
-// A float's bits as an unsigned key with the float's order; -0 counts as +0 (the host's sort
-// treats them as equal, so their order is by id).
-__device__ inline uint32_t order_key(float v) {
-  const uint32_t bits = __float_as_uint(__fadd_rn(v, 0.0f));
-  return (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
-}
 
 // A prefix of the order (key desc, id asc): every token before or at (key, id).
 struct Boundary {
@@ -65,25 +42,13 @@ struct Shared {
   unsigned long long hist[256];
   unsigned long long warp_u[kWarps];
   double warp_d[kWarps];
-  int32_t warp_i[kWarps], warp_j[kWarps];
-  uint32_t warp_k[kWarps];
+  int32_t warp_i[kWarps];
+  WarpMax warp_max[kWarps];
   unsigned long long above;
   Boundary found;
   int32_t count;
   TopEntry top[kMaxTop];
 };
-
-// Warp w's share of a row walked in id order: [w * segment, (w + 1) * segment), whole rounds of 32.
-__device__ inline int32_t segment_of(int32_t vocab) { return (vocab + kThreads - 1) / kThreads * kWarp; }
-
-__device__ inline unsigned long long warp_sum(unsigned long long v) {
-  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ inline double warp_sum(double v) {
-  for (int o = kWarp / 2; o > 0; o /= 2) v = __dadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
 
 // The block's sum, the same on every thread: each warp's tree, then the warps in order.
 __device__ unsigned long long block_sum(Shared& s, unsigned long long v) {
@@ -103,11 +68,6 @@ __device__ double block_sum(Shared& s, double v) {
   for (int w = 0; w < kWarps; ++w) total = __dadd_rn(total, s.warp_d[w]);
   __syncthreads();
   return total;
-}
-
-// The token's weight at the row's temperature, as choose_token's: exp((logit - max) / T) in double.
-__device__ inline double weight_of(float logit, float max_logit, double temperature) {
-  return exp(__ddiv_rn(static_cast<double>(__fsub_rn(logit, max_logit)), temperature));
 }
 
 // The shortest prefix of the order (key desc, id asc) among the tokens `allowed` accepts whose
@@ -207,33 +167,11 @@ __global__ void __launch_bounds__(kThreads) draw_rows(const float* __restrict__ 
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
 
   // 1. The largest logit (the lowest id holding it) and the first non-finite logit.
-  uint32_t best_key = 0;
-  int32_t best = INT_MAX, nonfinite = INT_MAX;
-  for (int32_t i = threadIdx.x; i < vocab; i += kThreads) {
-    const float v = x[i];
-    if (!isfinite(v)) {
-      nonfinite = min(nonfinite, i);
-      continue;
-    }
-    const uint32_t k = order_key(v);
-    if (best == INT_MAX || k > best_key) best_key = k, best = i;
-  }
-  nonfinite = static_cast<int32_t>(__reduce_min_sync(0xffffffffu, static_cast<uint32_t>(nonfinite)));
-  const uint32_t warp_key = __reduce_max_sync(0xffffffffu, best_key);
-  best = static_cast<int32_t>(__reduce_min_sync(0xffffffffu, best_key == warp_key ? static_cast<uint32_t>(best) : UINT_MAX));
-  if (lane == 0) s.warp_i[warp] = nonfinite, s.warp_k[warp] = warp_key, s.warp_j[warp] = best;
+  const WarpMax mine_max = warp_max_of(x, vocab, warp, lane);
+  if (lane == 0) s.warp_max[warp] = mine_max;
   __syncthreads();
-  uint32_t max_key = 0;
-  int32_t argmax = INT_MAX;
-  nonfinite = INT_MAX;
-  for (int w = 0; w < kWarps; ++w) {
-    nonfinite = min(nonfinite, s.warp_i[w]);
-    const int32_t candidate = s.warp_j[w];
-    if (candidate == INT_MAX) continue;
-    if (argmax == INT_MAX || s.warp_k[w] > max_key || (s.warp_k[w] == max_key && candidate < argmax)) {
-      max_key = s.warp_k[w], argmax = candidate;
-    }
-  }
+  const RowMax row_max = row_max_of(s.warp_max);
+  const int32_t argmax = row_max.argmax, nonfinite = row_max.nonfinite;
   __syncthreads();
   if (nonfinite != INT_MAX) {
     if (threadIdx.x == 0) {
@@ -252,7 +190,7 @@ __global__ void __launch_bounds__(kThreads) draw_rows(const float* __restrict__ 
   double log_z = 0;
   if (p.logprobs >= 0 && !z_from_draw) {
     double z = 0;
-    for (int32_t i = threadIdx.x; i < vocab; i += kThreads) z += exp(static_cast<double>(x[i]) - static_cast<double>(max_logit));
+    for (int32_t i = threadIdx.x; i < vocab; i += kThreads) z += z_term_of(x[i], max_logit);
     log_z = log(block_sum(s, z));
   }
   auto logprob_of = [&](int32_t i) {
@@ -293,48 +231,22 @@ __global__ void __launch_bounds__(kThreads) draw_rows(const float* __restrict__ 
       const double w = weight_of(x[i], max_logit, t);
       return w >= p.min_p ? w : 0.0;
     };
-    double mine = 0;
-    int32_t last = -1;
-    for (int32_t i = begin + lane; i < end; i += kWarp) {
-      const double w = kept_weight(i);
-      mine = __dadd_rn(mine, w);
-      if (w > 0) last = i;
-    }
-    mine = warp_sum(mine);
-    last = static_cast<int32_t>(__reduce_max_sync(0xffffffffu, static_cast<uint32_t>(last + 1))) - 1;
-    if (lane == 0) s.warp_d[warp] = mine, s.warp_i[warp] = last;
-    __syncthreads();
-    double before = 0, total = 0;
-    int32_t last_kept = -1;
-    for (int w = 0; w < kWarps; ++w) {
-      if (w < warp) before = __dadd_rn(before, s.warp_d[w]);
-      total = __dadd_rn(total, s.warp_d[w]);
-      last_kept = max(last_kept, s.warp_i[w]);
-    }
-    if (z_from_draw) log_z = log(total);
-    const double target = p.uniform * total;
+    const DrawTotals totals = draw_totals(kept_weight, begin, end, warp, lane, s.warp_d, s.warp_i);
+    if (z_from_draw) log_z = log(totals.total);
+    const double target = p.uniform * totals.total;
     int32_t chosen = INT_MAX;
-    if (before <= target && s.warp_d[warp] > 0) {
-      double running = before;
+    if (totals.before <= target && s.warp_d[warp] > 0) {
+      double running = totals.before;
       for (int32_t base = begin; base < end && chosen == INT_MAX; base += kWarp) {
         const int32_t i = base + lane;
         const double w = i < end ? kept_weight(i) : 0.0;
-        double inclusive = w;
-        for (int o = 1; o < kWarp; o *= 2) {
-          const double up = __shfl_up_sync(0xffffffffu, inclusive, o);
-          if (lane >= o) inclusive = __dadd_rn(up, inclusive);
-        }
+        const double inclusive = round_prefix(w, lane);
         const unsigned over = __ballot_sync(0xffffffffu, w > 0 && __dadd_rn(running, inclusive) > target);
         if (over != 0) chosen = base + __ffs(over) - 1;
         running = __dadd_rn(running, __shfl_sync(0xffffffffu, inclusive, kWarp - 1));
       }
     }
-    __syncthreads();
-    if (lane == 0) s.warp_i[warp] = chosen;
-    __syncthreads();
-    token = INT_MAX;
-    for (int w = 0; w < kWarps; ++w) token = min(token, s.warp_i[w]);
-    if (token == INT_MAX) token = last_kept;
+    token = drawn_token(chosen, totals.last_kept, warp, lane, s.warp_i);
     __syncthreads();
   }
   result.token = token;
@@ -391,6 +303,7 @@ std::size_t tops_bytes(int64_t rows, int64_t top) { return static_cast<std::size
 TokenDrawer::~TokenDrawer() {
   if (host_ != nullptr) cudaFreeHost(host_);
   if (device_ != nullptr) cudaFree(device_);
+  if (spread_scratch_ != nullptr) cudaFree(spread_scratch_);
 }
 
 void TokenDrawer::reserve(backend::Context& ctx, int64_t rows, int64_t top) {
@@ -437,9 +350,26 @@ void TokenDrawer::draw(backend::Context& ctx, const Tensor& logits, std::span<co
   const cudaStream_t stream = ctx.cuda_state().stream;
   R3_CUDA_CHECK(cudaMemcpyAsync(device_params, host_params, params_bytes(rows), cudaMemcpyHostToDevice, stream));
   const auto stride = static_cast<int32_t>(std::max<int64_t>(top, 1));
-  backend::cuda::launch_kernel(draw_rows, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream,
-                               logits.data<float>(), static_cast<int32_t>(vocab), device_params, device_results,
-                               device_tops, stride);
+  bool spread = spread_few_rows_ && rows <= kSplitRows;
+  for (int64_t r = 0; r < rows && spread; ++r) spread = !host_params[r].draws || split_draw_fits(host_params[r]);
+  if (spread) {
+    // Sized for the most rows that spread, once per vocabulary.
+    const int64_t bytes = split_scratch_bytes(kSplitRows, vocab);
+    if (bytes > spread_bytes_) {
+      if (spread_scratch_ != nullptr) R3_CUDA_CHECK(cudaFree(spread_scratch_));
+      spread_scratch_ = nullptr;
+      R3_CUDA_CHECK(cudaSetDevice(ctx.cuda_state().device));
+      R3_CUDA_CHECK(cudaMalloc(&spread_scratch_, static_cast<std::size_t>(bytes)));
+      spread_bytes_ = bytes;
+    }
+    launch_split_draws(logits.data<float>(), rows, static_cast<int32_t>(vocab), device_params, device_results,
+                       spread_scratch_, stream);
+    ++spread_steps_;
+  } else {
+    backend::cuda::launch_kernel(draw_rows, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream,
+                                 logits.data<float>(), static_cast<int32_t>(vocab), device_params, device_results,
+                                 device_tops, stride);
+  }
   auto* host_base = static_cast<char*>(host_);
   auto* host_results = reinterpret_cast<DrawResult*>(host_base + params_bytes(rows_));
   auto* host_tops = reinterpret_cast<TopEntry*>(host_base + params_bytes(rows_) + results_bytes(rows_));

@@ -4,6 +4,10 @@
 // in id order), and the log-probabilities asked for. Only those few bytes per row reach the host,
 // not the [rows, vocab] float32 logits (155 MB at 256 rows of Qwen3's vocabulary).
 //
+// A step of at most 16 rows drawn without top-k, top-p, min-p or top-n logprobs (an RL rollout's
+// draws at batch 1) runs the same arithmetic spread over the GPU in three kernels, with the same
+// bits: one block per row would leave all but a few SMs idle for ~0.1 ms (150k double exps a row).
+//
 // Determinism: every sum is taken in an order fixed by the block's shape (per-warp segments, then
 // the warps in order) and the top-k / top-p boundaries come from histograms of integers (counts,
 // and weights in fixed point), so the same logits and draws give the same tokens on every run.
@@ -22,7 +26,8 @@ namespace r3::ops::cuda {
 
 class TokenDrawer {
  public:
-  TokenDrawer() = default;
+  // spread_few_rows = false: every step takes the one-block-per-row kernel (tests compare the two).
+  explicit TokenDrawer(bool spread_few_rows = true) : spread_few_rows_(spread_few_rows) {}
   ~TokenDrawer();
   TokenDrawer(const TokenDrawer&) = delete;
   TokenDrawer& operator=(const TokenDrawer&) = delete;
@@ -32,13 +37,19 @@ class TokenDrawer {
   // a larger step, never inside a graph.
   void draw(backend::Context& ctx, const Tensor& logits, std::span<const TokenDraw> draws,
             std::span<DrawnToken> drawn);
+  // How many steps were drawn spread over the GPU.
+  int64_t spread_steps() const { return spread_steps_; }
 
  private:
   void reserve(backend::Context& ctx, int64_t rows, int64_t top);
 
+  bool spread_few_rows_ = true;
   int64_t rows_ = 0, top_ = 0;         // capacity: rows, and top logprobs per row
   void* host_ = nullptr;               // pinned: the draws, then the results
   void* device_ = nullptr;             // the same layout on the device
+  int64_t spread_bytes_ = 0;           // capacity of spread_scratch_
+  void* spread_scratch_ = nullptr;     // the spread draws' stored weights (device)
+  int64_t spread_steps_ = 0;
 };
 
 }  // namespace r3::ops::cuda
