@@ -113,7 +113,7 @@ int run_generate(const GenerateCommandOptions& options) {
   sched.max_running = std::min<int64_t>(sched.max_running, static_cast<int64_t>(prompts.size()));
   sched.max_waiting = std::max<int64_t>(sched.max_waiting, static_cast<int64_t>(prompts.size()));
   if (engine_options.max_model_len == 0) engine_options.max_model_len = longest;
-  engine::Engine engine(*model, *ctx, engine_options);
+  engine::Engine engine(*model, *ctx, engine_options, options.model.rank_placer());
 
   std::vector<engine::RequestId> ids;
   for (const Prompt& p : prompts) {

@@ -102,4 +102,21 @@ std::unique_ptr<backend::Context> ModelOptions::make_context() const {
   return std::make_unique<backend::Context>(threads);
 }
 
+engine::PlaceRank ModelOptions::rank_placer() const {
+  if (device != "cuda") return {};
+  return [this](int rank) {
+    const int devices = backend::Context::cuda_device_count();
+    R3_CHECK(devices > 0, "--ep on --device cuda: no CUDA device");
+    if (rank >= devices) {
+      spdlog::warn("--ep: rank {} shares GPU {} ({} found), with a whole copy of the model", rank, rank % devices,
+                   devices);
+    }
+    engine::PlacedRank placed;
+    placed.ctx = backend::Context::cuda(rank % devices);
+    placed.ctx->set_batch_invariant(batch_invariant);
+    placed.model = load(*placed.ctx);
+    return placed;
+  };
+}
+
 }  // namespace r3::cli

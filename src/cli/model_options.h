@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include "backend/context.h"
+#include "engine/engine.h"
 #include "models/causal_lm.h"
 #include "models/load_options.h"
 
@@ -33,6 +34,11 @@ struct ModelOptions {
   // The execution context the commands run on: the CPU (its thread pool has `threads` threads)
   // or CUDA device 0.
   std::unique_ptr<backend::Context> make_context() const;
+  // With --device cuda, how the engine places expert-parallel rank r (--ep): a context on device
+  // r modulo the devices present (ranks share a device only where there are fewer, each with a
+  // whole copy of the model) and the model loaded and placed there. Empty on the CPU, whose
+  // ranks share the one model.
+  engine::PlaceRank rank_placer() const;
 };
 
 }  // namespace r3::cli

@@ -46,7 +46,7 @@ int run_serve(const ServeOptions& o) {
 
   auto ctx = o.model.make_context();
   auto model = o.model.load(*ctx);
-  engine::Engine engine(*model, *ctx, o.engine.options());
+  engine::Engine engine(*model, *ctx, o.engine.options(), o.model.rank_placer());
   server::EngineLoop loop(engine);
   server::ServerOptions options;
   options.model_name = o.served_model_name.empty() ? std::filesystem::path(o.model.model_dir).filename().string()

@@ -67,6 +67,15 @@ constexpr int64_t expert_scratch_rows(int64_t pairs) { return pairs + 32; }
 void fused_experts_on_device(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, const float* weights,
                              int64_t k, const DeviceExperts& experts, Tensor& grouping, Tensor& activated,
                              Tensor& expert_out, Tensor& out, bool always_grouped = false);
+
+// Expert parallelism (moe/ep): rows [n, H] that other ranks' dispatches brought here, with their
+// physical ids (device [n]), each through its expert's gate/up, activation and down into
+// out [n, H] (no combine: the rows go back to the ranks they came from, which combine them).
+// rows, out: device F32. The rows are grouped by expert on the device, then always the
+// weight-streaming rows kernels, whose per-row sums do not depend on the other rows of a group,
+// so a row gets the bits the one-rank rows kernels give its pair. Scratch from ctx's workspace.
+void rows_through_their_experts_on_device(backend::Context& ctx, const Tensor& rows, const int32_t* ids,
+                                          const DeviceExperts& experts, Tensor& out);
 #endif
 
 }  // namespace r3::moe

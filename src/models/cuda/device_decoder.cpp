@@ -93,7 +93,10 @@ void Decoder::forward_drawn(backend::Context& ctx, const ForwardBatch& batch, Mo
 void Decoder::run_step(backend::Context& ctx, const ForwardBatch& batch, ModelCache& model_cache,
                        FunctionRef<void(const Tensor& logits)> finish) const {
   R3_CHECK(&ctx == &ctx_, "forward: a device model runs on the context it was placed with");
-  R3_CHECK(batch.dispatcher == nullptr, "forward: expert parallelism across GPUs is not built yet");
+  // The calling thread's device becomes the model's (expert-parallel ranks step on threads of
+  // their own, one per GPU).
+  R3_CUDA_CHECK(cudaSetDevice(ctx.cuda_state().device));
+  dispatcher_ = batch.dispatcher;
   const ModelInfo& info = p_.info;
   validate_batch(ctx.workspace(), batch, model_cache, info);
   auto* kv = dynamic_cast<KvCache*>(&model_cache);
@@ -127,9 +130,9 @@ void Decoder::run_step(backend::Context& ctx, const ForwardBatch& batch, ModelCa
   if (loads_) loads_->begin_step();
   moe_layers_routed_ = 0;
   try {
-    // Replay steps run eagerly (their forced ids are optional pointers), and so does a map a test
-    // replaced (it runs on the host).
-    if (step.forced == nullptr && !host_map) run_layers_graphed(ctx, step, *kv, st);
+    // Replay steps run eagerly (their forced ids are optional pointers), and so do a map a test
+    // replaced (it runs on the host) and expert parallelism (its all-to-alls run on the host).
+    if (step.forced == nullptr && !host_map && dispatcher_ == nullptr) run_layers_graphed(ctx, step, *kv, st);
     else run_layers(ctx, step, *kv, st);
   } catch (...) {
     // What was captured before the failure reaches the capture buffer (as on the CPU, where the
@@ -174,6 +177,16 @@ void Decoder::run_moe(backend::Context& ctx, const Moe& moe, const Tensor& norme
                       Tensor& out, const Tensor* experts_in) const {
   backend::Workspace::Scope scope(ctx.workspace());
   const bool modular = p_.moe_path == moe::MoePath::kModular;
+  if (dispatcher_ != nullptr) {  // expert parallelism: every path routes, then dispatches
+    const Routed routed = route(ctx, moe, normed, step);
+    const Tensor& experts_x = experts_in != nullptr ? *experts_in : normed;
+    const auto* ep = dynamic_cast<const moe::ep::ExpertParallelDispatcher*>(dispatcher_);
+    R3_CHECK(ep != nullptr && ep->device_exchange() != nullptr,
+             "forward: a device model's expert-parallel rank needs a dispatcher with a device exchange");
+    moe.run_experts_over_gpus(ctx, experts_x, step, routed.ids, routed.weights, routed.loads, *ep,
+                              device_owners(ctx, *ep), out);
+    return;
+  }
   if (p_.moe_path != moe::MoePath::kMonolithic || !moe.monolithic_fits(step.tokens)) {
     const Routed routed = route(ctx, moe, normed, step);
     moe.run_experts(ctx, experts_in != nullptr ? *experts_in : normed, step, routed.ids, routed.weights, routed.loads,
@@ -186,6 +199,14 @@ void Decoder::run_moe(backend::Context& ctx, const Moe& moe, const Tensor& norme
                             p_.capture_routing ? capture_->layer_rows(j) : moe::DeviceCaptureRows{},
                             loads_ ? loads_->layer(j) : nullptr, out, experts_in);
   moe_layers_routed_ = j + 1;
+}
+
+const int32_t* Decoder::device_owners(backend::Context& ctx, const moe::ep::ExpertParallelDispatcher& ep) const {
+  if (ep.owner_of() != owners_) {  // the group's placement of physical experts on ranks, once
+    owners_ = ep.owner_of();
+    device_owners_ = backend::to_device(ctx, Tensor::from(owners_, {static_cast<int64_t>(owners_.size())}));
+  }
+  return device_owners_.data<int32_t>();
 }
 
 void Decoder::run_layers(backend::Context& ctx, const ops::DeviceStep& step, KvCache& kv, StepTensors& t) const {

@@ -9,6 +9,7 @@
 #include "backend/device_memory.h"
 #include "core/dtype.h"
 #include "models/cuda/device_decoder_parts.h"
+#include "moe/device_ep_dispatch.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/kv_write.h"
@@ -270,24 +271,91 @@ void map_on_host(backend::Context& ctx, const moe::PhysicalExperts& experts, con
 
 }  // namespace
 
+const int32_t* Moe::physical_ids(backend::Context& ctx, const ops::DeviceStep& step, const int32_t* ids,
+                                 int64_t tokens, int32_t* load_counts) const {
+  if (!map && !host_map()) return ids;
+  int32_t* physical = ctx.scratch_for_output(DType::I32, {tokens, top_k}).data<int32_t>();
+  if (host_map()) map_on_host(ctx, *host_experts, ids, tokens, top_k, physical);
+  else map->map(ctx, ids, step.seqs, tokens, top_k, physical, load_counts);
+  return physical;
+}
+
 void Moe::run_experts(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, const int32_t* ids,
                       const float* weights, int32_t* load_counts, Tensor& out, bool always_grouped) const {
   const int64_t tokens = x.dim(0), hidden = x.dim(1), pairs = tokens * top_k;
   backend::Workspace::Scope scope(ctx.workspace());
   // Every buffer here is written in full by the kernel that fills it (the grouping's unused tail
   // is never read): no fills.
-  const int32_t* expert_ids = ids;
-  if (map || host_map()) {
-    int32_t* physical = ctx.scratch_for_output(DType::I32, {tokens, top_k}).data<int32_t>();
-    if (host_map()) map_on_host(ctx, *host_experts, ids, tokens, top_k, physical);
-    else map->map(ctx, ids, step.seqs, tokens, top_k, physical, load_counts);
-    expert_ids = physical;
-  }
+  const int32_t* expert_ids = physical_ids(ctx, step, ids, tokens, load_counts);
   Tensor grouping = ctx.scratch_for_output(DType::I32, {moe::grouping_ints(experts.gate.dim(0), pairs)});
   Tensor activated = ctx.scratch_for_output(DType::F32, {moe::expert_scratch_rows(pairs), experts.gate.dim(1)});
   Tensor expert_out = ctx.scratch_for_output(DType::F32, {moe::expert_scratch_rows(pairs), hidden});
   moe::fused_experts_on_device(ctx, x, expert_ids, weights, top_k, experts, grouping, activated, expert_out, out,
                                always_grouped);
+  if (shared_expert) add_shared_expert(ctx, x, *shared_expert, shared_gate, out);
+}
+
+void Moe::run_experts_over_gpus(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step,
+                                const int32_t* ids, const float* weights, int32_t* load_counts,
+                                const moe::ep::ExpertParallelDispatcher& ep, const int32_t* owner_of,
+                                Tensor& out) const {
+  const int64_t tokens = x.dim(0), hidden = x.dim(1), pairs = tokens * top_k;
+  moe::ep::DeviceExchange& exchange = *ep.device_exchange();
+  const int ranks = exchange.size();
+  const auto n = static_cast<std::size_t>(ranks);
+  backend::Workspace::Scope scope(ctx.workspace());
+  const int32_t* expert_ids = physical_ids(ctx, step, ids, tokens, load_counts);
+  // The plan, and every rank's count for every other (4 bytes each way).
+  Tensor plan = ctx.scratch_for_output(DType::I32, {3 * ranks + pairs});  // counts, offsets, came, pair_slot
+  int32_t* counts = plan.data<int32_t>();
+  int32_t* offsets = counts + ranks;
+  int32_t* came = offsets + ranks;
+  int32_t* pair_slot = came + ranks;
+  moe::plan_expert_parallel_slots(ctx, expert_ids, pairs, owner_of, ranks, counts, offsets, pair_slot);
+  std::vector<int64_t> word_offsets(n), words(n, sizeof(int32_t));
+  for (std::size_t r = 0; r < n; ++r) word_offsets[r] = static_cast<int64_t>(r * sizeof(int32_t));
+  exchange.all_to_all(ctx, reinterpret_cast<const std::byte*>(counts), word_offsets, words,
+                      reinterpret_cast<std::byte*>(came), word_offsets, words);
+  // The layer's one wait: the sizes of the exchanges that follow.
+  std::vector<int32_t> sent(n), received(n);
+  R3_CUDA_CHECK(cudaStreamSynchronize(ctx.cuda_state().stream));
+  R3_CUDA_CHECK(cudaMemcpy(sent.data(), counts, n * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  R3_CUDA_CHECK(cudaMemcpy(received.data(), came, n * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  // Byte runs of rows (and of ids) per rank, in rank order: what goes out, what comes in.
+  const int64_t row_bytes = hidden * static_cast<int64_t>(sizeof(float));
+  std::vector<int64_t> send_at(n), send_rows(n), recv_at(n), recv_rows(n);
+  int64_t sent_total = 0, came_total = 0;
+  for (std::size_t r = 0; r < n; ++r) {
+    send_at[r] = sent_total;
+    send_rows[r] = sent[r];
+    sent_total += sent[r];
+    recv_at[r] = came_total;
+    recv_rows[r] = received[r];
+    came_total += received[r];
+  }
+  R3_CHECK(sent_total == pairs, "expert parallelism (cuda): planned ", sent_total, " of ", pairs, " pairs");
+  ep.count_rows_sent_elsewhere(pairs - sent[static_cast<std::size_t>(exchange.rank())]);
+  const auto scaled = [](std::vector<int64_t> v, int64_t by) {
+    for (int64_t& value : v) value *= by;
+    return v;
+  };
+  Tensor send = ctx.scratch_for_output(DType::F32, {pairs, hidden});
+  Tensor send_ids = ctx.scratch_for_output(DType::I32, {pairs});
+  moe::pack_expert_parallel_rows(ctx, x, top_k, expert_ids, owner_of, offsets, pair_slot, send, send_ids.data<int32_t>());
+  Tensor arrived = ctx.scratch_for_output(DType::F32, {came_total, hidden});
+  Tensor arrived_ids = ctx.scratch_for_output(DType::I32, {came_total});
+  const auto bytes = [](Tensor& t) { return static_cast<std::byte*>(t.raw_data()); };
+  exchange.all_to_all(ctx, bytes(send), scaled(send_at, row_bytes), scaled(send_rows, row_bytes), bytes(arrived),
+                      scaled(recv_at, row_bytes), scaled(recv_rows, row_bytes));
+  exchange.all_to_all(ctx, bytes(send_ids), scaled(send_at, 4), scaled(send_rows, 4), bytes(arrived_ids),
+                      scaled(recv_at, 4), scaled(recv_rows, 4));
+  // This rank's experts over what came, and each row back to its rank, in the slot it left from.
+  Tensor outputs = ctx.scratch_for_output(DType::F32, {came_total, hidden});
+  moe::rows_through_their_experts_on_device(ctx, arrived, arrived_ids.data<int32_t>(), experts, outputs);
+  Tensor back = ctx.scratch_for_output(DType::F32, {pairs, hidden});
+  exchange.all_to_all(ctx, bytes(outputs), scaled(recv_at, row_bytes), scaled(recv_rows, row_bytes), bytes(back),
+                      scaled(send_at, row_bytes), scaled(send_rows, row_bytes));
+  moe::combine_expert_parallel_rows(ctx, back, expert_ids, weights, top_k, owner_of, offsets, pair_slot, out);
   if (shared_expert) add_shared_expert(ctx, x, *shared_expert, shared_gate, out);
 }
 

@@ -75,8 +75,9 @@ class Reader {
 
 }  // namespace
 
-ExpertParallelDispatcher::ExpertParallelDispatcher(Transport& transport, std::vector<int32_t> owner_of)
-    : transport_(transport), owner_of_(std::move(owner_of)) {
+ExpertParallelDispatcher::ExpertParallelDispatcher(Transport& transport, std::vector<int32_t> owner_of,
+                                                   DeviceExchange* device)
+    : transport_(transport), owner_of_(std::move(owner_of)), device_(device) {
   for (std::size_t p = 0; p < owner_of_.size(); ++p) {
     R3_CHECK(owner_of_[p] >= 0 && owner_of_[p] < transport_.size(), "expert parallelism: physical expert ", p,
              " on rank ", owner_of_[p], " of ", transport_.size());

@@ -1,0 +1,165 @@
+// Expert parallelism on the GPU (moe/device_ep_dispatch.h over moe/ep/device_exchange.h, through
+// the engine with a PlaceRank): the device plan against a host loop; the in-process device
+// exchange between ranks on one GPU; and ranks sharing one GPU, each with its own placed model,
+// giving every request the tokens and routed experts one rank gives it. Batch-invariant contexts
+// on both sides there, since the ranks' steps hold other requests than one rank's steps; the
+// ranks' experts run on the rows kernels, which one rank takes under batch invariance too. (NCCL
+// needs a GPU a rank: not run on the single-GPU machine.)
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/context.h"
+#include "backend/device_memory.h"
+#include "engine/engine.h"
+#include "gpu/gpu_test_support.h"
+#include "moe/device_ep_dispatch.h"
+#include "moe/ep/cuda/in_process_device_exchange.h"
+#include "models/device_decoder.h"
+#include "models/registry.h"
+#include "engine_checks.h"
+#include "test_support.h"
+
+namespace r3::test {
+namespace {
+
+engine::PlacedRank placed_on_gpu0(const std::string& family) {
+  engine::PlacedRank placed;
+  placed.ctx = backend::Context::cuda(0);
+  placed.ctx->set_batch_invariant(true);
+  placed.model = models::place_on_device(*placed.ctx, models::load_model(family_dir(family)), DType::F32);
+  return placed;
+}
+
+// The device plan against the obvious host loop: each pair's slot among the pairs bound for its
+// rank, in pair order; the counts and where each rank's run starts.
+TEST(GpuExpertParallel, ThePlanGivesEachPairItsPlaceAmongItsRanksPairsInOrder) {
+  auto gpu = backend::Context::cuda(0);
+  const int ranks = 5;
+  const int64_t physical = 16, pairs = 301;  // not a multiple of the warp
+  std::mt19937 rng(3);
+  std::vector<int32_t> owner(physical), ids(pairs);
+  for (auto& o : owner) o = static_cast<int32_t>(rng() % ranks);
+  for (auto& i : ids) i = static_cast<int32_t>(rng() % physical);
+  std::vector<int32_t> want_slot(pairs), want_count(ranks, 0), want_offset(ranks, 0);
+  for (int64_t p = 0; p < pairs; ++p) want_slot[p] = want_count[owner[ids[p]]]++;
+  for (int r = 1; r < ranks; ++r) want_offset[r] = want_offset[r - 1] + want_count[r - 1];
+  const Tensor owner_d = gpu_ints(*gpu, owner), ids_d = gpu_ints(*gpu, ids);
+  Tensor out = backend::device_empty(*gpu, DType::I32, {2 * ranks + pairs});
+  int32_t* o = out.data<int32_t>();
+  moe::plan_expert_parallel_slots(*gpu, ids_d.data<int32_t>(), pairs, owner_d.data<int32_t>(), ranks, o, o + ranks,
+                                  o + 2 * ranks);
+  const Tensor got = backend::to_host(*gpu, out);
+  const int32_t* g = got.data<int32_t>();
+  EXPECT_EQ(std::vector<int32_t>(g, g + ranks), want_count);
+  EXPECT_EQ(std::vector<int32_t>(g + ranks, g + 2 * ranks), want_offset);
+  EXPECT_EQ(std::vector<int32_t>(g + 2 * ranks, g + 2 * ranks + pairs), want_slot);
+}
+
+// Three ranks on one GPU exchanging through in-process copies: each receives, from each rank,
+// exactly the bytes that rank meant for it, at the place it asked for; sizes that disagree fail
+// every rank instead of leaving one waiting.
+TEST(GpuExpertParallel, InProcessDeviceExchangeDeliversEachRunWhereItIsExpected) {
+  const int n = 3;
+  std::vector<std::unique_ptr<backend::Context>> owned;
+  std::vector<backend::Context*> contexts;
+  for (int r = 0; r < n; ++r) {
+    owned.push_back(backend::Context::cuda(0));
+    contexts.push_back(owned.back().get());
+  }
+  moe::ep::InProcessDeviceExchangeGroup group(contexts);
+  // Rank r sends (d + 1) ints of value 100 r + d to rank d.
+  const auto run = [&](bool disagree) {
+    std::vector<std::vector<int32_t>> got(n);
+    std::vector<std::string> errors(n);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          backend::Context& ctx = *contexts[static_cast<std::size_t>(r)];
+          std::vector<int32_t> send;
+          std::vector<int64_t> send_at, send_bytes, recv_at, recv_bytes;
+          int64_t in = 0;
+          for (int d = 0; d < n; ++d) {
+            send_at.push_back(static_cast<int64_t>(send.size()) * 4);
+            send_bytes.push_back((d + 1) * 4);
+            for (int i = 0; i <= d; ++i) send.push_back(100 * r + d);
+            recv_at.push_back(in * 4);
+            recv_bytes.push_back((r + 1 + (disagree && r == 2 && d == 0 ? 1 : 0)) * 4);
+            in += r + 1 + (disagree && r == 2 && d == 0 ? 1 : 0);
+          }
+          const Tensor sd = gpu_ints(ctx, send);
+          Tensor rd = backend::device_empty(ctx, DType::I32, {in});
+          group.rank(r).all_to_all(ctx, static_cast<const std::byte*>(sd.raw_data()), send_at, send_bytes,
+                                   static_cast<std::byte*>(rd.raw_data()), recv_at, recv_bytes);
+          const Tensor back = backend::to_host(ctx, rd);
+          got[static_cast<std::size_t>(r)].assign(back.data<int32_t>(), back.data<int32_t>() + in);
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(r)] = e.what();
+          group.rank(r).abort(e.what());
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    return std::pair{got, errors};
+  };
+  const auto [got, errors] = run(false);
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(errors[static_cast<std::size_t>(r)], "") << "rank " << r;
+    std::vector<int32_t> want;
+    for (int s = 0; s < n; ++s) {
+      for (int i = 0; i <= r; ++i) want.push_back(100 * s + r);
+    }
+    EXPECT_EQ(got[static_cast<std::size_t>(r)], want) << "rank " << r;
+  }
+  const auto [ignored, failed] = run(true);
+  for (int r = 0; r < n; ++r) EXPECT_NE(failed[static_cast<std::size_t>(r)], "") << "rank " << r;
+  group.reset();
+  const auto [again, fine] = run(false);
+  for (int r = 0; r < n; ++r) EXPECT_EQ(fine[static_cast<std::size_t>(r)], "") << "rank " << r;
+}
+
+TEST(GpuExpertParallel, RanksSharingAGpuGiveOneRanksTokensAndRoutedExperts) {
+  for (const std::string family : {"qwen3_moe", "deepseek_v3", "gpt_oss", "kimi_k3"}) {
+    engine::PlacedRank one = placed_on_gpu0(family);
+    const auto prompts = engine_prompts(10, one.model->info().vocab_size, 5);
+    engine::EngineOptions options;
+    options.scheduler.max_running = 4;  // requests come and go: steps of changing sizes
+    engine::Engine alone(*one.model, *one.ctx, options);
+    for (std::size_t i = 0; i < prompts.size(); ++i) alone.submit(greedy_request(prompts[i], 2 + static_cast<int64_t>(i % 4)));
+    const EngineResults want = engine_run_all(alone);
+    for (const int ranks : {2, 4}) {
+      SCOPED_TRACE(family + ", " + std::to_string(ranks) + " ranks");
+      engine::PlacedRank first = placed_on_gpu0(family);
+      engine::EngineOptions o = options;
+      o.expert_parallel = ranks;
+      engine::Engine group(*first.model, *first.ctx, o, [&](int) { return placed_on_gpu0(family); });
+      for (std::size_t i = 0; i < prompts.size(); ++i) group.submit(greedy_request(prompts[i], 2 + static_cast<int64_t>(i % 4)));
+      const EngineResults got = engine_run_all(group);
+      ASSERT_EQ(got.size(), want.size());
+      for (const auto& [id, result] : want) {
+        EXPECT_EQ(got.at(id).tokens, result.tokens) << "request " << id.first << " sample " << id.second;
+        EXPECT_EQ(got.at(id).routed, result.routed) << "request " << id.first << " sample " << id.second;
+      }
+      EXPECT_GT(group.stats().expert_rows_exchanged, 0);  // pairs did travel between the ranks
+    }
+  }
+}
+
+TEST(GpuExpertParallel, GpuRanksNeedAPlacementAndRefuseEplbForNow) {
+  engine::PlacedRank one = placed_on_gpu0("qwen3_moe");
+  engine::EngineOptions options;
+  options.expert_parallel = 2;
+  EXPECT_THROW(engine::Engine(*one.model, *one.ctx, options), Error);  // no place_rank
+  models::LoadOptions with_replicas;
+  with_replicas.eplb.redundant_experts = 2;
+  auto gpu = backend::Context::cuda(0);
+  auto balanced = models::place_on_device(*gpu, models::load_model(family_dir("qwen3_moe"), with_replicas), DType::F32);
+  EXPECT_THROW(engine::Engine(*balanced, *gpu, options, [](int) { return placed_on_gpu0("qwen3_moe"); }), Error);
+}
+
+}  // namespace
+}  // namespace r3::test
