@@ -248,8 +248,9 @@ int run_bench(const BenchCommandOptions& options) {
     };
   } else {
     R3_CHECK(!options.model.model_dir.empty(), "give --model DIR (or --synthetic NAME with --device cuda)");
-    model = options.model.load(*ctx);
-    place_rank = options.model.rank_placer();
+    const int ranks = options.engine.engine.expert_parallel;
+    model = options.model.load(*ctx, 0, ranks);
+    place_rank = options.model.rank_placer(ranks);
   }
   const auto& info = model->info();
   // Checked here with the options' names; the engine checks again with its own.

@@ -18,6 +18,7 @@
 #include "gpu/gpu_test_support.h"
 #include "moe/device_ep_dispatch.h"
 #include "moe/ep/cuda/in_process_device_exchange.h"
+#include "moe/ep/expert_parallel_dispatcher.h"
 #include "models/device_decoder.h"
 #include "models/registry.h"
 #include "engine_checks.h"
@@ -26,11 +27,16 @@
 namespace r3::test {
 namespace {
 
-engine::PlacedRank placed_on_gpu0(const std::string& family) {
+// The family's model on GPU 0 (batch invariant); as rank `rank` of `ranks`, holding only that
+// rank's slice of each MoE layer's experts.
+engine::PlacedRank placed_on_gpu0(const std::string& family, int rank = 0, int ranks = 1) {
   engine::PlacedRank placed;
   placed.ctx = backend::Context::cuda(0);
   placed.ctx->set_batch_invariant(true);
-  placed.model = models::place_on_device(*placed.ctx, models::load_model(family_dir(family)), DType::F32);
+  auto host = models::load_model(family_dir(family));
+  moe::ExpertSlice slice;
+  if (ranks > 1) slice = moe::ep::contiguous_slice(host->moe_blocks().front()->experts().num_physical(), ranks, rank);
+  placed.model = models::place_on_device(*placed.ctx, std::move(host), DType::F32, moe::MoePath::kMega, slice);
   return placed;
 }
 
@@ -131,12 +137,13 @@ TEST(GpuExpertParallel, RanksSharingAGpuGiveOneRanksTokensAndRoutedExperts) {
     engine::Engine alone(*one.model, *one.ctx, options);
     for (std::size_t i = 0; i < prompts.size(); ++i) alone.submit(greedy_request(prompts[i], 2 + static_cast<int64_t>(i % 4)));
     const EngineResults want = engine_run_all(alone);
-    for (const int ranks : {2, 4}) {
-      SCOPED_TRACE(family + ", " + std::to_string(ranks) + " ranks");
-      engine::PlacedRank first = placed_on_gpu0(family);
+    for (const auto& [ranks, sliced] : {std::pair{2, false}, {2, true}, {4, true}}) {
+      SCOPED_TRACE(family + ", " + std::to_string(ranks) + " ranks" + (sliced ? ", each holding its experts only" : ""));
+      const int slices = sliced ? ranks : 1;
+      engine::PlacedRank first = placed_on_gpu0(family, 0, slices);
       engine::EngineOptions o = options;
       o.expert_parallel = ranks;
-      engine::Engine group(*first.model, *first.ctx, o, [&](int) { return placed_on_gpu0(family); });
+      engine::Engine group(*first.model, *first.ctx, o, [&](int r) { return placed_on_gpu0(family, r, slices); });
       for (std::size_t i = 0; i < prompts.size(); ++i) group.submit(greedy_request(prompts[i], 2 + static_cast<int64_t>(i % 4)));
       const EngineResults got = engine_run_all(group);
       ASSERT_EQ(got.size(), want.size());
@@ -147,6 +154,21 @@ TEST(GpuExpertParallel, RanksSharingAGpuGiveOneRanksTokensAndRoutedExperts) {
       EXPECT_GT(group.stats().expert_rows_exchanged, 0);  // pairs did travel between the ranks
     }
   }
+}
+
+// A model placed with a slice of its experts runs only as that rank: alone it is refused by
+// name; and a rank whose model holds another slice than the one it owns is refused too.
+TEST(GpuExpertParallel, ASlicedModelRunsOnlyAsItsRank) {
+  engine::PlacedRank half = placed_on_gpu0("qwen3_moe", 1, 2);
+  engine::Engine alone(*half.model, *half.ctx, {});
+  alone.submit(greedy_request({1, 2, 3}, 2));
+  EXPECT_THROW(engine_run_all(alone), Error);
+  engine::PlacedRank wrong = placed_on_gpu0("qwen3_moe", 1, 2);  // rank 0 holding rank 1's slice
+  engine::EngineOptions o;
+  o.expert_parallel = 2;
+  engine::Engine group(*wrong.model, *wrong.ctx, o, [](int r) { return placed_on_gpu0("qwen3_moe", r, 2); });
+  group.submit(greedy_request({1, 2, 3}, 2));
+  EXPECT_THROW(engine_run_all(group), Error);
 }
 
 TEST(GpuExpertParallel, GpuRanksNeedAPlacementAndRefuseEplbForNow) {

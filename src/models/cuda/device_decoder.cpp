@@ -187,6 +187,8 @@ void Decoder::run_moe(backend::Context& ctx, const Moe& moe, const Tensor& norme
                               device_owners(ctx, *ep), out);
     return;
   }
+  R3_CHECK(moe.holds_every_expert(), "forward: MoE layer ", moe.layer_id,
+           " holds a slice of its experts (an expert-parallel rank's placement) and runs only as that rank");
   if (p_.moe_path != moe::MoePath::kMonolithic || !moe.monolithic_fits(step.tokens)) {
     const Routed routed = route(ctx, moe, normed, step);
     moe.run_experts(ctx, experts_in != nullptr ? *experts_in : normed, step, routed.ids, routed.weights, routed.loads,
@@ -380,14 +382,14 @@ void place_attention(backend::Context& ctx, const AttentionLayer& host, DType dt
 }  // namespace device
 
 std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr<CausalLM> model, DType weights,
-                                          moe::MoePath moe_path) {
+                                          moe::MoePath moe_path, moe::ExpertSlice experts) {
   R3_CHECK(ctx.device() == Device::kCuda, "place_on_device: not a CUDA context");
   R3_CHECK(weights == DType::F32 || weights == DType::BF16, "--dtype: float32 or bfloat16 weights on the GPU, not ",
            dtype_name(weights));
   device::check_device_moe_path(moe_path);
   if (auto* k3 = dynamic_cast<KimiK3Model*>(model.get())) {
     model.release();
-    return device::place_kimi_k3(ctx, std::unique_ptr<KimiK3Model>(k3), weights, moe_path);
+    return device::place_kimi_k3(ctx, std::unique_ptr<KimiK3Model>(k3), weights, moe_path, experts);
   }
   auto* decoder = dynamic_cast<DecoderModel*>(model.get());
   R3_CHECK(decoder != nullptr, "--device cuda: ", model->info().architecture,
@@ -415,7 +417,7 @@ std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr
     } else {
       const auto* moe = dynamic_cast<const MoeFeedForward*>(layer.feed_forward.get());
       R3_CHECK(moe != nullptr, "--device cuda: layer ", l, "'s feed-forward has no CUDA kernels");
-      d.moe.emplace(ctx, *moe, weights, host->eplb_options().active());
+      d.moe.emplace(ctx, *moe, weights, host->eplb_options().active(), experts);
     }
     parts.layers.push_back(std::move(d));
   }

@@ -122,10 +122,16 @@ struct Moe {
   mutable int64_t placement_version = 0;
   std::shared_ptr<moe::MonolithicMoeSync> monolithic_sync;  // the monolithic kernel's counters for this layer
 
+  // The layer's physical experts; `experts` holds them all, or on an expert-parallel rank only its
+  // slice (experts.first on), which only the expert-parallel path runs.
+  int64_t physical_experts = 0;
+
   Moe() = default;
-  Moe(backend::Context& ctx, const MoeFeedForward& host, DType dtype, bool eplb);
+  Moe(backend::Context& ctx, const MoeFeedForward& host, DType dtype, bool eplb, moe::ExpertSlice slice = {});
   // The block's routing and experts only (no shared expert).
-  Moe(backend::Context& ctx, const moe::MoeBlock& block, DType dtype, bool eplb);
+  Moe(backend::Context& ctx, const moe::MoeBlock& block, DType dtype, bool eplb, moe::ExpertSlice slice = {});
+  // Whether `experts` holds every physical expert (the one-rank paths need them all).
+  bool holds_every_expert() const { return experts.first == 0 && experts.gate.dim(0) == physical_experts; }
   // Gate GEMM, then routing fused with the capture write (the ids reach `capture` rows in the
   // same kernel that writes them to `ids`; null rows: not captured). ids: device [tokens, k]
   // logical ids; weights: device [tokens, k].
@@ -174,7 +180,7 @@ struct LatentMoe {
   float rms_eps;
   SituMlp shared;
 
-  LatentMoe(backend::Context& ctx, const LatentMoeFeedForward& host, DType dtype, bool eplb);
+  LatentMoe(backend::Context& ctx, const LatentMoeFeedForward& host, DType dtype, bool eplb, moe::ExpertSlice slice = {});
 };
 
 // One of Kimi K3's attention-residual mixes (AttentionResidual) with its weights on the device.
@@ -350,6 +356,6 @@ class Decoder final : public CausalLM {
 
 // Kimi K3 on the device (models/cuda/kimi_k3_on_device.cpp).
 std::unique_ptr<CausalLM> place_kimi_k3(backend::Context& ctx, std::unique_ptr<KimiK3Model> host, DType weights,
-                                        moe::MoePath moe_path);
+                                        moe::MoePath moe_path, moe::ExpertSlice experts = {});
 
 }  // namespace r3::models::device

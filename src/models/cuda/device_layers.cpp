@@ -208,13 +208,13 @@ void LatentAttention::forward(backend::Context& ctx, const Tensor& x, const ops:
   ops::linear(ctx, attended, w.o_proj, w.o_bias.if_defined(), out);
 }
 
-Moe::Moe(backend::Context& ctx, const MoeFeedForward& host, DType weights_dtype, bool eplb)
-    : Moe(ctx, host.moe(), weights_dtype, eplb) {
+Moe::Moe(backend::Context& ctx, const MoeFeedForward& host, DType weights_dtype, bool eplb, moe::ExpertSlice slice)
+    : Moe(ctx, host.moe(), weights_dtype, eplb, slice) {
   if (host.shared_expert()) shared_expert.emplace(mlp_on_device(ctx, *host.shared_expert(), dtype));
   shared_gate = f32_on_device(ctx, host.shared_gate());
 }
 
-Moe::Moe(backend::Context& ctx, const moe::MoeBlock& block, DType weights_dtype, bool eplb)
+Moe::Moe(backend::Context& ctx, const moe::MoeBlock& block, DType weights_dtype, bool eplb, moe::ExpertSlice slice)
     : layer_id(block.layer_id()), dtype(weights_dtype) {
   const moe::PhysicalExperts& physical = block.experts();
   const moe::MoeBlock::Gate gate = block.gate();
@@ -231,7 +231,9 @@ Moe::Moe(backend::Context& ctx, const moe::MoeBlock& block, DType weights_dtype,
   }
   gate_weight = f32_on_device(ctx, gate.weight);
   gate_bias = f32_on_device(ctx, gate.bias);
-  experts = moe::upload_experts(ctx, physical, dtype);
+  R3_CHECK(!eplb || (slice.first == 0 && slice.count < 0), "--device cuda: EPLB with a slice of the experts");
+  experts = moe::upload_experts(ctx, physical, dtype, slice);
+  physical_experts = physical.num_physical();
   host_experts = &physical;
   placement_version = physical.placement_version();
   if (eplb) map = std::make_shared<moe::DeviceExpertMap>(ctx, physical.placement());
@@ -303,6 +305,14 @@ void Moe::run_experts_over_gpus(backend::Context& ctx, const Tensor& x, const op
   moe::ep::DeviceExchange& exchange = *ep.device_exchange();
   const int ranks = exchange.size();
   const auto n = static_cast<std::size_t>(ranks);
+  // The experts this rank owns must be among those it holds (all of them, or its slice).
+  const std::vector<int32_t>& owners = ep.owner_of();
+  const auto mine = [&](int32_t p) { return owners[static_cast<std::size_t>(p)] == exchange.rank(); };
+  for (int32_t p = 0; p < static_cast<int32_t>(owners.size()); ++p) {
+    R3_CHECK(!mine(p) || (p >= experts.first && p < experts.first + experts.gate.dim(0)), "expert parallelism: rank ",
+             exchange.rank(), " owns physical expert ", p, " of MoE layer ", layer_id, " but holds experts ",
+             experts.first, " to ", experts.first + experts.gate.dim(0) - 1);
+  }
   backend::Workspace::Scope scope(ctx.workspace());
   const int32_t* expert_ids = physical_ids(ctx, step, ids, tokens, load_counts);
   // The plan, and every rank's count for every other (4 bytes each way).

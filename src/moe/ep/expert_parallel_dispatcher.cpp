@@ -197,4 +197,11 @@ std::vector<int32_t> contiguous_owners(int64_t num_physical, int ranks) {
   return owners;
 }
 
+ExpertSlice contiguous_slice(int64_t num_physical, int ranks, int rank) {
+  const std::vector<int32_t> owners = contiguous_owners(num_physical, ranks);
+  const auto first = std::find(owners.begin(), owners.end(), rank);
+  R3_CHECK(first != owners.end(), "expert parallelism: rank ", rank, " of ", ranks, " owns no expert");
+  return {static_cast<int32_t>(first - owners.begin()), static_cast<int32_t>(std::count(owners.begin(), owners.end(), rank))};
+}
+
 }  // namespace r3::moe::ep

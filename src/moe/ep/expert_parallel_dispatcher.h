@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "moe/device_experts.h"
 #include "moe/dispatcher.h"
 #include "moe/ep/device_exchange.h"
 #include "moe/ep/transport.h"
@@ -51,5 +52,7 @@ class ExpertParallelDispatcher final : public Dispatcher {
 // The physical experts in contiguous slices over `ranks` ranks, as evenly as they divide: expert
 // p on rank p * ranks / num_physical.
 std::vector<int32_t> contiguous_owners(int64_t num_physical, int ranks);
+// Rank `rank`'s physical experts under contiguous_owners: the slice a GPU rank places.
+ExpertSlice contiguous_slice(int64_t num_physical, int ranks, int rank);
 
 }  // namespace r3::moe::ep
