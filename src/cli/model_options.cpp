@@ -81,7 +81,7 @@ std::unique_ptr<models::CausalLM> ModelOptions::load(backend::Context& ctx, int 
   const auto placed = std::chrono::steady_clock::now();
   moe::ExpertSlice experts;
   const std::vector<moe::MoeBlock*> blocks = model->moe_blocks();
-  if (ranks > 1 && !blocks.empty() && !model->eplb_options().active()) {
+  if (ranks > 1 && !blocks.empty()) {
     experts = moe::ep::contiguous_slice(blocks.front()->experts().num_physical(), ranks, rank);
     spdlog::info("expert-parallel rank {} of {} holds physical experts {} to {} of each MoE layer", rank, ranks,
                  experts.first, experts.first + experts.count - 1);

@@ -30,8 +30,8 @@ struct ModelOptions {
   // The MoE path a GPU placement runs: --moe-path when given, else mega.
   std::string gpu_moe_path() const;
   // The model, placed on ctx's device; logs load time and model summary. As rank `rank` of
-  // `ranks` expert-parallel GPU ranks (without EPLB), each MoE layer holds only the rank's slice
-  // of its experts on the device.
+  // `ranks` expert-parallel GPU ranks, each MoE layer holds only the rank's slice of its physical
+  // experts on the device.
   std::unique_ptr<models::CausalLM> load(backend::Context& ctx, int rank = 0, int ranks = 1) const;
   // The execution context the commands run on: the CPU (its thread pool has `threads` threads)
   // or CUDA device 0.

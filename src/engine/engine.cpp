@@ -65,8 +65,6 @@ Engine::Engine(models::CausalLM& model, backend::Context& ctx, EngineOptions opt
   }
   const bool on_gpu = ctx.device() != Device::kCpu;
   R3_CHECK(!on_gpu || place_rank, "--ep ", n, " on a GPU: every rank needs a model placed for it");
-  R3_CHECK(!on_gpu || !model.eplb_options().active(), "--ep ", n,
-           " with EPLB runs on the CPU only for now (GPU ranks do not follow a rebalance yet)");
   const int64_t physical = physical_experts_per_layer(model, n);
   if (model.eplb_options().active()) {
     // The rebalancer balances each GPU's load; here the ranks are those GPUs.
@@ -80,8 +78,9 @@ Engine::Engine(models::CausalLM& model, backend::Context& ctx, EngineOptions opt
       layers.push_back(&b->experts());
       widths.push_back(b->experts().num_physical());
     }
-    eplb_.emplace(eplb, std::move(layers), [this](moe::PhysicalExperts& layer, moe::ExpertPlacement placement) {
-      move_experts_between_ranks(layer, std::move(placement));
+    eplb_.emplace(eplb, std::move(layers), [this, on_gpu](moe::PhysicalExperts& layer, moe::ExpertPlacement placement) {
+      if (on_gpu) rearrange_every_rank(layer, std::move(placement));
+      else move_experts_between_ranks(layer, std::move(placement));
     });
     group_loads_.emplace(widths);
   }
@@ -212,6 +211,18 @@ void Engine::move_experts_between_ranks(moe::PhysicalExperts& layer, moe::Expert
     std::move(a.slots.begin(), a.slots.end(), std::back_inserter(slots));
   }
   layer.rearrange(std::move(placement), std::move(slots));
+}
+
+void Engine::rearrange_every_rank(moe::PhysicalExperts& layer, moe::ExpertPlacement placement) {
+  const std::vector<moe::MoeBlock*> first = model_.moe_blocks();
+  const auto j = static_cast<std::size_t>(
+      std::find_if(first.begin(), first.end(), [&](moe::MoeBlock* b) { return &b->experts() == &layer; }) - first.begin());
+  R3_CHECK(j < first.size(), "EPLB: a layer that is not one of the model's MoE layers");
+  // Rank 0's host model is model_ itself; the others' are their own (each maps the checkpoint).
+  for (const Rank& r : ranks_) {
+    if (r.own_model) r.own_model->moe_blocks()[j]->experts().rearrange(placement);
+  }
+  layer.rearrange(std::move(placement));
 }
 
 void Engine::end_group_step() {

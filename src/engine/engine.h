@@ -5,8 +5,8 @@
 //
 // The engine is one or more ranks (engine/rank_engine.h). With EngineOptions::expert_parallel = N
 // > 1 it runs N expert-parallel ranks as threads over an in-process transport (moe/ep; on GPUs,
-// a rank per device, each with its own placed model, exchanging over device memory by NCCL or
-// in-process copies, no EPLB yet): each rank
+// a rank per device, each with its own placed model holding its slice of the experts,
+// exchanging over device memory by NCCL or in-process copies): each rank
 // takes its share of the requests (the one with the fewest unfinished requests gets the next)
 // with its own scheduler and KV cache, captures its tokens' logical ids before they leave it, and
 // runs the routed experts of its slice of the physical experts for every rank's tokens. Every
@@ -88,6 +88,11 @@ class Engine {
   // EPLB's re-placement of one layer across the ranks: each changed slot's weights travel from a
   // rank holding them to the slot's rank (moe/ep/expert_moves.h), then the layer takes them.
   void move_experts_between_ranks(moe::PhysicalExperts& layer, moe::ExpertPlacement placement);
+  // The same on GPU ranks, each of which has a host model of its own over the mapped checkpoint:
+  // every rank's layer takes the placement, reading the experts it newly holds from its own
+  // mapping (no bytes cross between the ranks), and each device model re-uploads its slice of
+  // the layer before its next step (the device MoE layer follows its host layer's placement).
+  void rearrange_every_rank(moe::PhysicalExperts& layer, moe::ExpertPlacement placement);
 
   models::CausalLM& model_;
   EngineOptions options_;

@@ -171,16 +171,53 @@ TEST(GpuExpertParallel, ASlicedModelRunsOnlyAsItsRank) {
   EXPECT_THROW(engine_run_all(group), Error);
 }
 
-TEST(GpuExpertParallel, GpuRanksNeedAPlacementAndRefuseEplbForNow) {
+TEST(GpuExpertParallel, GpuRanksNeedAPlacement) {
   engine::PlacedRank one = placed_on_gpu0("qwen3_moe");
   engine::EngineOptions options;
   options.expert_parallel = 2;
   EXPECT_THROW(engine::Engine(*one.model, *one.ctx, options), Error);  // no place_rank
-  models::LoadOptions with_replicas;
-  with_replicas.eplb.redundant_experts = 2;
-  auto gpu = backend::Context::cuda(0);
-  auto balanced = models::place_on_device(*gpu, models::load_model(family_dir("qwen3_moe"), with_replicas), DType::F32);
-  EXPECT_THROW(engine::Engine(*balanced, *gpu, options, [](int) { return placed_on_gpu0("qwen3_moe"); }), Error);
+}
+
+// EPLB over GPU ranks that each hold their slice: 8 replicas and a rebalance every step, planned
+// from both ranks' loads; the requests get one rank's tokens and routed experts, and the
+// rebalances ran.
+TEST(GpuExpertParallel, RebalancingGpuRanksChangesNoOutput) {
+  for (const std::string family : {"qwen3_moe", "deepseek_v3"}) {
+    SCOPED_TRACE(family);
+    engine::PlacedRank one = placed_on_gpu0(family);
+    const auto prompts = engine_prompts(8, one.model->info().vocab_size, 7);
+    engine::EngineOptions options;
+    options.scheduler.max_running = 3;
+    engine::Engine alone(*one.model, *one.ctx, options);
+    for (std::size_t i = 0; i < prompts.size(); ++i) alone.submit(greedy_request(prompts[i], 2 + static_cast<int64_t>(i % 3)));
+    const EngineResults want = engine_run_all(alone);
+    models::LoadOptions balanced;
+    balanced.eplb.redundant_experts = 8;  // as the CPU's expert-parallel EPLB test
+    balanced.eplb.rebalance_every = 1;
+    balanced.eplb.window_steps = 2;
+    const auto rank = [&](int r) {
+      engine::PlacedRank placed;
+      placed.ctx = backend::Context::cuda(0);
+      placed.ctx->set_batch_invariant(true);
+      auto host = models::load_model(family_dir(family), balanced);
+      const moe::ExpertSlice slice =
+          moe::ep::contiguous_slice(host->moe_blocks().front()->experts().num_physical(), 2, r);
+      placed.model = models::place_on_device(*placed.ctx, std::move(host), DType::F32, moe::MoePath::kMega, slice);
+      return placed;
+    };
+    engine::PlacedRank first = rank(0);
+    engine::EngineOptions o = options;
+    o.expert_parallel = 2;
+    engine::Engine group(*first.model, *first.ctx, o, rank);
+    for (std::size_t i = 0; i < prompts.size(); ++i) group.submit(greedy_request(prompts[i], 2 + static_cast<int64_t>(i % 3)));
+    const EngineResults got = engine_run_all(group);
+    ASSERT_EQ(got.size(), want.size());
+    for (const auto& [id, result] : want) {
+      EXPECT_EQ(got.at(id).tokens, result.tokens) << "request " << id.first << " sample " << id.second;
+      EXPECT_EQ(got.at(id).routed, result.routed) << "request " << id.first << " sample " << id.second;
+    }
+    EXPECT_GT(first.model->moe_blocks().front()->experts().placement_version(), 0);
+  }
 }
 
 }  // namespace

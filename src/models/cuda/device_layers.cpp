@@ -231,7 +231,6 @@ Moe::Moe(backend::Context& ctx, const moe::MoeBlock& block, DType weights_dtype,
   }
   gate_weight = f32_on_device(ctx, gate.weight);
   gate_bias = f32_on_device(ctx, gate.bias);
-  R3_CHECK(!eplb || (slice.first == 0 && slice.count < 0), "--device cuda: EPLB with a slice of the experts");
   experts = moe::upload_experts(ctx, physical, dtype, slice);
   physical_experts = physical.num_physical();
   host_experts = &physical;
