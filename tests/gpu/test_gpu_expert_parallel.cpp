@@ -29,15 +29,25 @@ namespace {
 
 // The family's model on GPU 0 (batch invariant); as rank `rank` of `ranks`, holding only that
 // rank's slice of each MoE layer's experts.
-engine::PlacedRank placed_on_gpu0(const std::string& family, int rank = 0, int ranks = 1) {
+engine::PlacedRank placed_on_gpu0(const std::string& family, int rank = 0, int ranks = 1,
+                                  const models::LoadOptions& options = {}) {
   engine::PlacedRank placed;
   placed.ctx = backend::Context::cuda(0);
   placed.ctx->set_batch_invariant(true);
-  auto host = models::load_model(family_dir(family));
+  auto host = models::load_model(family_dir(family), options);
   moe::ExpertSlice slice;
   if (ranks > 1) slice = moe::ep::contiguous_slice(host->moe_blocks().front()->experts().num_physical(), ranks, rank);
   placed.model = models::place_on_device(*placed.ctx, std::move(host), DType::F32, moe::MoePath::kMega, slice);
   return placed;
+}
+
+// Every request of `want` got the same tokens and routed experts in `got`.
+void expect_same_tokens_and_routing(const EngineResults& got, const EngineResults& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [id, result] : want) {
+    EXPECT_EQ(got.at(id).tokens, result.tokens) << "request " << id.first << " sample " << id.second;
+    EXPECT_EQ(got.at(id).routed, result.routed) << "request " << id.first << " sample " << id.second;
+  }
 }
 
 // The device plan against the obvious host loop: each pair's slot among the pairs bound for its
@@ -146,11 +156,7 @@ TEST(GpuExpertParallel, RanksSharingAGpuGiveOneRanksTokensAndRoutedExperts) {
       engine::Engine group(*first.model, *first.ctx, o, [&](int r) { return placed_on_gpu0(family, r, slices); });
       for (std::size_t i = 0; i < prompts.size(); ++i) group.submit(greedy_request(prompts[i], 2 + static_cast<int64_t>(i % 4)));
       const EngineResults got = engine_run_all(group);
-      ASSERT_EQ(got.size(), want.size());
-      for (const auto& [id, result] : want) {
-        EXPECT_EQ(got.at(id).tokens, result.tokens) << "request " << id.first << " sample " << id.second;
-        EXPECT_EQ(got.at(id).routed, result.routed) << "request " << id.first << " sample " << id.second;
-      }
+      expect_same_tokens_and_routing(got, want);
       EXPECT_GT(group.stats().expert_rows_exchanged, 0);  // pairs did travel between the ranks
     }
   }
@@ -195,27 +201,14 @@ TEST(GpuExpertParallel, RebalancingGpuRanksChangesNoOutput) {
     balanced.eplb.redundant_experts = 8;  // as the CPU's expert-parallel EPLB test
     balanced.eplb.rebalance_every = 1;
     balanced.eplb.window_steps = 2;
-    const auto rank = [&](int r) {
-      engine::PlacedRank placed;
-      placed.ctx = backend::Context::cuda(0);
-      placed.ctx->set_batch_invariant(true);
-      auto host = models::load_model(family_dir(family), balanced);
-      const moe::ExpertSlice slice =
-          moe::ep::contiguous_slice(host->moe_blocks().front()->experts().num_physical(), 2, r);
-      placed.model = models::place_on_device(*placed.ctx, std::move(host), DType::F32, moe::MoePath::kMega, slice);
-      return placed;
-    };
+    const auto rank = [&](int r) { return placed_on_gpu0(family, r, 2, balanced); };
     engine::PlacedRank first = rank(0);
     engine::EngineOptions o = options;
     o.expert_parallel = 2;
     engine::Engine group(*first.model, *first.ctx, o, rank);
     for (std::size_t i = 0; i < prompts.size(); ++i) group.submit(greedy_request(prompts[i], 2 + static_cast<int64_t>(i % 3)));
     const EngineResults got = engine_run_all(group);
-    ASSERT_EQ(got.size(), want.size());
-    for (const auto& [id, result] : want) {
-      EXPECT_EQ(got.at(id).tokens, result.tokens) << "request " << id.first << " sample " << id.second;
-      EXPECT_EQ(got.at(id).routed, result.routed) << "request " << id.first << " sample " << id.second;
-    }
+    expect_same_tokens_and_routing(got, want);
     EXPECT_GT(first.model->moe_blocks().front()->experts().placement_version(), 0);
   }
 }
