@@ -131,7 +131,8 @@ void Decoder::run_step(backend::Context& ctx, const ForwardBatch& batch, ModelCa
   moe_layers_routed_ = 0;
   try {
     // Replay steps run eagerly (their forced ids are optional pointers), and so do a map a test
-    // replaced (it runs on the host) and expert parallelism (its all-to-alls run on the host).
+    // replaced (it runs on the host) and expert parallelism (each MoE layer waits for the counts
+    // that size its exchanges).
     if (step.forced == nullptr && !host_map && dispatcher_ == nullptr) run_layers_graphed(ctx, step, *kv, st);
     else run_layers(ctx, step, *kv, st);
   } catch (...) {
