@@ -89,9 +89,9 @@ class Engine {
   // rank holding them to the slot's rank (moe/ep/expert_moves.h), then the layer takes them.
   void move_experts_between_ranks(moe::PhysicalExperts& layer, moe::ExpertPlacement placement);
   // The same on GPU ranks, each of which has a host model of its own over the mapped checkpoint:
-  // every rank's layer takes the placement, reading the experts it newly holds from its own
-  // mapping (no bytes cross between the ranks), and each device model re-uploads its slice of
-  // the layer before its next step (the device MoE layer follows its host layer's placement).
+  // every rank's host layer takes the placement (its bookkeeping: the host reads no weights), and
+  // before their next step the ranks' device layers move the changed slots' weights between
+  // their GPUs, over the device exchange (moe/ep/device_expert_moves.h).
   void rearrange_every_rank(moe::PhysicalExperts& layer, moe::ExpertPlacement placement);
 
   models::CausalLM& model_;

@@ -161,26 +161,3 @@ DeviceExperts upload_experts(backend::Context& ctx, const PhysicalExperts& layer
 }
 
 }  // namespace r3::moe
-
-namespace r3::moe {
-
-void refresh_experts(backend::Context& ctx, const PhysicalExperts& experts, DeviceExperts& into) {
-  // Quantized experts upload as they are, whatever dtype is asked for.
-  DeviceExperts fresh = upload_experts(ctx, experts, into.quantized() ? DType::F32 : into.gate.dtype(),
-                                       {into.first, static_cast<int32_t>(into.gate.dim(0))});
-  const auto copy = [&](const Tensor& from, Tensor& to) {
-    R3_CHECK(from.defined() == to.defined(), "refresh_experts: the experts gained or lost a bias");
-    if (from.defined()) backend::copy_on_device(ctx, from, to);
-  };
-  copy(fresh.gate, into.gate);
-  copy(fresh.up, into.up);
-  copy(fresh.down, into.down);
-  copy(fresh.gate_scales, into.gate_scales);
-  copy(fresh.up_scales, into.up_scales);
-  copy(fresh.down_scales, into.down_scales);
-  copy(fresh.gate_bias, into.gate_bias);
-  copy(fresh.up_bias, into.up_bias);
-  copy(fresh.down_bias, into.down_bias);
-}
-
-}  // namespace r3::moe

@@ -52,11 +52,6 @@ struct ExpertSlice {
 DeviceExperts upload_experts(backend::Context& ctx, const PhysicalExperts& experts, DType dtype,
                              ExpertSlice slice = {});
 
-// Rewrites `into` (made by upload_experts from these experts, its slice kept) with the experts' current
-// weights, after a rebalance moved them: the device addresses stay. Goes through a fresh upload
-// (the host already holds the new placement's weights); waits for the copies.
-void refresh_experts(backend::Context& ctx, const PhysicalExperts& experts, DeviceExperts& into);
-
 // Steps of at most this many tokens (decode of a few sequences) may skip the grouping by expert:
 // their pairs run one by one (sm90_fused_experts.cu), or inside the monolithic kernel
 // (moe/device_monolithic_moe.h), with the grouped kernels' arithmetic.

@@ -7,6 +7,7 @@
 // needs a GPU a rank: not run on the single-GPU machine.)
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 #include <string>
 #include <thread>
@@ -18,6 +19,8 @@
 #include "gpu/gpu_test_support.h"
 #include "moe/device_ep_dispatch.h"
 #include "moe/ep/cuda/in_process_device_exchange.h"
+#include "moe/ep/device_expert_moves.h"
+#include "moe/ep/expert_moves.h"
 #include "moe/ep/expert_parallel_dispatcher.h"
 #include "models/device_decoder.h"
 #include "models/registry.h"
@@ -175,6 +178,83 @@ TEST(GpuExpertParallel, ASlicedModelRunsOnlyAsItsRank) {
   engine::Engine group(*wrong.model, *wrong.ctx, o, [](int r) { return placed_on_gpu0("qwen3_moe", r, 2); });
   group.submit(greedy_request({1, 2, 3}, 2));
   EXPECT_THROW(engine_run_all(group), Error);
+}
+
+// The stacked tensors of device experts, as host bytes, to compare two placements' uploads.
+std::vector<std::vector<unsigned char>> experts_bytes(backend::Context& ctx, const moe::DeviceExperts& e) {
+  std::vector<std::vector<unsigned char>> all;
+  for (const Tensor* t : {&e.gate, &e.up, &e.down, &e.gate_scales, &e.up_scales, &e.down_scales, &e.gate_bias,
+                          &e.up_bias, &e.down_bias}) {
+    if (!t->defined()) {
+      all.emplace_back();
+      continue;
+    }
+    const Tensor h = backend::to_host(ctx, *t);
+    const auto* b = static_cast<const unsigned char*>(h.raw_data());
+    all.emplace_back(b, b + h.nbytes());
+  }
+  return all;
+}
+
+// EPLB's device moves (moe/ep/device_expert_moves.h): one rank, and two and three ranks sharing
+// the GPU over in-process copies, each holding its slice, move a layer's changed slots (experts
+// rotated by three slots, replicas re-pointed: moves within a rank, across ranks, and swaps); each
+// rank then holds, byte for byte, what uploading the new placement's slice gives, in every stored
+// format (float32 and bfloat16 values, FP8 with block scales, MXFP4 with its scales and biases).
+TEST(GpuExpertParallel, DeviceExpertMovesLeaveEachRankHoldingItsSliceOfTheNewPlacement) {
+  for (const auto& [family, dtype] : {std::pair{"qwen3_moe", DType::F32}, {"qwen3_moe", DType::BF16},
+                                      {"deepseek_v3_fp8", DType::F32}, {"gpt_oss_mxfp4", DType::F32}}) {
+    const auto model = models::load_model(family_dir(family));
+    const moe::PhysicalExperts& base = model->moe_blocks().front()->experts();
+    std::vector<moe::SwigluExpertWeights> logical;
+    for (int32_t p = 0; p < base.num_physical(); ++p) logical.push_back(base.weights(p));
+    const auto experts = static_cast<int64_t>(logical.size());
+    std::vector<int32_t> rotated;
+    for (int64_t p = 0; p < experts; ++p) rotated.push_back(static_cast<int32_t>((p + 3) % experts));
+    for (int32_t r : {1, 2, 1, 2}) rotated.push_back(r);
+    const moe::ExpertPlacement to(rotated, experts);
+    for (int ranks : {1, 2, 3}) {
+      SCOPED_TRACE(std::string(family) + ", " + std::string(dtype_name(dtype)) + ", " + std::to_string(ranks) + " ranks");
+      moe::PhysicalExperts layer(logical, moe::ExpertPlacement::initial(experts, 4), base.activation());
+      const std::vector<int32_t> owners = moe::ep::contiguous_owners(layer.num_physical(), ranks);
+      const auto moves = moe::ep::plan_expert_moves(layer.placement(), to, owners);
+      std::vector<std::unique_ptr<backend::Context>> contexts;
+      std::vector<backend::Context*> raw;
+      std::vector<moe::DeviceExperts> held;
+      for (int r = 0; r < ranks; ++r) {
+        contexts.push_back(backend::Context::cuda(0));
+        raw.push_back(contexts.back().get());
+        held.push_back(moe::upload_experts(*raw.back(), layer, dtype,
+                                           moe::ep::contiguous_slice(layer.num_physical(), ranks, r)));
+      }
+      std::unique_ptr<moe::ep::InProcessDeviceExchangeGroup> group;
+      if (ranks > 1) group = std::make_unique<moe::ep::InProcessDeviceExchangeGroup>(raw);
+      std::vector<std::string> errors(static_cast<std::size_t>(ranks));
+      {
+        std::vector<std::jthread> threads;
+        for (int r = 0; r < ranks; ++r) {
+          threads.emplace_back([&, r] {
+            try {
+              moe::ep::move_device_experts(*raw[static_cast<std::size_t>(r)], held[static_cast<std::size_t>(r)], moves,
+                                           owners, group ? &group->rank(r) : nullptr);
+            } catch (const std::exception& e) {
+              errors[static_cast<std::size_t>(r)] = e.what();
+              if (group) group->rank(r).abort(e.what());
+            }
+          });
+        }
+      }
+      layer.rearrange(to);
+      for (int r = 0; r < ranks; ++r) {
+        SCOPED_TRACE("rank " + std::to_string(r));
+        ASSERT_EQ(errors[static_cast<std::size_t>(r)], "");
+        backend::Context& ctx = *raw[static_cast<std::size_t>(r)];
+        const moe::DeviceExperts want =
+            moe::upload_experts(ctx, layer, dtype, moe::ep::contiguous_slice(layer.num_physical(), ranks, r));
+        EXPECT_TRUE(experts_bytes(ctx, held[static_cast<std::size_t>(r)]) == experts_bytes(ctx, want));
+      }
+    }
+  }
 }
 
 TEST(GpuExpertParallel, GpuRanksNeedAPlacement) {

@@ -123,7 +123,7 @@ void Decoder::run_step(backend::Context& ctx, const ForwardBatch& batch, ModelCa
   for (const Layer& layer : p_.layers) {
     const Moe* moe = layer.routed_moe();
     if (moe == nullptr) continue;
-    moe->follow_placement(ctx);  // after a rebalance of the step before
+    moe->follow_placement(ctx, ep_dispatcher());  // after a rebalance of the step before
     host_map = host_map || moe->host_map();
   }
   if (capturing) capture_->begin_step();
@@ -181,7 +181,7 @@ void Decoder::run_moe(backend::Context& ctx, const Moe& moe, const Tensor& norme
   if (dispatcher_ != nullptr) {  // expert parallelism: every path routes, then dispatches
     const Routed routed = route(ctx, moe, normed, step);
     const Tensor& experts_x = experts_in != nullptr ? *experts_in : normed;
-    const auto* ep = dynamic_cast<const moe::ep::ExpertParallelDispatcher*>(dispatcher_);
+    const moe::ep::ExpertParallelDispatcher* ep = ep_dispatcher();
     R3_CHECK(ep != nullptr && ep->device_exchange() != nullptr,
              "forward: a device model's expert-parallel rank needs a dispatcher with a device exchange");
     moe.run_experts_over_gpus(ctx, experts_x, step, routed.ids, routed.weights, routed.loads, *ep,
@@ -202,6 +202,10 @@ void Decoder::run_moe(backend::Context& ctx, const Moe& moe, const Tensor& norme
                             p_.capture_routing ? capture_->layer_rows(j) : moe::DeviceCaptureRows{},
                             loads_ ? loads_->layer(j) : nullptr, out, experts_in);
   moe_layers_routed_ = j + 1;
+}
+
+const moe::ep::ExpertParallelDispatcher* Decoder::ep_dispatcher() const {
+  return dynamic_cast<const moe::ep::ExpertParallelDispatcher*>(dispatcher_);
 }
 
 const int32_t* Decoder::device_owners(backend::Context& ctx, const moe::ep::ExpertParallelDispatcher& ep) const {

@@ -116,10 +116,12 @@ struct Moe {
   Tensor shared_gate;
   // EPLB (replicas or rebalancing): the host layer's experts, whose placement the device copies
   // follow, and the map from logical to physical ids on the device. Null map: no EPLB, the
-  // experts are the logical ones.
+  // experts are the logical ones. held_placement: the placement `experts` hold (that of the host
+  // layer's placement_version).
   const moe::PhysicalExperts* host_experts = nullptr;
   std::shared_ptr<moe::DeviceExpertMap> map;
   mutable int64_t placement_version = 0;
+  mutable std::optional<moe::ExpertPlacement> held_placement;
   std::shared_ptr<moe::MonolithicMoeSync> monolithic_sync;  // the monolithic kernel's counters for this layer
 
   // The layer's physical experts; `experts` holds them all, or on an expert-parallel rank only its
@@ -160,8 +162,11 @@ struct Moe {
                              float* weights, moe::DeviceCaptureRows capture, int32_t* load_counts, Tensor& out,
                              const Tensor* experts_x = nullptr) const;
   // Brings the device experts and map up to the host layer's placement after a rebalance
-  // (between steps; the device addresses stay, so recorded graphs stay valid).
-  void follow_placement(backend::Context& ctx) const;
+  // (between steps; the device addresses stay, so recorded graphs stay valid): only the slots
+  // whose expert changed take weights, from slots that held it, device to device
+  // (moe/ep/device_expert_moves.h). Under expert parallelism (ep: the step's dispatcher) a
+  // collective over its device exchange: every rank follows each layer in the same order.
+  void follow_placement(backend::Context& ctx, const moe::ep::ExpertParallelDispatcher* ep) const;
   // ids (logical) as the experts take them: through the EPLB map when on (counting into
   // load_counts), else ids itself; in ctx's workspace.
   const int32_t* physical_ids(backend::Context& ctx, const ops::DeviceStep& step, const int32_t* ids, int64_t tokens,
@@ -312,6 +317,8 @@ class Decoder final : public CausalLM {
     int32_t* loads;
   };
   Routed route(backend::Context& ctx, const Moe& moe, const Tensor& normed, const ops::DeviceStep& step) const;
+  // The running step's expert-parallel dispatcher (null on one rank).
+  const moe::ep::ExpertParallelDispatcher* ep_dispatcher() const;
   // The expert-parallel group's owner_of on the device (uploaded when it changes).
   const int32_t* device_owners(backend::Context& ctx, const moe::ep::ExpertParallelDispatcher& ep) const;
   // A MoE layer's routed experts from `normed` into `out` (the shared expert added), by the

@@ -4,12 +4,16 @@
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
+#include <span>
+#include <vector>
 
 #include "backend/cuda/state.h"
 #include "backend/device_memory.h"
 #include "core/dtype.h"
 #include "models/cuda/device_decoder_parts.h"
 #include "moe/device_ep_dispatch.h"
+#include "moe/ep/device_expert_moves.h"
+#include "moe/ep/expert_moves.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
 #include "ops/kv_write.h"
@@ -235,7 +239,10 @@ Moe::Moe(backend::Context& ctx, const moe::MoeBlock& block, DType weights_dtype,
   physical_experts = physical.num_physical();
   host_experts = &physical;
   placement_version = physical.placement_version();
-  if (eplb) map = std::make_shared<moe::DeviceExpertMap>(ctx, physical.placement());
+  if (eplb) {
+    map = std::make_shared<moe::DeviceExpertMap>(ctx, physical.placement());
+    held_placement = physical.placement();
+  }
   monolithic_sync = std::make_shared<moe::MonolithicMoeSync>(ctx);
 }
 
@@ -391,10 +398,16 @@ void Moe::route_and_run_experts(backend::Context& ctx, const Tensor& x, const op
   if (shared_expert) add_shared_expert(ctx, experts_x != nullptr ? *experts_x : x, *shared_expert, shared_gate, out);
 }
 
-void Moe::follow_placement(backend::Context& ctx) const {
+void Moe::follow_placement(backend::Context& ctx, const moe::ep::ExpertParallelDispatcher* ep) const {
   if (!map || host_experts->placement_version() == placement_version) return;
-  moe::refresh_experts(ctx, *host_experts, experts);
-  map->update(host_experts->placement());
+  const moe::ExpertPlacement& to = host_experts->placement();
+  // One rank holds every slot; expert-parallel ranks, the dispatcher's slices.
+  const std::vector<int32_t> one_rank(ep == nullptr ? static_cast<std::size_t>(to.num_physical()) : 0, 0);
+  const std::span<const int32_t> owners = ep != nullptr ? std::span<const int32_t>(ep->owner_of()) : one_rank;
+  const std::vector<moe::ep::ExpertMove> moves = moe::ep::plan_expert_moves(*held_placement, to, owners);
+  moe::ep::move_device_experts(ctx, experts, moves, owners, ep != nullptr ? ep->device_exchange() : nullptr);
+  map->update(to);
+  held_placement = to;
   placement_version = host_experts->placement_version();
 }
 
