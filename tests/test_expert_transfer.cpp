@@ -1,8 +1,8 @@
-// EPLB over GPU ranks: each rank's part of a layer's moves (moe/ep/expert_transfer.h). The ranks'
-// parts agree (what s packs for d is what d unpacks from s, in the same order), each rank reads
-// and writes only its own slots, and carrying out every rank's part, every source read before any
-// slot is written (as the device moves do: pack, exchange, unpack), leaves every slot holding the
-// new placement's expert, swaps and replicas included.
+// EPLB across ranks: each rank's part of a layer's moves (moe/ep/expert_transfer.h). The ranks'
+// parts agree (what s packs for d is what d unpacks from s, in the same order, and s knows the
+// slots it fills there), each rank reads and writes only its own slots, and carrying out every
+// rank's part, every source read before any slot is written (as the moves do: pack, exchange,
+// unpack), leaves every slot holding the new placement's expert, swaps and replicas included.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -40,6 +40,7 @@ std::vector<int32_t> carried_out(std::vector<int32_t> held, const std::vector<Ra
     for (std::size_t s = 0; s < ranks; ++s) {
       const std::vector<int32_t>& into = parts[d].receive[s];
       EXPECT_EQ(into.size(), runs[s][d].size()) << "rank " << s << " to rank " << d;
+      EXPECT_EQ(parts[s].send_to[d], into) << "the slots rank " << s << " fills on rank " << d;
       for (std::size_t i = 0; i < std::min(into.size(), runs[s][d].size()); ++i) {
         EXPECT_EQ(owners[static_cast<std::size_t>(into[i])], static_cast<int32_t>(d))
             << "rank " << d << " writes slot " << into[i];

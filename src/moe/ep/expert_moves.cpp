@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "moe/ep/expert_transfer.h"
 #include "moe/ep/expert_weights_wire.h"
 
 namespace r3::moe::ep {
@@ -29,27 +30,29 @@ ArrivedExperts move_expert_weights(Transport& transport, const PhysicalExperts& 
   const int me = transport.rank(), ranks = transport.size();
   R3_CHECK(static_cast<int64_t>(owner_of.size()) == experts.num_physical(), "EPLB: owners of ", owner_of.size(),
            " slots for ", experts.num_physical(), " physical experts");
+  const RankExpertTransfer plan = plan_rank_transfer(moves, owner_of, me, ranks);
   ArrivedExperts arrived;
   std::vector<Buffer> to_each(static_cast<std::size_t>(ranks));
-  // Source rank of each slot this rank expects to receive: what a message may carry. And the
-  // size of each message it sends, so that each is allocated once.
-  std::vector<int> expected_from(static_cast<std::size_t>(experts.num_physical()), -1);
-  std::vector<std::size_t> sizes(static_cast<std::size_t>(ranks), 0);
-  for (const ExpertMove& m : moves) {
-    R3_CHECK(m.slot >= 0 && m.slot < experts.num_physical() && m.source_slot >= 0 &&
-                 m.source_slot < experts.num_physical(),
-             "EPLB: a move from slot ", m.source_slot, " to slot ", m.slot, " of ", experts.num_physical());
-    const int source = owner_of[static_cast<std::size_t>(m.source_slot)];
-    const int destination = owner_of[static_cast<std::size_t>(m.slot)];
-    if (destination == me) expected_from[static_cast<std::size_t>(m.slot)] = source;
-    else if (source == me) sizes[static_cast<std::size_t>(destination)] += expert_bytes(experts.weights(m.source_slot));
+  for (std::size_t d = 0; d < to_each.size(); ++d) {
+    const std::vector<int32_t>& sources = plan.send[d];
+    if (static_cast<int>(d) == me) {  // moves within this rank: a copy in its memory
+      for (std::size_t i = 0; i < sources.size(); ++i) {
+        arrived.slots.emplace_back(plan.send_to[d][i], copy_expert(experts.weights(sources[i])));
+      }
+      continue;
+    }
+    std::size_t size = 0;  // each message allocated once
+    for (int32_t source : sources) size += expert_bytes(experts.weights(source));
+    to_each[d].reserve(size);
+    for (std::size_t i = 0; i < sources.size(); ++i) {
+      append_expert(to_each[d], plan.send_to[d][i], experts.weights(sources[i]));
+    }
   }
-  for (int d = 0; d < ranks; ++d) to_each[static_cast<std::size_t>(d)].reserve(sizes[static_cast<std::size_t>(d)]);
-  for (const ExpertMove& m : moves) {
-    const int destination = owner_of[static_cast<std::size_t>(m.slot)];
-    if (owner_of[static_cast<std::size_t>(m.source_slot)] != me) continue;
-    if (destination == me) arrived.slots.emplace_back(m.slot, copy_expert(experts.weights(m.source_slot)));
-    else append_expert(to_each[static_cast<std::size_t>(destination)], m.slot, experts.weights(m.source_slot));
+  // The source rank of each slot this rank expects to receive: what a message may carry.
+  std::vector<int> expected_from(static_cast<std::size_t>(experts.num_physical()), -1);
+  for (std::size_t s = 0; s < plan.receive.size(); ++s) {
+    if (static_cast<int>(s) == me) continue;
+    for (int32_t slot : plan.receive[s]) expected_from[static_cast<std::size_t>(slot)] = static_cast<int>(s);
   }
   // Every rank has read its sources before any rank changes a slot: the caller re-places the
   // layer only after every rank has returned.

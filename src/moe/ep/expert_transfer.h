@@ -1,10 +1,10 @@
-// EPLB over GPU ranks (moe/ep/device_expert_moves.h): a layer's moves (moe/ep/expert_moves.h) as
-// one rank takes part in them. Every rank derives its part from the same moves, so the ranks
-// pack, exchange and unpack expert weights in one agreed order with nothing more said: rank s's
-// run to rank d carries, in move order, the source slots of the moves from a slot of s to a slot
-// of d, and rank d writes them into those moves' slots in the same order. A rank's run to itself
-// carries its local moves, so every source is read before any slot is written (two slots that
-// swap their experts stay right).
+// EPLB across expert-parallel ranks: a layer's moves (moe/ep/expert_moves.h) as one rank takes
+// part in them. Every rank derives its part from the same moves, so the ranks pack, exchange and
+// unpack expert weights in one agreed order with nothing more said: rank s's run to rank d
+// carries, in move order, the source slots of the moves from a slot of s to a slot of d, and rank
+// d writes them into those moves' slots in the same order. A rank's run to itself carries its
+// local moves, so every source is read before any slot is written (two slots that swap their
+// experts stay right). The host ranks' moves (move_expert_weights) take their messages from it.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +17,7 @@ namespace r3::moe::ep {
 
 struct RankExpertTransfer {
   std::vector<std::vector<int32_t>> send;     // [rank d]: source slots this rank packs for d, in move order
+  std::vector<std::vector<int32_t>> send_to;  // [rank d]: the slot of d each of send[d] fills
   std::vector<std::vector<int32_t>> receive;  // [rank s]: slots this rank fills from s's run, in move order
 
   int64_t sent() const;      // source slots packed, over all ranks
