@@ -22,6 +22,18 @@ namespace {
 using moe::ExpertPlacement;
 using moe::ep::RankExpertTransfer;
 
+// The sources of moves, and the slots they fill.
+std::vector<int32_t> sources_of(const std::vector<moe::ep::ExpertMove>& moves) {
+  std::vector<int32_t> v;
+  for (const moe::ep::ExpertMove& m : moves) v.push_back(m.source_slot);
+  return v;
+}
+std::vector<int32_t> slots_of(const std::vector<moe::ep::ExpertMove>& moves) {
+  std::vector<int32_t> v;
+  for (const moe::ep::ExpertMove& m : moves) v.push_back(m.slot);
+  return v;
+}
+
 // Every rank's part carried out on `held` (the logical expert each slot holds): each rank packs
 // its runs from the slots as they were, then each writes what came into its slots.
 std::vector<int32_t> carried_out(std::vector<int32_t> held, const std::vector<RankExpertTransfer>& parts,
@@ -30,9 +42,10 @@ std::vector<int32_t> carried_out(std::vector<int32_t> held, const std::vector<Ra
   std::vector<std::vector<std::vector<int32_t>>> runs(ranks, std::vector<std::vector<int32_t>>(ranks));
   for (std::size_t s = 0; s < ranks; ++s) {
     for (std::size_t d = 0; d < ranks; ++d) {
-      for (int32_t slot : parts[s].send[d]) {
-        EXPECT_EQ(owners[static_cast<std::size_t>(slot)], static_cast<int32_t>(s)) << "rank " << s << " reads slot " << slot;
-        runs[s][d].push_back(held[static_cast<std::size_t>(slot)]);
+      for (const moe::ep::ExpertMove& m : parts[s].send[d]) {
+        EXPECT_EQ(owners[static_cast<std::size_t>(m.source_slot)], static_cast<int32_t>(s))
+            << "rank " << s << " reads slot " << m.source_slot;
+        runs[s][d].push_back(held[static_cast<std::size_t>(m.source_slot)]);
       }
     }
   }
@@ -40,7 +53,7 @@ std::vector<int32_t> carried_out(std::vector<int32_t> held, const std::vector<Ra
     for (std::size_t s = 0; s < ranks; ++s) {
       const std::vector<int32_t>& into = parts[d].receive[s];
       EXPECT_EQ(into.size(), runs[s][d].size()) << "rank " << s << " to rank " << d;
-      EXPECT_EQ(parts[s].send_to[d], into) << "the slots rank " << s << " fills on rank " << d;
+      EXPECT_EQ(slots_of(parts[s].send[d]), into) << "the slots rank " << s << " fills on rank " << d;
       for (std::size_t i = 0; i < std::min(into.size(), runs[s][d].size()); ++i) {
         EXPECT_EQ(owners[static_cast<std::size_t>(into[i])], static_cast<int32_t>(d))
             << "rank " << d << " writes slot " << into[i];
@@ -99,7 +112,7 @@ TEST(ExpertTransfer, TwoSlotsSwappingTheirExpertsOnOneRankTakeEachOthers) {
     ASSERT_EQ(moves.size(), 2u);
     const std::vector<RankExpertTransfer> parts = every_part(moves, owners, ranks);
     // Rank 0 holds both slots: its run to itself carries both experts.
-    EXPECT_EQ(parts[0].send[0], (std::vector<int32_t>{1, 0}));
+    EXPECT_EQ(sources_of(parts[0].send[0]), (std::vector<int32_t>{1, 0}));
     EXPECT_EQ(parts[0].receive[0], (std::vector<int32_t>{0, 1}));
     EXPECT_EQ(carried_out(from.physical_to_logical(), parts, owners), to.physical_to_logical());
   }
@@ -110,9 +123,9 @@ TEST(ExpertTransfer, AnExpertCrossingRanksLeavesInTheSourcesRunAndArrivesInTheSl
   const ExpertPlacement from({0, 1, 2, 3}, 4), to({0, 2, 1, 3}, 4);
   const std::vector<int32_t> owners = moe::ep::contiguous_owners(4, 2);
   const std::vector<RankExpertTransfer> parts = every_part(moe::ep::plan_expert_moves(from, to, owners), owners, 2);
-  EXPECT_EQ(parts[1].send[0], (std::vector<int32_t>{2}));
+  EXPECT_EQ(sources_of(parts[1].send[0]), (std::vector<int32_t>{2}));
   EXPECT_EQ(parts[0].receive[1], (std::vector<int32_t>{1}));
-  EXPECT_EQ(parts[0].send[1], (std::vector<int32_t>{1}));
+  EXPECT_EQ(sources_of(parts[0].send[1]), (std::vector<int32_t>{1}));
   EXPECT_EQ(parts[1].receive[0], (std::vector<int32_t>{2}));
   EXPECT_TRUE(parts[0].send[0].empty() && parts[1].send[1].empty());
 }

@@ -34,19 +34,17 @@ ArrivedExperts move_expert_weights(Transport& transport, const PhysicalExperts& 
   ArrivedExperts arrived;
   std::vector<Buffer> to_each(static_cast<std::size_t>(ranks));
   for (std::size_t d = 0; d < to_each.size(); ++d) {
-    const std::vector<int32_t>& sources = plan.send[d];
+    const std::vector<ExpertMove>& sends = plan.send[d];
     if (static_cast<int>(d) == me) {  // moves within this rank: a copy in its memory
-      for (std::size_t i = 0; i < sources.size(); ++i) {
-        arrived.slots.emplace_back(plan.send_to[d][i], copy_expert(experts.weights(sources[i])));
+      for (const ExpertMove& move : sends) {
+        arrived.slots.emplace_back(move.slot, copy_expert(experts.weights(move.source_slot)));
       }
       continue;
     }
     std::size_t size = 0;  // each message allocated once
-    for (int32_t source : sources) size += expert_bytes(experts.weights(source));
+    for (const ExpertMove& move : sends) size += expert_bytes(experts.weights(move.source_slot));
     to_each[d].reserve(size);
-    for (std::size_t i = 0; i < sources.size(); ++i) {
-      append_expert(to_each[d], plan.send_to[d][i], experts.weights(sources[i]));
-    }
+    for (const ExpertMove& move : sends) append_expert(to_each[d], move.slot, experts.weights(move.source_slot));
   }
   // The source rank of each slot this rank expects to receive: what a message may carry.
   std::vector<int> expected_from(static_cast<std::size_t>(experts.num_physical()), -1);

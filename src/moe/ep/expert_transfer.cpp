@@ -6,7 +6,8 @@ namespace r3::moe::ep {
 
 namespace {
 
-int64_t total(const std::vector<std::vector<int32_t>>& runs) {
+template <typename T>
+int64_t total(const std::vector<std::vector<T>>& runs) {
   int64_t n = 0;
   for (const auto& run : runs) n += static_cast<int64_t>(run.size());
   return n;
@@ -29,15 +30,11 @@ RankExpertTransfer plan_rank_transfer(std::span<const ExpertMove> moves, std::sp
   };
   RankExpertTransfer t;
   t.send.resize(static_cast<std::size_t>(ranks));
-  t.send_to.resize(static_cast<std::size_t>(ranks));
   t.receive.resize(static_cast<std::size_t>(ranks));
   const auto me = static_cast<std::size_t>(rank);
   for (const ExpertMove& m : moves) {
     const std::size_t source = owner(m.source_slot), destination = owner(m.slot);
-    if (source == me) {
-      t.send[destination].push_back(m.source_slot);
-      t.send_to[destination].push_back(m.slot);
-    }
+    if (source == me) t.send[destination].push_back(m);
     if (destination == me) t.receive[source].push_back(m.slot);
   }
   return t;

@@ -17,8 +17,7 @@
 namespace r3::moe::ep {
 
 struct RankExpertTransfer {
-  std::vector<std::vector<int32_t>> send;     // [rank d]: source slots this rank packs for d, in move order
-  std::vector<std::vector<int32_t>> send_to;  // [rank d]: the slot of d each of send[d] fills
+  std::vector<std::vector<ExpertMove>> send;  // [rank d]: the moves from this rank's slots to d's, in move order
   std::vector<std::vector<int32_t>> receive;  // [rank s]: slots this rank fills from s's run, in move order
 
   int64_t sent() const;      // source slots packed, over all ranks
