@@ -86,8 +86,8 @@ void move_device_experts(backend::Context& ctx, DeviceExperts& experts, std::spa
   auto* send_bytes_at = static_cast<std::byte*>(send.raw_data());
   for (std::size_t d = 0; d < n; ++d) {
     std::byte* at = send_bytes_at + send_at[d];
-    for (int32_t slot : plan.send[d]) {
-      copy_record(record, index_of(slot), at, Direction::kPack, s.stream);
+    for (const ExpertMove& move : plan.send[d]) {
+      copy_record(record, index_of(move.source_slot), at, Direction::kPack, s.stream);
       at += record.bytes;
     }
   }
