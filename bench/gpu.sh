@@ -14,8 +14,11 @@ mkdir -p "$out"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   nvcc --version | tail -1
 } > "$out/device.txt" 2>&1
+# NCCL for expert parallelism across GPUs: the toolkit's, else PyTorch's wheel (nvidia.nccl).
+nccl_dir=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null || true)
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DR3_DEPS_DIR="$PWD/.gpu-deps" \
-  -DR3_BUILD_BENCH=OFF > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
+  ${nccl_dir:+-DR3_NCCL_DIR="$nccl_dir"} -DR3_BUILD_BENCH=OFF > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
+grep -E "r3: (NCCL|CUDA)" "$out/configure.log" >> "$out/device.txt"
 cmake --build build-gpu -j"$(nproc)" --target r3_gpu_tests r3_gpu_kernels_bench r3 > "$out/build.log" 2>&1 || { grep -B2 -A10 -m5 error "$out/build.log"; exit 1; }
 status=0
 ./build-gpu/r3_gpu_tests 2>&1 | tee "$out/gpu_tests.log" || status=1
@@ -30,6 +33,14 @@ if [[ "${R3_TESTS_ONLY:-0}" == 1 ]]; then cat "$out/device.txt"; exit $status; f
 # sizes at its mean context, 192.
 ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-batches 2,4,8,16,32 --synthetic-context 192 \
   --json 2>>"$out/gpu_decode_bench.log" | tee "$out/gpu_decode_bench_192.json" || status=1
+# With two GPUs or more: expert parallelism, the synthetic model served by 1 and by 2 ranks (a
+# GPU each), the same requests (its step times are the engine's, eager under --ep).
+if (( $(nvidia-smi -L | wc -l) >= 2 )); then
+  for ep in 1 2; do
+    ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-engine --ep $ep --num-prompts 16 \
+      --prompt-len 128 --output-len 64 --json 2>>"$out/gpu_ep_bench.log" | tee "$out/gpu_ep${ep}_bench.json" || status=1
+  done
+fi
 # R3_BREAKDOWN=1: each kernel's time in one eager decode step at batch 1, or R3_BREAKDOWN_BATCH
 # (Nsight Compute, kernels serialised, clocks and caches left alone; the launches skipped are the
 # synthetic model's weight fills).

@@ -128,12 +128,17 @@ TEST(BenchCommand, BadSizesAreRefused) {
 }
 
 // The device options say what is wrong before anything loads: a bench needs a model or a
-// synthetic shape, a synthetic shape is made on the GPU, --dtype is for the GPU's weights, the
+// synthetic shape, a synthetic shape is made on the GPU (through the engine too), the engine mode
+// needs a synthetic shape, --dtype is for the GPU's weights, the
 // GPU runs every MoE path that captures, and
 // --device cuda either runs (a machine with a GPU) or is refused in one line (one without).
 TEST(BenchCommand, DeviceOptionsAreCheckedUpFront) {
   EXPECT_TRUE(refused_with(run_r3("bench"), "give --model DIR (or --synthetic NAME with --device cuda)"));
   EXPECT_TRUE(refused_with(run_r3("bench --synthetic qwen3-30b-a3b"), "add --device cuda"));
+  EXPECT_TRUE(refused_with(run_r3("bench --synthetic qwen3-30b-a3b --synthetic-engine --ep 2"), "add --device cuda"));
+  const CommandResult engine_alone = run_r3("bench --model " + family_dir("qwen3_moe") + " --synthetic-engine");
+  EXPECT_NE(engine_alone.exit_code, 0);  // a usage error, from the option parser
+  EXPECT_NE(engine_alone.err.find("--synthetic-engine requires --synthetic"), std::string::npos) << engine_alone.err;
   EXPECT_TRUE(refused_with(run_r3("forward --dtype float32 --model " + family_dir("qwen3_moe") + " --ids 1,2"),
                            "--dtype applies to --device cuda"));
   EXPECT_TRUE(refused_with(

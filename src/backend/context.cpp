@@ -11,6 +11,7 @@ std::unique_ptr<Context> Context::cuda(int index) {
   R3_FAIL("--device cuda (device ", index, "): this build has no CUDA backend (nvcc was not found when it was configured)");
 }
 bool Context::cuda_available() { return false; }
+int Context::cuda_device_count() { return 0; }
 cuda::State& Context::cuda_state() const { R3_FAIL("not a CUDA context"); }
 #endif
 

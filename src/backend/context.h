@@ -34,6 +34,8 @@ class Context {
   static std::unique_ptr<Context> cuda(int index = 0);
   // Whether this build has the CUDA backend and the machine a CUDA device.
   static bool cuda_available();
+  // How many CUDA devices the machine has (0 without the CUDA backend).
+  static int cuda_device_count();
 
   Device device() const { return device_; }
   // Batch invariance: every op computes each row with a reduction order that does not depend on

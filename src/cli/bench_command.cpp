@@ -22,6 +22,7 @@
 #include "core/check.h"
 #include "core/progress.h"
 #include "engine/engine.h"
+#include "models/device_decoder.h"
 
 namespace r3::cli {
 
@@ -46,6 +47,7 @@ struct BenchCommandOptions {
   std::string synthetic_weights = "bf16";
   std::vector<int64_t> synthetic_batches = {1, 8, 64, 256};
   int64_t synthetic_context = 1024;  // cached positions per sequence in --synthetic's decode steps
+  bool synthetic_engine = false;      // --synthetic's model through the serving engine (and --ep's ranks)
 
   int64_t prefix_len() const {
     return static_cast<int64_t>(std::llround(shared_prefix * static_cast<double>(prompt_len)));
@@ -221,15 +223,35 @@ void print_report(const BenchResult& r) {
 }
 
 int run_bench(const BenchCommandOptions& options) {
-  R3_CHECK(options.synthetic.empty() || options.engine.engine.expert_parallel == 1,
-           "--ep runs requests through the engine's ranks; --synthetic times whole model steps on one device");
+  R3_CHECK(options.synthetic.empty() || options.synthetic_engine || options.engine.engine.expert_parallel == 1,
+           "--ep runs requests through the engine's ranks; --synthetic times whole model steps on one device "
+           "(add --synthetic-engine to serve its model through the engine)");
   auto ctx = options.model.make_context();
-  if (!options.synthetic.empty()) {
+  if (!options.synthetic.empty() && !options.synthetic_engine) {
     return run_synthetic_bench(*ctx, options.synthetic, options.synthetic_weights, options.synthetic_batches,
                                options.synthetic_context, options.json);
   }
-  R3_CHECK(!options.model.model_dir.empty(), "give --model DIR (or --synthetic NAME with --device cuda)");
-  auto model = options.model.load(*ctx);
+  std::unique_ptr<models::CausalLM> model;
+  engine::PlaceRank place_rank;
+  if (!options.synthetic.empty()) {
+    // Every rank makes the same random model (one seed) on its own GPU.
+    R3_CHECK(ctx->device() == Device::kCuda, "--synthetic makes its weights on the GPU: add --device cuda");
+    models::SyntheticShape shape = models::SyntheticShape::named(options.synthetic);
+    shape.fp8 = options.synthetic_weights == "fp8";
+    model = models::synthetic_on_device(*ctx, shape);
+    place_rank = [shape, invariant = ctx->batch_invariant()](int rank) {
+      engine::PlacedRank placed;
+      placed.ctx = backend::Context::cuda(rank % backend::Context::cuda_device_count());
+      placed.ctx->set_batch_invariant(invariant);
+      placed.model = models::synthetic_on_device(*placed.ctx, shape);
+      return placed;
+    };
+  } else {
+    R3_CHECK(!options.model.model_dir.empty(), "give --model DIR (or --synthetic NAME with --device cuda)");
+    const int ranks = options.engine.engine.expert_parallel;
+    model = options.model.load(*ctx, 0, ranks);
+    place_rank = options.model.rank_placer(ranks);
+  }
   const auto& info = model->info();
   // Checked here with the options' names; the engine checks again with its own.
   const int64_t positions_max = info.max_position_embeddings;
@@ -243,7 +265,7 @@ int run_bench(const BenchCommandOptions& options) {
                  options.num_prompts);
     max_waiting = options.num_prompts;
   }
-  engine::Engine eng(*model, *ctx, engine_options);
+  engine::Engine eng(*model, *ctx, engine_options, place_rank);
   const engine::EngineOptions& used = eng.options();  // with the pool size the engine chose
   const int64_t positions = options.prompt_len + options.output_len;
   const int64_t blocks = (positions + used.block_size - 1) / used.block_size;
@@ -291,6 +313,10 @@ Command add_bench_command(CLI::App& app) {
                   "Context of each sequence in --synthetic's decode steps (positions already cached + 1)")
       ->capture_default_str()
       ->check(at_least<int64_t>(1))
+      ->needs("--synthetic");
+  cmd->add_flag("--synthetic-engine", options->synthetic_engine,
+               "Serve --synthetic's model through the engine instead (random prompts of --prompt-len, "
+               "--output-len, --ep ranks each making the same model on its GPU): step times as for --model")
       ->needs("--synthetic");
   cmd->add_option("--num-prompts", options->num_prompts, "Requests to run")
       ->capture_default_str()

@@ -85,7 +85,8 @@ int run_generate(const GenerateCommandOptions& options) {
   R3_CHECK(options.replay.empty() || prompts.size() == 1, "--replay replays one prompt's routing; ", prompts.size(),
            " prompts were given");
   auto ctx = options.model.make_context();
-  auto model = options.model.load(*ctx);
+  const int ranks = options.engine.engine.expert_parallel;
+  auto model = options.model.load(*ctx, 0, ranks);
   const auto& info = model->info();
   int64_t longest = 0;
   for (const Prompt& p : prompts) {
@@ -113,7 +114,7 @@ int run_generate(const GenerateCommandOptions& options) {
   sched.max_running = std::min<int64_t>(sched.max_running, static_cast<int64_t>(prompts.size()));
   sched.max_waiting = std::max<int64_t>(sched.max_waiting, static_cast<int64_t>(prompts.size()));
   if (engine_options.max_model_len == 0) engine_options.max_model_len = longest;
-  engine::Engine engine(*model, *ctx, engine_options);
+  engine::Engine engine(*model, *ctx, engine_options, options.model.rank_placer(ranks));
 
   std::vector<engine::RequestId> ids;
   for (const Prompt& p : prompts) {

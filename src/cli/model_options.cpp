@@ -7,6 +7,7 @@
 #include "cli/option_checks.h"
 #include "models/device_decoder.h"
 #include "models/registry.h"
+#include "moe/ep/expert_parallel_dispatcher.h"
 
 namespace r3::cli {
 
@@ -63,7 +64,7 @@ void ModelOptions::add_to(CLI::App& command, bool model_required) {
       ->check(at_least<int64_t>(1));
 }
 
-std::unique_ptr<models::CausalLM> ModelOptions::load(backend::Context& ctx) const {
+std::unique_ptr<models::CausalLM> ModelOptions::load(backend::Context& ctx, int rank, int ranks) const {
   const auto start = std::chrono::steady_clock::now();
   models::LoadOptions options = load_options;
   options.moe_path = moe::parse_moe_path(moe_path);
@@ -78,8 +79,15 @@ std::unique_ptr<models::CausalLM> ModelOptions::load(backend::Context& ctx) cons
                info.top_k, path, ms_since(start));
   if (ctx.device() == Device::kCpu) return model;
   const auto placed = std::chrono::steady_clock::now();
+  moe::ExpertSlice experts;
+  const std::vector<moe::MoeBlock*> blocks = model->moe_blocks();
+  if (ranks > 1 && !blocks.empty()) {
+    experts = moe::ep::contiguous_slice(blocks.front()->experts().num_physical(), ranks, rank);
+    spdlog::info("expert-parallel rank {} of {} holds physical experts {} to {} of each MoE layer", rank, ranks,
+                 experts.first, experts.first + experts.count - 1);
+  }
   model = models::place_on_device(ctx, std::move(model), dtype == "float32" ? DType::F32 : DType::BF16,
-                                  moe::parse_moe_path(path));
+                                  moe::parse_moe_path(path), experts);
   spdlog::info("weights copied to the {} device as {} (quantized ones as published) in {:.1f} ms",
                device_name(ctx.device()), dtype, ms_since(placed));
   return model;
@@ -100,6 +108,20 @@ std::unique_ptr<backend::Context> ModelOptions::make_context() const {
     return ctx;
   }
   return std::make_unique<backend::Context>(threads);
+}
+
+engine::PlaceRank ModelOptions::rank_placer(int ranks) const {
+  if (device != "cuda") return {};
+  return [this, ranks](int rank) {
+    const int devices = backend::Context::cuda_device_count();
+    R3_CHECK(devices > 0, "--ep on --device cuda: no CUDA device");
+    if (rank >= devices) spdlog::warn("--ep: rank {} shares GPU {} ({} found)", rank, rank % devices, devices);
+    engine::PlacedRank placed;
+    placed.ctx = backend::Context::cuda(rank % devices);
+    placed.ctx->set_batch_invariant(batch_invariant);
+    placed.model = load(*placed.ctx, rank, ranks);
+    return placed;
+  };
 }
 
 }  // namespace r3::cli

@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include "backend/context.h"
+#include "engine/engine.h"
 #include "models/causal_lm.h"
 #include "models/load_options.h"
 
@@ -28,11 +29,18 @@ struct ModelOptions {
   void add_to(CLI::App& command, bool model_required = true);
   // The MoE path a GPU placement runs: --moe-path when given, else mega.
   std::string gpu_moe_path() const;
-  // The model, placed on ctx's device; logs load time and model summary.
-  std::unique_ptr<models::CausalLM> load(backend::Context& ctx) const;
+  // The model, placed on ctx's device; logs load time and model summary. As rank `rank` of
+  // `ranks` expert-parallel GPU ranks, each MoE layer holds only the rank's slice of its physical
+  // experts on the device.
+  std::unique_ptr<models::CausalLM> load(backend::Context& ctx, int rank = 0, int ranks = 1) const;
   // The execution context the commands run on: the CPU (its thread pool has `threads` threads)
   // or CUDA device 0.
   std::unique_ptr<backend::Context> make_context() const;
+  // With --device cuda, how the engine places expert-parallel rank r of `ranks` (--ep): a context
+  // on device r modulo the devices present (ranks share a device only where there are fewer) and
+  // the model loaded and placed there with the rank's slice of the experts (load). Empty on the
+  // CPU, whose ranks share the one model.
+  engine::PlaceRank rank_placer(int ranks) const;
 };
 
 }  // namespace r3::cli

@@ -45,8 +45,9 @@ int run_serve(const ServeOptions& o) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);  // inherited by every thread started below
 
   auto ctx = o.model.make_context();
-  auto model = o.model.load(*ctx);
-  engine::Engine engine(*model, *ctx, o.engine.options());
+  const int ranks = o.engine.engine.expert_parallel;
+  auto model = o.model.load(*ctx, 0, ranks);
+  engine::Engine engine(*model, *ctx, o.engine.options(), o.model.rank_placer(ranks));
   server::EngineLoop loop(engine);
   server::ServerOptions options;
   options.model_name = o.served_model_name.empty() ? std::filesystem::path(o.model.model_dir).filename().string()

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "core/check.h"
+#include "moe/ep/device_exchange.h"
 #include "moe/ep/expert_moves.h"
 #include "moe/ep/expert_parallel_dispatcher.h"
 #include "moe/ep/in_process_transport.h"
@@ -53,17 +54,17 @@ void EngineStats::add_rank(const EngineStats& r) {
   expert_rows_exchanged += r.expert_rows_exchanged;
 }
 
-Engine::Engine(models::CausalLM& model, backend::Context& ctx, EngineOptions options)
+Engine::Engine(models::CausalLM& model, backend::Context& ctx, EngineOptions options, const PlaceRank& place_rank)
     : model_(model), options_(options) {
   const int n = options_.expert_parallel;
   R3_CHECK(n >= 1 && n <= kMaxExpertParallel, "--ep must be in [1, ", kMaxExpertParallel, "], got ", n);
   if (n == 1) {
-    ranks_.push_back({nullptr, nullptr, std::make_unique<RankEngine>(model, ctx, options_)});
+    ranks_.emplace_back().engine = std::make_unique<RankEngine>(model, ctx, options_);
     options_ = ranks_.front().engine->options();  // with the pool size it chose
     return;
   }
-  R3_CHECK(ctx.device() == Device::kCpu, "--ep ", n,
-           ": expert parallelism runs on the CPU only for now (across GPUs it needs NCCL, not built yet)");
+  const bool on_gpu = ctx.device() != Device::kCpu;
+  R3_CHECK(!on_gpu || place_rank, "--ep ", n, " on a GPU: every rank needs a model placed for it");
   const int64_t physical = physical_experts_per_layer(model, n);
   if (model.eplb_options().active()) {
     // The rebalancer balances each GPU's load; here the ranks are those GPUs.
@@ -77,19 +78,40 @@ Engine::Engine(models::CausalLM& model, backend::Context& ctx, EngineOptions opt
       layers.push_back(&b->experts());
       widths.push_back(b->experts().num_physical());
     }
-    eplb_.emplace(eplb, std::move(layers), [this](moe::PhysicalExperts& layer, moe::ExpertPlacement placement) {
-      move_experts_between_ranks(layer, std::move(placement));
+    eplb_.emplace(eplb, std::move(layers), [this, on_gpu](moe::PhysicalExperts& layer, moe::ExpertPlacement placement) {
+      if (on_gpu) rearrange_every_rank(layer, std::move(placement));
+      else move_experts_between_ranks(layer, std::move(placement));
     });
     group_loads_.emplace(widths);
   }
   group_ = std::make_unique<moe::ep::InProcessGroup>(n);
   owners_ = moe::ep::contiguous_owners(physical, n);
   const int threads = std::max(1, ctx.threads().size() / n);
+  // Each rank's context and model first: GPU ranks exchange over device memory between their
+  // contexts (moe/ep/device_exchange.h).
+  std::vector<backend::Context*> contexts;
+  std::vector<models::CausalLM*> models;
   for (int r = 0; r < n; ++r) {
     Rank& rank = ranks_.emplace_back();
-    rank.own_ctx = std::make_unique<backend::Context>(threads);
-    rank.dispatcher = std::make_unique<moe::ep::ExpertParallelDispatcher>(group_->rank(r), owners_);
-    rank.engine = std::make_unique<RankEngine>(model, *rank.own_ctx, options_, rank.dispatcher.get());
+    if (!on_gpu) {
+      rank.own_ctx = std::make_unique<backend::Context>(threads);
+    } else if (r > 0) {
+      PlacedRank placed = place_rank(r);
+      R3_CHECK(placed.ctx && placed.model && placed.model->info().num_experts == model.info().num_experts,
+               "--ep ", n, ": rank ", r, " was not placed with the model's experts");
+      rank.own_ctx = std::move(placed.ctx);
+      rank.own_model = std::move(placed.model);
+    }
+    contexts.push_back(rank.own_ctx ? rank.own_ctx.get() : &ctx);
+    models.push_back(rank.own_model ? rank.own_model.get() : &model);
+  }
+  if (on_gpu) device_group_ = moe::ep::make_device_exchange_group(contexts);
+  for (int r = 0; r < n; ++r) {
+    Rank& rank = ranks_[static_cast<std::size_t>(r)];
+    moe::ep::DeviceExchange* device = device_group_ ? &device_group_->rank(r) : nullptr;
+    rank.dispatcher = std::make_unique<moe::ep::ExpertParallelDispatcher>(group_->rank(r), owners_, device);
+    rank.engine = std::make_unique<RankEngine>(*models[static_cast<std::size_t>(r)], *contexts[static_cast<std::size_t>(r)],
+                                               options_, rank.dispatcher.get());
   }
   options_ = ranks_.front().engine->options();
   options_.expert_parallel = n;
@@ -152,6 +174,7 @@ void Engine::on_every_rank(const std::function<void(int rank)>& work) {
       int none = -1;
       first.compare_exchange_strong(none, r);
       group_->rank(r).abort(e.what());  // the others stop waiting for this rank
+      if (device_group_) device_group_->rank(r).abort(e.what());
     }
   };
   {
@@ -161,6 +184,7 @@ void Engine::on_every_rank(const std::function<void(int rank)>& work) {
   }
   if (first >= 0) {  // the group is made ready for the next collective
     group_->reset();
+    if (device_group_) device_group_->reset();
     std::rethrow_exception(errors[static_cast<std::size_t>(first.load())]);
   }
 }
@@ -187,6 +211,18 @@ void Engine::move_experts_between_ranks(moe::PhysicalExperts& layer, moe::Expert
     std::move(a.slots.begin(), a.slots.end(), std::back_inserter(slots));
   }
   layer.rearrange(std::move(placement), std::move(slots));
+}
+
+void Engine::rearrange_every_rank(moe::PhysicalExperts& layer, moe::ExpertPlacement placement) {
+  const std::vector<moe::MoeBlock*> first = model_.moe_blocks();
+  const auto j = static_cast<std::size_t>(
+      std::find_if(first.begin(), first.end(), [&](moe::MoeBlock* b) { return &b->experts() == &layer; }) - first.begin());
+  R3_CHECK(j < first.size(), "EPLB: a layer that is not one of the model's MoE layers");
+  // Rank 0's host model is model_ itself; the others' are their own (each maps the checkpoint).
+  for (const Rank& r : ranks_) {
+    if (r.own_model) r.own_model->moe_blocks()[j]->experts().rearrange(placement);
+  }
+  layer.rearrange(std::move(placement));
 }
 
 void Engine::end_group_step() {

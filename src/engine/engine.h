@@ -4,7 +4,9 @@
 // ends a request at any time. The CLI and the HTTP server use only this API.
 //
 // The engine is one or more ranks (engine/rank_engine.h). With EngineOptions::expert_parallel = N
-// > 1 it runs N expert-parallel ranks as threads over an in-process transport (moe/ep): each rank
+// > 1 it runs N expert-parallel ranks as threads over an in-process transport (moe/ep; on GPUs,
+// a rank per device, each with its own placed model holding its slice of the experts,
+// exchanging over device memory by NCCL or in-process copies): each rank
 // takes its share of the requests (the one with the fewest unfinished requests gets the next)
 // with its own scheduler and KV cache, captures its tokens' logical ids before they leave it, and
 // runs the routed experts of its slice of the physical experts for every rank's tokens. Every
@@ -30,15 +32,26 @@
 namespace r3::moe::ep {
 class InProcessGroup;
 class ExpertParallelDispatcher;
+class DeviceExchangeGroup;
 }  // namespace r3::moe::ep
 
 namespace r3::engine {
 
+// An expert-parallel rank's own context and model, on a GPU: unlike CPU ranks, which share one
+// model, each GPU rank needs a model placed for it (a device model keeps per-step state of its
+// own: graphs, step buffers, the capture buffer).
+struct PlacedRank {
+  std::unique_ptr<backend::Context> ctx;
+  std::unique_ptr<models::CausalLM> model;
+};
+using PlaceRank = std::function<PlacedRank(int rank)>;
+
 class Engine {
  public:
-  // ctx: where a single rank runs; expert-parallel ranks (CPU only for now) get a context each,
-  // splitting ctx's threads between them.
-  Engine(models::CausalLM& model, backend::Context& ctx, EngineOptions options = {});
+  // ctx: where a single rank runs. Expert-parallel ranks on the CPU get a context each, splitting
+  // ctx's threads between them, and share `model`; on a GPU (ctx a CUDA context) rank 0 runs
+  // `model` on ctx and place_rank(r) makes rank r's context and model.
+  Engine(models::CausalLM& model, backend::Context& ctx, EngineOptions options = {}, const PlaceRank& place_rank = {});
   ~Engine();
 
   // Validates and queues a request (all its samples); throws r3::Error with a one-line reason
@@ -60,6 +73,7 @@ class Engine {
  private:
   struct Rank {
     std::unique_ptr<backend::Context> own_ctx;  // expert parallelism: the rank's threads and workspace
+    std::unique_ptr<models::CausalLM> own_model;  // a GPU rank after the first: its placed model
     std::unique_ptr<moe::ep::ExpertParallelDispatcher> dispatcher;
     std::unique_ptr<RankEngine> engine;
   };
@@ -74,11 +88,17 @@ class Engine {
   // EPLB's re-placement of one layer across the ranks: each changed slot's weights travel from a
   // rank holding them to the slot's rank (moe/ep/expert_moves.h), then the layer takes them.
   void move_experts_between_ranks(moe::PhysicalExperts& layer, moe::ExpertPlacement placement);
+  // The same on GPU ranks, each of which has a host model of its own over the mapped checkpoint:
+  // every rank's host layer takes the placement (its bookkeeping: the host reads no weights), and
+  // before their next step the ranks' device layers move the changed slots' weights between
+  // their GPUs, over the device exchange (moe/ep/device_expert_moves.h).
+  void rearrange_every_rank(moe::PhysicalExperts& layer, moe::ExpertPlacement placement);
 
   models::CausalLM& model_;
   EngineOptions options_;
   std::unique_ptr<moe::ep::InProcessGroup> group_;
   std::vector<Rank> ranks_;
+  std::unique_ptr<moe::ep::DeviceExchangeGroup> device_group_;  // GPU ranks: the all-to-all over device memory
   std::vector<int32_t> owners_;  // expert parallelism: the rank of each physical expert (slot)
   int64_t weight_bytes_moved_ = 0;
   std::optional<moe::EplbController> eplb_;  // the group's, under expert parallelism

@@ -54,7 +54,8 @@ void set_moe_path(CausalLM& model, moe::MoePath path) {
 }
 
 std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr<CausalLM> model, DType weights,
-                                          moe::MoePath moe_path) {
+                                          moe::MoePath moe_path, moe::ExpertSlice experts) {
+  (void)experts;
   (void)ctx;
   (void)model;
   (void)weights;

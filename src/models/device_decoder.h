@@ -21,6 +21,7 @@
 
 #include "backend/context.h"
 #include "models/causal_lm.h"
+#include "moe/device_experts.h"
 #include "moe/moe_path.h"
 
 namespace r3::models {
@@ -33,8 +34,12 @@ namespace r3::models {
 // by expert, grouped experts and combine as separate kernels at every size) or kMonolithic (a
 // decode step of up to 4 tokens runs each MoE layer as one kernel, moe/device_monolithic_moe.h;
 // measured slower than kMega). kMonolithicNoCapture is refused.
+// experts: the physical experts each MoE layer holds on the device, all of them unless an
+// expert-parallel rank places only its slice (moe::ExpertSlice; such a model runs only as that
+// rank, and not with EPLB).
 std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr<CausalLM> model,
-                                          DType weights = DType::BF16, moe::MoePath moe_path = moe::MoePath::kMega);
+                                          DType weights = DType::BF16, moe::MoePath moe_path = moe::MoePath::kMega,
+                                          moe::ExpertSlice experts = {});
 
 // Switches a device model's MoE path between steps (benchmarks compare both on one model).
 // Throws for other models and for a path the GPU does not run.

@@ -8,11 +8,18 @@ namespace r3::moe {
 
 namespace {
 
+// The physical experts a device holds: [first, first + count) of the layer's.
+struct ExpertRange {
+  const PhysicalExperts& all;
+  int32_t first, count;
+  const SwigluExpertWeights& weights(int32_t e) const { return all.weights(first + e); }
+};
+
 // [experts, rows, cols] of `dtype` on the device from each physical expert's matrix `pick(weights)`.
 template <typename Pick>
-Tensor stacked(backend::Context& ctx, const PhysicalExperts& experts, DType dtype, Pick pick) {
+Tensor stacked(backend::Context& ctx, const ExpertRange& experts, DType dtype, Pick pick) {
   const Tensor& first = pick(experts.weights(0));
-  const int64_t count = experts.num_physical();
+  const int64_t count = experts.count;
   Tensor host = Tensor::empty(dtype, {count, first.dim(0), first.dim(1)});
   auto* dst = static_cast<unsigned char*>(host.raw_data());
   const std::size_t matrix_bytes = static_cast<std::size_t>(first.numel()) * dtype_size(dtype);
@@ -46,9 +53,9 @@ struct StackedQuantized {
 };
 
 template <typename Pick>
-StackedQuantized stacked_quantized(backend::Context& ctx, const PhysicalExperts& experts, Pick pick) {
+StackedQuantized stacked_quantized(backend::Context& ctx, const ExpertRange& experts, Pick pick) {
   const Tensor& first = pick(experts.weights(0));
-  const int64_t count = experts.num_physical(), rows = first.dim(0);
+  const int64_t count = experts.count, rows = first.dim(0);
   Tensor values = Tensor::empty(first.dtype(), {count, rows, first.dim(1)});
   auto* dst = static_cast<unsigned char*>(values.raw_data());
   const std::size_t matrix_bytes = static_cast<std::size_t>(first.numel()) * dtype_size(first.dtype());
@@ -96,11 +103,11 @@ bool is_quantized(const Tensor& w) {
 
 // [experts, n] F32 biases, or undefined when the experts have none.
 template <typename Pick>
-Tensor stacked_bias(backend::Context& ctx, const PhysicalExperts& experts, Pick pick) {
+Tensor stacked_bias(backend::Context& ctx, const ExpertRange& experts, Pick pick) {
   if (!pick(experts.weights(0)).defined()) return Tensor();
   const int64_t n = pick(experts.weights(0)).numel();
-  Tensor host = Tensor::empty(DType::F32, {experts.num_physical(), n});
-  for (int32_t e = 0; e < experts.num_physical(); ++e) {
+  Tensor host = Tensor::empty(DType::F32, {experts.count, n});
+  for (int32_t e = 0; e < experts.count; ++e) {
     const Tensor& b = pick(experts.weights(e));
     R3_CHECK(b.dtype() == DType::F32 && b.numel() == n, "experts on the device: expert ", e, "'s bias");
     std::memcpy(host.data<float>() + e * n, b.data<float>(), sizeof(float) * static_cast<std::size_t>(n));
@@ -110,10 +117,15 @@ Tensor stacked_bias(backend::Context& ctx, const PhysicalExperts& experts, Pick 
 
 }  // namespace
 
-DeviceExperts upload_experts(backend::Context& ctx, const PhysicalExperts& experts, DType dtype) {
+DeviceExperts upload_experts(backend::Context& ctx, const PhysicalExperts& layer, DType dtype, ExpertSlice slice) {
   R3_CHECK(dtype == DType::F32 || dtype == DType::BF16, "experts on the device: F32 or BF16, not ", dtype_name(dtype));
-  R3_CHECK(experts.num_physical() > 0, "experts on the device: no experts");
+  R3_CHECK(layer.num_physical() > 0, "experts on the device: no experts");
+  const int32_t count = slice.count < 0 ? static_cast<int32_t>(layer.num_physical()) - slice.first : slice.count;
+  R3_CHECK(slice.first >= 0 && count >= 1 && slice.first + count <= layer.num_physical(), "experts on the device: ",
+           count, " experts from ", slice.first, " of ", layer.num_physical());
+  const ExpertRange experts{layer, slice.first, count};
   DeviceExperts d;
+  d.first = slice.first;
   const auto gate = [](const SwigluExpertWeights& w) -> const Tensor& { return w.gate; };
   const auto up = [](const SwigluExpertWeights& w) -> const Tensor& { return w.up; };
   const auto down = [](const SwigluExpertWeights& w) -> const Tensor& { return w.down; };
@@ -143,31 +155,9 @@ DeviceExperts upload_experts(backend::Context& ctx, const PhysicalExperts& exper
   d.gate_bias = stacked_bias(ctx, experts, [](const SwigluExpertWeights& w) -> const Tensor& { return w.gate_bias; });
   d.up_bias = stacked_bias(ctx, experts, [](const SwigluExpertWeights& w) -> const Tensor& { return w.up_bias; });
   d.down_bias = stacked_bias(ctx, experts, [](const SwigluExpertWeights& w) -> const Tensor& { return w.down_bias; });
-  d.activation = experts.activation();
+  d.activation = layer.activation();
   d.reduced_precision = dtype == DType::BF16;
   return d;
-}
-
-}  // namespace r3::moe
-
-namespace r3::moe {
-
-void refresh_experts(backend::Context& ctx, const PhysicalExperts& experts, DeviceExperts& into) {
-  // Quantized experts upload as they are, whatever dtype is asked for.
-  DeviceExperts fresh = upload_experts(ctx, experts, into.quantized() ? DType::F32 : into.gate.dtype());
-  const auto copy = [&](const Tensor& from, Tensor& to) {
-    R3_CHECK(from.defined() == to.defined(), "refresh_experts: the experts gained or lost a bias");
-    if (from.defined()) backend::copy_on_device(ctx, from, to);
-  };
-  copy(fresh.gate, into.gate);
-  copy(fresh.up, into.up);
-  copy(fresh.down, into.down);
-  copy(fresh.gate_scales, into.gate_scales);
-  copy(fresh.up_scales, into.up_scales);
-  copy(fresh.down_scales, into.down_scales);
-  copy(fresh.gate_bias, into.gate_bias);
-  copy(fresh.up_bias, into.up_bias);
-  copy(fresh.down_bias, into.down_bias);
 }
 
 }  // namespace r3::moe

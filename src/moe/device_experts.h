@@ -21,6 +21,9 @@ namespace r3::moe {
 // e8m0 scales [experts, rows, ceil(cols / 32)].
 struct DeviceExperts {
   Tensor gate, up, down;
+  // The layer's physical expert these start at: 0, or, on an expert-parallel rank holding only
+  // its slice, the slice's first (device expert e is physical expert first + e).
+  int32_t first = 0;
   Tensor gate_scales, up_scales, down_scales;  // quantized experts only
   int64_t block_rows = 0, block_cols = 0;      // FP8 only
   Tensor gate_bias, up_bias, down_bias;
@@ -35,16 +38,19 @@ struct DeviceExperts {
   int64_t intermediate() const { return gate.dim(1); }
 };
 
-// The physical experts' weights, stacked and copied to ctx's device: quantized experts as they are
-// (FP8 or MXFP4 bytes and their scales, never widened); others as `dtype` (F32: widened exactly;
-// BF16: rounded to nearest even where stored wider). Biases F32. Stacks one matrix kind at a time
-// on the host.
-DeviceExperts upload_experts(backend::Context& ctx, const PhysicalExperts& experts, DType dtype);
+// Physical experts [first, first + count) of a layer (count < 0: to the last), the slice an
+// expert-parallel rank holds.
+struct ExpertSlice {
+  int32_t first = 0;
+  int32_t count = -1;
+};
 
-// Rewrites `into` (made by upload_experts from these experts) with the experts' current
-// weights, after a rebalance moved them: the device addresses stay. Goes through a fresh upload
-// (the host already holds the new placement's weights); waits for the copies.
-void refresh_experts(backend::Context& ctx, const PhysicalExperts& experts, DeviceExperts& into);
+// The physical experts' weights (those of `slice`), stacked and copied to ctx's device: quantized
+// experts as they are (FP8 or MXFP4 bytes and their scales, never widened); others as `dtype`
+// (F32: widened exactly; BF16: rounded to nearest even where stored wider). Biases F32. Stacks one
+// matrix kind at a time on the host.
+DeviceExperts upload_experts(backend::Context& ctx, const PhysicalExperts& experts, DType dtype,
+                             ExpertSlice slice = {});
 
 // Steps of at most this many tokens (decode of a few sequences) may skip the grouping by expert:
 // their pairs run one by one (sm90_fused_experts.cu), or inside the monolithic kernel
@@ -67,6 +73,16 @@ constexpr int64_t expert_scratch_rows(int64_t pairs) { return pairs + 32; }
 void fused_experts_on_device(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, const float* weights,
                              int64_t k, const DeviceExperts& experts, Tensor& grouping, Tensor& activated,
                              Tensor& expert_out, Tensor& out, bool always_grouped = false);
+
+// Expert parallelism (moe/ep): rows [n, H] that other ranks' dispatches brought here, with their
+// physical ids (device [n], within the experts' slice: experts.first on), each through its
+// expert's gate/up, activation and down into
+// out [n, H] (no combine: the rows go back to the ranks they came from, which combine them).
+// rows, out: device F32. The rows are grouped by expert on the device, then always the
+// weight-streaming rows kernels, whose per-row sums do not depend on the other rows of a group,
+// so a row gets the bits the one-rank rows kernels give its pair. Scratch from ctx's workspace.
+void rows_through_their_experts_on_device(backend::Context& ctx, const Tensor& rows, const int32_t* ids,
+                                          const DeviceExperts& experts, Tensor& out);
 #endif
 
 }  // namespace r3::moe

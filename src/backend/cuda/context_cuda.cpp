@@ -22,8 +22,11 @@ constexpr std::size_t kLtWorkspaceBytes = std::size_t{32} << 20;
 
 // The workspace's tensors in device memory: allocated and freed with the runtime, zeroed by a
 // memset queued on the context's stream (ordered before the kernels that use them).
-void* allocate_device(std::size_t bytes, void*) {
+// On the context's device whatever the calling thread's current one (expert-parallel ranks on
+// several GPUs run on threads of their own).
+void* allocate_device(std::size_t bytes, void* state) {
   void* p = nullptr;
+  R3_CUDA_CHECK(cudaSetDevice(static_cast<State*>(state)->device));
   R3_CUDA_CHECK(cudaMalloc(&p, bytes));
   return p;
 }
@@ -44,9 +47,11 @@ void destroy(State* s) {
 }  // namespace
 }  // namespace cuda
 
-bool Context::cuda_available() {
+bool Context::cuda_available() { return cuda_device_count() > 0; }
+
+int Context::cuda_device_count() {
   int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
 }
 
 std::unique_ptr<Context> Context::cuda(int index) {

@@ -93,7 +93,10 @@ void Decoder::forward_drawn(backend::Context& ctx, const ForwardBatch& batch, Mo
 void Decoder::run_step(backend::Context& ctx, const ForwardBatch& batch, ModelCache& model_cache,
                        FunctionRef<void(const Tensor& logits)> finish) const {
   R3_CHECK(&ctx == &ctx_, "forward: a device model runs on the context it was placed with");
-  R3_CHECK(batch.dispatcher == nullptr, "forward: expert parallelism across GPUs is not built yet");
+  // The calling thread's device becomes the model's (expert-parallel ranks step on threads of
+  // their own, one per GPU).
+  R3_CUDA_CHECK(cudaSetDevice(ctx.cuda_state().device));
+  dispatcher_ = batch.dispatcher;
   const ModelInfo& info = p_.info;
   validate_batch(ctx.workspace(), batch, model_cache, info);
   auto* kv = dynamic_cast<KvCache*>(&model_cache);
@@ -121,16 +124,17 @@ void Decoder::run_step(backend::Context& ctx, const ForwardBatch& batch, ModelCa
   for (const Layer& layer : p_.layers) {
     const Moe* moe = layer.routed_moe();
     if (moe == nullptr) continue;
-    moe->follow_placement(ctx);  // after a rebalance of the step before
+    moe->follow_placement(ctx, ep_dispatcher());  // after a rebalance of the step before
     host_map = host_map || moe->host_map();
   }
   if (capturing) capture_->begin_step();
   if (loads_) loads_->begin_step();
   moe_layers_routed_ = 0;
   try {
-    // Replay steps run eagerly (their forced ids are optional pointers), and so does a map a test
-    // replaced (it runs on the host).
-    if (step.forced == nullptr && !host_map) run_layers_graphed(ctx, step, *kv, st);
+    // Replay steps run eagerly (their forced ids are optional pointers), and so do a map a test
+    // replaced (it runs on the host) and expert parallelism (each MoE layer waits for the counts
+    // that size its exchanges).
+    if (step.forced == nullptr && !host_map && dispatcher_ == nullptr) run_layers_graphed(ctx, step, *kv, st);
     else run_layers(ctx, step, *kv, st);
   } catch (...) {
     // What was captured before the failure reaches the capture buffer (as on the CPU, where the
@@ -175,6 +179,18 @@ void Decoder::run_moe(backend::Context& ctx, const Moe& moe, const Tensor& norme
                       Tensor& out, const Tensor* experts_in) const {
   backend::Workspace::Scope scope(ctx.workspace());
   const bool modular = p_.moe_path == moe::MoePath::kModular;
+  if (dispatcher_ != nullptr) {  // expert parallelism: every path routes, then dispatches
+    const Routed routed = route(ctx, moe, normed, step);
+    const Tensor& experts_x = experts_in != nullptr ? *experts_in : normed;
+    const moe::ep::ExpertParallelDispatcher* ep = ep_dispatcher();
+    R3_CHECK(ep != nullptr && ep->device_exchange() != nullptr,
+             "forward: a device model's expert-parallel rank needs a dispatcher with a device exchange");
+    moe.run_experts_over_gpus(ctx, experts_x, step, routed.ids, routed.weights, routed.loads, *ep,
+                              device_owners(ctx, *ep), out);
+    return;
+  }
+  R3_CHECK(moe.holds_every_expert(), "forward: MoE layer ", moe.layer_id,
+           " holds a slice of its experts (an expert-parallel rank's placement) and runs only as that rank");
   if (p_.moe_path != moe::MoePath::kMonolithic || !moe.monolithic_fits(step.tokens)) {
     const Routed routed = route(ctx, moe, normed, step);
     moe.run_experts(ctx, experts_in != nullptr ? *experts_in : normed, step, routed.ids, routed.weights, routed.loads,
@@ -187,6 +203,18 @@ void Decoder::run_moe(backend::Context& ctx, const Moe& moe, const Tensor& norme
                             p_.capture_routing ? capture_->layer_rows(j) : moe::DeviceCaptureRows{},
                             loads_ ? loads_->layer(j) : nullptr, out, experts_in);
   moe_layers_routed_ = j + 1;
+}
+
+const moe::ep::ExpertParallelDispatcher* Decoder::ep_dispatcher() const {
+  return dynamic_cast<const moe::ep::ExpertParallelDispatcher*>(dispatcher_);
+}
+
+const int32_t* Decoder::device_owners(backend::Context& ctx, const moe::ep::ExpertParallelDispatcher& ep) const {
+  if (ep.owner_of() != owners_) {  // the group's placement of physical experts on ranks, once
+    owners_ = ep.owner_of();
+    device_owners_ = backend::to_device(ctx, Tensor::from(owners_, {static_cast<int64_t>(owners_.size())}));
+  }
+  return device_owners_.data<int32_t>();
 }
 
 void Decoder::run_layers(backend::Context& ctx, const ops::DeviceStep& step, KvCache& kv, StepTensors& t) const {
@@ -360,14 +388,14 @@ void place_attention(backend::Context& ctx, const AttentionLayer& host, DType dt
 }  // namespace device
 
 std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr<CausalLM> model, DType weights,
-                                          moe::MoePath moe_path) {
+                                          moe::MoePath moe_path, moe::ExpertSlice experts) {
   R3_CHECK(ctx.device() == Device::kCuda, "place_on_device: not a CUDA context");
   R3_CHECK(weights == DType::F32 || weights == DType::BF16, "--dtype: float32 or bfloat16 weights on the GPU, not ",
            dtype_name(weights));
   device::check_device_moe_path(moe_path);
   if (auto* k3 = dynamic_cast<KimiK3Model*>(model.get())) {
     model.release();
-    return device::place_kimi_k3(ctx, std::unique_ptr<KimiK3Model>(k3), weights, moe_path);
+    return device::place_kimi_k3(ctx, std::unique_ptr<KimiK3Model>(k3), weights, moe_path, experts);
   }
   auto* decoder = dynamic_cast<DecoderModel*>(model.get());
   R3_CHECK(decoder != nullptr, "--device cuda: ", model->info().architecture,
@@ -396,7 +424,7 @@ std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr
     } else {
       const auto* moe = dynamic_cast<const MoeFeedForward*>(layer.feed_forward.get());
       R3_CHECK(moe != nullptr, "--device cuda: layer ", l, "'s feed-forward has no CUDA kernels");
-      d.moe.emplace(ctx, *moe, weights, host->eplb_options().active());
+      d.moe.emplace(ctx, *moe, weights, host->eplb_options().active(), experts);
     }
     parts.layers.push_back(std::move(d));
   }

@@ -30,6 +30,7 @@
 #include "moe/device_monolithic_moe.h"
 #include "moe/moe_path.h"
 #include "moe/device_routing.h"
+#include "moe/ep/expert_parallel_dispatcher.h"
 #include "core/function_ref.h"
 #include "ops/cuda/token_drawer.h"
 #include "ops/device_step.h"
@@ -115,16 +116,24 @@ struct Moe {
   Tensor shared_gate;
   // EPLB (replicas or rebalancing): the host layer's experts, whose placement the device copies
   // follow, and the map from logical to physical ids on the device. Null map: no EPLB, the
-  // experts are the logical ones.
+  // experts are the logical ones. held_placement: the placement `experts` hold (that of the host
+  // layer's placement_version).
   const moe::PhysicalExperts* host_experts = nullptr;
   std::shared_ptr<moe::DeviceExpertMap> map;
   mutable int64_t placement_version = 0;
+  mutable std::optional<moe::ExpertPlacement> held_placement;
   std::shared_ptr<moe::MonolithicMoeSync> monolithic_sync;  // the monolithic kernel's counters for this layer
 
+  // The layer's physical experts; `experts` holds them all, or on an expert-parallel rank only its
+  // slice (experts.first on), which only the expert-parallel path runs.
+  int64_t physical_experts = 0;
+
   Moe() = default;
-  Moe(backend::Context& ctx, const MoeFeedForward& host, DType dtype, bool eplb);
+  Moe(backend::Context& ctx, const MoeFeedForward& host, DType dtype, bool eplb, moe::ExpertSlice slice = {});
   // The block's routing and experts only (no shared expert).
-  Moe(backend::Context& ctx, const moe::MoeBlock& block, DType dtype, bool eplb);
+  Moe(backend::Context& ctx, const moe::MoeBlock& block, DType dtype, bool eplb, moe::ExpertSlice slice = {});
+  // Whether `experts` holds every physical expert (the one-rank paths need them all).
+  bool holds_every_expert() const { return experts.first == 0 && experts.gate.dim(0) == physical_experts; }
   // Gate GEMM, then routing fused with the capture write (the ids reach `capture` rows in the
   // same kernel that writes them to `ids`; null rows: not captured). ids: device [tokens, k]
   // logical ids; weights: device [tokens, k].
@@ -135,6 +144,14 @@ struct Moe {
   // at every step size) and the shared expert.
   void run_experts(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, const int32_t* ids,
                    const float* weights, int32_t* load_counts, Tensor& out, bool always_grouped) const;
+  // Expert parallelism (an eager step): the EPLB map as run_experts runs it, then the pairs
+  // planned, packed and exchanged through ep's device exchange for the ranks holding their
+  // physical experts (owner_of: device [num_physical]), this rank's experts over
+  // the rows that came, the outputs back and the combine (moe/device_ep_dispatch.h); then the
+  // shared expert. Waits once, for the counts the exchanges are sized by.
+  void run_experts_over_gpus(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, const int32_t* ids,
+                             const float* weights, int32_t* load_counts, const moe::ep::ExpertParallelDispatcher& ep,
+                             const int32_t* owner_of, Tensor& out) const;
   // Whether a step of `tokens` tokens can run the whole layer as one monolithic kernel
   // (moe/device_monolithic_moe.h): a few tokens, and no map a test replaced.
   bool monolithic_fits(int64_t tokens) const { return !host_map() && moe::monolithic_moe_fits(experts, tokens); }
@@ -145,8 +162,15 @@ struct Moe {
                              float* weights, moe::DeviceCaptureRows capture, int32_t* load_counts, Tensor& out,
                              const Tensor* experts_x = nullptr) const;
   // Brings the device experts and map up to the host layer's placement after a rebalance
-  // (between steps; the device addresses stay, so recorded graphs stay valid).
-  void follow_placement(backend::Context& ctx) const;
+  // (between steps; the device addresses stay, so recorded graphs stay valid): only the slots
+  // whose expert changed take weights, from slots that held it, device to device
+  // (moe/ep/device_expert_moves.h). Under expert parallelism (ep: the step's dispatcher) a
+  // collective over its device exchange: every rank follows each layer in the same order.
+  void follow_placement(backend::Context& ctx, const moe::ep::ExpertParallelDispatcher* ep) const;
+  // ids (logical) as the experts take them: through the EPLB map when on (counting into
+  // load_counts), else ids itself; in ctx's workspace.
+  const int32_t* physical_ids(backend::Context& ctx, const ops::DeviceStep& step, const int32_t* ids, int64_t tokens,
+                              int32_t* load_counts) const;
   // Whether a test replaced the host layer's map function: the map then runs on the host (eagerly),
   // with or without EPLB, as the CPU paths run it.
   // (A synthetic model has no host layer.)
@@ -161,7 +185,7 @@ struct LatentMoe {
   float rms_eps;
   SituMlp shared;
 
-  LatentMoe(backend::Context& ctx, const LatentMoeFeedForward& host, DType dtype, bool eplb);
+  LatentMoe(backend::Context& ctx, const LatentMoeFeedForward& host, DType dtype, bool eplb, moe::ExpertSlice slice = {});
 };
 
 // One of Kimi K3's attention-residual mixes (AttentionResidual) with its weights on the device.
@@ -296,8 +320,13 @@ class Decoder final : public CausalLM {
     int32_t* loads;
   };
   Routed route(backend::Context& ctx, const Moe& moe, const Tensor& normed, const ops::DeviceStep& step) const;
+  // The running step's expert-parallel dispatcher (null on one rank).
+  const moe::ep::ExpertParallelDispatcher* ep_dispatcher() const;
+  // The expert-parallel group's owner_of on the device (uploaded when it changes).
+  const int32_t* device_owners(backend::Context& ctx, const moe::ep::ExpertParallelDispatcher& ep) const;
   // A MoE layer's routed experts from `normed` into `out` (the shared expert added), by the
-  // placement's MoE path: route, then run_experts, or both in one monolithic kernel.
+  // placement's MoE path: route, then run_experts, or both in one monolithic kernel; under expert
+  // parallelism, route, then the experts over the ranks through the dispatcher's device exchange.
   // experts_in: the experts' input when it is not `normed` (Kimi K3's latent rows), or null.
   void run_moe(backend::Context& ctx, const Moe& moe, const Tensor& normed, const ops::DeviceStep& step, Tensor& out,
                const Tensor* experts_in = nullptr) const;
@@ -326,12 +355,17 @@ class Decoder final : public CausalLM {
   mutable int64_t graph_replays_ = 0;
   mutable std::unique_ptr<moe::DeviceLoadCounts> loads_;  // EPLB on: each step's loads
   mutable int64_t moe_layers_routed_ = 0;                  // of the running step, for a failed one
+  // Expert parallelism: the running step's dispatcher (ForwardBatch::dispatcher; null on one
+  // rank).
+  mutable const moe::Dispatcher* dispatcher_ = nullptr;
+  mutable std::vector<int32_t> owners_;  // the physical experts' ranks, and their copy on the device
+  mutable Tensor device_owners_;
   mutable ops::cuda::TokenDrawer drawer_;
   bool has_recurrent_layers_ = false;  // Kimi Delta Attention layers: steps are checked for their runs
 };
 
 // Kimi K3 on the device (models/cuda/kimi_k3_on_device.cpp).
 std::unique_ptr<CausalLM> place_kimi_k3(backend::Context& ctx, std::unique_ptr<KimiK3Model> host, DType weights,
-                                        moe::MoePath moe_path);
+                                        moe::MoePath moe_path, moe::ExpertSlice experts = {});
 
 }  // namespace r3::models::device

@@ -118,6 +118,10 @@ ops::DeviceStep DeviceStepBuilder::build(std::span<const int32_t> token_ids, std
   for (std::size_t t = 0; t < positions.size(); ++t) {
     if (seqs[t] >= 0) max_context = std::max<int64_t>(max_context, positions[t] + 1);
   }
+  // A step of padding rows only (an expert-parallel rank with no tokens of its own still runs each
+  // layer to take part in the exchanges) sizes the attention grids by one position: its rows
+  // attend to nothing either way, and the kernels refuse a step whose size was never set.
+  if (tokens > 0 && max_context == 0) max_context = 1;
   ops::DeviceStep step{tokens, d, d + max_tokens_, d + 2 * max_tokens_, d + 4 * max_tokens_, stride_, max_context};
   step.logit_rows = d + 3 * max_tokens_;
   step.logit_row_count = row_count;

@@ -21,8 +21,9 @@ SituMlp situ_on_device(backend::Context& ctx, const SituMlp& host, DType dtype) 
                  host.activation());
 }
 
-LatentMoe::LatentMoe(backend::Context& ctx, const LatentMoeFeedForward& host, DType dtype, bool eplb)
-    : moe(ctx, host.moe(), dtype, eplb),
+LatentMoe::LatentMoe(backend::Context& ctx, const LatentMoeFeedForward& host, DType dtype, bool eplb,
+                     moe::ExpertSlice slice)
+    : moe(ctx, host.moe(), dtype, eplb, slice),
       down(on_device(ctx, host.latent().down, dtype)),
       norm(on_device(ctx, host.latent().norm, DType::F32)),
       up(on_device(ctx, host.latent().up, dtype)),
@@ -97,7 +98,7 @@ void Decoder::run_residual_mix_layers(backend::Context& ctx, const ops::DeviceSt
 }
 
 std::unique_ptr<CausalLM> place_kimi_k3(backend::Context& ctx, std::unique_ptr<KimiK3Model> host, DType weights,
-                                        moe::MoePath moe_path) {
+                                        moe::MoePath moe_path, moe::ExpertSlice experts) {
   DecoderParts parts;
   parts.moe_path = moe_path;
   parts.info = host->info();
@@ -121,7 +122,7 @@ std::unique_ptr<CausalLM> place_kimi_k3(backend::Context& ctx, std::unique_ptr<K
     d.post_mix.emplace(ctx, *layer.post_attention_mix);
     place_attention(ctx, *layer.attention, weights, static_cast<int64_t>(l), d);
     if (const auto* moe = dynamic_cast<const LatentMoeFeedForward*>(layer.feed_forward.get())) {
-      d.latent_moe.emplace(ctx, *moe, weights, eplb);
+      d.latent_moe.emplace(ctx, *moe, weights, eplb, experts);
     } else {
       const auto* dense = dynamic_cast<const SituFeedForward*>(layer.feed_forward.get());
       R3_CHECK(dense != nullptr, "--device cuda: Kimi K3 layer ", l, "'s feed-forward has no CUDA kernels");

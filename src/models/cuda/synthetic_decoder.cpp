@@ -102,6 +102,7 @@ std::unique_ptr<CausalLM> synthetic_on_device(backend::Context& ctx, const Synth
     device::Moe& m = layer.moe.emplace();
     m.layer_id = l;
     m.num_experts = s.experts;
+    m.physical_experts = s.experts;
     m.top_k = s.top_k;
     m.gate_weight = random.matrix(DType::F32, {s.experts, s.hidden});
     m.rule = {moe::DeviceRoutingRule::Kind::kSoftmaxTopK, static_cast<int32_t>(s.top_k), true};

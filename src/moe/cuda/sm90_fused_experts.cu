@@ -38,7 +38,7 @@ constexpr int kMaxPairsPerPass = 8;
 
 // ids [pairs] -> offsets [experts + 1], order [pairs] (pair indices grouped by expert), used
 // [experts] (the experts with pairs, ascending), used_count [1]. One block.
-__global__ void group_pairs_by_expert(const int32_t* __restrict__ ids, int64_t pairs, int64_t experts,
+__global__ void group_pairs_by_expert(const int32_t* __restrict__ ids, int32_t id_base, int64_t pairs, int64_t experts,
                                       int32_t* __restrict__ offsets, int32_t* __restrict__ order,
                                       int32_t* __restrict__ used, int32_t* __restrict__ used_count) {
   backend::cuda::wait_for_predecessor();
@@ -46,7 +46,7 @@ __global__ void group_pairs_by_expert(const int32_t* __restrict__ ids, int64_t p
   int32_t* cursor = counts + experts;
   for (int64_t e = threadIdx.x; e < experts; e += blockDim.x) counts[e] = 0;
   __syncthreads();
-  for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&counts[ids[p]], 1);
+  for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&counts[ids[p] - id_base], 1);
   __syncthreads();
   // Offsets and the used list by the first warp: each lane scans a contiguous range of experts,
   // the lanes' totals meet in a warp-wide exclusive scan (a serial loop over every expert on one
@@ -82,7 +82,9 @@ __global__ void group_pairs_by_expert(const int32_t* __restrict__ ids, int64_t p
     }
   }
   __syncthreads();
-  for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) order[atomicAdd(&cursor[ids[p]], 1)] = static_cast<int32_t>(p);
+  for (int64_t p = threadIdx.x; p < pairs; p += blockDim.x) {
+    order[atomicAdd(&cursor[ids[p] - id_base], 1)] = static_cast<int32_t>(p);
+  }
 }
 
 
@@ -238,8 +240,9 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
   }
   int32_t* gp = grouping.data<int32_t>();
   const Grouping g{gp, gp + experts + 1, gp + experts + 1 + pairs, gp + 2 * experts + 1 + pairs};
-  backend::cuda::launch_kernel(group_pairs_by_expert, 1, 1024, 2 * experts * sizeof(int32_t), stream, ids, pairs,
-                               experts, gp, gp + experts + 1, gp + experts + 1 + pairs, gp + 2 * experts + 1 + pairs);
+  backend::cuda::launch_kernel(group_pairs_by_expert, 1, 1024, 2 * experts * sizeof(int32_t), stream, ids, x.first,
+                               pairs, experts, gp, gp + experts + 1, gp + experts + 1 + pairs,
+                               gp + 2 * experts + 1 + pairs);
   // Sized for every expert being used (at most `pairs` of them).
   const int64_t slots = std::min(experts, pairs);
   const unsigned gate_blocks = warp_blocks(slots * inter), down_blocks = warp_blocks(slots * h);
@@ -275,7 +278,60 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
   R3_CUDA_CHECK(cudaGetLastError());
 }
 
+template <typename Matrix, typename Act>
+void launch_grouped_rows(cudaStream_t stream, const Tensor& rows, const Grouping& g, int64_t slots, int64_t likely,
+                         const DeviceExperts& x, const Act& act, Matrix gw, Matrix uw, Matrix dw, Tensor& activated,
+                         Tensor& out) {
+  const int64_t h = x.hidden(), inter = x.intermediate();
+  auto bias = [](const Tensor& b) { return b.defined() ? b.data<float>() : nullptr; };
+  constexpr unsigned kThreads = kWarpsPerBlock * kWarp;
+  auto run = [&](auto vec8_tag, auto pairs_tag) {
+    constexpr bool kVec8 = decltype(vec8_tag)::value;
+    constexpr int kPairs = decltype(pairs_tag)::value;
+    // k = 1: each row is its own "token", so a group's entry is the row itself.
+    backend::cuda::launch_kernel(gate_up_rows<Matrix, kVec8, kPairs, Act>, warp_blocks(slots * inter), kThreads, 0,
+                                 stream, rows.data<float>(), int64_t{1}, g, gw, uw, bias(x.gate_bias),
+                                 bias(x.up_bias), h, inter, act, activated.data<float>());
+    backend::cuda::launch_kernel(down_rows<Matrix, kVec8, kPairs>, warp_blocks(slots * h), kThreads, 0, stream,
+                                 activated.data<float>(), g, dw, bias(x.down_bias), h, inter, out.data<float>());
+  };
+  auto by_pairs = [&](auto vec8_tag) {
+    if (likely <= 1) run(vec8_tag, std::integral_constant<int, 1>{});
+    else if (likely <= 2) run(vec8_tag, std::integral_constant<int, 2>{});
+    else if (likely <= 4) run(vec8_tag, std::integral_constant<int, 4>{});
+    else run(vec8_tag, std::integral_constant<int, kMaxPairsPerPass>{});
+  };
+  if (experts_detail::experts_vec8(x)) by_pairs(std::true_type{});
+  else by_pairs(std::false_type{});
+}
+
 }  // namespace
+
+void rows_through_their_experts_on_device(backend::Context& ctx, const Tensor& rows, const int32_t* ids,
+                                          const DeviceExperts& experts, Tensor& out) {
+  const int64_t n = rows.dim(0), h = experts.hidden(), inter = experts.intermediate(), count = experts.gate.dim(0);
+  R3_CHECK(rows.rank() == 2 && rows.dim(1) == h && out.shape() == rows.shape(), "experts over ranks (cuda): rows ",
+           shape_to_string(rows.shape()), ", out ", shape_to_string(out.shape()), " for experts of ", h);
+  R3_CHECK(count <= 4096, "experts (cuda): ", count, " experts (at most 4096)");
+  if (n == 0) return;
+  backend::Workspace::Scope scope(ctx.workspace());
+  Tensor grouping = ctx.scratch_for_output(DType::I32, {grouping_ints(count, n)});
+  Tensor activated = ctx.scratch_for_output(DType::F32, {n, inter});
+  int32_t* gp = grouping.data<int32_t>();
+  const Grouping g{gp, gp + count + 1, gp + count + 1 + n, gp + 2 * count + 1 + n};
+  const cudaStream_t stream = ctx.cuda_state().stream;
+  // Each row is its own "token" (k = 1): a group's entry is the row itself.
+  backend::cuda::launch_kernel(group_pairs_by_expert, 1, 1024, 2 * count * sizeof(int32_t), stream, ids,
+                               experts.first, n, count, gp, gp + count + 1, gp + count + 1 + n, gp + 2 * count + 1 + n);
+  const int64_t slots = std::min(count, n);
+  const int64_t likely = std::min<int64_t>(kMaxPairsPerPass, std::max<int64_t>(1, 2 * ((n + count - 1) / count)));
+  experts_detail::with_expert_matrices(experts, [&](auto gate, auto up, auto down) {
+    experts_detail::with_activation(experts.activation, [&](auto act) {
+      launch_grouped_rows(stream, rows, g, slots, likely, experts, act, gate, up, down, activated, out);
+    });
+  });
+  R3_CUDA_CHECK(cudaGetLastError());
+}
 
 void fused_experts_on_device(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, const float* weights,
                              int64_t k, const DeviceExperts& experts, Tensor& grouping, Tensor& activated,

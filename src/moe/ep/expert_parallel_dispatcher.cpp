@@ -75,8 +75,9 @@ class Reader {
 
 }  // namespace
 
-ExpertParallelDispatcher::ExpertParallelDispatcher(Transport& transport, std::vector<int32_t> owner_of)
-    : transport_(transport), owner_of_(std::move(owner_of)) {
+ExpertParallelDispatcher::ExpertParallelDispatcher(Transport& transport, std::vector<int32_t> owner_of,
+                                                   DeviceExchange* device)
+    : transport_(transport), owner_of_(std::move(owner_of)), device_(device) {
   for (std::size_t p = 0; p < owner_of_.size(); ++p) {
     R3_CHECK(owner_of_[p] >= 0 && owner_of_[p] < transport_.size(), "expert parallelism: physical expert ", p,
              " on rank ", owner_of_[p], " of ", transport_.size());
@@ -194,6 +195,13 @@ std::vector<int32_t> contiguous_owners(int64_t num_physical, int ranks) {
   std::vector<int32_t> owners(static_cast<std::size_t>(num_physical));
   for (int64_t p = 0; p < num_physical; ++p) owners[static_cast<std::size_t>(p)] = static_cast<int32_t>(p * ranks / num_physical);
   return owners;
+}
+
+ExpertSlice contiguous_slice(int64_t num_physical, int ranks, int rank) {
+  const std::vector<int32_t> owners = contiguous_owners(num_physical, ranks);
+  const auto first = std::find(owners.begin(), owners.end(), rank);
+  R3_CHECK(first != owners.end(), "expert parallelism: rank ", rank, " of ", ranks, " owns no expert");
+  return {static_cast<int32_t>(first - owners.begin()), static_cast<int32_t>(std::count(owners.begin(), owners.end(), rank))};
 }
 
 }  // namespace r3::moe::ep

@@ -4,7 +4,8 @@
 // carries, in move order, the source slots of the moves from a slot of s to a slot of d, and rank
 // d writes them into those moves' slots in the same order. A rank's run to itself carries its
 // local moves, so every source is read before any slot is written (two slots that swap their
-// experts stay right). The host ranks' moves (move_expert_weights) take their messages from it.
+// experts stay right). The host ranks' moves (move_expert_weights) take their messages from it,
+// and the GPU ranks' (moe/ep/device_expert_moves.h) their packing and unpacking.
 #pragma once
 
 #include <cstdint>
