@@ -9,10 +9,31 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/synthetic_bench.h"
 #include "test_support.h"
 
 namespace r3::test {
 namespace {
+
+// The GPU benchmark's batches against the device memory left beside the weights: on an 80 GB
+// H100 the bf16 Qwen3-30B-A3B shape (61.1 GB of weights; 81559 MiB on the card) leaves about
+// 24 GB, which holds the 1k-position KV cache of 64 sequences (6.5 GB) but not of 256 (26.2 GB).
+// That batch ran out of memory there and took the whole run's results with it; now it is skipped.
+// A 141 GB H200 runs all four.
+TEST(SyntheticBench, BatchesWhoseKvCacheDoesNotFitBesideTheWeightsAreSkipped) {
+  const models::SyntheticShape shape = models::SyntheticShape::named("qwen3-30b-a3b");
+  const int64_t h100 = int64_t{81559} << 20, h200 = int64_t{143771} << 20;
+  const std::vector<int64_t> batches = {1, 8, 64, 256};
+  const cli::BatchesThatFit on_h100 = cli::batches_that_fit(shape, batches, 1024, h100 - shape.weight_bytes());
+  EXPECT_EQ(on_h100.run, (std::vector<int64_t>{1, 8, 64}));
+  EXPECT_EQ(on_h100.skipped, (std::vector<int64_t>{256}));
+  const cli::BatchesThatFit on_h200 = cli::batches_that_fit(shape, batches, 1024, h200 - shape.weight_bytes());
+  EXPECT_EQ(on_h200.run, batches);
+  EXPECT_TRUE(on_h200.skipped.empty());
+  // The KV cache counted: keys and values, bf16, every layer, context + the spare positions.
+  EXPECT_EQ(shape.kv_cache_bytes(256, 1024 + cli::kSparePositions),
+            int64_t{48} * 256 * (1024 + 16) * (4 * 128) * 2 * 2);
+}
 
 // 12 prompts of 40 tokens, 8 outputs each, in blocks of 4 positions, at most 4 running.
 const std::string kBenchSize = " --num-prompts 12 --prompt-len 40 --output-len 8 --block-size 4 --max-running 4";

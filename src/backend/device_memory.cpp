@@ -18,6 +18,7 @@ Tensor download(Context& ctx, const Tensor& t);
 void download_into(Context& ctx, const Tensor& t, Tensor& host);
 void copy_device_to_device(Context& ctx, const Tensor& src, Tensor& dst);
 double copy_bandwidth(Context& ctx);
+int64_t free_bytes(Context& ctx);
 void synchronize(Context& ctx);
 void zero(Context& ctx, Tensor& t);
 }  // namespace cuda
@@ -132,6 +133,14 @@ double measure_copy_bandwidth(Context& ctx) {
 #endif
   (void)ctx;
   R3_FAIL("copy bandwidth: needs a CUDA context");
+}
+
+int64_t device_memory_free(Context& ctx) {
+#if R3_WITH_CUDA
+  if (ctx.device() == Device::kCuda) return cuda::free_bytes(ctx);
+#endif
+  (void)ctx;
+  R3_FAIL("free device memory: needs a CUDA context");
 }
 
 void synchronize(Context& ctx) {

@@ -30,6 +30,8 @@ void copy_on_device(Context& ctx, const Tensor& src, Tensor& dst);
 // The device's copy bandwidth in bytes/s: 2 x bytes / time of device-to-device copies of 2 GiB
 // (read + write), the yardstick of the GPU benchmarks. Throws on a CPU context.
 double measure_copy_bandwidth(Context& ctx);
+// Bytes of ctx's device memory free now (throws on a CPU context).
+int64_t device_memory_free(Context& ctx);
 // Sets a contiguous tensor of ctx's device to zeros: on CUDA queued on the context's stream, in
 // order with its kernels (no wait); on the CPU at once.
 void fill_zero(Context& ctx, Tensor& t);

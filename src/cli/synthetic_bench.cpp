@@ -48,7 +48,7 @@ class SyntheticBench {
    public:
     DecodeSteps(backend::Context& ctx, models::CausalLM& model, const models::SyntheticShape& s, int64_t batch,
                 int64_t context)
-        : ctx_(ctx), model_(model), batch_(batch), context_(context), cache_(model.make_cache(batch, context + 16)),
+        : ctx_(ctx), model_(model), batch_(batch), context_(context), cache_(model.make_cache(batch, context + kSparePositions)),
           capturer_(batch, s.layers, s.top_k, s.experts),
           logits_(backend::host_staging_empty(ctx, DType::F32, {batch, s.vocab})),
           draws_(static_cast<std::size_t>(batch)), drawn_(static_cast<std::size_t>(batch)) {
@@ -212,8 +212,18 @@ class SyntheticBench {
 
 }  // namespace
 
+BatchesThatFit batches_that_fit(const models::SyntheticShape& shape, const std::vector<int64_t>& batches,
+                                int64_t context, int64_t free_bytes) {
+  BatchesThatFit out;
+  for (const int64_t batch : batches) {
+    const bool fits = shape.kv_cache_bytes(batch, context + kSparePositions) + kStepMargin <= free_bytes;
+    (fits ? out.run : out.skipped).push_back(batch);
+  }
+  return out;
+}
+
 int run_synthetic_bench(backend::Context& ctx, const std::string& name, const std::string& weights,
-                        const std::vector<int64_t>& batches, int64_t context, bool json) {
+                        const std::vector<int64_t>& requested, int64_t context, bool json) {
   R3_CHECK(ctx.device() == Device::kCuda, "--synthetic makes its weights on the GPU: add --device cuda");
   models::SyntheticShape shape = models::SyntheticShape::named(name);
   shape.fp8 = weights == "fp8";
@@ -223,6 +233,16 @@ int run_synthetic_bench(backend::Context& ctx, const std::string& name, const st
   spdlog::info("bench: synthetic {} ({:.1f} GB of random {} weights) made on the GPU in {:.2f} s", name,
                static_cast<double>(shape.weight_bytes()) / 1e9, weights, seconds_since(built));
   const double bandwidth = backend::measure_copy_bandwidth(ctx);
+  const int64_t free_bytes = backend::device_memory_free(ctx);
+  const BatchesThatFit fit = batches_that_fit(shape, requested, context, free_bytes);
+  nlohmann::json skipped = nlohmann::json::array();
+  for (const int64_t batch : fit.skipped) {
+    const double needed = static_cast<double>(shape.kv_cache_bytes(batch, context + kSparePositions) + kStepMargin);
+    spdlog::warn("bench: batch {} skipped: its KV cache and step need {:.1f} GB, {:.1f} GB of device memory is free",
+                 batch, needed / 1e9, static_cast<double>(free_bytes) / 1e9);
+    skipped.push_back({{"batch", batch}, {"needed_GB", needed / 1e9}, {"free_GB", static_cast<double>(free_bytes) / 1e9}});
+  }
+  const std::vector<int64_t>& batches = fit.run;
   nlohmann::json decode = nlohmann::json::array();
   for (const int64_t batch : batches) {
     double distinct = 0;
@@ -269,6 +289,7 @@ int run_synthetic_bench(backend::Context& ctx, const std::string& name, const st
                               {"weights", weights},
                               {"copy_TB_per_s", bandwidth / 1e12},
                               {"decode", decode},
+                              {"skipped", skipped},
                               {"prefill", {{"tokens", kPrefillTokens},
                                            {"seconds", prefill_s},
                                            {"tokens_per_s", static_cast<double>(kPrefillTokens) / prefill_s}}}};
@@ -295,6 +316,10 @@ int run_synthetic_bench(backend::Context& ctx, const std::string& name, const st
                  d["batch"].get<int64_t>(), d["modular_ms"].get<double>(), d["monolithic_ms"].get<double>(),
                  d["ms"].get<double>());
     }
+  }
+  for (const auto& d : skipped) {
+    fmt::print("batch {}: skipped, {:.1f} GB needed, {:.1f} GB free\n", d["batch"].get<int64_t>(),
+               d["needed_GB"].get<double>(), d["free_GB"].get<double>());
   }
   fmt::print("prefill of {} tokens: {:.3f} s ({:.0f} tokens/s)\n", kPrefillTokens, prefill_s,
              static_cast<double>(kPrefillTokens) / prefill_s);

@@ -22,6 +22,10 @@ int64_t SyntheticShape::weight_bytes() const {
   return layers * per_layer + 2 * 2 * vocab * hidden + 4 * hidden;
 }
 
+int64_t SyntheticShape::kv_cache_bytes(int64_t sequences, int64_t positions) const {
+  return layers * sequences * positions * 2 * kv_heads * head_dim * 2;  // keys and values, bf16
+}
+
 }  // namespace r3::models
 
 #if !R3_WITH_CUDA

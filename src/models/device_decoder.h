@@ -71,6 +71,9 @@ struct SyntheticShape {
   int64_t matrix_bytes(int64_t rows, int64_t cols) const;
   // Bytes of the weights (those matrices, bf16 embedding and lm_head, f32 norms and gates).
   int64_t weight_bytes() const;
+  // Bytes of the bf16 keys and values of `sequences` sequences of `positions` positions each,
+  // over every layer (the device KV cache a decode step of that size needs).
+  int64_t kv_cache_bytes(int64_t sequences, int64_t positions) const;
 };
 // capture_routing = false: the routing kernels write no capture rows and nothing is copied back
 // (to measure what capture costs; such a model's steps deliver no routing).

@@ -87,6 +87,13 @@ double copy_bandwidth(Context& ctx) {
   return 2.0 * static_cast<double>(bytes) * kReps / (static_cast<double>(ms) * 1e-3);
 }
 
+int64_t free_bytes(Context& ctx) {
+  R3_CUDA_CHECK(cudaSetDevice(ctx.cuda_state().device));
+  std::size_t free = 0, total = 0;
+  R3_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return static_cast<int64_t>(free);
+}
+
 void synchronize(Context& ctx) { R3_CUDA_CHECK(cudaStreamSynchronize(ctx.cuda_state().stream)); }
 
 void zero(Context& ctx, Tensor& t) {
