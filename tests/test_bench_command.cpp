@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli/synthetic_bench.h"
+#include "models/device_decoder.h"
 #include "test_support.h"
 
 namespace r3::test {
@@ -24,14 +24,14 @@ TEST(SyntheticBench, BatchesWhoseKvCacheDoesNotFitBesideTheWeightsAreSkipped) {
   const models::SyntheticShape shape = models::SyntheticShape::named("qwen3-30b-a3b");
   const int64_t h100 = int64_t{81559} << 20, h200 = int64_t{143771} << 20;
   const std::vector<int64_t> batches = {1, 8, 64, 256};
-  const cli::BatchesThatFit on_h100 = cli::batches_that_fit(shape, batches, 1024, h100 - shape.weight_bytes());
+  const models::BatchesThatFit on_h100 = models::batches_that_fit(shape, batches, 1024, h100 - shape.weight_bytes());
   EXPECT_EQ(on_h100.run, (std::vector<int64_t>{1, 8, 64}));
   EXPECT_EQ(on_h100.skipped, (std::vector<int64_t>{256}));
-  const cli::BatchesThatFit on_h200 = cli::batches_that_fit(shape, batches, 1024, h200 - shape.weight_bytes());
+  const models::BatchesThatFit on_h200 = models::batches_that_fit(shape, batches, 1024, h200 - shape.weight_bytes());
   EXPECT_EQ(on_h200.run, batches);
   EXPECT_TRUE(on_h200.skipped.empty());
   // The KV cache counted: keys and values, bf16, every layer, context + the spare positions.
-  EXPECT_EQ(shape.kv_cache_bytes(256, 1024 + cli::kSparePositions),
+  EXPECT_EQ(shape.kv_cache_bytes(256, 1024 + models::kSyntheticSparePositions),
             int64_t{48} * 256 * (1024 + 16) * (4 * 128) * 2 * 2);
 }
 

@@ -48,10 +48,15 @@ class SyntheticBench {
    public:
     DecodeSteps(backend::Context& ctx, models::CausalLM& model, const models::SyntheticShape& s, int64_t batch,
                 int64_t context)
-        : ctx_(ctx), model_(model), batch_(batch), context_(context), cache_(model.make_cache(batch, context + kSparePositions)),
+        : ctx_(ctx),
+          model_(model),
+          batch_(batch),
+          context_(context),
+          cache_(model.make_cache(batch, context + models::kSyntheticSparePositions)),
           capturer_(batch, s.layers, s.top_k, s.experts),
           logits_(backend::host_staging_empty(ctx, DType::F32, {batch, s.vocab})),
-          draws_(static_cast<std::size_t>(batch)), drawn_(static_cast<std::size_t>(batch)) {
+          draws_(static_cast<std::size_t>(batch)),
+          drawn_(static_cast<std::size_t>(batch)) {
       for (int64_t b = 0; b < batch; ++b) {
         step_.token_ids.push_back(static_cast<int32_t>((b * 7919 + 11) % s.vocab));
         step_.positions.push_back(static_cast<int32_t>(context - 1));
@@ -212,16 +217,6 @@ class SyntheticBench {
 
 }  // namespace
 
-BatchesThatFit batches_that_fit(const models::SyntheticShape& shape, const std::vector<int64_t>& batches,
-                                int64_t context, int64_t free_bytes) {
-  BatchesThatFit out;
-  for (const int64_t batch : batches) {
-    const bool fits = shape.kv_cache_bytes(batch, context + kSparePositions) + kStepMargin <= free_bytes;
-    (fits ? out.run : out.skipped).push_back(batch);
-  }
-  return out;
-}
-
 int run_synthetic_bench(backend::Context& ctx, const std::string& name, const std::string& weights,
                         const std::vector<int64_t>& requested, int64_t context, bool json) {
   R3_CHECK(ctx.device() == Device::kCuda, "--synthetic makes its weights on the GPU: add --device cuda");
@@ -234,10 +229,11 @@ int run_synthetic_bench(backend::Context& ctx, const std::string& name, const st
                static_cast<double>(shape.weight_bytes()) / 1e9, weights, seconds_since(built));
   const double bandwidth = backend::measure_copy_bandwidth(ctx);
   const int64_t free_bytes = backend::device_memory_free(ctx);
-  const BatchesThatFit fit = batches_that_fit(shape, requested, context, free_bytes);
+  const models::BatchesThatFit fit = models::batches_that_fit(shape, requested, context, free_bytes);
   nlohmann::json skipped = nlohmann::json::array();
   for (const int64_t batch : fit.skipped) {
-    const double needed = static_cast<double>(shape.kv_cache_bytes(batch, context + kSparePositions) + kStepMargin);
+    const double needed = static_cast<double>(shape.kv_cache_bytes(batch, context + models::kSyntheticSparePositions) +
+                                              models::kSyntheticStepMargin);
     spdlog::warn("bench: batch {} skipped: its KV cache and step need {:.1f} GB, {:.1f} GB of device memory is free",
                  batch, needed / 1e9, static_cast<double>(free_bytes) / 1e9);
     skipped.push_back({{"batch", batch}, {"needed_GB", needed / 1e9}, {"free_GB", static_cast<double>(free_bytes) / 1e9}});

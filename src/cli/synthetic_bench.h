@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "backend/context.h"
-#include "models/device_decoder.h"
 
 namespace r3::cli {
 
@@ -23,17 +22,5 @@ namespace r3::cli {
 int run_synthetic_bench(backend::Context& ctx, const std::string& name, const std::string& weights,
                         const std::vector<int64_t>& batches, int64_t context, bool json);
 
-// Positions of KV cache a sequence of the decode steps gets beyond their context.
-inline constexpr int64_t kSparePositions = 16;
-// Device memory a step needs beside its KV cache (logits, scratch, graphs), kept free.
-inline constexpr int64_t kStepMargin = int64_t{2} << 30;
-
-// `batches` split into those whose KV cache (context + kSparePositions positions a sequence)
-// and kStepMargin fit in free_bytes, and those that do not, each in the given order.
-struct BatchesThatFit {
-  std::vector<int64_t> run, skipped;
-};
-BatchesThatFit batches_that_fit(const models::SyntheticShape& shape, const std::vector<int64_t>& batches,
-                                int64_t context, int64_t free_bytes);
 
 }  // namespace r3::cli

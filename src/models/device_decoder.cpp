@@ -26,6 +26,16 @@ int64_t SyntheticShape::kv_cache_bytes(int64_t sequences, int64_t positions) con
   return layers * sequences * positions * 2 * kv_heads * head_dim * 2;  // keys and values, bf16
 }
 
+BatchesThatFit batches_that_fit(const SyntheticShape& shape, const std::vector<int64_t>& batches, int64_t context,
+                                int64_t free_bytes) {
+  BatchesThatFit out;
+  for (const int64_t batch : batches) {
+    const bool fits = shape.kv_cache_bytes(batch, context + kSyntheticSparePositions) + kSyntheticStepMargin <= free_bytes;
+    (fits ? out.run : out.skipped).push_back(batch);
+  }
+  return out;
+}
+
 }  // namespace r3::models
 
 #if !R3_WITH_CUDA

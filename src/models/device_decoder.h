@@ -18,6 +18,7 @@
 
 #include <memory>
 #include <string_view>
+#include <vector>
 
 #include "backend/context.h"
 #include "models/causal_lm.h"
@@ -75,6 +76,20 @@ struct SyntheticShape {
   // over every layer (the device KV cache a decode step of that size needs).
   int64_t kv_cache_bytes(int64_t sequences, int64_t positions) const;
 };
+// Positions of KV cache a sequence of the synthetic benchmark's decode steps gets beyond their
+// context.
+inline constexpr int64_t kSyntheticSparePositions = 16;
+// Device memory a benchmark step needs beside its KV cache (logits, scratch, graphs), kept free.
+inline constexpr int64_t kSyntheticStepMargin = int64_t{2} << 30;
+// The benchmark's decode batches split into those whose KV cache (context +
+// kSyntheticSparePositions positions a sequence) and kSyntheticStepMargin fit in free_bytes, and
+// those that do not, each in the given order.
+struct BatchesThatFit {
+  std::vector<int64_t> run, skipped;
+};
+BatchesThatFit batches_that_fit(const SyntheticShape& shape, const std::vector<int64_t>& batches, int64_t context,
+                                int64_t free_bytes);
+
 // capture_routing = false: the routing kernels write no capture rows and nothing is copied back
 // (to measure what capture costs; such a model's steps deliver no routing).
 std::unique_ptr<CausalLM> synthetic_on_device(backend::Context& ctx, const SyntheticShape& shape, uint64_t seed = 1,
