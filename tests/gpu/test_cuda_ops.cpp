@@ -273,8 +273,8 @@ TEST_F(CudaOps, Fp8ProjectionsOfFiveToSixteenRowsTakeTheTensorCoresAtReducedPrec
     EXPECT_EQ(std::memcmp(got.raw_data(), backend::to_host(*gpu_, own).raw_data(), got.nbytes()), 0) << name;
     ops::linear(*gpu_, xd, wd, &bd, y);  // float32 precision: the weight-streaming kernel
     ops::cuda::linear_rows(*gpu_, xd, wd, &bd, own);
-    EXPECT_EQ(std::memcmp(backend::to_host(*gpu_, y).raw_data(), backend::to_host(*gpu_, own).raw_data(), got.nbytes()), 0)
-        << name;
+    const Tensor exact = backend::to_host(*gpu_, y), streamed = backend::to_host(*gpu_, own);
+    EXPECT_EQ(std::memcmp(exact.raw_data(), streamed.raw_data(), exact.nbytes()), 0) << name;
   }
 }
 

@@ -1,11 +1,12 @@
 // The dense projection of decode-sized steps on bfloat16 tensor cores (ops/cuda/
-// sm90_linear_mma_rows.cu), bfloat16 or FP8 weights: the float32 activations split into high and low bfloat16 parts, then
-// one warp per 16 weight rows running ops/cuda/mma_rows.cuh's swapped-operand MMAs over up to 32
-// activation rows per block. Each weight is read once per block of rows, which for a few rows
-// the weight-streaming kernel does not achieve (it re-reads the activations for every weight
-// row) and cuBLASLt's tiles only do for a few hundred. A projection of few weight rows also
-// splits K into ranges (about 8 warps per SM), whose partial sums a second kernel adds in range
-// order. Internal to ops/cuda: ops::linear reaches it through ops::cuda::linear for 5 to 16 rows.
+// sm90_linear_mma_rows.cu), bfloat16 or FP8 weights: the float32 activations split into high
+// and low bfloat16 parts, then one warp per 16 weight rows running ops/cuda/mma_rows.cuh's
+// swapped-operand MMAs over up to 32 activation rows per block. Each weight is read once per
+// block of rows, which for a few rows the weight-streaming kernel does not achieve (it re-reads
+// the activations for every weight row) and cuBLASLt's tiles only do for a few hundred. A
+// projection of few weight rows also splits K into ranges (about 8 warps per SM), whose partial
+// sums a second kernel adds in range order. Internal to ops/cuda: ops::linear reaches it through
+// ops::cuda::linear for 5 to 16 rows.
 #pragma once
 
 #include "backend/context.h"
