@@ -43,12 +43,16 @@ if (( $(nvidia-smi -L | wc -l) >= 2 )); then
 fi
 # R3_BREAKDOWN=1: each kernel's time in one eager decode step at batch 1, or R3_BREAKDOWN_BATCH
 # (Nsight Compute, kernels serialised, clocks and caches left alone; the launches skipped are the
-# synthetic model's weight fills).
+# synthetic model's weight fills). The same for the FP8 weights (kernel_breakdown_fp8.txt), for the
+# FP8 batch-1 criterion.
 if [[ "${R3_BREAKDOWN:-0}" == 1 ]] && command -v ncu > /dev/null; then
-  ncu --csv --clock-control none --cache-control none --metrics gpu__time_duration.sum --launch-skip "${R3_BREAKDOWN_SKIP:-440}" --launch-count 600 \
-    ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-batches "${R3_BREAKDOWN_BATCH:-1}" \
-    > "$out/ncu_step.csv" 2> "$out/ncu_step.log"
-  python3 bench/kernel_breakdown.py "$out/ncu_step.csv" | tee "$out/kernel_breakdown.txt"
+  for weights in bf16 fp8; do
+    suffix=$([[ $weights == fp8 ]] && echo _fp8)
+    ncu --csv --clock-control none --cache-control none --metrics gpu__time_duration.sum --launch-skip "${R3_BREAKDOWN_SKIP:-440}" --launch-count 600 \
+      ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-weights $weights \
+      --synthetic-batches "${R3_BREAKDOWN_BATCH:-1}" > "$out/ncu_step$suffix.csv" 2> "$out/ncu_step$suffix.log"
+    python3 bench/kernel_breakdown.py "$out/ncu_step$suffix.csv" | tee "$out/kernel_breakdown$suffix.txt"
+  done
 fi
 cat "$out/device.txt"
 exit $status

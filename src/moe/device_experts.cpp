@@ -156,7 +156,6 @@ DeviceExperts upload_experts(backend::Context& ctx, const PhysicalExperts& layer
   d.up_bias = stacked_bias(ctx, experts, [](const SwigluExpertWeights& w) -> const Tensor& { return w.up_bias; });
   d.down_bias = stacked_bias(ctx, experts, [](const SwigluExpertWeights& w) -> const Tensor& { return w.down_bias; });
   d.activation = layer.activation();
-  d.reduced_precision = dtype == DType::BF16;
   return d;
 }
 

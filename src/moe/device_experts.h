@@ -28,9 +28,6 @@ struct DeviceExperts {
   int64_t block_rows = 0, block_cols = 0;      // FP8 only
   Tensor gate_bias, up_bias, down_bias;
   ExpertActivation activation;
-  // Placed for bfloat16 precision (--dtype bfloat16): quantized experts may then take the
-  // tensor cores, whose split activations keep about 16 significant bits.
-  bool reduced_precision = false;
 
   bool quantized() const { return gate.dtype() == DType::F8_E4M3 || gate.dtype() == DType::F4_E2M1X2; }
   // Values per row of gate/up (the hidden size) and of down (the intermediate size).

@@ -848,14 +848,16 @@ TEST_F(CudaOps, Fp8ExpertsOnTensorCoresMatchADoubleEvaluation) {
         dev.down_scales = backend::to_device(*gpu_, down.scales);
         dev.block_rows = b.rows;
         dev.block_cols = b.cols;
-        dev.reduced_precision = reduced;
         const Tensor ids_d = gpu_ints(*gpu_, ids), weights_d = backend::to_device(*gpu_, Tensor::from(weights, {tokens, k}));
         Tensor grouping = backend::device_empty(*gpu_, DType::I32, {moe::grouping_ints(experts, tokens * k)});
         Tensor activated = backend::device_empty(*gpu_, DType::F32, {moe::expert_scratch_rows(tokens * k), inter});
         Tensor expert_out = backend::device_empty(*gpu_, DType::F32, {moe::expert_scratch_rows(tokens * k), h});
         Tensor out = backend::device_empty(*gpu_, DType::F32, {tokens, h});
-        moe::fused_experts_on_device(*gpu_, backend::to_device(*gpu_, x), ids_d.data<int32_t>(), weights_d.data<float>(),
-                                     k, dev, grouping, activated, expert_out, out);
+        {
+          const backend::ReducedPrecisionScope precision(*gpu_, reduced);
+          moe::fused_experts_on_device(*gpu_, backend::to_device(*gpu_, x), ids_d.data<int32_t>(),
+                                       weights_d.data<float>(), k, dev, grouping, activated, expert_out, out);
+        }
         by_path[reduced ? 0 : 1] = backend::to_host(*gpu_, out);
         EXPECT_LT(gpu_relative_error(by_path[reduced ? 0 : 1], want), reduced ? 1e-4 : 1e-5)
             << tokens << " tokens, blocks " << b.rows << " x " << b.cols << (reduced ? ", tensor cores" : ", rows");

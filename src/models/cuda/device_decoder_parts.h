@@ -245,7 +245,8 @@ struct DecoderParts {
   // projections produce them at that precision; float32 for parity runs).
   DType kv_dtype = DType::F32;
   // Placed for bfloat16 (--dtype bfloat16): its steps run with Context::reduced_precision, so
-  // quantized projections may take the tensor cores as bfloat16 ones do (float32: parity runs).
+  // quantized projections and experts may take the tensor cores as bfloat16 ones do (float32:
+  // parity runs).
   bool reduced_precision = false;
   // How MoE layers run (--moe-path), all with the same bits: kMega (the default: routing with
   // capture, then the fused experts, pair by pair for decode steps of a few tokens), kModular

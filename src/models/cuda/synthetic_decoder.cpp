@@ -117,7 +117,6 @@ std::unique_ptr<CausalLM> synthetic_on_device(backend::Context& ctx, const Synth
       m.experts.up_scales = std::move(u.scales);
       m.experts.down_scales = std::move(d.scales);
       m.experts.block_rows = m.experts.block_cols = SyntheticShape::kFp8Block;
-      m.experts.reduced_precision = true;  // a bf16 model's benchmark: the tensor cores as for bf16 experts
     } else {
       m.experts.gate = random.matrix(DType::BF16, gate_up);
       m.experts.up = random.matrix(DType::BF16, gate_up);

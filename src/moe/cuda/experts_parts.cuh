@@ -98,8 +98,9 @@ struct Grouping {
 // The routed experts on tensor cores (sm90_experts_tensor_cores.cu), after the grouping: gate/up
 // with the activation into activated [pairs, I], then down into expert_out [pairs, H], for
 // `slots` possible used experts; both scratch buffers of expert_scratch_rows(pairs) rows. Only
-// for what tensor_cores_fit accepts.
-bool tensor_cores_fit(const DeviceExperts& x);
+// for what tensor_cores_fit accepts: FP8 experts only in a step of reduced precision
+// (Context::reduced_precision).
+bool tensor_cores_fit(const DeviceExperts& x, bool reduced_precision);
 // (Instantiated for Activation and SituActivation.)
 template <typename Act>
 void experts_on_tensor_cores(cudaStream_t stream, const float* hidden, int64_t k, const Grouping& g,

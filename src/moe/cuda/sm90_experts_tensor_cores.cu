@@ -153,12 +153,13 @@ void launch_for_pairs(cudaStream_t stream, const Grouping& g, const DeviceExpert
 
 // Whole 16-row tiles and whole 32-position K steps: both widths multiples of 32 (so every
 // 128-bit load is aligned in the 256-byte aligned buffers). FP8 experts also need their blocks to
-// hold whole tiles and steps, and a placement that asked for bfloat16 precision (the tensor
-// cores' split activations keep about 16 bits; --dtype float32 keeps the weight-streaming rows).
-bool tensor_cores_fit(const DeviceExperts& x) {
+// hold whole tiles and steps, and a step of reduced precision, that is of a model placed for
+// bfloat16 (the tensor cores' split activations keep about 16 bits; --dtype float32 keeps the
+// weight-streaming rows).
+bool tensor_cores_fit(const DeviceExperts& x, bool reduced_precision) {
   const bool widths = x.intermediate() % kStepK == 0 && x.hidden() % kStepK == 0;
   if (x.gate.dtype() == DType::BF16) return widths;
-  return x.gate.dtype() == DType::F8_E4M3 && x.reduced_precision && widths && x.block_rows % kRowsPerWarp == 0 &&
+  return x.gate.dtype() == DType::F8_E4M3 && reduced_precision && widths && x.block_rows % kRowsPerWarp == 0 &&
          x.block_cols % kStepK == 0;
 }
 

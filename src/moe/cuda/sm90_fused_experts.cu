@@ -240,7 +240,7 @@ unsigned warp_blocks(int64_t warps) { return static_cast<unsigned>((warps + kWar
 // the same bytes with less latency. Not for a batch-invariant context: which path a step takes
 // depends on its size.
 bool use_tensor_cores(const backend::Context& ctx, const DeviceExperts& x, int64_t pairs, int64_t experts) {
-  return !ctx.batch_invariant() && experts_detail::tensor_cores_fit(x) && pairs >= 2 * experts;
+  return !ctx.batch_invariant() && experts_detail::tensor_cores_fit(x, ctx.reduced_precision()) && pairs >= 2 * experts;
 }
 
 template <typename Matrix, typename Act>
