@@ -67,6 +67,8 @@ __global__ void rotate_heads(float* __restrict__ x, int64_t heads, int64_t head_
 // the pool. The head passes through the warp's shared row, so the rotation's pairs may sit in
 // different lanes and q_out may be the query input itself.
 constexpr int kHeadsPerBlock = 8;
+// Values of its head a lane loads before the cosines and sines (heads of up to 256 entirely).
+constexpr int kHeldPerLane = 8;
 
 // A warp's head row rotated with the block's cosines and sines into `out` (float32, or the pool's
 // element type): rounded products, then the sum, no fused multiply-add, as on the CPU.
@@ -93,19 +95,39 @@ __global__ void prepare_rows(AttentionRows rows, int64_t heads, int64_t kv_heads
   float* row = shared + warp * head_dim;
   float* cosines = shared + kHeadsPerBlock * head_dim;
   float* sines = cosines + half;
-  const float position = static_cast<float>(step.positions[t]);
+  const int64_t position_index = step.positions[t];
+  const float position = static_cast<float>(position_index);
+  // The loads that do not wait for the cosines and sines go first, so that their trips to memory
+  // overlap them: the warp's head (in registers, kHeldPerLane values a lane) and the key's place
+  // in the pool (the block table).
+  const int64_t h = first_head + warp;
+  const bool has_head = h < heads + kv_heads, is_q = h < heads;
+  const int64_t head = is_q ? h : h - heads;
+  const float* in = !has_head ? nullptr
+                    : is_q    ? rows.q + t * rows.q_stride + head * head_dim
+                              : rows.k + t * rows.k_stride + head * head_dim;
+  float held[kHeldPerLane];
+#pragma unroll
+  for (int j = 0; j < kHeldPerLane; ++j) {
+    const int64_t i = lane + static_cast<int64_t>(j) * kWarp;
+    held[j] = has_head && i < head_dim ? in[i] : 0.0f;
+  }
+  const int32_t seq = step.seqs[t];
+  const int64_t cache = seq >= 0 ? cache_row(step, pool, seq, position_index) : -1;  // padding: no write
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) angle(position, freq, i, scaling, &cosines[i], &sines[i]);
   __syncthreads();
-  const int32_t seq = step.seqs[t];
-  const int64_t cache = seq >= 0 ? cache_row(step, pool, seq, step.positions[t]) : -1;  // padding: no write
-  const int64_t h = first_head + warp;
-  if (h < heads + kv_heads) {
-    const bool is_q = h < heads;
-    const int64_t head = is_q ? h : h - heads;
-    const float* in = is_q ? rows.q + t * rows.q_stride + head * head_dim : rows.k + t * rows.k_stride + head * head_dim;
+  if (has_head) {
     const float* norm = is_q ? rows.q_norm : rows.k_norm;
-    double sum = 0;
-    for (int64_t i = lane; i < head_dim; i += kWarp) {
+    double sum = 0;  // in element order, the held values first
+#pragma unroll
+    for (int j = 0; j < kHeldPerLane; ++j) {
+      const int64_t i = lane + static_cast<int64_t>(j) * kWarp;
+      if (i < head_dim) {
+        row[i] = held[j];
+        sum += static_cast<double>(held[j]) * held[j];
+      }
+    }
+    for (int64_t i = lane + static_cast<int64_t>(kHeldPerLane) * kWarp; i < head_dim; i += kWarp) {
       const float v = in[i];
       row[i] = v;
       sum += static_cast<double>(v) * v;
