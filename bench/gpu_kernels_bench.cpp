@@ -26,11 +26,13 @@
 //   graph, not an eager launch's host overhead: add + RMSNorm of a 2048 row; q/k norms, rotary and
 //   the key/value write of 32 query and 4 KV heads of 128 (prepare); attention over a 1024-token
 //   bf16 context; the router's projection (float32 [128, 2048]); the routing (top-8 of 128,
-//   softmax, renormalised, with capture and margins). Next to graph_kernel_gap's empty kernel.
+//   softmax, renormalised, with capture and margins), also on the warp kernel every rule can take
+//   (R3_ROUTING_IN_REGISTERS=0). Next to graph_kernel_gap's empty kernel.
 // Each measurement: 5 warm-up calls, then the mean of 50 timed with CUDA events.
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <set>
 #include <vector>
@@ -322,10 +324,15 @@ void small_ops_in_graph(backend::Context& gpu) {
     moe::DeviceCaptureBuffer capture(gpu, 1, 1, k);
     const moe::DeviceRoutingRule rule{moe::DeviceRoutingRule::Kind::kSoftmaxTopK, static_cast<int32_t>(k), true};
     Tensor ids = backend::device_empty(gpu, DType::I32, {1, k}), weights = backend::device_empty(gpu, DType::F32, {1, k});
-    report("routing", graph_mean_ms(gpu, [&] {
-             moe::route_on_device(gpu, logits, rule, nullptr, nullptr, ids.data<int32_t>(), weights.data<float>(),
-                                  capture.layer_rows(0));
-           }));
+    auto route = [&] {
+      moe::route_on_device(gpu, logits, rule, nullptr, nullptr, ids.data<int32_t>(), weights.data<float>(),
+                           capture.layer_rows(0));
+    };
+    report("routing", graph_mean_ms(gpu, route));
+    // The warp kernel every rule can take, for softmax top-k's kernel in registers to be measured against.
+    setenv("R3_ROUTING_IN_REGISTERS", "0", 1);
+    report("routing_warp_kernel", graph_mean_ms(gpu, route));
+    unsetenv("R3_ROUTING_IN_REGISTERS");
   }
 }
 
