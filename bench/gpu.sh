@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build r3 with its CUDA backend (sm_90a) from the carried library
 # headers (scripts/gpu-deps.sh, carried as .gpu-deps), run the GPU tests and the kernel
-# benchmarks (R3_TESTS_ONLY=1: none; with R3_BREAKDOWN=1, a per-kernel profile of a decode step), and leave the logs
+# benchmarks (R3_TESTS_ONLY=1: none; with R3_BREAKDOWN=1, a per-kernel profile of a decode step;
+# with R3_AB=<variable>, that switch measured off and on), and leave the logs
 # in $OUT (or ./gpu-out). Usage there: R3_COMMIT=<commit the tree was sent from> bash bench/gpu.sh
 # (the copy of the tree on that machine may carry an older .git).
 set -uo pipefail
@@ -41,14 +42,30 @@ if (( $(nvidia-smi -L | wc -l) >= 2 )); then
       --prompt-len 128 --output-len 64 --json 2>>"$out/gpu_ep_bench.log" | tee "$out/gpu_ep${ep}_bench.json" || status=1
   done
 fi
+# R3_AB=<variable>: a diagnostic switch measured against itself, the same binary: decode at batch 1
+# and 8 in bf16 and FP8 with the variable 0 and 1 in turn, twice (ab.jsonl).
+if [[ -n "${R3_AB:-}" ]]; then
+  for round in 1 2; do
+    for value in 0 1; do
+      for weights in bf16 fp8; do
+        env "$R3_AB=$value" ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-weights $weights \
+          --synthetic-batches 1,8 --json 2>>"$out/gpu_decode_bench.log" > "$out/ab.json" || status=1
+        python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps({sys.argv[2]: int(sys.argv[3]), 'weights': sys.argv[4], 'round': int(sys.argv[5]), 'ms': {r['batch']: r['ms'] for r in d['decode']}}))" \
+          "$out/ab.json" "$R3_AB" $value $weights $round | tee -a "$out/ab.jsonl"
+      done
+    done
+  done
+  rm -f "$out/ab.json"
+fi
 # R3_BREAKDOWN=1: each kernel's time in one eager decode step at batch 1, or R3_BREAKDOWN_BATCH
 # (Nsight Compute, kernels serialised, clocks and caches left alone; the launches skipped are the
-# synthetic model's weight fills). The same for the FP8 weights (kernel_breakdown_fp8.txt), for the
-# FP8 batch-1 criterion.
+# synthetic model's weight fills: 490 for bf16 weights, 760 for FP8, whose scales are filled
+# too). The same for the FP8 weights (kernel_breakdown_fp8.txt), for the FP8 batch-1 criterion.
 if [[ "${R3_BREAKDOWN:-0}" == 1 ]] && command -v ncu > /dev/null; then
   for weights in bf16 fp8; do
     suffix=$([[ $weights == fp8 ]] && echo _fp8)
-    ncu --csv --clock-control none --cache-control none --metrics gpu__time_duration.sum --launch-skip "${R3_BREAKDOWN_SKIP:-440}" --launch-count 600 \
+    skip=$([[ $weights == fp8 ]] && echo 760 || echo 490)
+    ncu --csv --clock-control none --cache-control none --metrics gpu__time_duration.sum --launch-skip "${R3_BREAKDOWN_SKIP:-$skip}" --launch-count 600 \
       ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-weights $weights \
       --synthetic-batches "${R3_BREAKDOWN_BATCH:-1}" > "$out/ncu_step$suffix.csv" 2> "$out/ncu_step$suffix.log"
     python3 bench/kernel_breakdown.py "$out/ncu_step$suffix.csv" | tee "$out/kernel_breakdown$suffix.txt"
