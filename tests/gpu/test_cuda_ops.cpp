@@ -5,9 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <set>
 #include <string>
+#include <tuple>
 
 #include "backend/context.h"
 #include "backend/device_memory.h"
@@ -661,6 +664,81 @@ TEST_F(CudaOps, RoutingWithCaptureMatchesTheCpuRules) {
     RecordProperty(std::string(c.name) + " weights not bit-identical", static_cast<int>(inexact));
     std::printf("%s: %lld of %lld weights not bit-identical to the CPU\n", c.name, static_cast<long long>(inexact),
                 static_cast<long long>(tokens * c.k));
+  }
+}
+
+// The softmax top-k kernel that keeps a token's scores in registers (moe/cuda/routing_in_registers.cuh)
+// against the warp kernel every other rule takes (R3_ROUTING_IN_REGISTERS=0): the same bits of
+// ids, weights, capture rows and margins, over 128 and 256 experts (one and two register
+// blocks a lane), experts not a multiple of 32, k up to 32, logits with many exact ties (the lower
+// id must win) and every third row replaying a forced routing.
+TEST_F(CudaOps, RoutingInRegistersGivesTheWarpKernelsBits) {
+  using Kind = moe::DeviceRoutingRule::Kind;
+  struct Case {
+    int64_t experts;
+    int32_t k;
+    bool normalize;
+    bool ties;
+  };
+  const int64_t tokens = 45;
+  for (const Case c : {Case{128, 8, true, false}, Case{128, 8, true, true}, Case{256, 8, true, false},
+                       Case{256, 6, false, true}, Case{60, 4, false, false}, Case{200, 32, true, true},
+                       Case{40, 32, false, false}}) {
+    Tensor logits = gpu_random({tokens, c.experts}, 22, 2.0f);
+    if (c.ties) {
+      for (int64_t i = 0; i < logits.numel(); ++i) logits.data<float>()[i] = std::round(logits.data<float>()[i]);
+    }
+    std::vector<int32_t> forced(static_cast<std::size_t>(tokens * c.k));
+    std::vector<uint8_t> replayed(static_cast<std::size_t>(tokens));
+    for (int64_t t = 0; t < tokens; ++t) {
+      replayed[t] = t % 3 == 0 ? 1 : 0;
+      for (int32_t j = 0; j < c.k; ++j) forced[t * c.k + j] = static_cast<int32_t>((t + 7 * j) % c.experts);
+    }
+    const Tensor logits_d = backend::to_device(*gpu_, logits), forced_d = gpu_ints(*gpu_, forced);
+    const Tensor replayed_d = backend::to_device(*gpu_, Tensor::from(replayed, {tokens}));
+    const moe::DeviceRoutingRule rule{Kind::kSoftmaxTopK, c.k, c.normalize};
+    struct Routed {
+      Tensor ids, weights, capture, margins;
+    };
+    auto route = [&](bool in_registers) {
+      if (in_registers) unsetenv("R3_ROUTING_IN_REGISTERS");
+      else setenv("R3_ROUTING_IN_REGISTERS", "0", 1);
+      Tensor ids_d = backend::device_empty(*gpu_, DType::I32, {tokens, c.k});
+      Tensor weights_d = backend::device_empty(*gpu_, DType::F32, {tokens, c.k});
+      Tensor capture_d = backend::to_device(*gpu_, Tensor::from(std::vector<int32_t>(tokens * 2 * c.k, -1), {tokens, 2, c.k}));
+      Tensor margins_d = backend::to_device(*gpu_, Tensor::from(std::vector<float>(tokens * 2, -7.0f), {tokens, 2}));
+      moe::route_on_device(*gpu_, logits_d, rule, forced_d.data<int32_t>(), replayed_d.data<uint8_t>(),
+                           ids_d.data<int32_t>(), weights_d.data<float>(),
+                           {capture_d.data<int32_t>() + c.k, 2 * c.k, margins_d.data<float>() + 1, 2});
+      unsetenv("R3_ROUTING_IN_REGISTERS");
+      return Routed{backend::to_host(*gpu_, ids_d), backend::to_host(*gpu_, weights_d), backend::to_host(*gpu_, capture_d),
+                    backend::to_host(*gpu_, margins_d)};
+    };
+    const Routed warp = route(false), registers = route(true);
+    const std::string what = std::to_string(c.experts) + " experts, top-" + std::to_string(c.k) +
+                             (c.normalize ? ", renormalised" : "") + (c.ties ? ", ties" : "");
+    for (const auto& [got, want, name] : {std::tuple{&registers.ids, &warp.ids, "ids"},
+                                          std::tuple{&registers.weights, &warp.weights, "weights"},
+                                          std::tuple{&registers.capture, &warp.capture, "capture rows"},
+                                          std::tuple{&registers.margins, &warp.margins, "margins"}}) {
+      ASSERT_EQ(got->nbytes(), want->nbytes());
+      EXPECT_EQ(std::memcmp(got->raw_data(), want->raw_data(), got->nbytes()), 0) << name << ", " << what;
+    }
+    // The routing happened: a free row's margin is set and its ids are distinct.
+    EXPECT_FALSE(std::isnan(registers.margins.data<float>()[1 * 2 + 1])) << what;
+    const int32_t* row = registers.ids.data<int32_t>() + 1 * c.k;
+    EXPECT_EQ(std::set<int32_t>(row, row + c.k).size(), static_cast<std::size_t>(c.k)) << what;
+    if (c.ties && !c.normalize) {
+      // Equal scores go to the lower id: along a free row (its weights are its scores), a
+      // choice's score never rises, and on an equal score the ids rise.
+      const float* w = registers.weights.data<float>() + 1 * c.k;
+      for (int32_t j = 1; j < c.k; ++j) {
+        EXPECT_LE(w[j], w[j - 1]) << what;
+        if (w[j] == w[j - 1]) {
+          EXPECT_GT(row[j], row[j - 1]) << what;
+        }
+      }
+    }
   }
 }
 

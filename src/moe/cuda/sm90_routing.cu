@@ -1,7 +1,14 @@
-// The routing kernel (moe/device_routing.h): one warp per token, each running
-// routing_detail::route_token (routing_parts.cuh, where the arithmetic is described).
+// The routing kernels (moe/device_routing.h): one warp per token, each running
+// routing_detail::route_token (routing_parts.cuh, where the arithmetic is described), or for
+// softmax top-k over up to 256 experts route_softmax_topk_in_registers (routing_in_registers.cuh:
+// the same bits, shorter on a decode step's critical path). R3_ROUTING_IN_REGISTERS=0 keeps every
+// rule on route_token (a diagnostic, to measure the two against each other).
+#include <cstdlib>
+#include <cstring>
+
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
+#include "moe/cuda/routing_in_registers.cuh"
 #include "moe/cuda/routing_parts.cuh"
 #include "moe/device_routing.h"
 
@@ -25,6 +32,25 @@ __global__ void route_tokens(const float* __restrict__ logits, int64_t tokens, i
                               scratch[threadIdx.x / kWarp], lane);
 }
 
+template <int kSlots>
+__global__ void route_softmax_topk_tokens(const float* __restrict__ logits, int64_t tokens, int64_t experts,
+                                          DeviceRoutingRule rule, const int32_t* __restrict__ forced,
+                                          const uint8_t* __restrict__ replayed, int32_t* __restrict__ ids_out,
+                                          float* __restrict__ weights_out, DeviceCaptureRows capture) {
+  backend::cuda::wait_for_predecessor();
+  __shared__ float rows[kWarpsPerBlock][kSlots * kWarp];
+  const int lane = threadIdx.x % kWarp;
+  const int64_t t = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
+  if (t >= tokens) return;
+  routing_detail::route_softmax_topk_in_registers<kSlots>(logits, t, experts, rule, forced, replayed, ids_out,
+                                                          weights_out, capture, rows[threadIdx.x / kWarp], lane);
+}
+
+bool routing_in_registers_allowed() {
+  const char* setting = std::getenv("R3_ROUTING_IN_REGISTERS");
+  return setting == nullptr || std::strcmp(setting, "0") != 0;
+}
+
 }  // namespace
 
 void check_device_routing(const DeviceRoutingRule& rule, int64_t experts) {
@@ -46,9 +72,16 @@ void route_on_device(backend::Context& ctx, const Tensor& logits, const DeviceRo
   const int64_t tokens = logits.dim(0), experts = logits.dim(1);
   check_device_routing(rule, experts);
   if (tokens == 0) return;
-  backend::cuda::launch_kernel(route_tokens, static_cast<unsigned>((tokens + kWarpsPerBlock - 1) / kWarpsPerBlock),
-                               kWarpsPerBlock * kWarp, 0, ctx.cuda_state().stream, logits.data<float>(), tokens,
-                               experts, rule, forced, replayed, ids, weights, capture);
+  const auto blocks = static_cast<unsigned>((tokens + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  auto launch = [&](auto kernel) {
+    backend::cuda::launch_kernel(kernel, blocks, kWarpsPerBlock * kWarp, 0, ctx.cuda_state().stream,
+                                 logits.data<float>(), tokens, experts, rule, forced, replayed, ids, weights, capture);
+  };
+  const bool in_registers = rule.kind == DeviceRoutingRule::Kind::kSoftmaxTopK && rule.k <= kWarp &&
+                            experts <= 8 * kWarp && routing_in_registers_allowed();
+  if (!in_registers) launch(route_tokens);
+  else if (experts <= 4 * kWarp) launch(route_softmax_topk_tokens<4>);
+  else launch(route_softmax_topk_tokens<8>);
   R3_CUDA_CHECK(cudaGetLastError());
 }
 
