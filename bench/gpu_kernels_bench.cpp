@@ -21,12 +21,17 @@
 //   16 and 64 rows.
 // - graph_kernel_gap: the time per kernel of a CUDA graph of trivial kernels (bench/launch_gap.cu),
 //   what each kernel boundary of a decode step costs at least.
+// - stage_chain: a batch-1 decode layer's chain of stages (what each streams, small stages as one
+//   block) without r3's arithmetic, 48 layers, as a kernel a stage in a graph, as one persistent
+//   kernel with grid barriers, and the same loading the next stage's first bytes before each
+//   barrier (bench/stage_chain.cu): what the structure costs apart from the kernels.
 // Each measurement: 5 warm-up calls, then the mean of 50 timed with CUDA events.
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <random>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "backend/context.h"
@@ -41,6 +46,7 @@
 #include "ops/linear.h"
 #include "gpu_event_timer.h"
 #include "launch_gap.h"
+#include "stage_chain.h"
 
 namespace r3 {
 namespace {
@@ -275,6 +281,16 @@ int main() {
       std::printf("{\"bench\":\"graph_kernel_gap\",\"blocks\":%u,\"programmatic_us\":%.3f,\"plain_us\":%.3f}\n",
                   blocks, r3::bench::graph_kernel_gap_us(*gpu, blocks, true),
                   r3::bench::graph_kernel_gap_us(*gpu, blocks, false));
+    }
+    // A 48-layer chain of a decode layer's stages without r3's arithmetic, run three ways.
+    using r3::bench::StageChainRun;
+    for (const auto& [run, name] : {std::pair{StageChainRun::kKernels, "kernels"},
+                                    std::pair{StageChainRun::kPersistent, "persistent"},
+                                    std::pair{StageChainRun::kPersistentAhead, "persistent_ahead"}}) {
+      const r3::bench::StageChainTiming t = r3::bench::time_stage_chain(*gpu, run, 48);
+      std::printf("{\"bench\":\"stage_chain\",\"run\":\"%s\",\"MB_per_layer\":%.1f,\"ms_per_layer\":%.4f,"
+                  "\"TB_per_s\":%.3f}\n",
+                  name, r3::bench::stage_chain_bytes_per_layer() / 1e6, t.ms_per_layer, t.tb_per_s);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "r3_gpu_kernels_bench: error: %s\n", e.what());
