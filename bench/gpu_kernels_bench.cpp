@@ -23,8 +23,9 @@
 //   what each kernel boundary of a decode step costs at least.
 // - stage_chain: a batch-1 decode layer's chain of stages (what each streams, small stages as one
 //   block) without r3's arithmetic, 48 layers, as a kernel a stage in a graph, as one persistent
-//   kernel with grid barriers, and the same loading the next stage's first bytes before each
-//   barrier (bench/stage_chain.cu): what the structure costs apart from the kernels.
+//   kernel with grid barriers, the same loading the next stage's first bytes before each
+//   barrier, and both with the small stages folded into the streaming stages after them
+//   (bench/stage_chain.cu): what the structure costs apart from the kernels.
 // Each measurement: 5 warm-up calls, then the mean of 50 timed with CUDA events.
 #include <cuda_runtime.h>
 
@@ -282,11 +283,13 @@ int main() {
                   blocks, r3::bench::graph_kernel_gap_us(*gpu, blocks, true),
                   r3::bench::graph_kernel_gap_us(*gpu, blocks, false));
     }
-    // A 48-layer chain of a decode layer's stages without r3's arithmetic, run three ways.
+    // A 48-layer chain of a decode layer's stages without r3's arithmetic, run five ways.
     using r3::bench::StageChainRun;
     for (const auto& [run, name] : {std::pair{StageChainRun::kKernels, "kernels"},
                                     std::pair{StageChainRun::kPersistent, "persistent"},
-                                    std::pair{StageChainRun::kPersistentAhead, "persistent_ahead"}}) {
+                                    std::pair{StageChainRun::kPersistentAhead, "persistent_ahead"},
+                                    std::pair{StageChainRun::kKernelsFolded, "kernels_folded"},
+                                    std::pair{StageChainRun::kPersistentFolded, "persistent_folded"}}) {
       const r3::bench::StageChainTiming t = r3::bench::time_stage_chain(*gpu, run, 48);
       std::printf("{\"bench\":\"stage_chain\",\"run\":\"%s\",\"MB_per_layer\":%.1f,\"ms_per_layer\":%.4f,"
                   "\"TB_per_s\":%.3f}\n",

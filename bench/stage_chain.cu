@@ -11,7 +11,9 @@
 // programmatic dependent launch, as r3's decode step; one cooperative kernel with a grid barrier
 // between stages; the same with each block loading its first share of the next streaming stage
 // into registers before the barrier (weights do not depend on the step), so that the trip from
-// memory overlaps the barrier and the small stages.
+// memory overlaps the barrier and the small stages. And both with every small stage folded into
+// the streaming stage after it (each of its blocks runs the small work after issuing its first
+// loads, as a projection that normalised its own input would): six kernels or barriers a layer.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -92,27 +94,36 @@ __device__ inline void load_ahead(const uint4* p, int64_t first, int64_t end, ui
   for (int u = 0; u < kInFlight; ++u) ahead[u] = i + u * kThreads < end ? load_stream(p + i + u * kThreads) : uint4{};
 }
 
-// One block: the sum of squares of an 8 KB row, in double, stored at the row's start.
-__device__ inline void small_stage(float* row) {
+// One block: the sum of squares of an 8 KB row, in double, stored at the row's start (when
+// `store`: a folded small stage runs in every block of the stage after it, one stores).
+__device__ inline void small_stage(float* row, bool store = true) {
   __shared__ double partial[kThreads / 32];
   double sum = 0;
   for (int64_t i = threadIdx.x; i < kSmallFloats; i += kThreads) sum += static_cast<double>(row[i]) * row[i];
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = sum;
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0 && store) {
     double total = 0;
     for (int w = 0; w < kThreads / 32; ++w) total += partial[w];
     row[0] = static_cast<float>(total);
   }
+  __syncthreads();
 }
 
-__global__ void stream_kernel(Chain c, int64_t first, int64_t count) {
+// small_row >= 0: the small stage before this one folded in, every block running it after
+// issuing its first loads (as a projection would normalise its own input).
+__global__ void stream_kernel(Chain c, int64_t first, int64_t count, int64_t small_row) {
   backend::cuda::wait_for_predecessor();
   const int64_t share = (count + gridDim.x - 1) / gridDim.x;
   const int64_t begin = first + blockIdx.x * share, end = min(first + count, begin + share);
-  uint4 none[kInFlight];
-  c.sink[blockIdx.x * kThreads + threadIdx.x] = stream_share(c.bytes, begin, end, none, false);
+  uint4 ahead[kInFlight];
+  const bool folded = small_row >= 0;
+  if (folded) {
+    load_ahead(c.bytes, begin, end, ahead);
+    small_stage(c.small + small_row * kSmallFloats, blockIdx.x == 0);
+  }
+  c.sink[blockIdx.x * kThreads + threadIdx.x] = stream_share(c.bytes, begin, end, ahead, folded);
 }
 
 __global__ void small_kernel(Chain c, int64_t row) {
@@ -140,7 +151,9 @@ __device__ inline void grid_barrier(unsigned* arrived, volatile unsigned* genera
   __syncthreads();
 }
 
-template <bool kAhead>
+// kFold: each small stage runs in every block at the start of the streaming stage after it
+// (no barrier of its own), after the block's first loads of that stage are issued.
+template <bool kAhead, bool kFold>
 __global__ void __launch_bounds__(kThreads) persistent_kernel(Chain c, unsigned* arrived, unsigned* generation) {
   uint4 ahead[kInFlight];
   bool have_ahead = false;
@@ -150,11 +163,21 @@ __global__ void __launch_bounds__(kThreads) persistent_kernel(Chain c, unsigned*
       const int64_t count = stage_bytes(s) / 16, first = stage_first(l, s);
       const int64_t share = (count + gridDim.x - 1) / gridDim.x;
       const int64_t begin = first + blockIdx.x * share, end = min(first + count, begin + share);
+      const int64_t row = static_cast<int64_t>(l) * kStageCount + s;
       if (count > 0) {
-        folded ^= stream_share(c.bytes, begin, end, ahead, kAhead && have_ahead);
+        if (kFold && s > 0 && stage_bytes(s - 1) == 0) {
+          if (!have_ahead) {
+            load_ahead(c.bytes, begin, end, ahead);
+            have_ahead = true;
+          }
+          small_stage(c.small + (row - 1) * kSmallFloats, blockIdx.x == 0);
+        }
+        folded ^= stream_share(c.bytes, begin, end, ahead, (kAhead || kFold) && have_ahead);
         have_ahead = false;
+      } else if (kFold) {
+        continue;  // runs with the next stage
       } else if (blockIdx.x == 0) {
-        small_stage(c.small + (static_cast<int64_t>(l) * kStageCount + s) * kSmallFloats);
+        small_stage(c.small + row * kSmallFloats);
       }
       if constexpr (kAhead) {
         // The next streaming stage's first round, if not loaded yet, before the barrier.
@@ -223,19 +246,21 @@ StageChainTiming time_stage_chain(backend::Context& gpu, StageChainRun run, int 
   R3_CUDA_CHECK(cudaMemsetAsync(barrier, 0, 2 * sizeof(unsigned), stream));
   constexpr int kReps = 5;
   float ms = 0;
-  if (run == StageChainRun::kKernels) {
+  if (run == StageChainRun::kKernels || run == StageChainRun::kKernelsFolded) {
+    const bool fold = run == StageChainRun::kKernelsFolded;
     cudaGraph_t graph = nullptr;
     R3_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     for (int l = 0; l < layers; ++l) {
       for (int s = 0; s < kStageCount; ++s) {
-        const int64_t count = stage_bytes(s) / 16;
+        const int64_t count = stage_bytes(s) / 16, row = static_cast<int64_t>(l) * kStageCount + s;
         if (count > 0) {
           // A round of loads a thread, as r3's projections read a weight row in a few rounds.
           const auto blocks = static_cast<unsigned>(std::min<int64_t>(65535, (count + kThreads * kInFlight - 1) / (kThreads * kInFlight)));
-          backend::cuda::launch_kernel(stream_kernel, blocks, kThreads, 0, stream, c, stage_first(l, s), count);
-        } else {
-          backend::cuda::launch_kernel(small_kernel, 1, kThreads, 0, stream, c,
-                                       static_cast<int64_t>(l) * kStageCount + s);
+          const int64_t small_row = fold && s > 0 && stage_bytes(s - 1) == 0 ? row - 1 : -1;
+          backend::cuda::launch_kernel(stream_kernel, blocks, kThreads, 0, stream, c, stage_first(l, s), count,
+                                       small_row);
+        } else if (!fold) {
+          backend::cuda::launch_kernel(small_kernel, 1, kThreads, 0, stream, c, row);
         }
       }
     }
@@ -246,9 +271,10 @@ StageChainTiming time_stage_chain(backend::Context& gpu, StageChainRun run, int 
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
   } else {
-    const bool ahead = run == StageChainRun::kPersistentAhead;
-    const void* kernel = ahead ? reinterpret_cast<const void*>(persistent_kernel<true>)
-                               : reinterpret_cast<const void*>(persistent_kernel<false>);
+    const void* kernel = run == StageChainRun::kPersistent ? reinterpret_cast<const void*>(persistent_kernel<false, false>)
+                         : run == StageChainRun::kPersistentAhead
+                             ? reinterpret_cast<const void*>(persistent_kernel<true, false>)
+                             : reinterpret_cast<const void*>(persistent_kernel<true, true>);
     int per_sm = 0;
     R3_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
     const unsigned blocks = static_cast<unsigned>(per_sm * state.sm_count);

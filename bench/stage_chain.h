@@ -16,6 +16,9 @@ enum class StageChainRun {
   kPersistent,       // one cooperative kernel, the stages separated by a grid barrier
   kPersistentAhead,  // the same, each block loading its first share of the next streaming stage
                      // before the barrier
+  kKernelsFolded,    // kKernels with each small stage run by every block of the streaming stage
+                     // after it, once its first loads are issued
+  kPersistentFolded, // kPersistentAhead with the small stages folded the same way
 };
 
 // Bytes one layer streams (its stages' sum).
