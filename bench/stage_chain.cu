@@ -20,6 +20,8 @@
 
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
+#include "gpu_event_timer.h"
+#include "ops/cuda/weight_rows.cuh"
 #include "stage_chain.h"
 
 namespace r3::bench {
@@ -57,13 +59,8 @@ __host__ __device__ inline int64_t stage_first(int layer, int s) {
 
 __device__ inline uint32_t fold(const uint4& v) { return v.x ^ v.y ^ v.z ^ v.w; }
 
-__device__ inline uint4 load_stream(const uint4* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
+// r3's weight loads (weight_rows.cuh: skipping L1).
+__device__ inline uint4 load_stream(const uint4* p) { return ops::cuda::load_streaming(p); }
 
 // A block's share [first, end) of a stage's uint4s: rounds of kInFlight loads a thread, the
 // first round given when the block loaded it ahead.
@@ -204,22 +201,6 @@ __global__ void __launch_bounds__(kThreads) persistent_kernel(Chain c, unsigned*
   c.sink[blockIdx.x * kThreads + threadIdx.x] = folded;
 }
 
-float elapsed_ms(cudaStream_t stream, int reps, const auto& run) {
-  for (int i = 0; i < 2; ++i) run();
-  cudaEvent_t start, stop;
-  R3_CUDA_CHECK(cudaEventCreate(&start));
-  R3_CUDA_CHECK(cudaEventCreate(&stop));
-  R3_CUDA_CHECK(cudaEventRecord(start, stream));
-  for (int i = 0; i < reps; ++i) run();
-  R3_CUDA_CHECK(cudaEventRecord(stop, stream));
-  R3_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  R3_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return ms / static_cast<float>(reps);
-}
-
 }  // namespace
 
 double stage_chain_bytes_per_layer() {
@@ -244,8 +225,7 @@ StageChainTiming time_stage_chain(backend::Context& gpu, StageChainRun run, int 
   unsigned* barrier = nullptr;  // [arrived, generation]
   R3_CUDA_CHECK(cudaMalloc(&barrier, 2 * sizeof(unsigned)));
   R3_CUDA_CHECK(cudaMemsetAsync(barrier, 0, 2 * sizeof(unsigned), stream));
-  constexpr int kReps = 5;
-  float ms = 0;
+  double ms = 0;
   if (run == StageChainRun::kKernels || run == StageChainRun::kKernelsFolded) {
     const bool fold = run == StageChainRun::kKernelsFolded;
     cudaGraph_t graph = nullptr;
@@ -267,7 +247,7 @@ StageChainTiming time_stage_chain(backend::Context& gpu, StageChainRun run, int 
     R3_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
     cudaGraphExec_t exec = nullptr;
     R3_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    ms = elapsed_ms(stream, kReps, [&] { R3_CUDA_CHECK(cudaGraphLaunch(exec, stream)); });
+    ms = mean_ms(gpu, [&] { R3_CUDA_CHECK(cudaGraphLaunch(exec, stream)); }, 2, 10);
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
   } else {
@@ -281,9 +261,8 @@ StageChainTiming time_stage_chain(backend::Context& gpu, StageChainRun run, int 
     unsigned* arrived = barrier;
     unsigned* generation = barrier + 1;
     void* args[] = {&c, &arrived, &generation};
-    ms = elapsed_ms(stream, kReps, [&] {
-      R3_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel, blocks, kThreads, args, 0, stream));
-    });
+    ms = mean_ms(
+        gpu, [&] { R3_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel, blocks, kThreads, args, 0, stream)); }, 2, 10);
   }
   R3_CUDA_CHECK(cudaStreamSynchronize(stream));
   cudaFree(barrier);
@@ -291,7 +270,7 @@ StageChainTiming time_stage_chain(backend::Context& gpu, StageChainRun run, int 
   cudaFree(c.small);
   cudaFree(bytes);
   StageChainTiming t;
-  t.ms_per_layer = static_cast<double>(ms) / layers;
+  t.ms_per_layer = ms / layers;
   t.tb_per_s = stage_chain_bytes_per_layer() / (t.ms_per_layer * 1e-3) / 1e12;
   return t;
 }

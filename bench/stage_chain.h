@@ -24,7 +24,7 @@ enum class StageChainRun {
 // Bytes one layer streams (its stages' sum).
 double stage_chain_bytes_per_layer();
 
-// The chain of `layers` layers, run `run`'s way; the mean of 5 timed runs after 2 warm-ups.
+// The chain of `layers` layers, run `run`'s way; the mean of 10 timed runs after 2 warm-ups.
 StageChainTiming time_stage_chain(backend::Context& gpu, StageChainRun run, int layers);
 
 }  // namespace r3::bench
