@@ -25,7 +25,8 @@
 //   block) without r3's arithmetic, 48 layers, as a kernel a stage in a graph, as one persistent
 //   kernel with grid barriers, the same loading the next stage's first bytes before each
 //   barrier, and both with the small stages folded into the streaming stages after them
-//   (bench/stage_chain.cu): what the structure costs apart from the kernels.
+//   (bench/stage_chain.cu): what the structure costs apart from the kernels. The persistent
+//   kernels with as many blocks as fit and with 1, 2 and 4 an SM (`blocks`: the grid).
 // Each measurement: 5 warm-up calls, then the mean of 50 timed with CUDA events.
 #include <cuda_runtime.h>
 
@@ -283,17 +284,22 @@ int main() {
                   blocks, r3::bench::graph_kernel_gap_us(*gpu, blocks, true),
                   r3::bench::graph_kernel_gap_us(*gpu, blocks, false));
     }
-    // A 48-layer chain of a decode layer's stages without r3's arithmetic, run five ways.
+    // A 48-layer chain of a decode layer's stages without r3's arithmetic, run five ways; the
+    // persistent ways with as many blocks an SM as fit (their first run) and with 1, 2 and 4.
     using r3::bench::StageChainRun;
     for (const auto& [run, name] : {std::pair{StageChainRun::kKernels, "kernels"},
                                     std::pair{StageChainRun::kPersistent, "persistent"},
                                     std::pair{StageChainRun::kPersistentAhead, "persistent_ahead"},
                                     std::pair{StageChainRun::kKernelsFolded, "kernels_folded"},
                                     std::pair{StageChainRun::kPersistentFolded, "persistent_folded"}}) {
-      const r3::bench::StageChainTiming t = r3::bench::time_stage_chain(*gpu, run, 48);
-      std::printf("{\"bench\":\"stage_chain\",\"run\":\"%s\",\"MB_per_layer\":%.1f,\"ms_per_layer\":%.4f,"
-                  "\"TB_per_s\":%.3f}\n",
-                  name, r3::bench::stage_chain_bytes_per_layer() / 1e6, t.ms_per_layer, t.tb_per_s);
+      const bool persistent = run != StageChainRun::kKernels && run != StageChainRun::kKernelsFolded;
+      for (const int per_sm : {0, 1, 2, 4}) {
+        if (per_sm > 0 && !persistent) break;
+        const r3::bench::StageChainTiming t = r3::bench::time_stage_chain(*gpu, run, 48, per_sm);
+        std::printf("{\"bench\":\"stage_chain\",\"run\":\"%s\",\"blocks\":%d,\"MB_per_layer\":%.1f,"
+                    "\"ms_per_layer\":%.4f,\"TB_per_s\":%.3f}\n",
+                    name, t.blocks, r3::bench::stage_chain_bytes_per_layer() / 1e6, t.ms_per_layer, t.tb_per_s);
+      }
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "r3_gpu_kernels_bench: error: %s\n", e.what());

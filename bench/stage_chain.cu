@@ -209,7 +209,7 @@ double stage_chain_bytes_per_layer() {
   return bytes;
 }
 
-StageChainTiming time_stage_chain(backend::Context& gpu, StageChainRun run, int layers) {
+StageChainTiming time_stage_chain(backend::Context& gpu, StageChainRun run, int layers, int blocks_per_sm) {
   const backend::cuda::State& state = gpu.cuda_state();
   const cudaStream_t stream = state.stream;
   const int64_t total16 = stage_first(layers, 0);
@@ -226,6 +226,7 @@ StageChainTiming time_stage_chain(backend::Context& gpu, StageChainRun run, int 
   R3_CUDA_CHECK(cudaMalloc(&barrier, 2 * sizeof(unsigned)));
   R3_CUDA_CHECK(cudaMemsetAsync(barrier, 0, 2 * sizeof(unsigned), stream));
   double ms = 0;
+  unsigned persistent_blocks = 0;
   if (run == StageChainRun::kKernels || run == StageChainRun::kKernelsFolded) {
     const bool fold = run == StageChainRun::kKernelsFolded;
     cudaGraph_t graph = nullptr;
@@ -257,7 +258,9 @@ StageChainTiming time_stage_chain(backend::Context& gpu, StageChainRun run, int 
                              : reinterpret_cast<const void*>(persistent_kernel<true, true>);
     int per_sm = 0;
     R3_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
-    const unsigned blocks = static_cast<unsigned>(per_sm * state.sm_count);
+    R3_CHECK(blocks_per_sm <= per_sm, "stage chain: ", blocks_per_sm, " blocks an SM, ", per_sm, " fit");
+    const unsigned blocks = static_cast<unsigned>((blocks_per_sm > 0 ? blocks_per_sm : per_sm) * state.sm_count);
+    persistent_blocks = blocks;
     unsigned* arrived = barrier;
     unsigned* generation = barrier + 1;
     void* args[] = {&c, &arrived, &generation};
@@ -272,6 +275,7 @@ StageChainTiming time_stage_chain(backend::Context& gpu, StageChainRun run, int 
   StageChainTiming t;
   t.ms_per_layer = ms / layers;
   t.tb_per_s = stage_chain_bytes_per_layer() / (t.ms_per_layer * 1e-3) / 1e12;
+  t.blocks = static_cast<int>(persistent_blocks);
   return t;
 }
 

@@ -9,6 +9,7 @@ namespace r3::bench {
 struct StageChainTiming {
   double ms_per_layer = 0;
   double tb_per_s = 0;  // the streamed bytes over the time
+  int blocks = 0;       // the persistent kernel's grid (0 for the runs of a kernel a stage)
 };
 
 enum class StageChainRun {
@@ -24,7 +25,9 @@ enum class StageChainRun {
 // Bytes one layer streams (its stages' sum).
 double stage_chain_bytes_per_layer();
 
-// The chain of `layers` layers, run `run`'s way; the mean of 10 timed runs after 2 warm-ups.
-StageChainTiming time_stage_chain(backend::Context& gpu, StageChainRun run, int layers);
+// The chain of `layers` layers, run `run`'s way; the mean of 10 timed runs after 2 warm-ups. The
+// persistent runs take blocks_per_sm blocks an SM (0: as many as fit), since their grid barrier
+// costs more the more blocks arrive at it.
+StageChainTiming time_stage_chain(backend::Context& gpu, StageChainRun run, int layers, int blocks_per_sm = 0);
 
 }  // namespace r3::bench
