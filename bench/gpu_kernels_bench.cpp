@@ -28,6 +28,12 @@
 //   bf16 context; the router's projection (float32 [128, 2048]); the routing (top-8 of 128,
 //   softmax, renormalised, with capture and margins), also on the warp kernel every rule can take
 //   (R3_ROUTING_IN_REGISTERS=0). Next to graph_kernel_gap's empty kernel.
+// - stage_chain: a batch-1 decode layer's chain of stages (what each streams, small stages as one
+//   block) without r3's arithmetic, 48 layers, as a kernel a stage in a graph, as one persistent
+//   kernel with grid barriers, the same loading the next stage's first bytes before each
+//   barrier, and both with the small stages folded into the streaming stages after them
+//   (bench/stage_chain.cu): what the structure costs apart from the kernels. The persistent
+//   kernels with as many blocks as fit and with 1, 2 and 4 an SM (`blocks`: the grid).
 // Each measurement: 5 warm-up calls, then the mean of 50 timed with CUDA events.
 #include <cuda_runtime.h>
 
@@ -35,6 +41,7 @@
 #include <cstdlib>
 #include <random>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "backend/context.h"
@@ -51,6 +58,7 @@
 #include "ops/rotary.h"
 #include "gpu_event_timer.h"
 #include "launch_gap.h"
+#include "stage_chain.h"
 
 namespace r3 {
 namespace {
@@ -353,6 +361,23 @@ int main() {
                   r3::bench::graph_kernel_gap_us(*gpu, blocks, false));
     }
     r3::small_ops_in_graph(*gpu);
+    // A 48-layer chain of a decode layer's stages without r3's arithmetic, run five ways; the
+    // persistent ways with as many blocks an SM as fit (their first run) and with 1, 2 and 4.
+    using r3::bench::StageChainRun;
+    for (const auto& [run, name] : {std::pair{StageChainRun::kKernels, "kernels"},
+                                    std::pair{StageChainRun::kPersistent, "persistent"},
+                                    std::pair{StageChainRun::kPersistentAhead, "persistent_ahead"},
+                                    std::pair{StageChainRun::kKernelsFolded, "kernels_folded"},
+                                    std::pair{StageChainRun::kPersistentFolded, "persistent_folded"}}) {
+      const bool persistent = run != StageChainRun::kKernels && run != StageChainRun::kKernelsFolded;
+      for (const int per_sm : {0, 1, 2, 4}) {
+        if (per_sm > 0 && !persistent) break;
+        const r3::bench::StageChainTiming t = r3::bench::time_stage_chain(*gpu, run, 48, per_sm);
+        std::printf("{\"bench\":\"stage_chain\",\"run\":\"%s\",\"blocks\":%d,\"MB_per_layer\":%.1f,"
+                    "\"ms_per_layer\":%.4f,\"TB_per_s\":%.3f}\n",
+                    name, t.blocks, r3::bench::stage_chain_bytes_per_layer() / 1e6, t.ms_per_layer, t.tb_per_s);
+      }
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "r3_gpu_kernels_bench: error: %s\n", e.what());
     return 1;
