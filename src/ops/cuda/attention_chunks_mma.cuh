@@ -100,6 +100,37 @@ __global__ void __launch_bounds__(kMmaBlockWarps * kWarp, 3)
     }
     return;
   }
+  const auto* keys = static_cast<const __nv_bfloat16*>(pool.keys) + kv_offset;
+  const auto* value_heads = static_cast<const __nv_bfloat16*>(pool.values) + kv_offset;
+  const __nv_bfloat16* values = value_heads + (kD / 8) * r;
+  // A tile's loads: key rows r and r + 8, value rows 2c, 2c + 1, 2c + 8, 2c + 9 (zeros past the
+  // tile's positions). The warp's first tile is loaded before the queries, so that its trips
+  // through the block table and to memory overlap theirs; each later one at the end of the tile
+  // before it.
+  uint4 key_top[kKeyLoads], key_bottom[kKeyLoads], value[4][kValueLoads];
+  auto load_tile = [&](int64_t tile_first) {
+    const int n = static_cast<int>(min(int64_t{kMmaTile}, count - tile_first));
+    const int key_rows[2] = {r, r + 8}, value_rows[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      uint4* dst = i == 0 ? key_top : key_bottom;
+      const bool valid = key_rows[i] < n;
+      const __nv_bfloat16* row =
+          valid ? keys + cache_row(step, pool, seq, first + tile_first + key_rows[i]) * pool.key_width + 8 * c : nullptr;
+#pragma unroll
+      for (int j = 0; j < kKeyLoads; ++j) dst[j] = valid ? load_streaming(row + 32 * j) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const bool valid = value_rows[i] < n;
+      const __nv_bfloat16* row =
+          valid ? values + cache_row(step, pool, seq, first + tile_first + value_rows[i]) * pool.value_width : nullptr;
+#pragma unroll
+      for (int j = 0; j < kValueLoads; ++j) value[i][j] = valid ? load_streaming(row + 8 * j) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  constexpr int64_t kTileStride = kMmaBlockWarps * kMmaTile;
+  if (static_cast<int64_t>(warp) * kMmaTile < count) load_tile(static_cast<int64_t>(warp) * kMmaTile);
   // Q^T fragments: lane holds head r's dimensions 32j + 8c + 4s + {0, 1} (b0) and + {2, 3} (b1)
   // for the MMA 2j + s, split into hi and lo.
   uint32_t q_hi[kSteps][2], q_lo[kSteps][2];
@@ -124,37 +155,12 @@ __global__ void __launch_bounds__(kMmaBlockWarps * kWarp, 3)
 #pragma unroll
   for (int m = 0; m < kSteps; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.0f;
   float run_max[2] = {-INFINITY, -INFINITY}, lane_sum[2] = {0.0f, 0.0f};
-  const auto* keys = static_cast<const __nv_bfloat16*>(pool.keys) + kv_offset;
-  const auto* value_heads = static_cast<const __nv_bfloat16*>(pool.values) + kv_offset;
-  const __nv_bfloat16* values = value_heads + (kD / 8) * r;
 
-  for (int64_t tile_first = static_cast<int64_t>(warp) * kMmaTile; tile_first < count;
-       tile_first += kMmaBlockWarps * kMmaTile) {
+  for (int64_t tile_first = static_cast<int64_t>(warp) * kMmaTile; tile_first < count; tile_first += kTileStride) {
     const int n = static_cast<int>(min(int64_t{kMmaTile}, count - tile_first));
-    // Every load of the tile first: key rows r and r + 8, value rows 2c, 2c + 1, 2c + 8, 2c + 9
-    // (zeros past the tile's n positions).
-    uint4 key_top[kKeyLoads], key_bottom[kKeyLoads], value[4][kValueLoads];
-    const int key_rows[2] = {r, r + 8}, value_rows[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      uint4* dst = i == 0 ? key_top : key_bottom;
-      const bool valid = key_rows[i] < n;
-      const __nv_bfloat16* row =
-          valid ? keys + cache_row(step, pool, seq, first + tile_first + key_rows[i]) * pool.key_width + 8 * c : nullptr;
-#pragma unroll
-      for (int j = 0; j < kKeyLoads; ++j) dst[j] = valid ? load_streaming(row + 32 * j) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const bool valid = value_rows[i] < n;
-      const __nv_bfloat16* row =
-          valid ? values + cache_row(step, pool, seq, first + tile_first + value_rows[i]) * pool.value_width : nullptr;
-#pragma unroll
-      for (int j = 0; j < kValueLoads; ++j) value[i][j] = valid ? load_streaming(row + 8 * j) : make_uint4(0, 0, 0, 0);
-    }
     // The warp's next tile into L2 while this one is computed (lanes 0-15 its key rows, 16-31
     // its value rows), so that its loads wait on L2 rather than memory.
-    const int64_t next = tile_first + kMmaBlockWarps * kMmaTile + lane % 16;
+    const int64_t next = tile_first + kTileStride + lane % 16;
     if (next < count) {
       const int64_t row = cache_row(step, pool, seq, first + next);
       if (lane < 16) prefetch_l2(keys + row * pool.key_width, kD);
@@ -208,6 +214,7 @@ __global__ void __launch_bounds__(kMmaBlockWarps * kWarp, 3)
       mma_rows::mma(acc[m], a0, a1, a2, a3, b0_hi, b1_hi);
       mma_rows::mma(acc[m], a0, a1, a2, a3, b0_lo, b1_lo);
     }
+    if (tile_first + kTileStride < count) load_tile(tile_first + kTileStride);
   }
 
   // The warp's partials per head, then the chunk's.

@@ -79,11 +79,15 @@ __device__ inline void write_chunk_partials(const float (&warp_max_of)[kWarps][k
 
 // Chunks whose partials a merge thread loads in one round.
 constexpr int kMergeBatch = 8;
+// Up to this many chunks (a batch-1 decode over a 1k context has 16), a merge thread loads every
+// chunk's max, sum and accumulator element in one round before it computes anything.
+constexpr int kMergeAtOnce = 16;
 
 // One block per (token, head), its threads taking the d elements in turn: the chunks merged in
 // order, the sink joining the sum. The loads of kMergeBatch chunks are issued before any of them
 // is used, so a merge waits a round per kMergeBatch chunks, not two per chunk (a decode layer's
-// merge of 16 chunks at batch 1 took 7.1 us in a serialised profile).
+// merge of 16 chunks at batch 1 took 7.1 us in a serialised profile); up to kMergeAtOnce chunks,
+// one round in all (the maxima with the rest), the same arithmetic.
 __global__ void merge_chunks(const float* __restrict__ part_max, const float* __restrict__ part_sum,
                              const float* __restrict__ part_acc, int64_t heads, int64_t d, int64_t chunks,
                              const float* __restrict__ sinks, const int32_t* __restrict__ seqs, float* __restrict__ out) {
@@ -96,6 +100,31 @@ __global__ void merge_chunks(const float* __restrict__ part_max, const float* __
   }
   const float* pm = part_max + th * chunks;
   const float* ps = part_sum + th * chunks;
+  if (chunks <= kMergeAtOnce) {
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+      float mc[kMergeAtOnce], sc[kMergeAtOnce], ac[kMergeAtOnce];
+#pragma unroll
+      for (int c = 0; c < kMergeAtOnce; ++c) {
+        const bool in = c < chunks;
+        mc[c] = in ? pm[c] : -INFINITY;
+        sc[c] = in ? ps[c] : 0.0f;  // 0: skipped, as an empty chunk (whose accumulator is never written)
+        ac[c] = in ? part_acc[(th * chunks + c) * d + i] : 0.0f;
+      }
+      float m = sinks ? sinks[th % heads] : -INFINITY;
+#pragma unroll
+      for (int c = 0; c < kMergeAtOnce; ++c) m = fmaxf(m, mc[c]);
+      float sum = sinks ? expf(sinks[th % heads] - m) : 0.0f, acc = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kMergeAtOnce; ++c) {
+        if (sc[c] == 0.0f) continue;  // an empty chunk, or past the last
+        const float f = expf(mc[c] - m);
+        sum += sc[c] * f;
+        acc += ac[c] * f;
+      }
+      o[i] = acc / sum;
+    }
+    return;
+  }
   float m = sinks ? sinks[th % heads] : -INFINITY;
   for (int64_t c0 = 0; c0 < chunks; c0 += kMergeBatch) {
     float mc[kMergeBatch];
