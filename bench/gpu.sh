@@ -2,7 +2,8 @@
 # One call on the GPU machine: build r3 with its CUDA backend (sm_90a) from the carried library
 # headers (scripts/gpu-deps.sh, carried as .gpu-deps), run the GPU tests and the kernel
 # benchmarks (R3_TESTS_ONLY=1: none; with R3_BREAKDOWN=1, a per-kernel profile of a decode step;
-# with R3_AB=<variable>, that switch measured off and on), and leave the logs
+# with R3_AB=<variable>, that switch measured off and on; with R3_DEEP_PROFILE=1, a batch-1
+# layer's kernels profiled in depth), and leave the logs
 # in $OUT (or ./gpu-out). Usage there: R3_COMMIT=<commit the tree was sent from> bash bench/gpu.sh
 # (the copy of the tree on that machine may carry an older .git).
 set -uo pipefail
@@ -69,6 +70,19 @@ if [[ "${R3_BREAKDOWN:-0}" == 1 ]] && command -v ncu > /dev/null; then
       ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-weights $weights \
       --synthetic-batches "${R3_BREAKDOWN_BATCH:-1}" > "$out/ncu_step$suffix.csv" 2> "$out/ncu_step$suffix.log"
     python3 bench/kernel_breakdown.py "$out/ncu_step$suffix.csv" | tee "$out/kernel_breakdown$suffix.txt"
+  done
+fi
+# R3_DEEP_PROFILE=1: one batch-1 layer's kernels (past the first steps), each with Nsight Compute's
+# throughput, memory, warp-stall and occupancy sections, bf16 and FP8 (deep_profile*.txt): where
+# each link of the chain spends its time.
+if [[ "${R3_DEEP_PROFILE:-0}" == 1 ]] && command -v ncu > /dev/null; then
+  for weights in bf16 fp8; do
+    ncu --clock-control none --cache-control none \
+      --kernel-name regex:'attention_chunks|merge_chunks|down_and_combine|gate_up_by_pair|route_|prepare_rows|rows_kernel' \
+      --launch-skip 900 --launch-count 9 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --section WarpStateStats --section Occupancy --section LaunchStats \
+      ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-weights $weights --synthetic-batches 1 \
+      > "$out/deep_profile_$weights.txt" 2>&1 || echo "deep profile ($weights) failed"
   done
 fi
 cat "$out/device.txt"
