@@ -50,12 +50,7 @@ __device__ inline void route_softmax_topk_in_registers(const float* __restrict__
     }
   }
   __syncwarp();
-  double sum = 0;
-  if (lane == 0) {
-#pragma unroll 8
-    for (int64_t i = 0; i < experts; ++i) sum = __dadd_rn(sum, static_cast<double>(row[i]));
-  }
-  sum = __shfl_sync(0xffffffffu, sum, 0);
+  const double sum = index_order_sum(row, experts, lane);
   __syncwarp();  // lane 0 has read the row before it is overwritten with the scores
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {

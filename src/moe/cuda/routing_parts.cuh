@@ -64,6 +64,18 @@ __device__ inline float warp_margin(const float* values, int64_t n, const uint8_
   return __fsub_rn(values[last], best);
 }
 
+// The double sum of v[0, n) in index order, as the CPU's softmax adds it, on lane 0 and given to
+// every lane. Unrolled so that the shared-memory loads run ahead of the chain of additions (the
+// serial sum over a layer's 128 experts is on every decode layer's critical path).
+__device__ inline double index_order_sum(const float* v, int64_t n, int lane) {
+  double sum = 0;
+  if (lane == 0) {
+#pragma unroll 8
+    for (int64_t i = 0; i < n; ++i) sum = __dadd_rn(sum, static_cast<double>(v[i]));
+  }
+  return __shfl_sync(0xffffffffu, sum, 0);
+}
+
 // In place, as ops::softmax: max, exp(v - max), the sum in double in index order, v / sum rounded.
 __device__ inline void warp_softmax(float* v, int64_t n, int lane) {
   float max_value = -INFINITY;
@@ -71,14 +83,7 @@ __device__ inline void warp_softmax(float* v, int64_t n, int lane) {
   for (int offset = kWarp / 2; offset > 0; offset /= 2) max_value = fmaxf(max_value, __shfl_xor_sync(0xffffffffu, max_value, offset));
   for (int64_t i = lane; i < n; i += kWarp) v[i] = exp_rounded(__fsub_rn(v[i], max_value));
   __syncwarp();
-  double sum = 0;
-  if (lane == 0) {
-    // Unrolled so that the shared-memory loads run ahead of the chain of additions (the serial
-    // sum over a layer's 128 experts is on every decode layer's critical path).
-#pragma unroll 8
-    for (int64_t i = 0; i < n; ++i) sum = __dadd_rn(sum, static_cast<double>(v[i]));
-  }
-  sum = __shfl_sync(0xffffffffu, sum, 0);
+  const double sum = index_order_sum(v, n, lane);
   for (int64_t i = lane; i < n; i += kWarp) v[i] = static_cast<float>(__ddiv_rn(static_cast<double>(v[i]), sum));
   __syncwarp();
 }
