@@ -21,13 +21,9 @@
 //   16 and 64 rows.
 // - graph_kernel_gap: the time per kernel of a CUDA graph of trivial kernels (bench/launch_gap.cu),
 //   what each kernel boundary of a decode step costs at least.
-// - in_graph: a batch-1 step's small ops, each timed as one of 32 copies of itself in one CUDA
-//   graph (gpu_event_timer.h: graph_mean_ms), so the figure is what the op adds to a decode step's
-//   graph, not an eager launch's host overhead: add + RMSNorm of a 2048 row; q/k norms, rotary and
-//   the key/value write of 32 query and 4 KV heads of 128 (prepare); attention over a 1024-token
-//   bf16 context; the router's projection (float32 [128, 2048]); the routing (top-8 of 128,
-//   softmax, renormalised, with capture and margins), also on the warp kernel every rule can take
-//   (R3_ROUTING_IN_REGISTERS=0). Next to graph_kernel_gap's empty kernel.
+// - in_graph: a batch-1 step's small ops (add + RMSNorm, prepare, attention, router, routing),
+//   each timed among 32 copies of itself in one CUDA graph (bench/in_graph_ops.cpp): what each
+//   adds to a decode step's graph, next to graph_kernel_gap's empty kernel.
 // - stage_chain: a batch-1 decode layer's chain of stages (what each streams, small stages as one
 //   block) without r3's arithmetic, 48 layers, as a kernel a stage in a graph, as one persistent
 //   kernel with grid barriers, the same loading the next stage's first bytes before each
@@ -38,8 +34,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
-#include <cstdlib>
-#include <random>
 #include <set>
 #include <utility>
 #include <vector>
@@ -54,9 +48,9 @@
 #include "ops/attention.h"
 #include "ops/cuda/token_drawer.h"
 #include "ops/linear.h"
-#include "ops/rms_norm.h"
-#include "ops/rotary.h"
+#include "bench_tensors.h"
 #include "gpu_event_timer.h"
+#include "in_graph_ops.h"
 #include "launch_gap.h"
 #include "stage_chain.h"
 
@@ -65,42 +59,10 @@ namespace {
 
 constexpr double kCopyBandwidth = 4.26e12;  // bytes/s, H200 copy bandwidth measured for the issue
 
-Tensor random_host(DType dtype, Shape shape, uint32_t seed, float scale) {
-  Tensor t = Tensor::empty(dtype, std::move(shape));
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  if (dtype == DType::F32) {
-    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = normal(rng);
-  } else {
-    auto* bits = static_cast<uint16_t*>(t.raw_data());
-    for (int64_t i = 0; i < t.numel(); ++i) bits[i] = f32_to_bf16(normal(rng));
-  }
-  return t;
-}
-
-// Random e4m3 bytes (no NaN codes) of `shape`, for FP8 weights; their scales are separate.
-Tensor random_fp8_host(Shape shape, uint32_t seed) {
-  Tensor t = Tensor::empty(DType::F8_E4M3, std::move(shape));
-  std::mt19937 rng(seed);
-  auto* bytes = static_cast<uint8_t*>(t.raw_data());
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    auto code = static_cast<uint8_t>(rng());
-    bytes[i] = (code & 0x7F) == 0x7F ? static_cast<uint8_t>(code ^ 1) : code;
-  }
-  return t;
-}
-
-// Float32 scales of 128x128 blocks for matrices of [..., rows, cols], all `scale`.
-Tensor fp8_scales_host(Shape shape, float scale) {
-  shape[shape.size() - 1] = (shape.back() + 127) / 128;
-  shape[shape.size() - 2] = (shape[shape.size() - 2] + 127) / 128;
-  Tensor t = Tensor::empty(DType::F32, std::move(shape));
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = scale;
-  return t;
-}
-
-using bench::graph_mean_ms;
+using bench::fp8_scales_host;
 using bench::mean_ms;
+using bench::random_fp8_host;
+using bench::random_host;
 
 void moe_layer(backend::Context& gpu, bool fp8) {
   const int64_t h = 2048, inter = 768, experts = 128, k = 8;
@@ -279,71 +241,6 @@ void draws(backend::Context& gpu) {
   }
 }
 
-void small_ops_in_graph(backend::Context& gpu) {
-  const int64_t h = 2048, heads = 32, kv_heads = 4, d = 128, context = 1024, block = 16, width = kv_heads * d;
-  auto report = [](const char* op, double ms) {
-    std::printf("{\"bench\":\"in_graph\",\"op\":\"%s\",\"tokens\":1,\"us\":%.2f}\n", op, ms * 1e3);
-  };
-  {
-    const Tensor branch = backend::to_device(gpu, random_host(DType::F32, {1, h}, 12, 1.0f));
-    const Tensor weight = backend::to_device(gpu, random_host(DType::F32, {h}, 13, 1.0f));
-    Tensor residual = backend::to_device(gpu, random_host(DType::F32, {1, h}, 14, 1.0f));
-    Tensor y = backend::device_empty(gpu, DType::F32, {1, h});
-    report("add_rms_norm", graph_mean_ms(gpu, [&] { ops::cuda::add_rms_norm(gpu, branch, residual, &weight, 1e-6f, y); }));
-  }
-  // One sequence of `context` positions in a bf16 pool, the step's token at the last.
-  const int64_t blocks = context / block;
-  Tensor keys = backend::to_device(gpu, random_host(DType::BF16, {blocks * block, width}, 6, 1.0f));
-  Tensor values = backend::to_device(gpu, random_host(DType::BF16, {blocks * block, width}, 7, 1.0f));
-  std::vector<int32_t> table(static_cast<std::size_t>(blocks));
-  for (int64_t i = 0; i < blocks; ++i) table[static_cast<std::size_t>(i)] = static_cast<int32_t>(i);
-  const Tensor table_d = backend::to_device(gpu, Tensor::from(table, {blocks}));
-  const Tensor seq_d = backend::to_device(gpu, Tensor::from(std::vector<int32_t>{0}, {1}));
-  const Tensor position_d = backend::to_device(gpu, Tensor::from(std::vector<int32_t>{static_cast<int32_t>(context - 1)}, {1}));
-  const ops::DeviceStep step{1, nullptr, position_d.data<int32_t>(), seq_d.data<int32_t>(), table_d.data<int32_t>(), blocks,
-                             context};
-  const ops::DeviceKvPool pool{keys.raw_data(), values.raw_data(), width, width, block, blocks, true};
-  Tensor q = backend::device_empty(gpu, DType::F32, {1, heads, d});
-  {
-    const int64_t qkv_width = heads * d + 2 * width;
-    const Tensor qkv = backend::to_device(gpu, random_host(DType::F32, {1, qkv_width}, 15, 1.0f));
-    const Tensor q_norm = backend::to_device(gpu, random_host(DType::F32, {d}, 16, 1.0f));
-    const Tensor k_norm = backend::to_device(gpu, random_host(DType::F32, {d}, 17, 1.0f));
-    const float* p = qkv.data<float>();
-    const ops::cuda::AttentionRows rows{p, qkv_width, p + heads * d, qkv_width, p + heads * d + width, qkv_width,
-                                        q_norm.data<float>(), k_norm.data<float>()};
-    const ops::Rotary rotary(d, 1e6);
-    report("prepare", graph_mean_ms(gpu, [&] {
-             ops::cuda::prepare_attention_rows(gpu, rotary, rows, heads, kv_heads, d, 1e-6f, step, pool, q);
-           }));
-  }
-  {
-    Tensor out = backend::device_empty(gpu, DType::F32, {1, heads, d});
-    report("attention", graph_mean_ms(gpu, [&] { ops::cuda::paged_attention(gpu, q, step, pool, kv_heads, 0.088f, 0, nullptr, out); }));
-  }
-  const int64_t experts = 128, k = 8;
-  Tensor logits = backend::device_empty(gpu, DType::F32, {1, experts});
-  {
-    const Tensor x = backend::to_device(gpu, random_host(DType::F32, {1, h}, 18, 1.0f));
-    const Tensor router = backend::to_device(gpu, random_host(DType::F32, {experts, h}, 19, 0.02f));
-    report("router", graph_mean_ms(gpu, [&] { ops::linear(gpu, x, router, nullptr, logits); }));
-  }
-  {
-    moe::DeviceCaptureBuffer capture(gpu, 1, 1, k);
-    const moe::DeviceRoutingRule rule{moe::DeviceRoutingRule::Kind::kSoftmaxTopK, static_cast<int32_t>(k), true};
-    Tensor ids = backend::device_empty(gpu, DType::I32, {1, k}), weights = backend::device_empty(gpu, DType::F32, {1, k});
-    auto route = [&] {
-      moe::route_on_device(gpu, logits, rule, nullptr, nullptr, ids.data<int32_t>(), weights.data<float>(),
-                           capture.layer_rows(0));
-    };
-    report("routing", graph_mean_ms(gpu, route));
-    // The warp kernel every rule can take, for softmax top-k's kernel in registers to be measured against.
-    setenv("R3_ROUTING_IN_REGISTERS", "0", 1);
-    report("routing_warp_kernel", graph_mean_ms(gpu, route));
-    unsetenv("R3_ROUTING_IN_REGISTERS");
-  }
-}
-
 }  // namespace
 }  // namespace r3
 
@@ -360,7 +257,7 @@ int main() {
                   blocks, r3::bench::graph_kernel_gap_us(*gpu, blocks, true),
                   r3::bench::graph_kernel_gap_us(*gpu, blocks, false));
     }
-    r3::small_ops_in_graph(*gpu);
+    r3::bench::small_ops_in_graph(*gpu);
     // A 48-layer chain of a decode layer's stages without r3's arithmetic, run five ways; the
     // persistent ways with as many blocks an SM as fit (their first run) and with 1, 2 and 4.
     using r3::bench::StageChainRun;
