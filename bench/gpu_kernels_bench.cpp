@@ -30,7 +30,9 @@
 //   barrier, and both with the small stages folded into the streaming stages after them
 //   (bench/stage_chain.cu): what the structure costs apart from the kernels. The persistent
 //   kernels with as many blocks as fit and with 1, 2 and 4 an SM (`blocks`: the grid).
-// Each measurement: 5 warm-up calls, then the mean of 50 timed with CUDA events.
+// Each measurement: 5 warm-up calls, then the mean of 50 timed with CUDA events; those made in a
+// graph (graph_kernel_gap, in_graph, stage_chain): one eager call, the graph launched twice, then
+// the mean of 10 launches (gpu_event_timer.h).
 #include <cuda_runtime.h>
 
 #include <cstdio>

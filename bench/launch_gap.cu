@@ -7,6 +7,7 @@
 
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
+#include "gpu_event_timer.h"
 #include "launch_gap.h"
 
 namespace r3::bench {
@@ -26,32 +27,15 @@ double graph_kernel_gap_us(backend::Context& gpu, unsigned blocks, bool programm
   const cudaStream_t stream = gpu.cuda_state().stream;
   int* out = nullptr;
   R3_CUDA_CHECK(cudaMalloc(&out, blocks * sizeof(int)));
-  cudaGraph_t graph = nullptr;
-  R3_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kKernels; ++i) {
+  int i = 0;
+  auto launch = [&] {
     if (programmatic) backend::cuda::launch_kernel(touch, blocks, 256, 0, stream, out, i);
     else touch<<<blocks, 256, 0, stream>>>(out, i);
-  }
-  R3_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec = nullptr;
-  R3_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int i = 0; i < 3; ++i) R3_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-  cudaEvent_t start, stop;
-  R3_CUDA_CHECK(cudaEventCreate(&start));
-  R3_CUDA_CHECK(cudaEventCreate(&stop));
-  constexpr int kReps = 20;
-  R3_CUDA_CHECK(cudaEventRecord(start, stream));
-  for (int i = 0; i < kReps; ++i) R3_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-  R3_CUDA_CHECK(cudaEventRecord(stop, stream));
-  R3_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  R3_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
+    ++i;
+  };
+  const double ms = graph_mean_ms(gpu, launch, kKernels);
   cudaFree(out);
-  return static_cast<double>(ms) * 1e3 / (kReps * kKernels);
+  return ms * 1e3;
 }
 
 }  // namespace r3::bench

@@ -229,28 +229,23 @@ StageChainTiming time_stage_chain(backend::Context& gpu, StageChainRun run, int 
   unsigned persistent_blocks = 0;
   if (run == StageChainRun::kKernels || run == StageChainRun::kKernelsFolded) {
     const bool fold = run == StageChainRun::kKernelsFolded;
-    cudaGraph_t graph = nullptr;
-    R3_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    for (int l = 0; l < layers; ++l) {
-      for (int s = 0; s < kStageCount; ++s) {
-        const int64_t count = stage_bytes(s) / 16, row = static_cast<int64_t>(l) * kStageCount + s;
-        if (count > 0) {
-          // A round of loads a thread, as r3's projections read a weight row in a few rounds.
-          const auto blocks = static_cast<unsigned>(std::min<int64_t>(65535, (count + kThreads * kInFlight - 1) / (kThreads * kInFlight)));
-          const int64_t small_row = fold && s > 0 && stage_bytes(s - 1) == 0 ? row - 1 : -1;
-          backend::cuda::launch_kernel(stream_kernel, blocks, kThreads, 0, stream, c, stage_first(l, s), count,
-                                       small_row);
-        } else if (!fold) {
-          backend::cuda::launch_kernel(small_kernel, 1, kThreads, 0, stream, c, row);
+    auto chain = [&] {
+      for (int l = 0; l < layers; ++l) {
+        for (int s = 0; s < kStageCount; ++s) {
+          const int64_t count = stage_bytes(s) / 16, row = static_cast<int64_t>(l) * kStageCount + s;
+          if (count > 0) {
+            // A round of loads a thread, as r3's projections read a weight row in a few rounds.
+            const auto blocks = static_cast<unsigned>(std::min<int64_t>(65535, (count + kThreads * kInFlight - 1) / (kThreads * kInFlight)));
+            const int64_t small_row = fold && s > 0 && stage_bytes(s - 1) == 0 ? row - 1 : -1;
+            backend::cuda::launch_kernel(stream_kernel, blocks, kThreads, 0, stream, c, stage_first(l, s), count,
+                                         small_row);
+          } else if (!fold) {
+            backend::cuda::launch_kernel(small_kernel, 1, kThreads, 0, stream, c, row);
+          }
         }
       }
-    }
-    R3_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec = nullptr;
-    R3_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    ms = mean_ms(gpu, [&] { R3_CUDA_CHECK(cudaGraphLaunch(exec, stream)); }, 2, 10);
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
+    };
+    ms = graph_mean_ms(gpu, chain, 1);  // the whole chain as one graph
   } else {
     const void* kernel = run == StageChainRun::kPersistent ? reinterpret_cast<const void*>(persistent_kernel<false, false>)
                          : run == StageChainRun::kPersistentAhead
