@@ -3,7 +3,7 @@
 # headers (scripts/gpu-deps.sh, carried as .gpu-deps), run the GPU tests and the kernel
 # benchmarks (R3_TESTS_ONLY=1: none; with R3_BREAKDOWN=1, a per-kernel profile of a decode step;
 # with R3_AB=<variable>, that switch measured off and on; with R3_DEEP_PROFILE=1, a batch-1
-# layer's kernels profiled in depth), and leave the logs
+# layer's kernels profiled in depth; with R3_SASS_PROFILE=1, the small kernels' stalls by SASS line), and leave the logs
 # in $OUT (or ./gpu-out). Usage there: R3_COMMIT=<commit the tree was sent from> bash bench/gpu.sh
 # (the copy of the tree on that machine may carry an older .git).
 set -uo pipefail
@@ -84,6 +84,18 @@ if [[ "${R3_DEEP_PROFILE:-0}" == 1 ]] && command -v ncu > /dev/null; then
       ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-weights $weights --synthetic-batches 1 \
       > "$out/deep_profile_$weights.txt" 2>&1 || echo "deep profile ($weights) failed"
   done
+fi
+# R3_SASS_PROFILE=1: the small kernels' warp stalls by SASS instruction (bf16, batch 1): which
+# loads, shuffles or barriers each link waits on. The report's source page as CSV, one row per
+# instruction (sass_small_kernels.csv).
+if [[ "${R3_SASS_PROFILE:-0}" == 1 ]] && command -v ncu > /dev/null; then
+  ncu --clock-control none --cache-control none \
+    --kernel-name regex:'attention_chunks|merge_chunks|route_|prepare_rows' \
+    --launch-skip 900 --launch-count 5 --section SourceCounters --section WarpStateStats --import-source yes \
+    -f -o "$out/small_kernels" \
+    ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-batches 1 > "$out/small_kernels.log" 2>&1 &&
+  ncu --import "$out/small_kernels.ncu-rep" --page source --csv --print-source sass > "$out/sass_small_kernels.csv" \
+    2>> "$out/small_kernels.log" || { echo "SASS profile failed:"; tail -5 "$out/small_kernels.log"; }
 fi
 cat "$out/device.txt"
 exit $status

@@ -3,7 +3,7 @@
 // heads of 128). Run on the GPU machine by bench/gpu.sh; one JSON line per measurement.
 //
 // - moe_layer: routing with capture + fused experts for one MoE layer, bf16 or FP8 expert weights,
-//   at batch 1, 8 and 64. Bytes: the distinct experts the batch routed to (measured from the
+//   at batch 1, 8 and 64, as a bfloat16 model's step runs them (reduced precision). Bytes: the distinct experts the batch routed to (measured from the
 //   routing) times one expert's weights; floor = bytes / 4.26 TB/s (the H200's measured copy
 //   bandwidth, the yardstick).
 // - attention: paged GQA decode over a 1024-token context per sequence, float32 cache, at batch
@@ -66,7 +66,11 @@ using bench::mean_ms;
 using bench::random_fp8_host;
 using bench::random_host;
 
+// Run as a bfloat16 model's step runs its MoE layers (reduced precision: tensor cores for FP8
+// and bf16 experts at batch 8 and up). Before 2026-12-05 this bench ran without it, so its rows at
+// batch 8 and up measured the CUDA-core path a float32 model takes.
 void moe_layer(backend::Context& gpu, bool fp8) {
+  const backend::ReducedPrecisionScope bf16_model(gpu, true);
   const int64_t h = 2048, inter = 768, experts = 128, k = 8;
   moe::DeviceExperts dev;
   if (fp8) {

@@ -679,12 +679,15 @@ TEST_F(CudaOps, RoutingInRegistersGivesTheWarpKernelsBits) {
     int32_t k;
     bool normalize;
     bool ties;
+    float scale = 2.0f;  // logits' scale: at 2 every exp adds exactly (moe/exact_order_sum.h) and
+                         // the softmax sums as a warp tree; at 40 most rows take the serial sum
   };
   const int64_t tokens = 45;
   for (const Case c : {Case{128, 8, true, false}, Case{128, 8, true, true}, Case{256, 8, true, false},
                        Case{256, 6, false, true}, Case{60, 4, false, false}, Case{200, 32, true, true},
-                       Case{40, 32, false, false}}) {
-    Tensor logits = gpu_random({tokens, c.experts}, 22, 2.0f);
+                       Case{40, 32, false, false}, Case{128, 8, true, false, 40.0f}, Case{256, 8, false, true, 40.0f},
+                       Case{60, 4, true, false, 40.0f}}) {
+    Tensor logits = gpu_random({tokens, c.experts}, 22, c.scale);
     if (c.ties) {
       for (int64_t i = 0; i < logits.numel(); ++i) logits.data<float>()[i] = std::round(logits.data<float>()[i]);
     }
@@ -716,7 +719,8 @@ TEST_F(CudaOps, RoutingInRegistersGivesTheWarpKernelsBits) {
     };
     const Routed warp = route(false), registers = route(true);
     const std::string what = std::to_string(c.experts) + " experts, top-" + std::to_string(c.k) +
-                             (c.normalize ? ", renormalised" : "") + (c.ties ? ", ties" : "");
+                             (c.normalize ? ", renormalised" : "") + (c.ties ? ", ties" : "") +
+                             ", scale " + std::to_string(c.scale);
     for (const auto& [got, want, name] : {std::tuple{&registers.ids, &warp.ids, "ids"},
                                           std::tuple{&registers.weights, &warp.weights, "weights"},
                                           std::tuple{&registers.capture, &warp.capture, "capture rows"},

@@ -5,13 +5,16 @@
 // the max, the exps and the divisions run across the lanes with each lane's kSlots in flight
 // together; each of the k selection rounds scans registers, not shared memory, and hands the
 // chosen id and score to lane r (choice r); the renormalising sum takes the k scores from those
-// lanes in choice order. What must stay serial for the bits, the double sum of the exps in index
-// order, still runs on lane 0 over a shared-memory row. Internal to moe/cuda.
+// lanes in choice order. The double sum of the exps runs as a warp tree when no addition can
+// round (moe/exact_order_sum.h: a spread below 14.6 between the row's logits), which gives the
+// index order's bits; otherwise it runs in index order on lane 0 over a shared-memory row.
+// Internal to moe/cuda.
 #pragma once
 
 #include <cstdint>
 
 #include "moe/cuda/routing_parts.cuh"
+#include "moe/exact_order_sum.h"
 #include "moe/device_routing.h"
 
 namespace r3::moe::routing_detail {
@@ -41,17 +44,33 @@ __device__ inline void route_softmax_topk_in_registers(const float* __restrict__
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) max_value = fmaxf(max_value, v[s]);
   for (int offset = kWarp / 2; offset > 0; offset /= 2) max_value = fmaxf(max_value, __shfl_xor_sync(0xffffffffu, max_value, offset));
+  bool exact = true;  // every exp adds exactly (moe/exact_order_sum.h)
+  double lane_sum = 0;
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
     const int64_t e = lane + s * kWarp;
     if (e < experts) {
       v[s] = exp_rounded(__fsub_rn(v[s], max_value));
-      row[e] = v[s];
+      exact = exact && adds_exactly(v[s]);
+      lane_sum = __dadd_rn(lane_sum, static_cast<double>(v[s]));
     }
   }
-  __syncwarp();
-  const double sum = index_order_sum(row, experts, lane);
-  __syncwarp();  // lane 0 has read the row before it is overwritten with the scores
+  double sum;
+  if (__all_sync(0xffffffffu, exact) && experts <= kExactSumMaxTerms) {
+    // No addition rounds: a tree over the lanes gives the index order's bits in 5 steps, not a
+    // chain of `experts` additions on lane 0.
+    sum = lane_sum;
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) sum = __dadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, offset));
+  } else {
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      const int64_t e = lane + s * kWarp;
+      if (e < experts) row[e] = v[s];
+    }
+    __syncwarp();
+    sum = index_order_sum(row, experts, lane);
+    __syncwarp();  // lane 0 has read the row before it is overwritten with the scores
+  }
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
     const int64_t e = lane + s * kWarp;

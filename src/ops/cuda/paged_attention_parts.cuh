@@ -52,26 +52,38 @@ __device__ inline float warp_max(float v) {
 // A block's warps' partials over a chunk for kG heads (each warp's max, sum of exponentials and
 // accumulator of d elements, in shared memory) merged into the chunk's: the max over the warps,
 // sums and accumulators rescaled to it, head g's written at part + g * chunks. Called by every
-// thread of the block after a barrier.
+// thread of the block after a barrier. Thread g < kG computes head g's max, sum and each warp's
+// rescaling factor once; the elements then only multiply and add (before, each of the kG * d
+// elements recomputed its head's max and kWarps exponentials). The same arithmetic.
 template <int kWarps, int kG, int kStride>
 __device__ inline void write_chunk_partials(const float (&warp_max_of)[kWarps][kG], const float (&warp_sum_of)[kWarps][kG],
                                             const float (&warp_acc)[kWarps][kG][kStride], int64_t d, int64_t part,
                                             int64_t chunks, float* __restrict__ part_max, float* __restrict__ part_sum,
                                             float* __restrict__ part_acc) {
-  for (int64_t i = threadIdx.x; i < kG * d; i += blockDim.x) {
-    const int g = static_cast<int>(i / d), e = static_cast<int>(i % d);
+  __shared__ float factor_of[kWarps][kG];  // warp w's rescaling factor for head g; 0: no positions
+  if (threadIdx.x < kG) {
+    const int g = static_cast<int>(threadIdx.x);
     float m = -INFINITY;
     for (int w = 0; w < kWarps; ++w) m = fmaxf(m, warp_max_of[w][g]);
-    float sum = 0.0f, a = 0.0f;
+    float sum = 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      float f = 0.0f;
+      if (warp_sum_of[w][g] != 0.0f) {  // else a warp without positions
+        f = expf(warp_max_of[w][g] - m);
+        sum += warp_sum_of[w][g] * f;
+      }
+      factor_of[w][g] = f;
+    }
+    part_max[part + g * chunks] = m;
+    part_sum[part + g * chunks] = sum;
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < kG * d; i += blockDim.x) {
+    const int g = static_cast<int>(i / d), e = static_cast<int>(i % d);
+    float a = 0.0f;
     for (int w = 0; w < kWarps; ++w) {
       if (warp_sum_of[w][g] == 0.0f) continue;  // a warp without positions
-      const float f = expf(warp_max_of[w][g] - m);
-      sum += warp_sum_of[w][g] * f;
-      a += warp_acc[w][g][e] * f;
-    }
-    if (e == 0) {
-      part_max[part + g * chunks] = m;
-      part_sum[part + g * chunks] = sum;
+      a += warp_acc[w][g][e] * factor_of[w][g];
     }
     part_acc[(part + g * chunks) * d + e] = a;
   }
