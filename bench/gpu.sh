@@ -91,7 +91,8 @@ fi
 if [[ "${R3_SASS_PROFILE:-0}" == 1 ]] && command -v ncu > /dev/null; then
   ncu --clock-control none --cache-control none \
     --kernel-name regex:'attention_chunks|merge_chunks|route_|prepare_rows' \
-    --launch-skip 900 --launch-count 5 --section SourceCounters --section WarpStateStats --import-source yes \
+    --launch-skip 900 --launch-count 25 --warp-sampling-interval 0 --section SourceCounters --section WarpStateStats \
+    --import-source yes \
     -f -o "$out/small_kernels" \
     ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-batches 1 > "$out/small_kernels.log" 2>&1 &&
   ncu --import "$out/small_kernels.ncu-rep" --page source --csv --print-source sass > "$out/sass_small_kernels.csv" \
