@@ -26,7 +26,8 @@ status=0
 ./build-gpu/r3_gpu_tests 2>&1 | tee "$out/gpu_tests.log" || status=1
 # R3_TESTS_ONLY=1: the build and the GPU tests, no benchmarks.
 if [[ "${R3_TESTS_ONLY:-0}" == 1 ]]; then cat "$out/device.txt"; exit $status; fi
-./build-gpu/r3_gpu_kernels_bench 2>&1 | tee "$out/gpu_kernels_bench.jsonl" || status=1
+# R3_KERNEL_SECTIONS="<section> ...": only those sections of the kernel bench (default: all).
+./build-gpu/r3_gpu_kernels_bench ${R3_KERNEL_SECTIONS:-} 2>&1 | tee "$out/gpu_kernels_bench.jsonl" || status=1
 ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --json 2>"$out/gpu_decode_bench.log" | tee "$out/gpu_decode_bench.json" || status=1
 # The same shape published as FP8 (e4m3, a float32 scale per 128x128 block), read as stored.
 ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-weights fp8 --json \
@@ -43,21 +44,25 @@ if (( $(nvidia-smi -L | wc -l) >= 2 )); then
       --prompt-len 128 --output-len 64 --json 2>>"$out/gpu_ep_bench.log" | tee "$out/gpu_ep${ep}_bench.json" || status=1
   done
 fi
-# R3_AB=<variable>: a diagnostic switch measured against itself, the same binary: decode at batch 1
-# and 8 in bf16 and FP8 with the variable 0 and 1 in turn, twice (ab.jsonl).
-if [[ -n "${R3_AB:-}" ]]; then
-  for round in 1 2; do
+# R3_AB="<variable> ...": each diagnostic switch measured against itself, the same binary: decode
+# at batch 1 and 8 in bf16 and FP8 with the variable 0 and 1 in turn, R3_AB_ROUNDS times (default
+# 2; ab.jsonl), and the kernel bench's projections with it 0 and 1 (ab_linear.jsonl).
+for variable in ${R3_AB:-}; do
+  for round in $(seq "${R3_AB_ROUNDS:-2}"); do
     for value in 0 1; do
       for weights in bf16 fp8; do
-        env "$R3_AB=$value" ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-weights $weights \
+        env "$variable=$value" ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-weights $weights \
           --synthetic-batches 1,8 --json 2>>"$out/gpu_decode_bench.log" > "$out/ab.json" || status=1
         python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps({sys.argv[2]: int(sys.argv[3]), 'weights': sys.argv[4], 'round': int(sys.argv[5]), 'ms': {r['batch']: r['ms'] for r in d['decode']}}))" \
-          "$out/ab.json" "$R3_AB" $value $weights $round | tee -a "$out/ab.jsonl"
+          "$out/ab.json" "$variable" $value $weights $round | tee -a "$out/ab.jsonl"
       done
     done
   done
+  for value in 0 1; do
+    env "$variable=$value" ./build-gpu/r3_gpu_kernels_bench linear | sed "s/^{/{\"$variable\":$value,/" >> "$out/ab_linear.jsonl"
+  done
   rm -f "$out/ab.json"
-fi
+done
 # R3_BREAKDOWN=1: each kernel's time in one eager decode step at batch 1, or R3_BREAKDOWN_BATCH
 # (Nsight Compute, kernels serialised, clocks and caches left alone; the launches skipped are the
 # synthetic model's weight fills: 490 for bf16 weights, 760 for FP8, whose scales are filled

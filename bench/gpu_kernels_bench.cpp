@@ -37,6 +37,7 @@
 
 #include <cstdio>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -250,20 +251,28 @@ void draws(backend::Context& gpu) {
 }  // namespace
 }  // namespace r3
 
-int main() {
+// Usage: r3_gpu_kernels_bench [section ...] (moe_layer, attention, linear, draws, graph_kernel_gap,
+// in_graph, stage_chain); none: every section.
+int main(int argc, char** argv) {
+  const std::set<std::string> sections(argv + 1, argv + argc);
+  auto wanted = [&](const char* name) { return sections.empty() || sections.count(name) > 0; };
   try {
     auto gpu = r3::backend::Context::cuda(0);
-    r3::moe_layer(*gpu, false);
-    r3::moe_layer(*gpu, true);
-    r3::attention(*gpu);
-    r3::linear(*gpu);
-    r3::draws(*gpu);
+    if (wanted("moe_layer")) {
+      r3::moe_layer(*gpu, false);
+      r3::moe_layer(*gpu, true);
+    }
+    if (wanted("attention")) r3::attention(*gpu);
+    if (wanted("linear")) r3::linear(*gpu);
+    if (wanted("draws")) r3::draws(*gpu);
     for (const unsigned blocks : {1u, 132u, 1056u}) {
+      if (!wanted("graph_kernel_gap")) break;
       std::printf("{\"bench\":\"graph_kernel_gap\",\"blocks\":%u,\"programmatic_us\":%.3f,\"plain_us\":%.3f}\n",
                   blocks, r3::bench::graph_kernel_gap_us(*gpu, blocks, true),
                   r3::bench::graph_kernel_gap_us(*gpu, blocks, false));
     }
-    r3::bench::small_ops_in_graph(*gpu);
+    if (wanted("in_graph")) r3::bench::small_ops_in_graph(*gpu);
+    if (!wanted("stage_chain")) return 0;
     // A 48-layer chain of a decode layer's stages without r3's arithmetic, run five ways; the
     // persistent ways with as many blocks an SM as fit (their first run) and with 1, 2 and 4.
     using r3::bench::StageChainRun;

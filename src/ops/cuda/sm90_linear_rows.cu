@@ -7,6 +7,9 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
 
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
@@ -22,26 +25,82 @@ constexpr int kWarpsPerBlock = 8;
 // steps), so that the warps hold only the partial sums they use and more of them fit on an SM.
 constexpr int kMaxRowsPerPass = 8;
 
-template <bool kVec8, typename Matrix, int kRowsPerPass>
-__global__ void rows_kernel(const float* __restrict__ x, int64_t m, int64_t k, Matrix w, int64_t n,
-                            const float* __restrict__ bias, float* __restrict__ y) {
+// kSplit warps of a block share an output column, warp s of them taking the s-th of kSplit equal
+// slices of k; their sums are added in slice order through shared memory. A projection with
+// fewer rows than the GPU holds warps (a decode step's o projection, 2048 rows; the router's 128)
+// so runs on more warps, each streaming fewer bytes one round after another.
+template <bool kVec8, typename Matrix, int kRowsPerPass, int kSplit, bool kPrefetch = false>
+__device__ __forceinline__ void rows_body(const float* __restrict__ x, int64_t m, int64_t k, Matrix w, int64_t n,
+                                          const float* __restrict__ bias, float* __restrict__ y) {
+  static_assert(kWarpsPerBlock % kSplit == 0);
   backend::cuda::wait_for_predecessor();
-  const int lane = static_cast<int>(threadIdx.x) % kWarp;
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * (kWarpsPerBlock / kSplit) + warp / kSplit;
+  const int slice = warp % kSplit;
   const int64_t first = static_cast<int64_t>(blockIdx.y) * kRowsPerPass;
-  if (col >= n) return;
+  if (kSplit == 1 && col >= n) return;  // (split: every warp reaches the barrier)
   const int count = static_cast<int>(min(static_cast<int64_t>(kRowsPerPass), m - first));
   const float* rows[kRowsPerPass];
 #pragma unroll
   for (int j = 0; j < kRowsPerPass; ++j) rows[j] = x + (first + min(j, count - 1)) * k;
   float acc[1][kRowsPerPass] = {};
-  const decltype(row_of(w, 0)) weight_row[1] = {row_of(w, col)};
-  row_dots<kVec8>(weight_row, rows, count, k, lane, acc);
-#pragma unroll
-  for (int j = 0; j < kRowsPerPass; ++j) {
-    const float sum = warp_sum(acc[0][j]);
-    if (lane == 0 && j < count) y[(first + j) * n + col] = bias != nullptr ? sum + bias[col] : sum;
+  if (col < n) {
+    const decltype(row_of(w, 0)) weight_row[1] = {row_of(w, col)};
+    const int64_t per_slice = k / kSplit;
+    if constexpr (kPrefetch) prefetch_row_l2(weight_row[0], slice * per_slice, (slice + 1) * per_slice, lane);
+    row_dots<kVec8>(weight_row, rows, count, (slice + 1) * per_slice, lane, acc, slice * per_slice);
   }
+  if constexpr (kSplit == 1) {
+#pragma unroll
+    for (int j = 0; j < kRowsPerPass; ++j) {
+      const float sum = warp_sum(acc[0][j]);
+      if (lane == 0 && j < count) y[(first + j) * n + col] = bias != nullptr ? sum + bias[col] : sum;
+    }
+  } else {
+    __shared__ float partial[kWarpsPerBlock][kRowsPerPass];
+#pragma unroll
+    for (int j = 0; j < kRowsPerPass; ++j) {
+      const float sum = warp_sum(acc[0][j]);
+      if (lane == 0) partial[warp][j] = sum;
+    }
+    __syncthreads();
+    if (slice == 0 && col < n && lane < count) {
+      float sum = partial[warp][lane];
+#pragma unroll
+      for (int s = 1; s < kSplit; ++s) sum += partial[warp + s][lane];
+      y[(first + lane) * n + col] = bias != nullptr ? sum + bias[col] : sum;
+    }
+  }
+}
+
+template <bool kVec8, typename Matrix, int kRowsPerPass, int kSplit>
+__global__ void rows_kernel(const float* __restrict__ x, int64_t m, int64_t k, Matrix w, int64_t n,
+                            const float* __restrict__ bias, float* __restrict__ y) {
+  rows_body<kVec8, Matrix, kRowsPerPass, kSplit>(x, m, k, w, n, bias, y);
+}
+
+// One row a pass with wide loads (a batch-1 step), each warp first asking L2 for its whole slice
+// of the weight row (prefetch_row_l2). R3_ROW_PREFETCH=0: rows_kernel (a diagnostic).
+template <typename Matrix, int kSplit>
+__global__ void rows_kernel_prefetched(const float* __restrict__ x, int64_t m, int64_t k, Matrix w, int64_t n,
+                                       const float* __restrict__ bias, float* __restrict__ y) {
+  rows_body<true, Matrix, 1, kSplit, true>(x, m, k, w, n, bias, y);
+}
+
+// FP8 rows at one row a pass, unsplit, held to 48 registers so that 5 blocks fit an SM where 4
+// did (54 registers): a batch-1 q/k/v projection's 640 blocks (5120 rows) then run as one wave
+// on 132 SMs instead of 1.21. R3_FP8_OCCUPANCY=0: the kernels above (a diagnostic).
+constexpr int kOccupiedBlocks = 5;
+template <typename Matrix, bool kPrefetch>
+__global__ void __launch_bounds__(kWarpsPerBlock * kWarp, kOccupiedBlocks)
+    rows_kernel_occupied(const float* __restrict__ x, int64_t m, int64_t k, Matrix w, int64_t n,
+                         const float* __restrict__ bias, float* __restrict__ y) {
+  rows_body<true, Matrix, 1, 1, kPrefetch>(x, m, k, w, n, bias, y);
+}
+
+bool setting_on(const char* name) {
+  const char* setting = std::getenv(name);
+  return setting == nullptr || std::strcmp(setting, "0") != 0;
 }
 
 template <typename Matrix>
@@ -53,28 +112,72 @@ __global__ void dequantize_kernel(Matrix w, int64_t k, float* __restrict__ out) 
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-template <int kRowsPerPass, typename Matrix>
-void launch(cudaStream_t stream, const Tensor& x, const Tensor& w, Matrix matrix, const float* bias, Tensor& y) {
+template <int kRowsPerPass, int kSplit, typename Matrix>
+void launch(cudaStream_t stream, const Tensor& x, const Tensor& w, Matrix matrix, const float* bias, Tensor& y,
+            bool vec8) {
   const int64_t m = x.dim(0), k = x.dim(1), n = w.dim(0);
-  const dim3 grid(static_cast<unsigned>((n + kWarpsPerBlock - 1) / kWarpsPerBlock),
+  constexpr int kColsPerBlock = kWarpsPerBlock / kSplit;
+  const dim3 grid(static_cast<unsigned>((n + kColsPerBlock - 1) / kColsPerBlock),
                   static_cast<unsigned>((m + kRowsPerPass - 1) / kRowsPerPass));
-  if (weights_vec8(w) && aligned16(x.raw_data())) {
-    backend::cuda::launch_kernel(rows_kernel<true, Matrix, kRowsPerPass>, grid, kWarpsPerBlock * kWarp, 0, stream,
-                                 x.data<float>(), m, k, matrix, n, bias, y.data<float>());
-  } else {
-    backend::cuda::launch_kernel(rows_kernel<false, Matrix, kRowsPerPass>, grid, kWarpsPerBlock * kWarp, 0, stream,
-                                 x.data<float>(), m, k, matrix, n, bias, y.data<float>());
+  if constexpr (kRowsPerPass == 1) {
+    const bool prefetch = setting_on("R3_ROW_PREFETCH");
+    if constexpr (std::is_same_v<Matrix, Fp8Matrix> && kSplit == 1) {
+      if (vec8 && setting_on("R3_FP8_OCCUPANCY")) {
+        auto kernel = prefetch ? rows_kernel_occupied<Matrix, true> : rows_kernel_occupied<Matrix, false>;
+        backend::cuda::launch_kernel(kernel, grid, kWarpsPerBlock * kWarp, 0, stream, x.data<float>(), m, k, matrix,
+                                     n, bias, y.data<float>());
+        return;
+      }
+    }
+    if (vec8 && prefetch) {
+      backend::cuda::launch_kernel(rows_kernel_prefetched<Matrix, kSplit>, grid, kWarpsPerBlock * kWarp, 0, stream,
+                                   x.data<float>(), m, k, matrix, n, bias, y.data<float>());
+      return;
+    }
+  }
+  if (vec8) {
+    backend::cuda::launch_kernel(rows_kernel<true, Matrix, kRowsPerPass, kSplit>, grid, kWarpsPerBlock * kWarp, 0,
+                                 stream, x.data<float>(), m, k, matrix, n, bias, y.data<float>());
+  } else if constexpr (kSplit == 1) {  // (split_for splits wide loads only)
+    backend::cuda::launch_kernel(rows_kernel<false, Matrix, kRowsPerPass, 1>, grid, kWarpsPerBlock * kWarp, 0,
+                                 stream, x.data<float>(), m, k, matrix, n, bias, y.data<float>());
   }
 }
 
+template <int kRowsPerPass, typename Matrix>
+void launch_split(cudaStream_t stream, const Tensor& x, const Tensor& w, Matrix matrix, const float* bias, Tensor& y,
+                  bool vec8, int split) {
+  if (split == 8) launch<kRowsPerPass, 8>(stream, x, w, matrix, bias, y, vec8);
+  else if (split == 4) launch<kRowsPerPass, 4>(stream, x, w, matrix, bias, y, vec8);
+  else if (split == 2) launch<kRowsPerPass, 2>(stream, x, w, matrix, bias, y, vec8);
+  else launch<kRowsPerPass, 1>(stream, x, w, matrix, bias, y, vec8);
+}
+
+
+// How many warps share a column (rows_kernel's kSplit): doubled, up to 8, while the columns times
+// the split stay within half of about one wave of warps (32 resident an SM) and each slice keeps
+// at least 256 elements (one wide load a lane). It depends on the weight's shape and the GPU
+// only, never on the rows (so a row's sum is the same at every batch size: batch invariance).
+// R3_SPLIT_ROWS=0: no split (a diagnostic).
+int split_for(int64_t n, int64_t k, bool vec8, int sm_count) {
+  if (!vec8 || !setting_on("R3_SPLIT_ROWS")) return 1;
+  const int64_t wave = int64_t{32} * sm_count;
+  int split = 1;
+  while (split < 8 && n * split * 2 <= wave && k % (split * 2 * 8) == 0 && k / (split * 2) >= 256) split *= 2;
+  return split;
+}
+
 template <typename Matrix>
-void launch_for_rows(cudaStream_t stream, const Tensor& x, const Tensor& w, Matrix matrix, const float* bias,
-                     Tensor& y) {
+void launch_for_rows(const backend::cuda::State& state, const Tensor& x, const Tensor& w, Matrix matrix,
+                     const float* bias, Tensor& y) {
   const int64_t m = x.dim(0);
-  if (m <= 1) launch<1>(stream, x, w, matrix, bias, y);
-  else if (m <= 2) launch<2>(stream, x, w, matrix, bias, y);
-  else if (m <= 4) launch<4>(stream, x, w, matrix, bias, y);
-  else launch<kMaxRowsPerPass>(stream, x, w, matrix, bias, y);
+  const bool vec8 = weights_vec8(w) && aligned16(x.raw_data());
+  const int split = split_for(w.dim(0), x.dim(1), vec8, state.sm_count);
+  const cudaStream_t stream = state.stream;
+  if (m <= 1) launch_split<1>(stream, x, w, matrix, bias, y, vec8, split);
+  else if (m <= 2) launch_split<2>(stream, x, w, matrix, bias, y, vec8, split);
+  else if (m <= 4) launch_split<4>(stream, x, w, matrix, bias, y, vec8, split);
+  else launch_split<kMaxRowsPerPass>(stream, x, w, matrix, bias, y, vec8, split);
 }
 
 }  // namespace
@@ -84,8 +187,7 @@ void linear_rows(backend::Context& ctx, const Tensor& x, const Tensor& w, const 
   if (m == 0 || n == 0) return;
   R3_CHECK(m <= int64_t{65535} * kMaxRowsPerPass, "linear (cuda, rows): ", m, " rows in one call");
   const float* bp = bias != nullptr ? bias->data<float>() : nullptr;
-  const cudaStream_t stream = ctx.cuda_state().stream;
-  with_weight_matrix(w, [&](auto matrix) { launch_for_rows(stream, x, w, matrix, bp, y); });
+  with_weight_matrix(w, [&](auto matrix) { launch_for_rows(ctx.cuda_state(), x, w, matrix, bp, y); });
   R3_CUDA_CHECK(cudaGetLastError());
 }
 

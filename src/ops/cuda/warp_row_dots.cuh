@@ -27,12 +27,14 @@ __device__ inline void load8(const float* p, float* out) {
 // weights_vec8). Several weight rows (a gated MLP's gate and up rows) share the activation loads and have their loads in flight together.
 // Each lane adds its elements in increasing order, whatever the unrolling, so the sums do not
 // depend on it.
+// Elements [begin, n) only when begin is given (a slice of the rows; with kVec8, begin a multiple
+// of 8).
 template <bool kVec8, typename Row, int kMax, int kRows = 1>
 __device__ inline void row_dots(const Row (&w)[kRows], const float* const (&x)[kMax], int count, int64_t n,
-                                int lane, float (&acc)[kRows][kMax]) {
+                                int lane, float (&acc)[kRows][kMax], int64_t begin = 0) {
   if constexpr (kVec8) {
     constexpr int64_t kStride = kWarp * 8;
-    for (int64_t base = static_cast<int64_t>(lane) * 8; base < n; base += kStride * kGroupsInFlight<Row>) {
+    for (int64_t base = begin + static_cast<int64_t>(lane) * 8; base < n; base += kStride * kGroupsInFlight<Row>) {
       Raw8<Row> raw[kRows][kGroupsInFlight<Row>];
 #pragma unroll
       for (int u = 0; u < kGroupsInFlight<Row>; ++u) {
@@ -63,7 +65,7 @@ __device__ inline void row_dots(const Row (&w)[kRows], const float* const (&x)[k
       }
     }
   } else {
-    for (int64_t c = lane; c < n; c += kWarp) {
+    for (int64_t c = begin + lane; c < n; c += kWarp) {
       float wv[kRows];
 #pragma unroll
       for (int r = 0; r < kRows; ++r) wv[r] = load(w[r], c);
@@ -76,6 +78,26 @@ __device__ inline void row_dots(const Row (&w)[kRows], const float* const (&x)[k
         }
       }
     }
+  }
+}
+
+// The first byte of value c of a row (c a multiple of 2 for MXFP4).
+template <typename T>
+__device__ inline const void* value_address(const PlainRow<T>& row, int64_t c) { return row.values + c; }
+__device__ inline const void* value_address(const Fp8Row& row, int64_t c) { return row.values + c; }
+__device__ inline const void* value_address(const Mxfp4Row& row, int64_t c) { return row.packed + c / 2; }
+
+// Asks L2 for values [begin, end) of a row, a 128-byte line a lane at a time, so that all of
+// the row is on its way from memory at once (a bfloat16 row of 4096 values is 8 KB, which a
+// warp's registers take in four rounds of kGroupsInFlight groups); the loads that follow then
+// wait on L2, not on memory, after the first.
+template <typename Row>
+__device__ inline void prefetch_row_l2(const Row& row, int64_t begin, int64_t end, int lane) {
+  constexpr uintptr_t kLine = 128;
+  const uintptr_t first = reinterpret_cast<uintptr_t>(value_address(row, begin)) & ~(kLine - 1);
+  const auto last = reinterpret_cast<uintptr_t>(value_address(row, end));
+  for (uintptr_t p = first + lane * kLine; p < last; p += kWarp * kLine) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
   }
 }
 
