@@ -11,8 +11,6 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "backend/cuda/launch.cuh"
@@ -180,35 +178,17 @@ __global__ void combine_choices(const float* __restrict__ expert_out, const floa
 // order, so both paths give the same bits and a step may take either even with
 // --batch-invariant; a decode step saves the grouping and combine launches.
 
-// kAhead: the grid is what fits on the GPU at once and each warp takes (pair, row) items in turn,
-// first asking L2 for the gate and up rows of its next item, so that they come from memory while
-// the current item's are multiplied: more bytes on their way than the registers hold (FP8 gate/up
-// rows at 96 registers fit 16 warps an SM). Without it, a warp an item. The same arithmetic.
-template <typename Matrix, bool kVec8, typename Act, bool kAhead>
+template <typename Matrix, bool kVec8, typename Act>
 __global__ void gate_up_by_pair(const float* __restrict__ hidden, const int32_t* __restrict__ ids, int64_t pairs,
                                 int64_t k, Matrix gate, Matrix up,
                                 const float* __restrict__ gate_bias, const float* __restrict__ up_bias, int64_t h,
                                 int64_t inter, Act act, float* __restrict__ activated) {
   backend::cuda::wait_for_predecessor();
-  const int lane = static_cast<int>(threadIdx.x % kWarp);
-  const int64_t first = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
-  if constexpr (!kAhead) {
-    if (first >= pairs * inter) return;
-    experts_detail::gate_up_pair_row<kVec8>(hidden, ids, k, first / inter, first % inter, gate, up, gate_bias, up_bias,
-                                            h, inter, act, activated, lane);
-  } else {
-    const int64_t items = pairs * inter, warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-    for (int64_t item = first; item < items; item += warps) {
-      const int64_t next = item + warps;
-      if (next < items) {
-        const int64_t row = ids[next / inter] * inter + next % inter;
-        ops::cuda::prefetch_row_l2(row_of(gate, row), 0, h, lane);
-        ops::cuda::prefetch_row_l2(row_of(up, row), 0, h, lane);
-      }
-      experts_detail::gate_up_pair_row<kVec8>(hidden, ids, k, item / inter, item % inter, gate, up, gate_bias, up_bias,
-                                              h, inter, act, activated, lane);
-    }
-  }
+  const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
+  const int64_t p = warp / inter, i = warp % inter;
+  if (p >= pairs) return;
+  experts_detail::gate_up_pair_row<kVec8>(hidden, ids, k, p, i, gate, up, gate_bias, up_bias, h, inter, act, activated,
+                                          static_cast<int>(threadIdx.x % kWarp));
 }
 
 template <typename Matrix, bool kVec8>
@@ -227,52 +207,30 @@ __global__ void down_and_combine_by_token(const float* __restrict__ activated, c
 // choices' results summed by thread 0 in order (a warp per row measured 13.2 -> 14.8 us a
 // layer at one token in a serialised profile, FP8 experts 37.2 -> 39.8 us in the kernel bench;
 // it pays from two tokens). Same bits.
-// kAhead: as gate_up_by_pair's, a block takes hidden rows in turn and asks L2 for its next row's
-// k down rows first.
-template <typename Matrix, bool kVec8, bool kAhead>
+template <typename Matrix, bool kVec8>
 __global__ void down_and_combine_one_token(const float* __restrict__ activated, const int32_t* __restrict__ ids,
                                            const float* __restrict__ weights, int64_t k, Matrix down,
                                            const float* __restrict__ down_bias, int64_t h, int64_t inter,
                                            float* __restrict__ out) {
   backend::cuda::wait_for_predecessor();
   extern __shared__ float choice_out[];  // [k]
+  const int64_t d = blockIdx.x;
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int warps = static_cast<int>(blockDim.x) / kWarp;
-  for (int64_t d = blockIdx.x; d < h; d += gridDim.x) {
-    for (int64_t j = threadIdx.x / kWarp; j < k; j += warps) {
-      if constexpr (kAhead) {
-        if (d + gridDim.x < h) ops::cuda::prefetch_row_l2(row_of(down, ids[j] * h + d + gridDim.x), 0, inter, lane);
-      }
-      const decltype(row_of(down, 0)) w[1] = {row_of(down, ids[j] * h + d)};
-      const float* const a[1] = {activated + j * inter};
-      float acc[1][1] = {{0.0f}};
-      row_dots<kVec8>(w, a, 1, inter, lane, acc);
-      const float y = warp_sum(acc[0][0]);
-      if (lane == 0) choice_out[j] = down_bias ? y + down_bias[ids[j] * h + d] : y;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float sum = 0.0f;
-      for (int64_t j = 0; j < k; ++j) sum = __fadd_rn(sum, __fmul_rn(weights[j], choice_out[j]));
-      out[d] = sum;
-    }
-    if constexpr (kAhead) __syncthreads();  // thread 0 has read choice_out before the next row's writes
+  for (int64_t j = threadIdx.x / kWarp; j < k; j += warps) {
+    const decltype(row_of(down, 0)) w[1] = {row_of(down, ids[j] * h + d)};
+    const float* const a[1] = {activated + j * inter};
+    float acc[1][1] = {{0.0f}};
+    row_dots<kVec8>(w, a, 1, inter, lane, acc);
+    const float y = warp_sum(acc[0][0]);
+    if (lane == 0) choice_out[j] = down_bias ? y + down_bias[ids[j] * h + d] : y;
   }
-}
-
-// Whether the decode experts kernels take their items in turn, asking for the next ahead
-// (R3_EXPERTS_AHEAD=0: a warp or block an item, a diagnostic).
-bool experts_ahead() {
-  const char* setting = std::getenv("R3_EXPERTS_AHEAD");
-  return setting == nullptr || std::strcmp(setting, "0") != 0;
-}
-
-// Blocks of `kernel` (`threads` each, `shared` bytes) that fit on one SM at once.
-template <typename Kernel>
-int blocks_per_sm(Kernel kernel, unsigned threads, std::size_t shared) {
-  int per_sm = 0;
-  R3_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, static_cast<int>(threads), shared));
-  return std::max(1, per_sm);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float sum = 0.0f;
+    for (int64_t j = 0; j < k; ++j) sum = __fadd_rn(sum, __fmul_rn(weights[j], choice_out[j]));
+    out[d] = sum;
+  }
 }
 
 unsigned warp_blocks(int64_t warps) { return static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock); }
@@ -298,28 +256,14 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
   if (tokens <= kPairMajorTokens && !always_grouped) {
     auto pair_major = [&](auto vec8_tag) {
       constexpr bool kVec8 = decltype(vec8_tag)::value;
-      const bool ahead = kVec8 && experts_ahead();
-      const int sms = ctx.cuda_state().sm_count;
-      {
-        auto kernel = ahead ? gate_up_by_pair<Matrix, kVec8, Act, kVec8> : gate_up_by_pair<Matrix, kVec8, Act, false>;
-        static const int per_sm = blocks_per_sm(gate_up_by_pair<Matrix, kVec8, Act, kVec8>, kThreads, 0);
-        const unsigned needed = warp_blocks(pairs * inter);
-        const unsigned blocks = ahead ? std::min(needed, static_cast<unsigned>(per_sm * sms)) : needed;
-        backend::cuda::launch_kernel(kernel, blocks, kThreads, 0, stream, hidden.data<float>(), ids, pairs, k, gw, uw,
-                                     bias(x.gate_bias), bias(x.up_bias), h, inter, act, activated.data<float>());
-      }
+      backend::cuda::launch_kernel(gate_up_by_pair<Matrix, kVec8, Act>, warp_blocks(pairs * inter), kThreads, 0, stream,
+                                   hidden.data<float>(), ids, pairs, k, gw, uw, bias(x.gate_bias), bias(x.up_bias), h,
+                                   inter, act, activated.data<float>());
       if (tokens == 1) {
         const auto choice_warps = static_cast<unsigned>(std::min<int64_t>(k, kWarpsPerBlock));
-        auto kernel = ahead ? down_and_combine_one_token<Matrix, kVec8, kVec8>
-                            : down_and_combine_one_token<Matrix, kVec8, false>;
-        // (Measured with a top-8 block; a block of fewer choices fits at least as many.)
-        static const int per_sm =
-            blocks_per_sm(down_and_combine_one_token<Matrix, kVec8, kVec8>, kThreads, kWarpsPerBlock * sizeof(float));
-        const auto needed = static_cast<unsigned>(h);
-        const unsigned blocks = ahead ? std::min(needed, static_cast<unsigned>(per_sm * sms)) : needed;
-        backend::cuda::launch_kernel(kernel, blocks, choice_warps * kWarp, k * sizeof(float), stream,
-                                     activated.data<float>(), ids, weights, k, dw, bias(x.down_bias), h, inter,
-                                     out.data<float>());
+        backend::cuda::launch_kernel(down_and_combine_one_token<Matrix, kVec8>, static_cast<unsigned>(h),
+                                     choice_warps * kWarp, k * sizeof(float), stream, activated.data<float>(), ids,
+                                     weights, k, dw, bias(x.down_bias), h, inter, out.data<float>());
       } else {
         backend::cuda::launch_kernel(down_and_combine_by_token<Matrix, kVec8>, warp_blocks(tokens * h), kThreads, 0,
                                      stream, activated.data<float>(), ids, weights, tokens, k, dw, bias(x.down_bias),

@@ -29,7 +29,7 @@ constexpr int kMaxRowsPerPass = 8;
 // slices of k; their sums are added in slice order through shared memory. A projection with
 // fewer rows than the GPU holds warps (a decode step's o projection, 2048 rows; the router's 128)
 // so runs on more warps, each streaming fewer bytes one round after another.
-template <bool kVec8, typename Matrix, int kRowsPerPass, int kSplit, bool kPrefetch = false>
+template <bool kVec8, typename Matrix, int kRowsPerPass, int kSplit>
 __device__ __forceinline__ void rows_body(const float* __restrict__ x, int64_t m, int64_t k, Matrix w, int64_t n,
                                           const float* __restrict__ bias, float* __restrict__ y) {
   static_assert(kWarpsPerBlock % kSplit == 0);
@@ -38,7 +38,9 @@ __device__ __forceinline__ void rows_body(const float* __restrict__ x, int64_t m
   const int64_t col = static_cast<int64_t>(blockIdx.x) * (kWarpsPerBlock / kSplit) + warp / kSplit;
   const int slice = warp % kSplit;
   const int64_t first = static_cast<int64_t>(blockIdx.y) * kRowsPerPass;
-  if (kSplit == 1 && col >= n) return;  // (split: every warp reaches the barrier)
+  if constexpr (kSplit == 1) {
+    if (col >= n) return;  // (split: every warp reaches the barrier below)
+  }
   const int count = static_cast<int>(min(static_cast<int64_t>(kRowsPerPass), m - first));
   const float* rows[kRowsPerPass];
 #pragma unroll
@@ -47,7 +49,6 @@ __device__ __forceinline__ void rows_body(const float* __restrict__ x, int64_t m
   if (col < n) {
     const decltype(row_of(w, 0)) weight_row[1] = {row_of(w, col)};
     const int64_t per_slice = k / kSplit;
-    if constexpr (kPrefetch) prefetch_row_l2(weight_row[0], slice * per_slice, (slice + 1) * per_slice, lane);
     row_dots<kVec8>(weight_row, rows, count, (slice + 1) * per_slice, lane, acc, slice * per_slice);
   }
   if constexpr (kSplit == 1) {
@@ -79,23 +80,15 @@ __global__ void rows_kernel(const float* __restrict__ x, int64_t m, int64_t k, M
   rows_body<kVec8, Matrix, kRowsPerPass, kSplit>(x, m, k, w, n, bias, y);
 }
 
-// One row a pass with wide loads (a batch-1 step), each warp first asking L2 for its whole slice
-// of the weight row (prefetch_row_l2). R3_ROW_PREFETCH=0: rows_kernel (a diagnostic).
-template <typename Matrix, int kSplit>
-__global__ void rows_kernel_prefetched(const float* __restrict__ x, int64_t m, int64_t k, Matrix w, int64_t n,
-                                       const float* __restrict__ bias, float* __restrict__ y) {
-  rows_body<true, Matrix, 1, kSplit, true>(x, m, k, w, n, bias, y);
-}
-
 // FP8 rows at one row a pass, unsplit, held to 48 registers so that 5 blocks fit an SM where 4
 // did (54 registers): a batch-1 q/k/v projection's 640 blocks (5120 rows) then run as one wave
-// on 132 SMs instead of 1.21. R3_FP8_OCCUPANCY=0: the kernels above (a diagnostic).
+// on 132 SMs instead of 1.21. R3_FP8_OCCUPANCY=0: rows_kernel (a diagnostic).
 constexpr int kOccupiedBlocks = 5;
-template <typename Matrix, bool kPrefetch>
+template <typename Matrix>
 __global__ void __launch_bounds__(kWarpsPerBlock * kWarp, kOccupiedBlocks)
     rows_kernel_occupied(const float* __restrict__ x, int64_t m, int64_t k, Matrix w, int64_t n,
                          const float* __restrict__ bias, float* __restrict__ y) {
-  rows_body<true, Matrix, 1, 1, kPrefetch>(x, m, k, w, n, bias, y);
+  rows_body<true, Matrix, 1, 1>(x, m, k, w, n, bias, y);
 }
 
 bool setting_on(const char* name) {
@@ -119,18 +112,9 @@ void launch(cudaStream_t stream, const Tensor& x, const Tensor& w, Matrix matrix
   constexpr int kColsPerBlock = kWarpsPerBlock / kSplit;
   const dim3 grid(static_cast<unsigned>((n + kColsPerBlock - 1) / kColsPerBlock),
                   static_cast<unsigned>((m + kRowsPerPass - 1) / kRowsPerPass));
-  if constexpr (kRowsPerPass == 1) {
-    const bool prefetch = setting_on("R3_ROW_PREFETCH");
-    if constexpr (std::is_same_v<Matrix, Fp8Matrix> && kSplit == 1) {
-      if (vec8 && setting_on("R3_FP8_OCCUPANCY")) {
-        auto kernel = prefetch ? rows_kernel_occupied<Matrix, true> : rows_kernel_occupied<Matrix, false>;
-        backend::cuda::launch_kernel(kernel, grid, kWarpsPerBlock * kWarp, 0, stream, x.data<float>(), m, k, matrix,
-                                     n, bias, y.data<float>());
-        return;
-      }
-    }
-    if (vec8 && prefetch) {
-      backend::cuda::launch_kernel(rows_kernel_prefetched<Matrix, kSplit>, grid, kWarpsPerBlock * kWarp, 0, stream,
+  if constexpr (std::is_same_v<Matrix, Fp8Matrix> && kRowsPerPass == 1 && kSplit == 1) {
+    if (vec8 && setting_on("R3_FP8_OCCUPANCY")) {
+      backend::cuda::launch_kernel(rows_kernel_occupied<Matrix>, grid, kWarpsPerBlock * kWarp, 0, stream,
                                    x.data<float>(), m, k, matrix, n, bias, y.data<float>());
       return;
     }
@@ -152,7 +136,6 @@ void launch_split(cudaStream_t stream, const Tensor& x, const Tensor& w, Matrix 
   else if (split == 2) launch<kRowsPerPass, 2>(stream, x, w, matrix, bias, y, vec8);
   else launch<kRowsPerPass, 1>(stream, x, w, matrix, bias, y, vec8);
 }
-
 
 // How many warps share a column (rows_kernel's kSplit): doubled, up to 8, while the columns times
 // the split stay within half of about one wave of warps (32 resident an SM) and each slice keeps

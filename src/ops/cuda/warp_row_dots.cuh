@@ -81,26 +81,6 @@ __device__ inline void row_dots(const Row (&w)[kRows], const float* const (&x)[k
   }
 }
 
-// The first byte of value c of a row (c a multiple of 2 for MXFP4).
-template <typename T>
-__device__ inline const void* value_address(const PlainRow<T>& row, int64_t c) { return row.values + c; }
-__device__ inline const void* value_address(const Fp8Row& row, int64_t c) { return row.values + c; }
-__device__ inline const void* value_address(const Mxfp4Row& row, int64_t c) { return row.packed + c / 2; }
-
-// Asks L2 for values [begin, end) of a row, a 128-byte line a lane at a time, so that all of
-// the row is on its way from memory at once (a bfloat16 row of 4096 values is 8 KB, which a
-// warp's registers take in four rounds of kGroupsInFlight groups); the loads that follow then
-// wait on L2, not on memory, after the first.
-template <typename Row>
-__device__ inline void prefetch_row_l2(const Row& row, int64_t begin, int64_t end, int lane) {
-  constexpr uintptr_t kLine = 128;
-  const uintptr_t first = reinterpret_cast<uintptr_t>(value_address(row, begin)) & ~(kLine - 1);
-  const auto last = reinterpret_cast<uintptr_t>(value_address(row, end));
-  for (uintptr_t p = first + lane * kLine; p < last; p += kWarp * kLine) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-  }
-}
-
 // The sum of v over the warp's lanes, in every lane.
 __device__ inline float warp_sum(float v) {
 #pragma unroll
