@@ -53,8 +53,7 @@ for variable in ${R3_AB:-}; do
       for weights in bf16 fp8; do
         env "$variable=$value" ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-weights $weights \
           --synthetic-batches 1,8 --json 2>>"$out/gpu_decode_bench.log" > "$out/ab.json" || status=1
-        python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps({sys.argv[2]: int(sys.argv[3]), 'weights': sys.argv[4], 'round': int(sys.argv[5]), 'ms': {r['batch']: r['ms'] for r in d['decode']}}))" \
-          "$out/ab.json" "$variable" $value $weights $round | tee -a "$out/ab.jsonl"
+        python3 bench/decode_ms.py "$out/ab.json" "$variable=$value" weights=$weights round=$round | tee -a "$out/ab.jsonl"
       done
     done
   done

@@ -248,6 +248,34 @@ void draws(backend::Context& gpu) {
   }
 }
 
+// The time per kernel of a graph of trivial kernels, with and without programmatic launch.
+void graph_kernel_gap(backend::Context& gpu) {
+  for (const unsigned blocks : {1u, 132u, 1056u}) {
+    std::printf("{\"bench\":\"graph_kernel_gap\",\"blocks\":%u,\"programmatic_us\":%.3f,\"plain_us\":%.3f}\n",
+                blocks, bench::graph_kernel_gap_us(gpu, blocks, true), bench::graph_kernel_gap_us(gpu, blocks, false));
+  }
+}
+
+// A 48-layer chain of a decode layer's stages without r3's arithmetic, run five ways; the
+// persistent ways with as many blocks an SM as fit (their first run) and with 1, 2 and 4.
+void stage_chains(backend::Context& gpu) {
+  using bench::StageChainRun;
+  for (const auto& [run, name] : {std::pair{StageChainRun::kKernels, "kernels"},
+                                  std::pair{StageChainRun::kPersistent, "persistent"},
+                                  std::pair{StageChainRun::kPersistentAhead, "persistent_ahead"},
+                                  std::pair{StageChainRun::kKernelsFolded, "kernels_folded"},
+                                  std::pair{StageChainRun::kPersistentFolded, "persistent_folded"}}) {
+    const bool persistent = run != StageChainRun::kKernels && run != StageChainRun::kKernelsFolded;
+    for (const int per_sm : {0, 1, 2, 4}) {
+      if (per_sm > 0 && !persistent) break;
+      const bench::StageChainTiming t = bench::time_stage_chain(gpu, run, 48, per_sm);
+      std::printf("{\"bench\":\"stage_chain\",\"run\":\"%s\",\"blocks\":%d,\"MB_per_layer\":%.1f,"
+                  "\"ms_per_layer\":%.4f,\"TB_per_s\":%.3f}\n",
+                  name, t.blocks, bench::stage_chain_bytes_per_layer() / 1e6, t.ms_per_layer, t.tb_per_s);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace r3
 
@@ -265,31 +293,9 @@ int main(int argc, char** argv) {
     if (wanted("attention")) r3::attention(*gpu);
     if (wanted("linear")) r3::linear(*gpu);
     if (wanted("draws")) r3::draws(*gpu);
-    for (const unsigned blocks : {1u, 132u, 1056u}) {
-      if (!wanted("graph_kernel_gap")) break;
-      std::printf("{\"bench\":\"graph_kernel_gap\",\"blocks\":%u,\"programmatic_us\":%.3f,\"plain_us\":%.3f}\n",
-                  blocks, r3::bench::graph_kernel_gap_us(*gpu, blocks, true),
-                  r3::bench::graph_kernel_gap_us(*gpu, blocks, false));
-    }
+    if (wanted("graph_kernel_gap")) r3::graph_kernel_gap(*gpu);
     if (wanted("in_graph")) r3::bench::small_ops_in_graph(*gpu);
-    if (!wanted("stage_chain")) return 0;
-    // A 48-layer chain of a decode layer's stages without r3's arithmetic, run five ways; the
-    // persistent ways with as many blocks an SM as fit (their first run) and with 1, 2 and 4.
-    using r3::bench::StageChainRun;
-    for (const auto& [run, name] : {std::pair{StageChainRun::kKernels, "kernels"},
-                                    std::pair{StageChainRun::kPersistent, "persistent"},
-                                    std::pair{StageChainRun::kPersistentAhead, "persistent_ahead"},
-                                    std::pair{StageChainRun::kKernelsFolded, "kernels_folded"},
-                                    std::pair{StageChainRun::kPersistentFolded, "persistent_folded"}}) {
-      const bool persistent = run != StageChainRun::kKernels && run != StageChainRun::kKernelsFolded;
-      for (const int per_sm : {0, 1, 2, 4}) {
-        if (per_sm > 0 && !persistent) break;
-        const r3::bench::StageChainTiming t = r3::bench::time_stage_chain(*gpu, run, 48, per_sm);
-        std::printf("{\"bench\":\"stage_chain\",\"run\":\"%s\",\"blocks\":%d,\"MB_per_layer\":%.1f,"
-                    "\"ms_per_layer\":%.4f,\"TB_per_s\":%.3f}\n",
-                    name, t.blocks, r3::bench::stage_chain_bytes_per_layer() / 1e6, t.ms_per_layer, t.tb_per_s);
-      }
-    }
+    if (wanted("stage_chain")) r3::stage_chains(*gpu);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "r3_gpu_kernels_bench: error: %s\n", e.what());
     return 1;

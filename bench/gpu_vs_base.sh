@@ -23,8 +23,7 @@ for round in $(seq "${R3_AB_ROUNDS:-2}"); do
     for weights in bf16 fp8; do
       ./build-ab/$which/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-weights $weights \
         --synthetic-batches 1,8 --json 2>>"$out/vs_base.log" > "$out/vs_base.json"
-      python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps({'which': sys.argv[2], 'weights': sys.argv[3], 'round': int(sys.argv[4]), 'ms': {r['batch']: r['ms'] for r in d['decode']}}))" \
-        "$out/vs_base.json" $which $weights $round | tee -a "$out/vs_base.jsonl"
+      python3 bench/decode_ms.py "$out/vs_base.json" which=$which weights=$weights round=$round | tee -a "$out/vs_base.jsonl"
     done
   done
 done

@@ -3,9 +3,8 @@
 // softmax top-k over up to 256 experts route_softmax_topk_in_registers (routing_in_registers.cuh:
 // the same bits, shorter on a decode step's critical path). R3_ROUTING_IN_REGISTERS=0 keeps every
 // rule on route_token (a diagnostic, to measure the two against each other).
-#include <cstdlib>
-#include <cstring>
 
+#include "backend/cuda/diagnostic_switch.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
 #include "moe/cuda/routing_in_registers.cuh"
@@ -46,11 +45,6 @@ __global__ void route_softmax_topk_tokens(const float* __restrict__ logits, int6
                                                           weights_out, capture, rows[threadIdx.x / kWarp], lane);
 }
 
-bool routing_in_registers_allowed() {
-  const char* setting = std::getenv("R3_ROUTING_IN_REGISTERS");
-  return setting == nullptr || std::strcmp(setting, "0") != 0;
-}
-
 }  // namespace
 
 void check_device_routing(const DeviceRoutingRule& rule, int64_t experts) {
@@ -78,7 +72,7 @@ void route_on_device(backend::Context& ctx, const Tensor& logits, const DeviceRo
                                  logits.data<float>(), tokens, experts, rule, forced, replayed, ids, weights, capture);
   };
   const bool in_registers = rule.kind == DeviceRoutingRule::Kind::kSoftmaxTopK && rule.k <= kWarp &&
-                            experts <= 8 * kWarp && routing_in_registers_allowed();
+                            experts <= 8 * kWarp && backend::cuda::diagnostic_switch_on("R3_ROUTING_IN_REGISTERS");
   if (!in_registers) launch(route_tokens);
   else if (experts <= 4 * kWarp) launch(route_softmax_topk_tokens<4>);
   else launch(route_softmax_topk_tokens<8>);

@@ -7,10 +7,9 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
+#include "backend/cuda/diagnostic_switch.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
 #include "ops/cuda/linear_rows.h"
@@ -91,11 +90,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp, kOccupiedBlocks)
   rows_body<true, Matrix, 1, 1>(x, m, k, w, n, bias, y);
 }
 
-bool setting_on(const char* name) {
-  const char* setting = std::getenv(name);
-  return setting == nullptr || std::strcmp(setting, "0") != 0;
-}
-
 template <typename Matrix>
 __global__ void dequantize_kernel(Matrix w, int64_t k, float* __restrict__ out) {
   backend::cuda::wait_for_predecessor();
@@ -113,7 +107,7 @@ void launch(cudaStream_t stream, const Tensor& x, const Tensor& w, Matrix matrix
   const dim3 grid(static_cast<unsigned>((n + kColsPerBlock - 1) / kColsPerBlock),
                   static_cast<unsigned>((m + kRowsPerPass - 1) / kRowsPerPass));
   if constexpr (std::is_same_v<Matrix, Fp8Matrix> && kRowsPerPass == 1 && kSplit == 1) {
-    if (vec8 && setting_on("R3_FP8_OCCUPANCY")) {
+    if (vec8 && backend::cuda::diagnostic_switch_on("R3_FP8_OCCUPANCY")) {
       backend::cuda::launch_kernel(rows_kernel_occupied<Matrix>, grid, kWarpsPerBlock * kWarp, 0, stream,
                                    x.data<float>(), m, k, matrix, n, bias, y.data<float>());
       return;
@@ -143,7 +137,7 @@ void launch_split(cudaStream_t stream, const Tensor& x, const Tensor& w, Matrix 
 // only, never on the rows (so a row's sum is the same at every batch size: batch invariance).
 // R3_SPLIT_ROWS=0: no split (a diagnostic).
 int split_for(int64_t n, int64_t k, bool vec8, int sm_count) {
-  if (!vec8 || !setting_on("R3_SPLIT_ROWS")) return 1;
+  if (!vec8 || !backend::cuda::diagnostic_switch_on("R3_SPLIT_ROWS")) return 1;
   const int64_t wave = int64_t{32} * sm_count;
   int split = 1;
   while (split < 8 && n * split * 2 <= wave && k % (split * 2 * 8) == 0 && k / (split * 2) >= 256) split *= 2;
