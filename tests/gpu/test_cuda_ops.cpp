@@ -195,7 +195,7 @@ Tensor gpu_random_mxfp4(int64_t rows, int64_t cols, uint32_t seed) {
 
 // Published quantized weights on the device as they are stored, against the CPU's FP8 and MXFP4
 // kernels: the weight-streaming kernel decoding in registers (1 to 16 rows; eight values a load
-// or, where blocks are not a multiple of 8 wide, one), and larger steps through the matrix decoded
+// or, where blocks are not a power of two of at least 8 wide, one), and larger steps through the matrix decoded
 // into float32 scratch for cuBLASLt; partial last blocks, a row range of a weight (MLA splits
 // kv_a_proj so), and MLA's kv_b read by the latent attention kernel (through the model tests).
 TEST_F(CudaOps, QuantizedLinearMatchesTheCpu) {

@@ -69,7 +69,8 @@ void with_expert_matrices(const DeviceExperts& x, Run&& run) {
     case DType::F8_E4M3: {
       const auto fp8 = [&](const Tensor& values, const Tensor& scales, int64_t cols) {
         return Fp8Matrix{bytes(values), scales.data<float>(), cols, values.dim(1), scales.dim(1), scales.dim(2), 0,
-                         static_cast<int32_t>(x.block_rows), static_cast<int32_t>(x.block_cols)};
+                         static_cast<int32_t>(x.block_rows), static_cast<int32_t>(x.block_cols),
+                         ops::cuda::fp8_block_cols_shift(x.block_cols)};
       };
       return run(fp8(x.gate, x.gate_scales, h), fp8(x.up, x.up_scales, h), fp8(x.down, x.down_scales, inter));
     }
@@ -81,9 +82,11 @@ void with_expert_matrices(const DeviceExperts& x, Run&& run) {
 }
 
 // Whether the experts' rows take eight-value loads: every row starts on a multiple of 8 values
-// (buffers are 256-byte aligned) and FP8 blocks hold whole groups of eight.
+// (buffers are 256-byte aligned) and FP8 blocks are a power of two of at least 8 wide
+// (weights_vec8's condition).
 inline bool experts_vec8(const DeviceExperts& x) {
-  return x.hidden() % 8 == 0 && x.intermediate() % 8 == 0 && x.block_cols % 8 == 0;
+  return x.hidden() % 8 == 0 && x.intermediate() % 8 == 0 &&
+         (x.block_cols == 0 || (x.block_cols >= 8 && ops::cuda::fp8_block_cols_shift(x.block_cols) >= 0));
 }
 
 struct Grouping {

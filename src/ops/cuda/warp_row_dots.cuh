@@ -23,7 +23,7 @@ __device__ inline void load8(const float* p, float* out) {
 
 // The dot products of kRows weight rows w[r][0, n) with the rows x[j][0, n), j < count, into this
 // lane's partial sums acc[r][j]: element by element, or eight at a time with wide loads (kVec8:
-// n a multiple of 8, the rows aligned for the loads, FP8 blocks a multiple of 8 wide; see
+// n a multiple of 8, the rows aligned for the loads, FP8 blocks a power of two of at least 8 wide; see
 // weights_vec8). Several weight rows (a gated MLP's gate and up rows) share the activation loads and have their loads in flight together.
 // Each lane adds its elements in increasing order, whatever the unrolling, so the sums do not
 // depend on it.

@@ -32,6 +32,7 @@ struct Fp8Row {
   const uint8_t* values;
   const float* scales;  // the row's scales, one per block_cols values
   int32_t block_cols;
+  int32_t block_cols_shift;  // log2(block_cols) where the row is read eight values at a time
 };
 struct Mxfp4Row {
   const uint8_t* packed;
@@ -45,7 +46,7 @@ __device__ inline PlainRow<T> row_of(const PlainMatrix<T>& m, int64_t r) {
 __device__ inline Fp8Row row_of(const Fp8Matrix& m, int64_t r) {
   const int64_t matrix = r / m.rows_per_matrix, inside = r % m.rows_per_matrix;
   const int64_t scale_row = matrix * m.scale_rows_per_matrix + (m.first_row + inside) / m.block_rows;
-  return {m.values + r * m.cols, m.scales + scale_row * m.scale_cols, m.block_cols};
+  return {m.values + r * m.cols, m.scales + scale_row * m.scale_cols, m.block_cols, m.block_cols_shift};
 }
 __device__ inline Mxfp4Row row_of(const Mxfp4Matrix& m, int64_t r) {
   return {m.packed + r * (m.cols / 2), m.scales + r * ((m.cols + 31) / 32)};
@@ -172,11 +173,12 @@ __device__ inline void widen8(const PlainRow<__nv_bfloat16>&, int64_t, const Raw
     out[2 * i + 1] = f.y;
   }
 }
-// The eight values share one scale: block_cols is a multiple of 8 wherever kVec8 is chosen. (Loading
+// The eight values share one scale: block_cols is a power of two of at least 8 wherever kVec8 is
+// chosen, so the scale's index is a shift. (Loading
 // the scale with the values in load_raw8 instead was measured slower: FP8 experts at batch 8
 // 0.19 -> 0.27 ms a layer, the larger raw groups costing more than the load they hid.)
 __device__ inline void widen8(const Fp8Row& row, int64_t c, const Raw8<Fp8Row>& r, float* out) {
-  const float scale = fp8_scale(row, c);
+  const float scale = row.scales[static_cast<uint32_t>(c) >> row.block_cols_shift];  // (kVec8: a power of two)
   const uint32_t words[2] = {r.v.x, r.v.y};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
