@@ -24,6 +24,9 @@
 // - in_graph: a batch-1 step's small ops (add + RMSNorm, prepare, attention, router, routing),
 //   each timed among 32 copies of itself in one CUDA graph (bench/in_graph_ops.cpp): what each
 //   adds to a decode step's graph, next to graph_kernel_gap's empty kernel.
+// - projection_in_graph: q/k/v, o (bf16 and FP8) and the router at 1 and 8 rows, each among 32
+//   copies of itself in one graph cycling over weight buffers larger than L2
+//   (bench/projections_in_graph.cpp): the projections' rate from memory inside a step's graph.
 // - stage_chain: a batch-1 decode layer's chain of stages (what each streams, small stages as one
 //   block) without r3's arithmetic, 48 layers, as a kernel a stage in a graph, as one persistent
 //   kernel with grid barriers, the same loading the next stage's first bytes before each
@@ -54,6 +57,7 @@
 #include "bench_tensors.h"
 #include "gpu_event_timer.h"
 #include "in_graph_ops.h"
+#include "projections_in_graph.h"
 #include "launch_gap.h"
 #include "stage_chain.h"
 
@@ -280,7 +284,7 @@ void stage_chains(backend::Context& gpu) {
 }  // namespace r3
 
 // Usage: r3_gpu_kernels_bench [section ...] (moe_layer, attention, linear, draws, graph_kernel_gap,
-// in_graph, stage_chain); none: every section.
+// in_graph, projection_in_graph, stage_chain); none: every section.
 int main(int argc, char** argv) {
   const std::set<std::string> sections(argv + 1, argv + argc);
   auto wanted = [&](const char* name) { return sections.empty() || sections.count(name) > 0; };
@@ -295,6 +299,7 @@ int main(int argc, char** argv) {
     if (wanted("draws")) r3::draws(*gpu);
     if (wanted("graph_kernel_gap")) r3::graph_kernel_gap(*gpu);
     if (wanted("in_graph")) r3::bench::small_ops_in_graph(*gpu);
+    if (wanted("projection_in_graph")) r3::bench::projections_in_graph(*gpu);
     if (wanted("stage_chain")) r3::stage_chains(*gpu);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "r3_gpu_kernels_bench: error: %s\n", e.what());
