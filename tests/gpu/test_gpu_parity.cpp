@@ -420,6 +420,69 @@ TEST(GpuSynthetic, CaptureOnAndOffGiveTheSameLogits) {
   EXPECT_GE(models::graph_replays(*model), 2);
 }
 
+// Short kernels release their successors early, and those load what no kernel of the step writes
+// before they wait (backend/cuda/launch.cuh): weights, and the KV rows of past steps. A step's
+// own rows must still be read after the kernel that writes them: a prefill step of two sequences
+// (tokens of one sequence attend to rows the same step writes) then decode steps, in bf16 and
+// FP8, give bit-identical logits with early release on and off (R3_EARLY_RELEASE=0). The shape
+// takes the tensor-core attention (head dim 64, bf16 pool) and the wide-load projections.
+TEST(GpuGraphs, KernelsReleasedEarlyGiveTheSameBits) {
+  auto gpu = backend::Context::cuda(0);
+  models::SyntheticShape shape;
+  shape.layers = 2;
+  shape.hidden = 256;
+  shape.heads = 4;
+  shape.kv_heads = 2;
+  shape.head_dim = 64;
+  shape.experts = 16;
+  shape.top_k = 4;
+  shape.expert_width = 128;
+  shape.vocab = 1000;
+  constexpr int32_t kPrompt[2] = {90, 37};  // two chunks of 64 positions for the longer one
+  constexpr int kDecodeSteps = 3;
+  const auto run = [&](bool early) {
+    if (early) unsetenv("R3_EARLY_RELEASE");
+    else setenv("R3_EARLY_RELEASE", "0", 1);
+    auto model = models::synthetic_on_device(*gpu, shape, 7, false);
+    auto cache = model->make_cache(2, kPrompt[0] + kDecodeSteps + 1);
+    std::vector<float> all;
+    const auto step = [&](const models::ForwardBatch& batch) {
+      Tensor logits = Tensor::empty(DType::F32, {batch.size(), shape.vocab});
+      model->forward_into(*gpu, batch, *cache, logits);
+      all.insert(all.end(), logits.data<float>(), logits.data<float>() + logits.numel());
+    };
+    models::ForwardBatch prefill;
+    for (int32_t s = 0; s < 2; ++s) {
+      cache->set_length(s, 0);
+      for (int32_t p = 0; p < kPrompt[s]; ++p) {
+        prefill.token_ids.push_back((7 * p + 3 * s) % 1000);
+        prefill.positions.push_back(p);
+        prefill.seqs.push_back(s);
+      }
+    }
+    step(prefill);
+    for (int i = 0; i < kDecodeSteps; ++i) {
+      models::ForwardBatch decode;
+      for (int32_t s = 0; s < 2; ++s) {
+        cache->set_length(s, kPrompt[s] + i);
+        decode.token_ids.push_back((11 * i + s) % 1000);
+        decode.positions.push_back(kPrompt[s] + i);
+        decode.seqs.push_back(s);
+      }
+      step(decode);
+    }
+    unsetenv("R3_EARLY_RELEASE");
+    return all;
+  };
+  for (const bool fp8 : {false, true}) {
+    shape.fp8 = fp8;
+    const std::vector<float> off = run(false), on = run(true);
+    ASSERT_EQ(on.size(), off.size());
+    EXPECT_TRUE(on == off) << (fp8 ? "FP8" : "bf16") << " weights";
+    EXPECT_TRUE(std::all_of(on.begin(), on.end(), [](float v) { return std::isfinite(v); }));
+  }
+}
+
 // Two engines on one device model, stepped in turn: each has its own KV cache, so a decode graph
 // recorded on one cache's pools must not be replayed on the other's (it was: the second engine's
 // steps read and wrote the first one's pools). Each must still produce its own reference.

@@ -5,6 +5,16 @@
 // as its first statement, before it reads or writes global memory and before any early return,
 // so it sees everything the previous kernel wrote and overwrites nothing that kernel still reads.
 // (A kernel that returned without waiting could let its successor run ahead of its predecessor.)
+//
+// Two exceptions let a kernel's memory trips overlap the kernel before it:
+// - A short kernel may call release_successor() once it has waited: the next kernel is then
+//   scheduled while this one still runs, rather than as its blocks exit. Never before the wait,
+//   so that at most two kernels overlap: when a kernel starts, every kernel before its
+//   predecessor has finished and its writes are visible.
+// - Hence, before its wait, a kernel may read memory that its predecessor does not write: the
+//   weights (no kernel writes them) and rows written by earlier steps (a KV pool's past
+//   positions), through the step's metadata (written by a copy before the step's first kernel).
+//   It writes nothing before its wait.
 // Launches of other libraries (cuBLASLt) and copies keep the stream's ordinary full ordering.
 #pragma once
 
@@ -12,6 +22,7 @@
 
 #include <utility>
 
+#include "backend/cuda/diagnostic_switch.h"
 #include "backend/cuda/state.h"
 
 namespace r3::backend::cuda {
@@ -19,6 +30,15 @@ namespace r3::backend::cuda {
 // Blocks until the kernel before this one in the stream has finished and its writes are visible;
 // returns at once when it was launched without the attribute.
 __device__ __forceinline__ void wait_for_predecessor() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+// Lets the stream's next kernel be scheduled now instead of when this kernel's blocks exit. Call
+// it only after wait_for_predecessor() (see above); a no-op when the next kernel was launched
+// without the attribute.
+__device__ __forceinline__ void release_successor() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// Whether short kernels release their successors early (R3_EARLY_RELEASE=0: they do not, a
+// diagnostic). Host side, read at each launch: those kernels take it as an argument.
+inline bool early_release() { return diagnostic_switch_on("R3_EARLY_RELEASE"); }
 
 template <typename... Params, typename... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes, cudaStream_t stream,

@@ -182,8 +182,9 @@ template <typename Matrix, bool kVec8, typename Act>
 __global__ void gate_up_by_pair(const float* __restrict__ hidden, const int32_t* __restrict__ ids, int64_t pairs,
                                 int64_t k, Matrix gate, Matrix up,
                                 const float* __restrict__ gate_bias, const float* __restrict__ up_bias, int64_t h,
-                                int64_t inter, Act act, float* __restrict__ activated) {
+                                int64_t inter, Act act, float* __restrict__ activated, bool release) {
   backend::cuda::wait_for_predecessor();
+  if (release) backend::cuda::release_successor();  // down + combine loads its rows meanwhile
   const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   const int64_t p = warp / inter, i = warp % inter;
   if (p >= pairs) return;
@@ -207,23 +208,44 @@ __global__ void down_and_combine_by_token(const float* __restrict__ activated, c
 // choices' results summed by thread 0 in order (a warp per row measured 13.2 -> 14.8 us a
 // layer at one token in a serialised profile, FP8 experts 37.2 -> 39.8 us in the kernel bench;
 // it pays from two tokens). Same bits.
+// With wide loads, each warp issues its first choice's first round of row loads before it waits
+// for gate/up (backend/cuda/launch.cuh): the ids come from the routing before gate/up, which has
+// finished once gate/up, having waited for it, releases this kernel; the weights are no kernel's
+// output. So the rows come from memory while gate/up's last blocks run.
 template <typename Matrix, bool kVec8>
 __global__ void down_and_combine_one_token(const float* __restrict__ activated, const int32_t* __restrict__ ids,
                                            const float* __restrict__ weights, int64_t k, Matrix down,
                                            const float* __restrict__ down_bias, int64_t h, int64_t inter,
                                            float* __restrict__ out) {
-  backend::cuda::wait_for_predecessor();
   extern __shared__ float choice_out[];  // [k]
   const int64_t d = blockIdx.x;
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int warps = static_cast<int>(blockDim.x) / kWarp;
-  for (int64_t j = threadIdx.x / kWarp; j < k; j += warps) {
-    const decltype(row_of(down, 0)) w[1] = {row_of(down, ids[j] * h + d)};
+  const int64_t first_choice = threadIdx.x / kWarp;
+  using Row = decltype(row_of(down, 0));
+  const Row first_row[1] = {row_of(down, first_choice < k ? ids[first_choice] * h + d : 0)};
+  ops::cuda::RoundOf<Row, 1> first_round;
+  if constexpr (kVec8) {
+    if (first_choice < k) ops::cuda::first_round_loads(first_row, inter, lane, first_round);
+  }
+  backend::cuda::wait_for_predecessor();
+  const auto keep = [&](int64_t j, float partial) {
+    const float y = warp_sum(partial);
+    if (lane == 0) choice_out[j] = down_bias ? y + down_bias[ids[j] * h + d] : y;
+  };
+  if (first_choice < k) {
+    const float* const a[1] = {activated + first_choice * inter};
+    float acc[1][1] = {{0.0f}};
+    if constexpr (kVec8) ops::cuda::row_dots_after_first_round(first_row, a, 1, inter, lane, first_round, acc);
+    else row_dots<false>(first_row, a, 1, inter, lane, acc);
+    keep(first_choice, acc[0][0]);
+  }
+  for (int64_t j = first_choice + warps; j < k; j += warps) {  // (k above the block's warps)
+    const Row w[1] = {row_of(down, ids[j] * h + d)};
     const float* const a[1] = {activated + j * inter};
     float acc[1][1] = {{0.0f}};
     row_dots<kVec8>(w, a, 1, inter, lane, acc);
-    const float y = warp_sum(acc[0][0]);
-    if (lane == 0) choice_out[j] = down_bias ? y + down_bias[ids[j] * h + d] : y;
+    keep(j, acc[0][0]);
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -258,7 +280,7 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
       constexpr bool kVec8 = decltype(vec8_tag)::value;
       backend::cuda::launch_kernel(gate_up_by_pair<Matrix, kVec8, Act>, warp_blocks(pairs * inter), kThreads, 0, stream,
                                    hidden.data<float>(), ids, pairs, k, gw, uw, bias(x.gate_bias), bias(x.up_bias), h,
-                                   inter, act, activated.data<float>());
+                                   inter, act, activated.data<float>(), tokens == 1 && backend::cuda::early_release());
       if (tokens == 1) {
         const auto choice_warps = static_cast<unsigned>(std::min<int64_t>(k, kWarpsPerBlock));
         backend::cuda::launch_kernel(down_and_combine_one_token<Matrix, kVec8>, static_cast<unsigned>(h),

@@ -75,7 +75,6 @@ __global__ void __launch_bounds__(kMmaBlockWarps * kWarp, 3)
   constexpr int kSteps = kD / 16;       // MMAs of K = 16 along the head (scores) = m-tiles of O^T
   constexpr int kKeyLoads = kD / 32;    // 128-bit loads of a key row per lane
   constexpr int kValueLoads = kD / 64;  // 128-bit loads of a value row per lane (d / 8 dimensions)
-  backend::cuda::wait_for_predecessor();
   __shared__ float warp_max_of[kMmaBlockWarps][kG], warp_sum_of[kMmaBlockWarps][kG];
   __shared__ float warp_acc[kMmaBlockWarps][kG][kD];
   const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
@@ -84,21 +83,18 @@ __global__ void __launch_bounds__(kMmaBlockWarps * kWarp, 3)
   const int64_t chunk = blockIdx.x % chunks, tg = blockIdx.x / chunks;
   const int64_t t = tg / groups_per_token, first_head = (tg % groups_per_token) * kG;
   const int64_t kv_offset = (first_head / (heads / kv_heads)) * kD;
+  // The step's metadata comes from a copy before the step's first kernel: readable before the wait.
   const int32_t seq = step.seqs[t];
-  int64_t first = 0, count = 0;
+  int64_t first = 0, count = 0, fresh = 0;
   if (seq >= 0) {
     const int64_t pos = step.positions[t];
     const int64_t begin = sliding_window > 0 ? max(int64_t{0}, pos - sliding_window + 1) : 0;
     first = begin + chunk * chunk_len;
     count = max(int64_t{0}, min(pos + 1, first + chunk_len) - first);
-  }
-  const int64_t part = (t * heads + first_head) * chunks + chunk;
-  if (count == 0) {
-    for (int g = static_cast<int>(threadIdx.x); g < kG; g += static_cast<int>(blockDim.x)) {
-      part_max[part + g * chunks] = -INFINITY;
-      part_sum[part + g * chunks] = 0.0f;
-    }
-    return;
+    // Positions from here on may be rows this step writes (its tokens of this sequence are at
+    // most step.tokens consecutive positions ending at or after pos); those before were written
+    // by earlier steps.
+    fresh = pos - (step.tokens - 1) - first;
   }
   const auto* keys = static_cast<const __nv_bfloat16*>(pool.keys) + kv_offset;
   const auto* value_heads = static_cast<const __nv_bfloat16*>(pool.values) + kv_offset;
@@ -130,7 +126,22 @@ __global__ void __launch_bounds__(kMmaBlockWarps * kWarp, 3)
     }
   };
   constexpr int64_t kTileStride = kMmaBlockWarps * kMmaTile;
-  if (static_cast<int64_t>(warp) * kMmaTile < count) load_tile(static_cast<int64_t>(warp) * kMmaTile);
+  const int64_t first_tile = static_cast<int64_t>(warp) * kMmaTile;
+  // A first tile of past rows only is loaded before the wait (backend/cuda/launch.cuh), so that
+  // its trips through the block table and to memory overlap the kernel before, which releases
+  // this one early.
+  const bool tile_before_wait = first_tile < count && first_tile + kMmaTile <= fresh;
+  if (tile_before_wait) load_tile(first_tile);
+  backend::cuda::wait_for_predecessor();
+  const int64_t part = (t * heads + first_head) * chunks + chunk;
+  if (count == 0) {
+    for (int g = static_cast<int>(threadIdx.x); g < kG; g += static_cast<int>(blockDim.x)) {
+      part_max[part + g * chunks] = -INFINITY;
+      part_sum[part + g * chunks] = 0.0f;
+    }
+    return;
+  }
+  if (!tile_before_wait && first_tile < count) load_tile(first_tile);
   // Q^T fragments: lane holds head r's dimensions 32j + 8c + 4s + {0, 1} (b0) and + {2, 3} (b1)
   // for the MMA 2j + s, split into hi and lo.
   uint32_t q_hi[kSteps][2], q_lo[kSteps][2];

@@ -102,8 +102,10 @@ constexpr int kMergeAtOnce = 16;
 // one round in all (the maxima with the rest), the same arithmetic.
 __global__ void merge_chunks(const float* __restrict__ part_max, const float* __restrict__ part_sum,
                              const float* __restrict__ part_acc, int64_t heads, int64_t d, int64_t chunks,
-                             const float* __restrict__ sinks, const int32_t* __restrict__ seqs, float* __restrict__ out) {
+                             const float* __restrict__ sinks, const int32_t* __restrict__ seqs, float* __restrict__ out,
+                             bool release) {
   backend::cuda::wait_for_predecessor();
+  if (release) backend::cuda::release_successor();  // the o projection loads its weights meanwhile
   const int64_t th = blockIdx.x;
   float* o = out + th * d;
   if (seqs[th / heads] < 0) {  // a padding row attends to nothing

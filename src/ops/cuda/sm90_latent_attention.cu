@@ -158,7 +158,7 @@ void run(backend::Context& ctx, const Tensor& q, Matrix kv_b, const DeviceStep& 
   });
   backend::cuda::launch_kernel(merge_chunks, static_cast<unsigned>(th), merge_threads(s.lora), 0, stream,
                                part_max.data<float>(), part_sum.data<float>(), part_acc.data<float>(), s.heads, s.lora,
-                               chunks, nullptr, step.seqs, latent_out.data<float>());
+                               chunks, nullptr, step.seqs, latent_out.data<float>(), /*release=*/false);
   const int64_t outputs = th * s.value;
   backend::cuda::launch_kernel(latent_values<Matrix>, static_cast<unsigned>((outputs + 7) / 8), 256, 0, stream,
                                latent_out.data<float>(), kv_b, s, outputs, out.data<float>());

@@ -28,14 +28,29 @@ constexpr int kMaxRowsPerPass = 8;
 // slices of k; their sums are added in slice order through shared memory. A projection with
 // fewer rows than the GPU holds warps (a decode step's o projection, 2048 rows; the router's 128)
 // so runs on more warps, each streaming fewer bytes one round after another.
+//
+// With wide loads, each warp issues its row's first round of loads before it waits for its
+// predecessor (the weights are no kernel's output: backend/cuda/launch.cuh), so that, where the
+// short kernel before it releases it early (an RMSNorm, the attention's merge), they come from
+// memory while that kernel runs. With `release`, it releases its own successor once it has waited
+// (a short kernel: the q/k norms and rotary, the routing), which can then do what needs no output
+// of this one.
 template <bool kVec8, typename Matrix, int kRowsPerPass, int kSplit>
 __device__ __forceinline__ void rows_body(const float* __restrict__ x, int64_t m, int64_t k, Matrix w, int64_t n,
-                                          const float* __restrict__ bias, float* __restrict__ y) {
+                                          const float* __restrict__ bias, float* __restrict__ y, bool release) {
   static_assert(kWarpsPerBlock % kSplit == 0);
-  backend::cuda::wait_for_predecessor();
   const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * (kWarpsPerBlock / kSplit) + warp / kSplit;
   const int slice = warp % kSplit;
+  const int64_t per_slice = k / kSplit, begin = slice * per_slice, end = (slice + 1) * per_slice;
+  using Row = decltype(row_of(w, 0));
+  const Row weight_row[1] = {row_of(w, col < n ? col : 0)};
+  RoundOf<Row, 1> first_round;
+  if constexpr (kVec8) {
+    if (col < n) first_round_loads(weight_row, end, lane, first_round, begin);
+  }
+  backend::cuda::wait_for_predecessor();
+  if (release) backend::cuda::release_successor();
   const int64_t first = static_cast<int64_t>(blockIdx.y) * kRowsPerPass;
   if constexpr (kSplit == 1) {
     if (col >= n) return;  // (split: every warp reaches the barrier below)
@@ -46,9 +61,11 @@ __device__ __forceinline__ void rows_body(const float* __restrict__ x, int64_t m
   for (int j = 0; j < kRowsPerPass; ++j) rows[j] = x + (first + min(j, count - 1)) * k;
   float acc[1][kRowsPerPass] = {};
   if (col < n) {
-    const decltype(row_of(w, 0)) weight_row[1] = {row_of(w, col)};
-    const int64_t per_slice = k / kSplit;
-    row_dots<kVec8>(weight_row, rows, count, (slice + 1) * per_slice, lane, acc, slice * per_slice);
+    if constexpr (kVec8) {
+      row_dots_after_first_round(weight_row, rows, count, end, lane, first_round, acc, begin);
+    } else {
+      row_dots<false>(weight_row, rows, count, end, lane, acc, begin);
+    }
   }
   if constexpr (kSplit == 1) {
 #pragma unroll
@@ -75,8 +92,8 @@ __device__ __forceinline__ void rows_body(const float* __restrict__ x, int64_t m
 
 template <bool kVec8, typename Matrix, int kRowsPerPass, int kSplit>
 __global__ void rows_kernel(const float* __restrict__ x, int64_t m, int64_t k, Matrix w, int64_t n,
-                            const float* __restrict__ bias, float* __restrict__ y) {
-  rows_body<kVec8, Matrix, kRowsPerPass, kSplit>(x, m, k, w, n, bias, y);
+                            const float* __restrict__ bias, float* __restrict__ y, bool release) {
+  rows_body<kVec8, Matrix, kRowsPerPass, kSplit>(x, m, k, w, n, bias, y, release);
 }
 
 // FP8 rows at one row a pass, unsplit, held to 48 registers so that 5 blocks fit an SM where 4
@@ -86,8 +103,8 @@ constexpr int kOccupiedBlocks = 5;
 template <typename Matrix>
 __global__ void __launch_bounds__(kWarpsPerBlock * kWarp, kOccupiedBlocks)
     rows_kernel_occupied(const float* __restrict__ x, int64_t m, int64_t k, Matrix w, int64_t n,
-                         const float* __restrict__ bias, float* __restrict__ y) {
-  rows_body<true, Matrix, 1, 1>(x, m, k, w, n, bias, y);
+                         const float* __restrict__ bias, float* __restrict__ y, bool release) {
+  rows_body<true, Matrix, 1, 1>(x, m, k, w, n, bias, y, release);
 }
 
 template <typename Matrix>
@@ -106,19 +123,20 @@ void launch(cudaStream_t stream, const Tensor& x, const Tensor& w, Matrix matrix
   constexpr int kColsPerBlock = kWarpsPerBlock / kSplit;
   const dim3 grid(static_cast<unsigned>((n + kColsPerBlock - 1) / kColsPerBlock),
                   static_cast<unsigned>((m + kRowsPerPass - 1) / kRowsPerPass));
+  const bool release = backend::cuda::early_release();
   if constexpr (std::is_same_v<Matrix, Fp8Matrix> && kRowsPerPass == 1 && kSplit == 1) {
     if (vec8 && backend::cuda::diagnostic_switch_on("R3_FP8_OCCUPANCY")) {
       backend::cuda::launch_kernel(rows_kernel_occupied<Matrix>, grid, kWarpsPerBlock * kWarp, 0, stream,
-                                   x.data<float>(), m, k, matrix, n, bias, y.data<float>());
+                                   x.data<float>(), m, k, matrix, n, bias, y.data<float>(), release);
       return;
     }
   }
   if (vec8) {
     backend::cuda::launch_kernel(rows_kernel<true, Matrix, kRowsPerPass, kSplit>, grid, kWarpsPerBlock * kWarp, 0,
-                                 stream, x.data<float>(), m, k, matrix, n, bias, y.data<float>());
+                                 stream, x.data<float>(), m, k, matrix, n, bias, y.data<float>(), release);
   } else if constexpr (kSplit == 1) {  // (split_for splits wide loads only)
     backend::cuda::launch_kernel(rows_kernel<false, Matrix, kRowsPerPass, 1>, grid, kWarpsPerBlock * kWarp, 0,
-                                 stream, x.data<float>(), m, k, matrix, n, bias, y.data<float>());
+                                 stream, x.data<float>(), m, k, matrix, n, bias, y.data<float>(), release);
   }
 }
 

@@ -348,7 +348,7 @@ void paged_attention(backend::Context& ctx, const Tensor& q, const DeviceStep& s
   });
   backend::cuda::launch_kernel(merge_chunks, static_cast<unsigned>(step.tokens * heads), merge_threads(d), 0, stream,
                                part_max.data<float>(), part_sum.data<float>(), part_acc.data<float>(), heads, d, chunks,
-                               sinks, step.seqs, out.data<float>());
+                               sinks, step.seqs, out.data<float>(), backend::cuda::early_release());
   R3_CUDA_CHECK(cudaGetLastError());
 }
 

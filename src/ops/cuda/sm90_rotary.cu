@@ -86,8 +86,7 @@ __device__ inline void write_rotated(const float* row, const float* cosines, con
 template <typename KV>
 __global__ void prepare_rows(AttentionRows rows, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t half,
                              float eps, DeviceStep step, DeviceKvPool pool, Frequencies freq, float scaling,
-                             float* q_out) {  // q_out may be rows.q
-  backend::cuda::wait_for_predecessor();
+                             float* q_out, bool release) {  // q_out may be rows.q
   extern __shared__ float shared[];  // [kHeadsPerBlock][head_dim] rows, then [half] cosines, [half] sines
   const int64_t blocks_per_token = (heads + kv_heads + kHeadsPerBlock - 1) / kHeadsPerBlock;
   const int64_t t = blockIdx.x / blocks_per_token, first_head = (blockIdx.x % blocks_per_token) * kHeadsPerBlock;
@@ -95,11 +94,17 @@ __global__ void prepare_rows(AttentionRows rows, int64_t heads, int64_t kv_heads
   float* row = shared + warp * head_dim;
   float* cosines = shared + kHeadsPerBlock * head_dim;
   float* sines = cosines + half;
+  // Before the wait (backend/cuda/launch.cuh), what comes from the step's metadata alone: the
+  // position, the key's place in the pool (the block table) and the cosines and sines, so that
+  // where the projection before releases this kernel early they are ready when its rows are.
   const int64_t position_index = step.positions[t];
   const float position = static_cast<float>(position_index);
-  // The loads that do not wait for the cosines and sines go first, so that their trips to memory
-  // overlap them: the warp's head (in registers, kHeldPerLane values a lane) and the key's place
-  // in the pool (the block table).
+  const int32_t seq = step.seqs[t];
+  const int64_t cache = seq >= 0 ? cache_row(step, pool, seq, position_index) : -1;  // padding: no write
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) angle(position, freq, i, scaling, &cosines[i], &sines[i]);
+  backend::cuda::wait_for_predecessor();
+  if (release) backend::cuda::release_successor();  // attention loads past keys and values meanwhile
+  // The warp's head (in registers, kHeldPerLane values a lane).
   const int64_t h = first_head + warp;
   const bool has_head = h < heads + kv_heads, is_q = h < heads;
   const int64_t head = is_q ? h : h - heads;
@@ -112,9 +117,6 @@ __global__ void prepare_rows(AttentionRows rows, int64_t heads, int64_t kv_heads
     const int64_t i = lane + static_cast<int64_t>(j) * kWarp;
     held[j] = has_head && i < head_dim ? in[i] : 0.0f;
   }
-  const int32_t seq = step.seqs[t];
-  const int64_t cache = seq >= 0 ? cache_row(step, pool, seq, position_index) : -1;  // padding: no write
-  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) angle(position, freq, i, scaling, &cosines[i], &sines[i]);
   __syncthreads();
   if (has_head) {
     const float* norm = is_q ? rows.q_norm : rows.k_norm;
@@ -208,7 +210,7 @@ void prepare_attention_rows(backend::Context& ctx, const Rotary& rotary, const A
     backend::cuda::launch_kernel(prepare_rows<decltype(kv)>, static_cast<unsigned>(step.tokens * blocks_per_token),
                                  kHeadsPerBlock * kWarp, shared_bytes, ctx.cuda_state().stream, rows, heads, kv_heads,
                                  head_dim, half, eps, step, pool, frequencies(rotary.inv_freq(), half),
-                                 rotary.attention_scaling(), q_out.data<float>());
+                                 rotary.attention_scaling(), q_out.data<float>(), backend::cuda::early_release());
   });
   R3_CUDA_CHECK(cudaGetLastError());
 }

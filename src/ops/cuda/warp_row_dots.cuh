@@ -21,6 +21,71 @@ __device__ inline void load8(const float* p, float* out) {
   out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
 }
 
+// One round of the wide loop: the loads of a lane's kGroupsInFlight groups of eight from `base`
+// (elements base + u * 256), then their products with the activation rows.
+template <typename Row, int kRows>
+using RoundOf = Raw8<Row>[kRows][kGroupsInFlight<Row>];
+
+template <typename Row, int kRows>
+__device__ inline void load_round(const Row (&w)[kRows], int64_t base, int64_t n, RoundOf<Row, kRows>& raw) {
+  constexpr int64_t kStride = kWarp * 8;
+#pragma unroll
+  for (int u = 0; u < kGroupsInFlight<Row>; ++u) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (base + u * kStride < n) load_raw8(w[r], base + u * kStride, raw[r][u]);
+    }
+  }
+}
+template <typename Row, int kMax, int kRows>
+__device__ inline void use_round(const Row (&w)[kRows], const float* const (&x)[kMax], int count, int64_t base,
+                                 int64_t n, const RoundOf<Row, kRows>& raw, float (&acc)[kRows][kMax]) {
+  constexpr int64_t kStride = kWarp * 8;
+#pragma unroll
+  for (int u = 0; u < kGroupsInFlight<Row>; ++u) {
+    const int64_t c = base + u * kStride;
+    if (c >= n) break;
+    float wv[kRows][8];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) widen8(w[r], c, raw[r][u], wv[r]);
+#pragma unroll
+    for (int j = 0; j < kMax; ++j) {
+      if (j < count) {
+        float xv[8];
+        load8(x[j] + c, xv);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[r][j] += xv[i] * wv[r][i];
+        }
+      }
+    }
+  }
+}
+
+// The wide loop (row_dots with kVec8) in two parts, for a kernel that issues its first weight
+// loads before it waits for its predecessor (backend/cuda/launch.cuh): first_round_loads, then,
+// after the wait, row_dots_after_first_round, which uses them and runs the remaining rounds. The
+// same sums, in the same order, as row_dots.
+template <typename Row, int kRows>
+__device__ inline void first_round_loads(const Row (&w)[kRows], int64_t n, int lane, RoundOf<Row, kRows>& first,
+                                         int64_t begin = 0) {
+  load_round(w, begin + static_cast<int64_t>(lane) * 8, n, first);
+}
+template <typename Row, int kMax, int kRows>
+__device__ inline void row_dots_after_first_round(const Row (&w)[kRows], const float* const (&x)[kMax], int count,
+                                                  int64_t n, int lane, const RoundOf<Row, kRows>& first,
+                                                  float (&acc)[kRows][kMax], int64_t begin = 0) {
+  constexpr int64_t kRound = kWarp * 8 * kGroupsInFlight<Row>;
+  const int64_t base = begin + static_cast<int64_t>(lane) * 8;
+  if (base < n) use_round(w, x, count, base, n, first, acc);
+  for (int64_t next = base + kRound; next < n; next += kRound) {
+    RoundOf<Row, kRows> raw;
+    load_round(w, next, n, raw);
+    use_round(w, x, count, next, n, raw, acc);
+  }
+}
+
 // The dot products of kRows weight rows w[r][0, n) with the rows x[j][0, n), j < count, into this
 // lane's partial sums acc[r][j]: element by element, or eight at a time with wide loads (kVec8:
 // n a multiple of 8, the rows aligned for the loads, FP8 blocks a power of two of at least 8 wide; see
@@ -33,36 +98,11 @@ template <bool kVec8, typename Row, int kMax, int kRows = 1>
 __device__ inline void row_dots(const Row (&w)[kRows], const float* const (&x)[kMax], int count, int64_t n,
                                 int lane, float (&acc)[kRows][kMax], int64_t begin = 0) {
   if constexpr (kVec8) {
-    constexpr int64_t kStride = kWarp * 8;
-    for (int64_t base = begin + static_cast<int64_t>(lane) * 8; base < n; base += kStride * kGroupsInFlight<Row>) {
-      Raw8<Row> raw[kRows][kGroupsInFlight<Row>];
-#pragma unroll
-      for (int u = 0; u < kGroupsInFlight<Row>; ++u) {
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          if (base + u * kStride < n) load_raw8(w[r], base + u * kStride, raw[r][u]);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kGroupsInFlight<Row>; ++u) {
-        const int64_t c = base + u * kStride;
-        if (c >= n) break;
-        float wv[kRows][8];
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) widen8(w[r], c, raw[r][u], wv[r]);
-#pragma unroll
-        for (int j = 0; j < kMax; ++j) {
-          if (j < count) {
-            float xv[8];
-            load8(x[j] + c, xv);
-#pragma unroll
-            for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-              for (int i = 0; i < 8; ++i) acc[r][j] += xv[i] * wv[r][i];
-            }
-          }
-        }
-      }
+    constexpr int64_t kRound = kWarp * 8 * kGroupsInFlight<Row>;
+    for (int64_t base = begin + static_cast<int64_t>(lane) * 8; base < n; base += kRound) {
+      RoundOf<Row, kRows> raw;
+      load_round(w, base, n, raw);
+      use_round(w, x, count, base, n, raw, acc);
     }
   } else {
     for (int64_t c = begin + lane; c < n; c += kWarp) {
