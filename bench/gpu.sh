@@ -3,7 +3,8 @@
 # headers (scripts/gpu-deps.sh, carried as .gpu-deps), run the GPU tests and the kernel
 # benchmarks (R3_TESTS_ONLY=1: none; with R3_BREAKDOWN=1, a per-kernel profile of a decode step;
 # with R3_AB=<variable>, that switch measured off and on; with R3_DEEP_PROFILE=1, a batch-1
-# layer's kernels profiled in depth; with R3_SASS_PROFILE=1, the small kernels' stalls by SASS line), and leave the logs
+# layer's kernels profiled in depth; with R3_SASS_PROFILE=1, the small kernels' stalls by SASS line;
+# R3_TESTS_FILTER, R3_KERNEL_SECTIONS and R3_DECODE_BENCH=0 narrow a call down), and leave the logs
 # in $OUT (or ./gpu-out). Usage there: R3_COMMIT=<commit the tree was sent from> bash bench/gpu.sh
 # (the copy of the tree on that machine may carry an older .git).
 set -uo pipefail
@@ -23,19 +24,26 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DR3_DEPS_DIR="$PWD/
 grep -E "r3: (NCCL|CUDA)" "$out/configure.log" >> "$out/device.txt"
 cmake --build build-gpu -j"$(nproc)" --target r3_gpu_tests r3_gpu_kernels_bench r3 > "$out/build.log" 2>&1 || { grep -B2 -A10 -m5 error "$out/build.log"; exit 1; }
 status=0
-./build-gpu/r3_gpu_tests 2>&1 | tee "$out/gpu_tests.log" || status=1
+# R3_TESTS_FILTER=<gtest filter>: only those GPU tests (a short call that checks one change).
+./build-gpu/r3_gpu_tests ${R3_TESTS_FILTER:+--gtest_filter="$R3_TESTS_FILTER"} 2>&1 | tee "$out/gpu_tests.log" || status=1
 # R3_TESTS_ONLY=1: the build and the GPU tests, no benchmarks.
 if [[ "${R3_TESTS_ONLY:-0}" == 1 ]]; then cat "$out/device.txt"; exit $status; fi
-# R3_KERNEL_SECTIONS="<section> ...": only those sections of the kernel bench (default: all).
-./build-gpu/r3_gpu_kernels_bench ${R3_KERNEL_SECTIONS:-} 2>&1 | tee "$out/gpu_kernels_bench.jsonl" || status=1
-./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --json 2>"$out/gpu_decode_bench.log" | tee "$out/gpu_decode_bench.json" || status=1
-# The same shape published as FP8 (e4m3, a float32 scale per 128x128 block), read as stored.
-./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-weights fp8 --json \
-  2>>"$out/gpu_decode_bench.log" | tee "$out/gpu_decode_bench_fp8.json" || status=1
-# llama.cpp's reference ran 128-token prompts and 128 generated tokens per sequence: the same
-# sizes at its mean context, 192.
-./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-batches 2,4,8,16,32 --synthetic-context 192 \
-  --json 2>>"$out/gpu_decode_bench.log" | tee "$out/gpu_decode_bench_192.json" || status=1
+# R3_KERNEL_SECTIONS="<section> ...": only those sections of the kernel bench (default: all;
+# "none": no kernel bench).
+if [[ "${R3_KERNEL_SECTIONS:-}" != none ]]; then
+  ./build-gpu/r3_gpu_kernels_bench ${R3_KERNEL_SECTIONS:-} 2>&1 | tee "$out/gpu_kernels_bench.jsonl" || status=1
+fi
+# R3_DECODE_BENCH=0: none of the three decode benches below (R3_AB's comparisons still run).
+if [[ "${R3_DECODE_BENCH:-1}" != 0 ]]; then
+  ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --json 2>"$out/gpu_decode_bench.log" | tee "$out/gpu_decode_bench.json" || status=1
+  # The same shape published as FP8 (e4m3, a float32 scale per 128x128 block), read as stored.
+  ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-weights fp8 --json \
+    2>>"$out/gpu_decode_bench.log" | tee "$out/gpu_decode_bench_fp8.json" || status=1
+  # llama.cpp's reference ran 128-token prompts and 128 generated tokens per sequence: the same
+  # sizes at its mean context, 192.
+  ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-batches 2,4,8,16,32 --synthetic-context 192 \
+    --json 2>>"$out/gpu_decode_bench.log" | tee "$out/gpu_decode_bench_192.json" || status=1
+fi
 # With two GPUs or more: expert parallelism, the synthetic model served by 1 and by 2 ranks (a
 # GPU each), the same requests (its step times are the engine's, eager under --ep).
 if (( $(nvidia-smi -L | wc -l) >= 2 )); then

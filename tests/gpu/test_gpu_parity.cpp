@@ -370,12 +370,9 @@ TEST(GpuCache, Bf16WeightsCacheBf16KeysAndValues) {
   EXPECT_EQ(bytes[1] * 2, bytes[0]);
 }
 
-// A model of random weights made on the GPU (the benchmark's; no host layers behind it), at a
-// small shape: decode steps with capture switched on, off and on again give bit-identical logits
-// (capture changes no result), the captured rows are valid expert ids, and steps of each kind
-// replay as graphs. (The benchmark crashed here once: the EPLB hook looked for a host layer.)
-TEST(GpuSynthetic, CaptureOnAndOffGiveTheSameLogits) {
-  auto gpu = backend::Context::cuda(0);
+// A synthetic model small enough for the tests that still takes the decode kernels a real one
+// does: the tensor-core attention (head dim 64, bf16 pool) and the wide-load projections.
+models::SyntheticShape small_synthetic_shape() {
   models::SyntheticShape shape;
   shape.layers = 2;
   shape.hidden = 256;
@@ -386,6 +383,16 @@ TEST(GpuSynthetic, CaptureOnAndOffGiveTheSameLogits) {
   shape.top_k = 4;
   shape.expert_width = 128;
   shape.vocab = 1000;
+  return shape;
+}
+
+// A model of random weights made on the GPU (the benchmark's; no host layers behind it), at a
+// small shape: decode steps with capture switched on, off and on again give bit-identical logits
+// (capture changes no result), the captured rows are valid expert ids, and steps of each kind
+// replay as graphs. (The benchmark crashed here once: the EPLB hook looked for a host layer.)
+TEST(GpuSynthetic, CaptureOnAndOffGiveTheSameLogits) {
+  auto gpu = backend::Context::cuda(0);
+  models::SyntheticShape shape = small_synthetic_shape();
   auto model = models::synthetic_on_device(*gpu, shape);
   constexpr int64_t kBatch = 3, kContext = 40;
   auto cache = model->make_cache(kBatch, kContext + 1);
@@ -424,20 +431,10 @@ TEST(GpuSynthetic, CaptureOnAndOffGiveTheSameLogits) {
 // before they wait (backend/cuda/launch.cuh): weights, and the KV rows of past steps. A step's
 // own rows must still be read after the kernel that writes them: a prefill step of two sequences
 // (tokens of one sequence attend to rows the same step writes) then decode steps, in bf16 and
-// FP8, give bit-identical logits with early release on and off (R3_EARLY_RELEASE=0). The shape
-// takes the tensor-core attention (head dim 64, bf16 pool) and the wide-load projections.
+// FP8, give bit-identical logits with early release on and off (R3_EARLY_RELEASE=0).
 TEST(GpuGraphs, KernelsReleasedEarlyGiveTheSameBits) {
   auto gpu = backend::Context::cuda(0);
-  models::SyntheticShape shape;
-  shape.layers = 2;
-  shape.hidden = 256;
-  shape.heads = 4;
-  shape.kv_heads = 2;
-  shape.head_dim = 64;
-  shape.experts = 16;
-  shape.top_k = 4;
-  shape.expert_width = 128;
-  shape.vocab = 1000;
+  models::SyntheticShape shape = small_synthetic_shape();
   constexpr int32_t kPrompt[2] = {90, 37};  // two chunks of 64 positions for the longer one
   constexpr int kDecodeSteps = 3;
   const auto run = [&](bool early) {
