@@ -21,11 +21,12 @@ __device__ inline void load8(const float* p, float* out) {
   out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
 }
 
-// One round of the wide loop: the loads of a lane's kGroupsInFlight groups of eight from `base`
-// (elements base + u * 256), then their products with the activation rows.
+// A lane's raw loads of one round of the wide loop: kGroupsInFlight groups of eight of each row.
 template <typename Row, int kRows>
 using RoundOf = Raw8<Row>[kRows][kGroupsInFlight<Row>];
 
+// One round of the wide loop: the loads of a lane's groups from `base` (elements base + u * 256),
+// then their products with the activation rows.
 template <typename Row, int kRows>
 __device__ inline void load_round(const Row (&w)[kRows], int64_t base, int64_t n, RoundOf<Row, kRows>& raw) {
   constexpr int64_t kStride = kWarp * 8;
