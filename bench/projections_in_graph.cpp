@@ -13,8 +13,8 @@ namespace r3::bench {
 
 namespace {
 
-// Weight buffers that together hold at least this many bytes: three times an H100's or H200's
-// 50 / 60 MB of L2, so a buffer is long gone from L2 when the cycle comes back to it.
+// Weight buffers that together hold at least this many bytes: about three times a Hopper GPU's
+// L2 (50 MB on an H100), so a buffer is long gone from L2 when the cycle comes back to it.
 constexpr double kCycleBytes = 160e6;
 
 Tensor device_weight(backend::Context& gpu, int64_t n, int64_t k, DType dtype, uint32_t seed) {
