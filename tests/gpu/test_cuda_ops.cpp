@@ -895,6 +895,58 @@ TEST_F(CudaOps, FusedExpertsMatchADoubleEvaluation) {
   }
 }
 
+// [experts, rows, cols] floats as e4m3 values with a float32 scale per block_rows x block_cols
+// block (the block's largest magnitude over 448, as published checkpoints scale), and the
+// dequantized floats (each value times its scale, rounded once, as the CPU decodes it).
+struct Fp8Quantized {
+  Tensor values, scales;
+  std::vector<float> dequantized;
+};
+Fp8Quantized quantize_fp8(const Tensor& w, int64_t block_rows, int64_t block_cols) {
+  const int64_t experts = w.dim(0), rows = w.dim(1), cols = w.dim(2);
+  const int64_t srows = (rows + block_rows - 1) / block_rows, scols = (cols + block_cols - 1) / block_cols;
+  Fp8Quantized q{Tensor::empty(DType::F8_E4M3, {experts, rows, cols}), Tensor::empty(DType::F32, {experts, srows, scols}),
+                 std::vector<float>(static_cast<std::size_t>(w.numel()))};
+  auto* bytes = static_cast<uint8_t*>(q.values.raw_data());
+  for (int64_t e = 0; e < experts; ++e) {
+    for (int64_t sr = 0; sr < srows; ++sr) {
+      for (int64_t sc = 0; sc < scols; ++sc) {
+        float top = 0;
+        for (int64_t r = sr * block_rows; r < std::min(rows, (sr + 1) * block_rows); ++r) {
+          for (int64_t c = sc * block_cols; c < std::min(cols, (sc + 1) * block_cols); ++c) {
+            top = std::max(top, std::abs(w.data<float>()[(e * rows + r) * cols + c]));
+          }
+        }
+        const float scale = top / 448.0f;
+        q.scales.data<float>()[(e * srows + sr) * scols + sc] = scale;
+        for (int64_t r = sr * block_rows; r < std::min(rows, (sr + 1) * block_rows); ++r) {
+          for (int64_t c = sc * block_cols; c < std::min(cols, (sc + 1) * block_cols); ++c) {
+            const int64_t i = (e * rows + r) * cols + c;
+            bytes[i] = f32_to_f8_e4m3(w.data<float>()[i] / scale);
+            q.dequantized[static_cast<std::size_t>(i)] = f8_e4m3_to_f32(bytes[i]) * scale;
+          }
+        }
+      }
+    }
+  }
+  return q;
+}
+
+// FP8 experts on the device from quantized gate, up and down.
+moe::DeviceExperts fp8_device_experts(backend::Context& gpu, const Fp8Quantized& gate, const Fp8Quantized& up,
+                                      const Fp8Quantized& down, int64_t block_rows, int64_t block_cols) {
+  moe::DeviceExperts dev;
+  dev.gate = backend::to_device(gpu, gate.values);
+  dev.up = backend::to_device(gpu, up.values);
+  dev.down = backend::to_device(gpu, down.values);
+  dev.gate_scales = backend::to_device(gpu, gate.scales);
+  dev.up_scales = backend::to_device(gpu, up.scales);
+  dev.down_scales = backend::to_device(gpu, down.scales);
+  dev.block_rows = block_rows;
+  dev.block_cols = block_cols;
+  return dev;
+}
+
 // FP8 experts (e4m3 with 2D block scales) on the tensor cores, as a model placed with bfloat16
 // precision runs them, against a double evaluation of the dequantized weights (each e4m3 value
 // times its block's scale, rounded once, as the CPU decodes it): blocks of 16 x 32, 32 x 32 and
@@ -904,38 +956,10 @@ TEST_F(CudaOps, Fp8ExpertsOnTensorCoresMatchADoubleEvaluation) {
   const int64_t experts = 6, h = 96, inter = 64, k = 3;
   struct Blocks { int64_t rows, cols; };
   for (const Blocks b : {Blocks{16, 32}, Blocks{32, 32}, Blocks{128, 128}}) {
-    // One matrix kind [experts, rows, cols]: e4m3 values and their scales, and the dequantized floats.
-    struct Quantized { Tensor values, scales; std::vector<float> dequantized; };
-    auto quantize = [&](int64_t rows, int64_t cols, uint32_t seed) {
-      const Tensor w = gpu_random({experts, rows, cols}, seed, 0.2f);
-      const int64_t srows = (rows + b.rows - 1) / b.rows, scols = (cols + b.cols - 1) / b.cols;
-      Quantized q{Tensor::empty(DType::F8_E4M3, {experts, rows, cols}), Tensor::empty(DType::F32, {experts, srows, scols}),
-                  std::vector<float>(static_cast<std::size_t>(w.numel()))};
-      auto* bytes = static_cast<uint8_t*>(q.values.raw_data());
-      for (int64_t e = 0; e < experts; ++e) {
-        for (int64_t sr = 0; sr < srows; ++sr) {
-          for (int64_t sc = 0; sc < scols; ++sc) {
-            float top = 0;
-            for (int64_t r = sr * b.rows; r < std::min(rows, (sr + 1) * b.rows); ++r) {
-              for (int64_t c = sc * b.cols; c < std::min(cols, (sc + 1) * b.cols); ++c) {
-                top = std::max(top, std::abs(w.data<float>()[(e * rows + r) * cols + c]));
-              }
-            }
-            const float scale = top / 448.0f;
-            q.scales.data<float>()[(e * srows + sr) * scols + sc] = scale;
-            for (int64_t r = sr * b.rows; r < std::min(rows, (sr + 1) * b.rows); ++r) {
-              for (int64_t c = sc * b.cols; c < std::min(cols, (sc + 1) * b.cols); ++c) {
-                const int64_t i = (e * rows + r) * cols + c;
-                bytes[i] = f32_to_f8_e4m3(w.data<float>()[i] / scale);
-                q.dequantized[static_cast<std::size_t>(i)] = f8_e4m3_to_f32(bytes[i]) * scale;
-              }
-            }
-          }
-        }
-      }
-      return q;
+    const auto quantize = [&](int64_t rows, int64_t cols, uint32_t seed) {
+      return quantize_fp8(gpu_random({experts, rows, cols}, seed, 0.2f), b.rows, b.cols);
     };
-    const Quantized gate = quantize(inter, h, 71), up = quantize(inter, h, 72), down = quantize(h, inter, 73);
+    const Fp8Quantized gate = quantize(inter, h, 71), up = quantize(inter, h, 72), down = quantize(h, inter, 73);
     for (const int64_t tokens : {20, 70}) {
       std::vector<int32_t> ids;
       std::vector<float> weights;
@@ -970,15 +994,7 @@ TEST_F(CudaOps, Fp8ExpertsOnTensorCoresMatchADoubleEvaluation) {
       }
       Tensor by_path[2];  // tensor cores, rows
       for (const bool reduced : {true, false}) {
-        moe::DeviceExperts dev;
-        dev.gate = backend::to_device(*gpu_, gate.values);
-        dev.up = backend::to_device(*gpu_, up.values);
-        dev.down = backend::to_device(*gpu_, down.values);
-        dev.gate_scales = backend::to_device(*gpu_, gate.scales);
-        dev.up_scales = backend::to_device(*gpu_, up.scales);
-        dev.down_scales = backend::to_device(*gpu_, down.scales);
-        dev.block_rows = b.rows;
-        dev.block_cols = b.cols;
+        const moe::DeviceExperts dev = fp8_device_experts(*gpu_, gate, up, down, b.rows, b.cols);
         const Tensor ids_d = gpu_ints(*gpu_, ids), weights_d = backend::to_device(*gpu_, Tensor::from(weights, {tokens, k}));
         Tensor grouping = backend::device_empty(*gpu_, DType::I32, {moe::grouping_ints(experts, tokens * k)});
         Tensor activated = backend::device_empty(*gpu_, DType::F32, {moe::expert_scratch_rows(tokens * k), inter});
@@ -1053,6 +1069,73 @@ TEST_F(CudaOps, FusedExpertsGiveATokenTheSameBitsOnEveryPath) {
     }
   }
   gpu_->set_batch_invariant(false);
+}
+
+// FP8 gate/up at one to four tokens with the scales held by the lanes (a hidden size a multiple of
+// 256 and at most 32 scale blocks: 512 at blocks of 128 and of 16) gives the bits of a load a
+// group (R3_FP8_LANE_SCALES=0), and matches a double evaluation of the dequantized weights.
+TEST_F(CudaOps, Fp8GateUpWithScalesFromTheLanesGivesTheSameBits) {
+  const int64_t experts = 4, h = 512, inter = 96, k = 2;
+  for (const int64_t block : {int64_t{128}, int64_t{16}}) {
+    const auto quantize = [&](int64_t rows, int64_t cols, uint32_t seed) {
+      return quantize_fp8(gpu_random({experts, rows, cols}, seed, 0.2f), block, block);
+    };
+    const Fp8Quantized gate = quantize(inter, h, 81), up = quantize(inter, h, 82), down = quantize(h, inter, 83);
+    const moe::DeviceExperts dev = fp8_device_experts(*gpu_, gate, up, down, block, block);
+    for (const int64_t tokens : {int64_t{1}, int64_t{3}}) {
+      std::vector<int32_t> ids;
+      std::vector<float> weights;
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t j = 0; j < k; ++j) ids.push_back(static_cast<int32_t>((t + 3 * j) % experts));
+        weights.push_back(0.7f);
+        weights.push_back(0.3f);
+      }
+      const Tensor x = gpu_random({tokens, h}, 84);
+      auto run = [&](bool lanes) {
+        if (lanes) unsetenv("R3_FP8_LANE_SCALES");
+        else setenv("R3_FP8_LANE_SCALES", "0", 1);
+        const Tensor ids_d = gpu_ints(*gpu_, ids), weights_d = backend::to_device(*gpu_, Tensor::from(weights, {tokens, k}));
+        Tensor grouping = backend::device_empty(*gpu_, DType::I32, {moe::grouping_ints(experts, tokens * k)});
+        Tensor activated = backend::device_empty(*gpu_, DType::F32, {moe::expert_scratch_rows(tokens * k), inter});
+        Tensor expert_out = backend::device_empty(*gpu_, DType::F32, {moe::expert_scratch_rows(tokens * k), h});
+        Tensor out = backend::device_empty(*gpu_, DType::F32, {tokens, h});
+        moe::fused_experts_on_device(*gpu_, backend::to_device(*gpu_, x), ids_d.data<int32_t>(), weights_d.data<float>(),
+                                     k, dev, grouping, activated, expert_out, out);
+        unsetenv("R3_FP8_LANE_SCALES");
+        return backend::to_host(*gpu_, out);
+      };
+      const Tensor with_lanes = run(true), with_loads = run(false);
+      EXPECT_EQ(std::memcmp(with_lanes.raw_data(), with_loads.raw_data(), with_lanes.nbytes()), 0)
+          << tokens << " tokens, blocks of " << block;
+      Tensor want = Tensor::empty(DType::F32, {tokens, h});
+      for (int64_t t = 0; t < tokens; ++t) {
+        std::vector<double> acc(static_cast<std::size_t>(h), 0.0);
+        for (int64_t j = 0; j < k; ++j) {
+          const int64_t e = ids[static_cast<std::size_t>(t * k + j)];
+          std::vector<float> a(static_cast<std::size_t>(inter));
+          for (int64_t i = 0; i < inter; ++i) {
+            double gs = 0, us = 0;
+            for (int64_t c = 0; c < h; ++c) {
+              const double xv = x.data<float>()[t * h + c];
+              gs += xv * gate.dequantized[static_cast<std::size_t>((e * inter + i) * h + c)];
+              us += xv * up.dequantized[static_cast<std::size_t>((e * inter + i) * h + c)];
+            }
+            a[static_cast<std::size_t>(i)] = moe::ExpertActivation{}(static_cast<float>(gs), static_cast<float>(us));
+          }
+          for (int64_t c = 0; c < h; ++c) {
+            double y = 0;
+            for (int64_t i = 0; i < inter; ++i) {
+              y += static_cast<double>(a[static_cast<std::size_t>(i)]) *
+                   down.dequantized[static_cast<std::size_t>((e * h + c) * inter + i)];
+            }
+            acc[static_cast<std::size_t>(c)] += weights[static_cast<std::size_t>(t * k + j)] * y;
+          }
+        }
+        for (int64_t c = 0; c < h; ++c) want.data<float>()[t * h + c] = static_cast<float>(acc[static_cast<std::size_t>(c)]);
+      }
+      EXPECT_LT(gpu_relative_error(with_lanes, want), 1e-5) << tokens << " tokens, blocks of " << block;
+    }
+  }
 }
 
 // The step's device capture buffer: two steps of two MoE layers routed on the device; after each

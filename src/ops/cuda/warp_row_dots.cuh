@@ -38,9 +38,27 @@ __device__ inline void load_round(const Row (&w)[kRows], int64_t base, int64_t n
     }
   }
 }
-template <typename Row, int kMax, int kRows>
+// How use_round decodes a group: each row's own widen8 (WidenByRow), or for FP8 rows whose
+// scales the lanes hold, one each, a shuffle for the scale (Fp8LaneScales).
+struct WidenByRow {
+  template <typename Row>
+  __device__ void operator()(const Row& row, int, int64_t c, const Raw8<Row>& raw, float* out) const {
+    widen8(row, c, raw, out);
+  }
+};
+template <int kRows>
+struct Fp8LaneScales {
+  float scale[kRows];  // lane b: scale block b of row r
+  __device__ void operator()(const Fp8Row& row, int r, int64_t c, const Raw8<Fp8Row>& raw, float* out) const {
+    const int block = static_cast<int>(static_cast<uint32_t>(c) >> row.block_cols_shift);
+    widen8_scaled(raw, __shfl_sync(0xffffffffu, scale[r], block), out);
+  }
+};
+
+template <typename Row, int kMax, int kRows, typename Widen = WidenByRow>
 __device__ inline void use_round(const Row (&w)[kRows], const float* const (&x)[kMax], int count, int64_t base,
-                                 int64_t n, const RoundOf<Row, kRows>& raw, float (&acc)[kRows][kMax]) {
+                                 int64_t n, const RoundOf<Row, kRows>& raw, float (&acc)[kRows][kMax],
+                                 const Widen& widen = {}) {
   constexpr int64_t kStride = kWarp * 8;
 #pragma unroll
   for (int u = 0; u < kGroupsInFlight<Row>; ++u) {
@@ -48,7 +66,7 @@ __device__ inline void use_round(const Row (&w)[kRows], const float* const (&x)[
     if (c >= n) break;
     float wv[kRows][8];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) widen8(w[r], c, raw[r][u], wv[r]);
+    for (int r = 0; r < kRows; ++r) widen(w[r], r, c, raw[r][u], wv[r]);
 #pragma unroll
     for (int j = 0; j < kMax; ++j) {
       if (j < count) {
@@ -119,6 +137,28 @@ __device__ inline void row_dots(const Row (&w)[kRows], const float* const (&x)[k
         }
       }
     }
+  }
+}
+
+// row_dots with kVec8 over FP8 rows of at most 32 scale blocks (n <= 32 * block_cols: a hidden
+// size up to 4096 at the published 128) and n a multiple of 256: each lane first loads one of a
+// row's scales (lane b, block b) and every group takes its scale from that lane by a shuffle,
+// instead of a load a group held in a register until it arrives (a gate/up pair's 16 loads: 92
+// registers -> fewer). The same products and sums as row_dots. Every lane of the warp calls it
+// (n a multiple of 256 keeps their rounds the same for the shuffles).
+template <int kMax, int kRows>
+__device__ inline void fp8_row_dots_lane_scales(const Fp8Row (&w)[kRows], const float* const (&x)[kMax], int count,
+                                                int64_t n, int lane, float (&acc)[kRows][kMax]) {
+  Fp8LaneScales<kRows> widen;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    widen.scale[r] = (static_cast<int64_t>(lane) << w[r].block_cols_shift) < n ? w[r].scales[lane] : 0.0f;
+  }
+  constexpr int64_t kRound = kWarp * 8 * kGroupsInFlight<Fp8Row>;
+  for (int64_t base = static_cast<int64_t>(lane) * 8; base < n; base += kRound) {
+    RoundOf<Fp8Row, kRows> raw;
+    load_round(w, base, n, raw);
+    use_round(w, x, count, base, n, raw, acc, widen);
   }
 }
 
