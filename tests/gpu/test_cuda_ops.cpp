@@ -947,6 +947,41 @@ moe::DeviceExperts fp8_device_experts(backend::Context& gpu, const Fp8Quantized&
   return dev;
 }
 
+// The fused experts' output for `tokens` rows of x, each with k (id, weight) choices, in double
+// over the dequantized weights (the activation rounded to float as the kernels keep it).
+Tensor fp8_experts_in_double(const Tensor& x, const std::vector<int32_t>& ids, const std::vector<float>& weights,
+                             int64_t k, const Fp8Quantized& gate, const Fp8Quantized& up, const Fp8Quantized& down,
+                             int64_t inter) {
+  const int64_t tokens = x.dim(0), h = x.dim(1);
+  Tensor want = Tensor::empty(DType::F32, {tokens, h});
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<double> acc(static_cast<std::size_t>(h), 0.0);
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = ids[static_cast<std::size_t>(t * k + j)];
+      std::vector<float> a(static_cast<std::size_t>(inter));
+      for (int64_t i = 0; i < inter; ++i) {
+        double gs = 0, us = 0;
+        for (int64_t c = 0; c < h; ++c) {
+          const double xv = x.data<float>()[t * h + c];
+          gs += xv * gate.dequantized[static_cast<std::size_t>((e * inter + i) * h + c)];
+          us += xv * up.dequantized[static_cast<std::size_t>((e * inter + i) * h + c)];
+        }
+        a[static_cast<std::size_t>(i)] = moe::ExpertActivation{}(static_cast<float>(gs), static_cast<float>(us));
+      }
+      for (int64_t c = 0; c < h; ++c) {
+        double y = 0;
+        for (int64_t i = 0; i < inter; ++i) {
+          y += static_cast<double>(a[static_cast<std::size_t>(i)]) *
+               down.dequantized[static_cast<std::size_t>((e * h + c) * inter + i)];
+        }
+        acc[static_cast<std::size_t>(c)] += weights[static_cast<std::size_t>(t * k + j)] * y;
+      }
+    }
+    for (int64_t c = 0; c < h; ++c) want.data<float>()[t * h + c] = static_cast<float>(acc[static_cast<std::size_t>(c)]);
+  }
+  return want;
+}
+
 // FP8 experts (e4m3 with 2D block scales) on the tensor cores, as a model placed with bfloat16
 // precision runs them, against a double evaluation of the dequantized weights (each e4m3 value
 // times its block's scale, rounded once, as the CPU decodes it): blocks of 16 x 32, 32 x 32 and
@@ -968,30 +1003,7 @@ TEST_F(CudaOps, Fp8ExpertsOnTensorCoresMatchADoubleEvaluation) {
         for (float w : {0.6f, 0.3f, 0.1f}) weights.push_back(w);
       }
       const Tensor x = gpu_random({tokens, h}, 74);
-      Tensor want = Tensor::empty(DType::F32, {tokens, h});
-      for (int64_t t = 0; t < tokens; ++t) {
-        std::vector<double> acc(static_cast<std::size_t>(h), 0.0);
-        for (int64_t j = 0; j < k; ++j) {
-          const int64_t e = ids[static_cast<std::size_t>(t * k + j)];
-          std::vector<float> a(static_cast<std::size_t>(inter));
-          for (int64_t i = 0; i < inter; ++i) {
-            double gs = 0, us = 0;
-            for (int64_t c = 0; c < h; ++c) {
-              gs += static_cast<double>(x.data<float>()[t * h + c]) * gate.dequantized[static_cast<std::size_t>((e * inter + i) * h + c)];
-              us += static_cast<double>(x.data<float>()[t * h + c]) * up.dequantized[static_cast<std::size_t>((e * inter + i) * h + c)];
-            }
-            a[static_cast<std::size_t>(i)] = moe::ExpertActivation{}(static_cast<float>(gs), static_cast<float>(us));
-          }
-          for (int64_t c = 0; c < h; ++c) {
-            double y = 0;
-            for (int64_t i = 0; i < inter; ++i) {
-              y += static_cast<double>(a[static_cast<std::size_t>(i)]) * down.dequantized[static_cast<std::size_t>((e * h + c) * inter + i)];
-            }
-            acc[static_cast<std::size_t>(c)] += weights[static_cast<std::size_t>(t * k + j)] * y;
-          }
-        }
-        for (int64_t c = 0; c < h; ++c) want.data<float>()[t * h + c] = static_cast<float>(acc[static_cast<std::size_t>(c)]);
-      }
+      const Tensor want = fp8_experts_in_double(x, ids, weights, k, gate, up, down, inter);
       Tensor by_path[2];  // tensor cores, rows
       for (const bool reduced : {true, false}) {
         const moe::DeviceExperts dev = fp8_device_experts(*gpu_, gate, up, down, b.rows, b.cols);
@@ -1107,32 +1119,7 @@ TEST_F(CudaOps, Fp8GateUpWithScalesFromTheLanesGivesTheSameBits) {
       const Tensor with_lanes = run(true), with_loads = run(false);
       EXPECT_EQ(std::memcmp(with_lanes.raw_data(), with_loads.raw_data(), with_lanes.nbytes()), 0)
           << tokens << " tokens, blocks of " << block;
-      Tensor want = Tensor::empty(DType::F32, {tokens, h});
-      for (int64_t t = 0; t < tokens; ++t) {
-        std::vector<double> acc(static_cast<std::size_t>(h), 0.0);
-        for (int64_t j = 0; j < k; ++j) {
-          const int64_t e = ids[static_cast<std::size_t>(t * k + j)];
-          std::vector<float> a(static_cast<std::size_t>(inter));
-          for (int64_t i = 0; i < inter; ++i) {
-            double gs = 0, us = 0;
-            for (int64_t c = 0; c < h; ++c) {
-              const double xv = x.data<float>()[t * h + c];
-              gs += xv * gate.dequantized[static_cast<std::size_t>((e * inter + i) * h + c)];
-              us += xv * up.dequantized[static_cast<std::size_t>((e * inter + i) * h + c)];
-            }
-            a[static_cast<std::size_t>(i)] = moe::ExpertActivation{}(static_cast<float>(gs), static_cast<float>(us));
-          }
-          for (int64_t c = 0; c < h; ++c) {
-            double y = 0;
-            for (int64_t i = 0; i < inter; ++i) {
-              y += static_cast<double>(a[static_cast<std::size_t>(i)]) *
-                   down.dequantized[static_cast<std::size_t>((e * h + c) * inter + i)];
-            }
-            acc[static_cast<std::size_t>(c)] += weights[static_cast<std::size_t>(t * k + j)] * y;
-          }
-        }
-        for (int64_t c = 0; c < h; ++c) want.data<float>()[t * h + c] = static_cast<float>(acc[static_cast<std::size_t>(c)]);
-      }
+      const Tensor want = fp8_experts_in_double(x, ids, weights, k, gate, up, down, inter);
       EXPECT_LT(gpu_relative_error(with_lanes, want), 1e-5) << tokens << " tokens, blocks of " << block;
     }
   }
