@@ -241,8 +241,8 @@ TEST_F(CudaOps, QuantizedLinearMatchesTheCpu) {
 
 // The weight-streaming kernel with a column's K split over 2 to 8 warps (few weight rows: a
 // decode step's o projection, 2048 rows of 4096, or a router's 128) and its FP8 batch-1 variant
-// held to 48 registers, against the CPU; the same bits with and without that variant (it changes
-// no arithmetic); row 0's bits the same alone and
+// held to 48 registers, against the CPU; the same bits with and without that variant and with and
+// without the scales from the lanes (neither changes the arithmetic); row 0's bits the same alone and
 // among 3 rows (the split depends on the weight's shape, not on the rows: batch invariance); and
 // the split changing the bits at least once, so the split path is the one measured.
 TEST_F(CudaOps, WeightStreamingRowsSplitOverWarpsMatchTheCpu) {
@@ -278,6 +278,8 @@ TEST_F(CudaOps, WeightStreamingRowsSplitOverWarpsMatchTheCpu) {
       EXPECT_LT(gpu_relative_error(got, want), 1e-5) << name << ", " << m << " rows";
       const Tensor unbounded = rows("R3_FP8_OCCUPANCY");
       EXPECT_EQ(std::memcmp(got.raw_data(), unbounded.raw_data(), got.nbytes()), 0) << name << ", R3_FP8_OCCUPANCY=0";
+      const Tensor scale_loads = rows("R3_FP8_LANE_SCALES");
+      EXPECT_EQ(std::memcmp(got.raw_data(), scale_loads.raw_data(), got.nbytes()), 0) << name << ", R3_FP8_LANE_SCALES=0";
       const Tensor unsplit = rows("R3_SPLIT_ROWS");
       EXPECT_LT(gpu_relative_error(unsplit, want), 1e-5) << name << ", unsplit";
       split_changed_bits = split_changed_bits || std::memcmp(got.raw_data(), unsplit.raw_data(), got.nbytes()) != 0;

@@ -284,7 +284,7 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
       if constexpr (kVec8 && std::is_same_v<Matrix, ops::cuda::Fp8Matrix>) {
         // The scales from the lanes: FP8 gate/up at 80 registers instead of 92, 3 blocks an SM
         // instead of 2. R3_FP8_LANE_SCALES=0: a load a group (a diagnostic).
-        if (h % 256 == 0 && h <= int64_t{32} * x.block_cols && backend::cuda::diagnostic_switch_on("R3_FP8_LANE_SCALES")) {
+        if (ops::cuda::fp8_lane_scales_fit(0, h, x.block_cols) && backend::cuda::diagnostic_switch_on("R3_FP8_LANE_SCALES")) {
           gate_up = gate_up_by_pair<Matrix, kVec8, Act, true>;
         }
       }

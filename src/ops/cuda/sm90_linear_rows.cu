@@ -34,8 +34,10 @@ constexpr int kMaxRowsPerPass = 8;
 // short kernel before it releases it early (an RMSNorm, the attention's merge), they come from
 // memory while that kernel runs. With `release`, it releases its own successor once it has waited
 // (a short kernel: the q/k norms and rotary, the routing), which can then do what needs no output
-// of this one.
-template <bool kVec8, typename Matrix, int kRowsPerPass, int kSplit>
+// of this one. kLaneScales: FP8 rows whose slice's scales fit the lanes (fp8_lane_scales_fit)
+// load them, one a lane, with the first round, and each group takes its scale by a shuffle, so
+// after the wait only the activations are left to load.
+template <bool kVec8, typename Matrix, int kRowsPerPass, int kSplit, bool kLaneScales = false>
 __device__ __forceinline__ void rows_body(const float* __restrict__ x, int64_t m, int64_t k, Matrix w, int64_t n,
                                           const float* __restrict__ bias, float* __restrict__ y, bool release) {
   static_assert(kWarpsPerBlock % kSplit == 0);
@@ -48,6 +50,11 @@ __device__ __forceinline__ void rows_body(const float* __restrict__ x, int64_t m
   RoundOf<Row, 1> first_round;
   if constexpr (kVec8) {
     if (col < n) first_round_loads(weight_row, end, lane, first_round, begin);
+  }
+  using Widen = std::conditional_t<kLaneScales, Fp8LaneScales<1>, WidenByRow>;
+  Widen widen{};
+  if constexpr (kLaneScales) {
+    if (col < n) widen = fp8_lane_scales(weight_row, begin, end, lane);
   }
   backend::cuda::wait_for_predecessor();
   if (release) backend::cuda::release_successor();
@@ -62,7 +69,7 @@ __device__ __forceinline__ void rows_body(const float* __restrict__ x, int64_t m
   float acc[1][kRowsPerPass] = {};
   if (col < n) {
     if constexpr (kVec8) {
-      row_dots_after_first_round(weight_row, rows, count, end, lane, first_round, acc, begin);
+      row_dots_after_first_round(weight_row, rows, count, end, lane, first_round, acc, begin, widen);
     } else {
       row_dots<false>(weight_row, rows, count, end, lane, acc, begin);
     }
@@ -90,21 +97,21 @@ __device__ __forceinline__ void rows_body(const float* __restrict__ x, int64_t m
   }
 }
 
-template <bool kVec8, typename Matrix, int kRowsPerPass, int kSplit>
+template <bool kVec8, typename Matrix, int kRowsPerPass, int kSplit, bool kLaneScales = false>
 __global__ void rows_kernel(const float* __restrict__ x, int64_t m, int64_t k, Matrix w, int64_t n,
                             const float* __restrict__ bias, float* __restrict__ y, bool release) {
-  rows_body<kVec8, Matrix, kRowsPerPass, kSplit>(x, m, k, w, n, bias, y, release);
+  rows_body<kVec8, Matrix, kRowsPerPass, kSplit, kLaneScales>(x, m, k, w, n, bias, y, release);
 }
 
 // FP8 rows at one row a pass, unsplit, held to 48 registers so that 5 blocks fit an SM where 4
 // did (54 registers): a batch-1 q/k/v projection's 640 blocks (5120 rows) then run as one wave
 // on 132 SMs instead of 1.21. R3_FP8_OCCUPANCY=0: rows_kernel (a diagnostic).
 constexpr int kOccupiedBlocks = 5;
-template <typename Matrix>
+template <typename Matrix, bool kLaneScales = false>
 __global__ void __launch_bounds__(kWarpsPerBlock * kWarp, kOccupiedBlocks)
     rows_kernel_occupied(const float* __restrict__ x, int64_t m, int64_t k, Matrix w, int64_t n,
                          const float* __restrict__ bias, float* __restrict__ y, bool release) {
-  rows_body<true, Matrix, 1, 1>(x, m, k, w, n, bias, y, release);
+  rows_body<true, Matrix, 1, 1, kLaneScales>(x, m, k, w, n, bias, y, release);
 }
 
 template <typename Matrix>
@@ -124,9 +131,24 @@ void launch(cudaStream_t stream, const Tensor& x, const Tensor& w, Matrix matrix
   const dim3 grid(static_cast<unsigned>((n + kColsPerBlock - 1) / kColsPerBlock),
                   static_cast<unsigned>((m + kRowsPerPass - 1) / kRowsPerPass));
   const bool release = backend::cuda::early_release();
-  if constexpr (std::is_same_v<Matrix, Fp8Matrix> && kRowsPerPass == 1 && kSplit == 1) {
-    if (vec8 && backend::cuda::diagnostic_switch_on("R3_FP8_OCCUPANCY")) {
-      backend::cuda::launch_kernel(rows_kernel_occupied<Matrix>, grid, kWarpsPerBlock * kWarp, 0, stream,
+  if constexpr (std::is_same_v<Matrix, Fp8Matrix> && kRowsPerPass == 1) {
+    // One row a pass (decode at batch 1): the scales from the lanes where the slices fit them
+    // (R3_FP8_LANE_SCALES=0: a load a group, a diagnostic).
+    // (Every slice's start on a block boundary: a multiple of the slice.)
+    const int64_t slice = k / kSplit;
+    const bool lanes = vec8 && fp8_lane_scales_fit(0, slice, matrix.block_cols) &&
+                       (kSplit == 1 || slice % matrix.block_cols == 0) &&
+                       backend::cuda::diagnostic_switch_on("R3_FP8_LANE_SCALES");
+    if constexpr (kSplit == 1) {
+      if (vec8 && backend::cuda::diagnostic_switch_on("R3_FP8_OCCUPANCY")) {
+        backend::cuda::launch_kernel(lanes ? rows_kernel_occupied<Matrix, true> : rows_kernel_occupied<Matrix, false>,
+                                     grid, kWarpsPerBlock * kWarp, 0, stream, x.data<float>(), m, k, matrix, n, bias,
+                                     y.data<float>(), release);
+        return;
+      }
+    }
+    if (lanes) {
+      backend::cuda::launch_kernel(rows_kernel<true, Matrix, 1, kSplit, true>, grid, kWarpsPerBlock * kWarp, 0, stream,
                                    x.data<float>(), m, k, matrix, n, bias, y.data<float>(), release);
       return;
     }

@@ -48,12 +48,33 @@ struct WidenByRow {
 };
 template <int kRows>
 struct Fp8LaneScales {
-  float scale[kRows];  // lane b: scale block b of row r
+  float scale[kRows];  // lane b: scale block first_block + b of row r
+  int first_block;
   __device__ void operator()(const Fp8Row& row, int r, int64_t c, const Raw8<Fp8Row>& raw, float* out) const {
-    const int block = static_cast<int>(static_cast<uint32_t>(c) >> row.block_cols_shift);
+    const int block = static_cast<int>(static_cast<uint32_t>(c) >> row.block_cols_shift) - first_block;
     widen8_scaled(raw, __shfl_sync(0xffffffffu, scale[r], block), out);
   }
 };
+
+// Whether FP8 rows read over [begin, n) eight values at a time may take their scales from the
+// lanes: begin on a block boundary, n - begin a multiple of 256 (every lane then takes the same
+// rounds and groups, as the shuffles need) and at most 32 blocks (one a lane).
+__host__ __device__ inline bool fp8_lane_scales_fit(int64_t begin, int64_t n, int64_t block_cols) {
+  return block_cols > 0 && begin % block_cols == 0 && (n - begin) % 256 == 0 && n - begin <= 32 * block_cols;
+}
+// The lanes' scales of rows w over [begin, n) (fp8_lane_scales_fit): lane b loads block
+// begin / block_cols + b of each row. Scales are weights, so a kernel may load them before its wait.
+template <int kRows>
+__device__ inline Fp8LaneScales<kRows> fp8_lane_scales(const Fp8Row (&w)[kRows], int64_t begin, int64_t n, int lane) {
+  Fp8LaneScales<kRows> lanes;
+  lanes.first_block = static_cast<int>(static_cast<uint32_t>(begin) >> w[0].block_cols_shift);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const bool in = (static_cast<int64_t>(lanes.first_block + lane) << w[r].block_cols_shift) < n;
+    lanes.scale[r] = in ? w[r].scales[lanes.first_block + lane] : 0.0f;
+  }
+  return lanes;
+}
 
 template <typename Row, int kMax, int kRows, typename Widen = WidenByRow>
 __device__ inline void use_round(const Row (&w)[kRows], const float* const (&x)[kMax], int count, int64_t base,
@@ -91,17 +112,18 @@ __device__ inline void first_round_loads(const Row (&w)[kRows], int64_t n, int l
                                          int64_t begin = 0) {
   load_round(w, begin + static_cast<int64_t>(lane) * 8, n, first);
 }
-template <typename Row, int kMax, int kRows>
+template <typename Row, int kMax, int kRows, typename Widen = WidenByRow>
 __device__ inline void row_dots_after_first_round(const Row (&w)[kRows], const float* const (&x)[kMax], int count,
                                                   int64_t n, int lane, const RoundOf<Row, kRows>& first,
-                                                  float (&acc)[kRows][kMax], int64_t begin = 0) {
+                                                  float (&acc)[kRows][kMax], int64_t begin = 0,
+                                                  const Widen& widen = {}) {
   constexpr int64_t kRound = kWarp * 8 * kGroupsInFlight<Row>;
   const int64_t base = begin + static_cast<int64_t>(lane) * 8;
-  if (base < n) use_round(w, x, count, base, n, first, acc);
+  if (base < n) use_round(w, x, count, base, n, first, acc, widen);
   for (int64_t next = base + kRound; next < n; next += kRound) {
     RoundOf<Row, kRows> raw;
     load_round(w, next, n, raw);
-    use_round(w, x, count, next, n, raw, acc);
+    use_round(w, x, count, next, n, raw, acc, widen);
   }
 }
 
@@ -140,20 +162,15 @@ __device__ inline void row_dots(const Row (&w)[kRows], const float* const (&x)[k
   }
 }
 
-// row_dots with kVec8 over FP8 rows of at most 32 scale blocks (n <= 32 * block_cols: a hidden
-// size up to 4096 at the published 128) and n a multiple of 256: each lane first loads one of a
-// row's scales (lane b, block b) and every group takes its scale from that lane by a shuffle,
-// instead of a load a group held in a register until it arrives (a gate/up pair's 16 loads: 92
-// registers -> fewer). The same products and sums as row_dots. Every lane of the warp calls it
-// (n a multiple of 256 keeps their rounds the same for the shuffles).
+// row_dots with kVec8 over FP8 rows whose scales fit the lanes (fp8_lane_scales_fit(0, n, ...): a
+// hidden size up to 4096 at the published 128): each lane first loads one of a row's scales and
+// every group takes its scale from that lane by a shuffle, instead of a load a group held in a
+// register until it arrives (a gate/up pair's 16 loads: 92 registers -> 80). The same products
+// and sums as row_dots. Every lane of the warp calls it.
 template <int kMax, int kRows>
 __device__ inline void fp8_row_dots_lane_scales(const Fp8Row (&w)[kRows], const float* const (&x)[kMax], int count,
                                                 int64_t n, int lane, float (&acc)[kRows][kMax]) {
-  Fp8LaneScales<kRows> widen;
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    widen.scale[r] = (static_cast<int64_t>(lane) << w[r].block_cols_shift) < n ? w[r].scales[lane] : 0.0f;
-  }
+  const Fp8LaneScales<kRows> widen = fp8_lane_scales(w, 0, n, lane);
   constexpr int64_t kRound = kWarp * 8 * kGroupsInFlight<Fp8Row>;
   for (int64_t base = static_cast<int64_t>(lane) * 8; base < n; base += kRound) {
     RoundOf<Fp8Row, kRows> raw;
