@@ -39,7 +39,7 @@ void projections_in_graph(backend::Context& gpu) {
     while (static_cast<double>(weights.size()) * bytes < kCycleBytes) {
       weights.push_back(device_weight(gpu, p.n, p.k, p.dtype, 40 + static_cast<uint32_t>(weights.size())));
     }
-    for (const int64_t rows : {1, 8}) {
+    for (const int64_t rows : {1, 8, 64, 256}) {  // decode batches; FP8 from 17 rows takes another path
       const Tensor x = backend::to_device(gpu, random_host(DType::F32, {rows, p.k}, 41, 1.0f));
       Tensor y = backend::device_empty(gpu, DType::F32, {rows, p.n});
       std::size_t next = 0;
