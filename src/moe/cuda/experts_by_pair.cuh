@@ -12,7 +12,7 @@ namespace r3::moe::experts_detail {
 
 // One warp: intermediate row i of pair p (token p / k, physical expert ids[p]), gate and up rows
 // read together, into activated[p * inter + i] (lane 0 writes). kLaneScales: FP8 rows whose
-// scales the lanes hold (ops::cuda::fp8_row_dots_lane_scales' condition on h), the same bits.
+// scales fit the lanes over h (ops::cuda::fp8_lane_scales_fit) take them from there, the same bits.
 template <bool kVec8, typename Matrix, typename Act, bool kLaneScales = false>
 __device__ inline void gate_up_pair_row(const float* __restrict__ hidden, const int32_t* __restrict__ ids, int64_t k,
                                         int64_t p, int64_t i, const Matrix& gate, const Matrix& up,
@@ -24,8 +24,11 @@ __device__ inline void gate_up_pair_row(const float* __restrict__ hidden, const 
   const decltype(row_of(gate, 0)) gate_up[2] = {row_of(gate, row), row_of(up, row)};
   const float* const x[1] = {hidden + (p / k) * h};
   float acc[2][1] = {{0.0f}, {0.0f}};
-  if constexpr (kLaneScales) ops::cuda::fp8_row_dots_lane_scales(gate_up, x, 1, h, lane, acc);
-  else ops::cuda::row_dots<kVec8>(gate_up, x, 1, h, lane, acc);
+  if constexpr (kLaneScales) {
+    ops::cuda::row_dots<kVec8>(gate_up, x, 1, h, lane, acc, 0, ops::cuda::fp8_lane_scales(gate_up, 0, h, lane));
+  } else {
+    ops::cuda::row_dots<kVec8>(gate_up, x, 1, h, lane, acc);
+  }
   float gs = ops::cuda::warp_sum(acc[0][0]), us = ops::cuda::warp_sum(acc[1][0]);
   if (lane == 0) {
     if (gate_bias) gs += gate_bias[row];

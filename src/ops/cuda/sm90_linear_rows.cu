@@ -132,9 +132,8 @@ void launch(cudaStream_t stream, const Tensor& x, const Tensor& w, Matrix matrix
                   static_cast<unsigned>((m + kRowsPerPass - 1) / kRowsPerPass));
   const bool release = backend::cuda::early_release();
   if constexpr (std::is_same_v<Matrix, Fp8Matrix> && kRowsPerPass == 1) {
-    // One row a pass (decode at batch 1): the scales from the lanes where the slices fit them
-    // (R3_FP8_LANE_SCALES=0: a load a group, a diagnostic).
-    // (Every slice's start on a block boundary: a multiple of the slice.)
+    // One row a pass (decode at batch 1): the scales from the lanes where the slices fit them,
+    // every slice starting on a block boundary (R3_FP8_LANE_SCALES=0: a load a group, a diagnostic).
     const int64_t slice = k / kSplit;
     const bool lanes = vec8 && fp8_lane_scales_fit(0, slice, matrix.block_cols) &&
                        (kSplit == 1 || slice % matrix.block_cols == 0) &&

@@ -134,16 +134,19 @@ __device__ inline void row_dots_after_first_round(const Row (&w)[kRows], const f
 // Each lane adds its elements in increasing order, whatever the unrolling, so the sums do not
 // depend on it.
 // Elements [begin, n) only when begin is given (a slice of the rows; with kVec8, begin a multiple
-// of 8).
-template <bool kVec8, typename Row, int kMax, int kRows = 1>
+// of 8). With kVec8, `widen` decodes the groups: for FP8 rows whose scales fit the lanes
+// (fp8_lane_scales_fit), fp8_lane_scales(w, begin, n, lane), a load a lane instead of a load a
+// group held in a register until it arrives (a gate/up pair's 16 loads: 92 registers -> 80); the
+// same products and sums either way.
+template <bool kVec8, typename Row, int kMax, int kRows = 1, typename Widen = WidenByRow>
 __device__ inline void row_dots(const Row (&w)[kRows], const float* const (&x)[kMax], int count, int64_t n,
-                                int lane, float (&acc)[kRows][kMax], int64_t begin = 0) {
+                                int lane, float (&acc)[kRows][kMax], int64_t begin = 0, const Widen& widen = {}) {
   if constexpr (kVec8) {
     constexpr int64_t kRound = kWarp * 8 * kGroupsInFlight<Row>;
     for (int64_t base = begin + static_cast<int64_t>(lane) * 8; base < n; base += kRound) {
       RoundOf<Row, kRows> raw;
       load_round(w, base, n, raw);
-      use_round(w, x, count, base, n, raw, acc);
+      use_round(w, x, count, base, n, raw, acc, widen);
     }
   } else {
     for (int64_t c = begin + lane; c < n; c += kWarp) {
@@ -159,23 +162,6 @@ __device__ inline void row_dots(const Row (&w)[kRows], const float* const (&x)[k
         }
       }
     }
-  }
-}
-
-// row_dots with kVec8 over FP8 rows whose scales fit the lanes (fp8_lane_scales_fit(0, n, ...): a
-// hidden size up to 4096 at the published 128): each lane first loads one of a row's scales and
-// every group takes its scale from that lane by a shuffle, instead of a load a group held in a
-// register until it arrives (a gate/up pair's 16 loads: 92 registers -> 80). The same products
-// and sums as row_dots. Every lane of the warp calls it.
-template <int kMax, int kRows>
-__device__ inline void fp8_row_dots_lane_scales(const Fp8Row (&w)[kRows], const float* const (&x)[kMax], int count,
-                                                int64_t n, int lane, float (&acc)[kRows][kMax]) {
-  const Fp8LaneScales<kRows> widen = fp8_lane_scales(w, 0, n, lane);
-  constexpr int64_t kRound = kWarp * 8 * kGroupsInFlight<Fp8Row>;
-  for (int64_t base = static_cast<int64_t>(lane) * 8; base < n; base += kRound) {
-    RoundOf<Fp8Row, kRows> raw;
-    load_round(w, base, n, raw);
-    use_round(w, x, count, base, n, raw, acc, widen);
   }
 }
 
