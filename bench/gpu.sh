@@ -54,12 +54,13 @@ if (( $(nvidia-smi -L | wc -l) >= 2 )); then
 fi
 # R3_AB="<variable> ...": each diagnostic switch measured against itself, the same binary: decode
 # at batch 1 and 8 (R3_AB_BATCHES="1,8,64": others) and prefill in bf16 and FP8 with the variable 0
-# and 1 in turn, R3_AB_ROUNDS times (default 2; ab.jsonl), and the kernel bench's projections with
-# it 0 and 1 (ab_linear.jsonl).
+# and 1 in turn, R3_AB_ROUNDS times (default 2; ab.jsonl; R3_AB_WEIGHTS=fp8: the FP8 weights only,
+# for switches that leave bfloat16 alone), and the kernel bench's projections with it 0 and 1
+# (ab_linear.jsonl).
 for variable in ${R3_AB:-}; do
   for round in $(seq "${R3_AB_ROUNDS:-2}"); do
     for value in 0 1; do
-      for weights in bf16 fp8; do
+      for weights in ${R3_AB_WEIGHTS:-bf16 fp8}; do
         env "$variable=$value" ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-weights $weights \
           --synthetic-batches "${R3_AB_BATCHES:-1,8}" --json 2>>"$out/gpu_decode_bench.log" > "$out/ab.json" || status=1
         python3 bench/decode_ms.py "$out/ab.json" "$variable=$value" weights=$weights round=$round | tee -a "$out/ab.jsonl"

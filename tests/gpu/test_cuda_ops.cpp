@@ -193,6 +193,23 @@ Tensor gpu_random_mxfp4(int64_t rows, int64_t cols, uint32_t seed) {
   return packed.with_mx_scales(std::move(scales));
 }
 
+// x · wᵀ for an MXFP4 w, which the CPU reads in its experts only: the products of the CPU's
+// decode of each row (row_to_f32), summed in double.
+Tensor mxfp4_linear_in_double(const Tensor& x, const Tensor& w) {
+  const int64_t m = x.dim(0), k = x.dim(1), n = w.dim(0);
+  Tensor want = Tensor::empty(DType::F32, {m, n});
+  std::vector<float> row(static_cast<std::size_t>(k));
+  for (int64_t j = 0; j < n; ++j) {
+    row_to_f32(w, j, row.data());
+    for (int64_t i = 0; i < m; ++i) {
+      double sum = 0;
+      for (int64_t t = 0; t < k; ++t) sum += static_cast<double>(x.data<float>()[i * k + t]) * row[t];
+      want.data<float>()[i * n + j] = static_cast<float>(sum);
+    }
+  }
+  return want;
+}
+
 // Published quantized weights on the device as they are stored, against the CPU's FP8 and MXFP4
 // kernels: the weight-streaming kernel decoding in registers (1 to 16 rows; eight values a load
 // or, where blocks are not a power of two of at least 8 wide, one), and larger steps through the matrix decoded
@@ -219,18 +236,7 @@ TEST_F(CudaOps, QuantizedLinearMatchesTheCpu) {
   for (const MxCase c : {MxCase{1, 2880, 64}, MxCase{4, 2880, 96}, MxCase{40, 2880, 64}, MxCase{3, 72, 7}}) {
     const Tensor x = gpu_random({c.m, c.k}, 19);
     const Tensor w = gpu_random_mxfp4(c.n, c.k, 20);
-    // The CPU reads MXFP4 in its experts only: the expected products from the CPU's decode of
-    // each row (row_to_f32), summed in double.
-    Tensor want = Tensor::empty(DType::F32, {c.m, c.n});
-    std::vector<float> row(static_cast<std::size_t>(c.k));
-    for (int64_t j = 0; j < c.n; ++j) {
-      row_to_f32(w, j, row.data());
-      for (int64_t i = 0; i < c.m; ++i) {
-        double sum = 0;
-        for (int64_t t = 0; t < c.k; ++t) sum += static_cast<double>(x.data<float>()[i * c.k + t]) * row[t];
-        want.data<float>()[i * c.n + j] = static_cast<float>(sum);
-      }
-    }
+    const Tensor want = mxfp4_linear_in_double(x, w);
     const Tensor wd = backend::to_device(*gpu_, w);
     ASSERT_EQ(wd.dtype(), DType::F4_E2M1X2);
     Tensor y = backend::device_empty(*gpu_, DType::F32, {c.m, c.n});
@@ -325,10 +331,83 @@ TEST_F(CudaOps, Fp8ProjectionsOfFiveToSixteenRowsTakeTheTensorCoresAtReducedPrec
     const Tensor got = backend::to_host(*gpu_, y);
     EXPECT_LT(gpu_relative_error(got, want), 1e-5) << name;
     EXPECT_EQ(std::memcmp(got.raw_data(), backend::to_host(*gpu_, own).raw_data(), got.nbytes()), 0) << name;
+    if (c.fits) {  // one K step in flight at a time: the same MMAs in the same order
+      setenv("R3_FP8_STEPS_IN_FLIGHT", "0", 1);
+      {
+        const backend::ReducedPrecisionScope bf16_model(*gpu_, true);
+        ops::cuda::linear_mma_rows(*gpu_, xd, wd, bd.data<float>(), own);
+      }
+      unsetenv("R3_FP8_STEPS_IN_FLIGHT");
+      EXPECT_EQ(std::memcmp(got.raw_data(), backend::to_host(*gpu_, own).raw_data(), got.nbytes()), 0)
+          << name << ", R3_FP8_STEPS_IN_FLIGHT=0";
+    }
     ops::linear(*gpu_, xd, wd, &bd, y);  // float32 precision: the weight-streaming kernel
     ops::cuda::linear_rows(*gpu_, xd, wd, &bd, own);
     const Tensor exact = backend::to_host(*gpu_, y), streamed = backend::to_host(*gpu_, own);
     EXPECT_EQ(std::memcmp(exact.raw_data(), streamed.raw_data(), exact.nbytes()), 0) << name;
+  }
+}
+
+// Quantized projections of more than 16 rows in a step of reduced precision (a bfloat16 model's
+// batch 64 and 256, and prefill). FP8 up to 256 rows takes the tensor-core rows kernel (the
+// result has its bits) within the 5-to-16-row tolerance. More rows, and weights that kernel does
+// not take (MXFP4, 16-wide FP8 blocks), are decoded and split into high and low bfloat16 parts
+// like the activations: within 3e-5 (both operands keep about 16 bits, against 24 for the weights
+// alone), and not the float32 GEMM's bits, so that path ran. With R3_QUANTIZED_MMA_ROWS=0 and
+// R3_SPLIT_QUANTIZED_PREFILL=0 the result is the float32 GEMM's, as without reduced precision.
+TEST_F(CudaOps, QuantizedStepsOfManyRowsAtReducedPrecisionTakeTheTensorCores) {
+  struct Case { int64_t m, k, n, br, bc, first; bool mxfp4; };
+  for (const Case c : {Case{17, 2048, 768, 128, 128, 0, false}, Case{64, 2048, 5120, 128, 128, 0, false},
+                       Case{256, 4096, 2048, 128, 128, 0, false}, Case{100, 1024, 384, 128, 128, 128, false},
+                       Case{300, 2048, 768, 128, 128, 0, false}, Case{40, 256, 64, 16, 16, 0, false},
+                       Case{64, 2880, 96, 0, 0, 0, true}}) {
+    const Tensor x = gpu_random({c.m, c.k}, 24), b = gpu_random({c.n}, 25);
+    const Tensor full = c.mxfp4 ? gpu_random_mxfp4(c.n, c.k, 26) : gpu_random_fp8(c.first + c.n, c.k, c.br, c.bc, 26);
+    const Tensor w = full.rows(c.first, c.first + c.n);
+    Tensor want;
+    if (c.mxfp4) {
+      want = mxfp4_linear_in_double(x, w);
+      for (int64_t i = 0; i < c.m; ++i) {
+        for (int64_t j = 0; j < c.n; ++j) want.data<float>()[i * c.n + j] += b.data<float>()[j];
+      }
+    } else {
+      want = Tensor::empty(DType::F32, {c.m, c.n});
+      ops::linear(cpu_, x, w, &b, want);
+    }
+    const Tensor xd = backend::to_device(*gpu_, x), bd = backend::to_device(*gpu_, b);
+    const Tensor wd = backend::to_device(*gpu_, full).rows(c.first, c.first + c.n);
+    const std::string name = std::to_string(c.m) + "x" + std::to_string(c.k) + "x" + std::to_string(c.n) +
+                             (c.mxfp4 ? " MXFP4" : " FP8 blocks " + std::to_string(c.bc)) + " from row " +
+                             std::to_string(c.first);
+    const bool mma_rows = !c.mxfp4 && c.m <= 256 && ops::cuda::linear_mma_rows_fit(wd);
+    ASSERT_EQ(mma_rows, c.m <= 256 && c.bc == 128) << name;
+    auto run = [&](bool reduced, bool switches_on) {
+      if (!switches_on) {
+        setenv("R3_QUANTIZED_MMA_ROWS", "0", 1);
+        setenv("R3_SPLIT_QUANTIZED_PREFILL", "0", 1);
+      }
+      Tensor y = backend::device_empty(*gpu_, DType::F32, {c.m, c.n});
+      {
+        const backend::ReducedPrecisionScope precision(*gpu_, reduced);
+        ops::linear(*gpu_, xd, wd, &bd, y);
+      }
+      unsetenv("R3_QUANTIZED_MMA_ROWS");
+      unsetenv("R3_SPLIT_QUANTIZED_PREFILL");
+      return backend::to_host(*gpu_, y);
+    };
+    const Tensor got = run(true, true), float32 = run(false, true), switched_off = run(true, false);
+    const double error = gpu_relative_error(got, want);
+    RecordProperty("relative_error_" + std::to_string(c.m) + "_rows_" + (c.mxfp4 ? "mxfp4" : std::to_string(c.bc)),
+                   std::to_string(error));
+    EXPECT_LT(error, mma_rows ? 1e-5 : 3e-5) << name;
+    EXPECT_LT(gpu_relative_error(float32, want), 1e-5) << name << ", float32";
+    EXPECT_EQ(std::memcmp(switched_off.raw_data(), float32.raw_data(), got.nbytes()), 0) << name << ", switched off";
+    EXPECT_NE(std::memcmp(got.raw_data(), float32.raw_data(), got.nbytes()), 0) << name << ": the float32 GEMM ran";
+    if (mma_rows) {
+      Tensor own = backend::device_empty(*gpu_, DType::F32, {c.m, c.n});
+      ops::cuda::linear_mma_rows(*gpu_, xd, wd, bd.data<float>(), own);
+      EXPECT_EQ(std::memcmp(got.raw_data(), backend::to_host(*gpu_, own).raw_data(), got.nbytes()), 0) << name;
+    }
   }
 }
 
@@ -1022,6 +1101,18 @@ TEST_F(CudaOps, Fp8ExpertsOnTensorCoresMatchADoubleEvaluation) {
         by_path[reduced ? 0 : 1] = backend::to_host(*gpu_, out);
         EXPECT_LT(gpu_relative_error(by_path[reduced ? 0 : 1], want), reduced ? 1e-4 : 1e-5)
             << tokens << " tokens, blocks " << b.rows << " x " << b.cols << (reduced ? ", tensor cores" : ", rows");
+        if (reduced) {  // one K step in flight at a time: the same MMAs in the same order
+          setenv("R3_FP8_STEPS_IN_FLIGHT", "0", 1);
+          {
+            const backend::ReducedPrecisionScope precision(*gpu_, true);
+            moe::fused_experts_on_device(*gpu_, backend::to_device(*gpu_, x), ids_d.data<int32_t>(),
+                                         weights_d.data<float>(), k, dev, grouping, activated, expert_out, out);
+          }
+          unsetenv("R3_FP8_STEPS_IN_FLIGHT");
+          const Tensor one_step = backend::to_host(*gpu_, out);
+          EXPECT_EQ(std::memcmp(one_step.raw_data(), by_path[0].raw_data(), one_step.nbytes()), 0)
+              << tokens << " tokens, blocks " << b.rows << " x " << b.cols << ", R3_FP8_STEPS_IN_FLIGHT=0";
+        }
       }
       // The two placements took different kernels (their roundings differ somewhere).
       EXPECT_NE(std::memcmp(by_path[0].raw_data(), by_path[1].raw_data(), by_path[0].nbytes()), 0)

@@ -140,8 +140,11 @@ __device__ inline uint4 e4m3x8_to_bf16x8(uint2 v) {
 // values (widened exactly to bfloat16) into partial sums, which the block's scale then scales
 // into acc. The weights' part is the CPU's e4m3 value; only the scale's product is placed
 // differently (after the block's sum instead of on each weight). K positions [k_begin, k_end)
-// (k_end 0: the whole K), k_begin a multiple of block_cols.
-template <int kB, int kN>
+// (k_end 0: the whole K), k_begin a multiple of block_cols. kInFlight K steps' loads are issued
+// before the first of them is widened and multiplied, as multiply()'s kUnroll does for bfloat16
+// (with 1, each step's 8-byte loads wait for the previous step's MMAs); the MMAs run in the same
+// order either way, so the bits are the same.
+template <int kB, int kN, int kInFlight = 1>
 __device__ void multiply_fp8(const SplitRows& a, int64_t first, int64_t end, const Fp8Tile (&w)[kB],
                              float (&acc)[kB][kN][4], int64_t k_begin = 0, int64_t k_end = 0) {
   const int lane = static_cast<int>(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
@@ -152,26 +155,37 @@ __device__ void multiply_fp8(const SplitRows& a, int64_t first, int64_t end, con
   for (int64_t kb = k_begin; kb < k_stop; kb += block) {
     const int64_t kb_end = kb + block < k_stop ? kb + block : k_stop;
     float part[kB][kN][4] = {};
-    for (int64_t k = kb; k < kb_end; k += kStepK) {
-      uint4 top[kB], bottom[kB], hi[kN], lo[kN];
+    for (int64_t k0 = kb; k0 < kb_end; k0 += kStepK * kInFlight) {
+      uint2 top[kInFlight][kB], bottom[kInFlight][kB];
+      uint4 hi[kInFlight][kN], lo[kInFlight][kN];
 #pragma unroll
-      for (int m = 0; m < kB; ++m) {
-        top[m] = e4m3x8_to_bf16x8(load_streaming8(w[m].values + g * a.width + k + 8 * t));
-        bottom[m] = e4m3x8_to_bf16x8(load_streaming8(w[m].values + (g + 8) * a.width + k + 8 * t));
-      }
+      for (int u = 0; u < kInFlight; ++u) {
+        const int64_t k = k0 + u * kStepK;
+        if (k >= kb_end) break;
 #pragma unroll
-      for (int n = 0; n < kN; ++n) {
-        hi[n] = x_hi[n] ? *reinterpret_cast<const uint4*>(x_hi[n] + k) : make_uint4(0, 0, 0, 0);
-        lo[n] = x_lo[n] ? *reinterpret_cast<const uint4*>(x_lo[n] + k) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int m = 0; m < kB; ++m) {
+        for (int m = 0; m < kB; ++m) {
+          top[u][m] = load_streaming8(w[m].values + g * a.width + k + 8 * t);
+          bottom[u][m] = load_streaming8(w[m].values + (g + 8) * a.width + k + 8 * t);
+        }
 #pragma unroll
         for (int n = 0; n < kN; ++n) {
-          mma(part[m][n], top[m].x, bottom[m].x, top[m].y, bottom[m].y, hi[n].x, hi[n].y);
-          mma(part[m][n], top[m].x, bottom[m].x, top[m].y, bottom[m].y, lo[n].x, lo[n].y);
-          mma(part[m][n], top[m].z, bottom[m].z, top[m].w, bottom[m].w, hi[n].z, hi[n].w);
-          mma(part[m][n], top[m].z, bottom[m].z, top[m].w, bottom[m].w, lo[n].z, lo[n].w);
+          hi[u][n] = x_hi[n] ? *reinterpret_cast<const uint4*>(x_hi[n] + k) : make_uint4(0, 0, 0, 0);
+          lo[u][n] = x_lo[n] ? *reinterpret_cast<const uint4*>(x_lo[n] + k) : make_uint4(0, 0, 0, 0);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        if (k0 + u * kStepK >= kb_end) break;
+#pragma unroll
+        for (int m = 0; m < kB; ++m) {
+          const uint4 wt = e4m3x8_to_bf16x8(top[u][m]), wb = e4m3x8_to_bf16x8(bottom[u][m]);
+#pragma unroll
+          for (int n = 0; n < kN; ++n) {
+            mma(part[m][n], wt.x, wb.x, wt.y, wb.y, hi[u][n].x, hi[u][n].y);
+            mma(part[m][n], wt.x, wb.x, wt.y, wb.y, lo[u][n].x, lo[u][n].y);
+            mma(part[m][n], wt.z, wb.z, wt.w, wb.w, hi[u][n].z, hi[u][n].w);
+            mma(part[m][n], wt.z, wb.z, wt.w, wb.w, lo[u][n].z, lo[u][n].w);
+          }
         }
       }
     }

@@ -14,18 +14,27 @@
 //   split into high and low bfloat16 parts (ops/cuda/split_bf16.h).
 // - FP8 and MXFP4 weights (published quantized checkpoints) with up to kMmaRows rows through the
 //   weight-streaming kernel, which decodes them in registers; with more rows, decoded into float32
-//   scratch for cuBLASLt. In a step of reduced precision (a model placed for bfloat16:
-//   Context::reduced_precision) FP8 weights of 5 to kMmaRows rows take the tensor-core rows
-//   kernel instead, widened exactly to bfloat16 (the weight-streaming kernel, re-reading the
-//   activations for every weight row, had FP8 q/k/v at 8 rows at 7% of its bandwidth floor).
+//   scratch for cuBLASLt in float32. In a step of reduced precision (a model placed for bfloat16:
+//   Context::reduced_precision) three things change:
+//   - FP8 weights of 5 to kMmaRowsQuantized rows take the tensor-core rows kernel, widened exactly
+//     to bfloat16 (the weight-streaming kernel, re-reading the activations for every weight row,
+//     had FP8 q/k/v at 8 rows at 7% of its bandwidth floor; the float32 GEMM on decoded weights,
+//     without tensor cores, took 70 us for q/k/v at 64 rows against bf16's 13.6);
+//   - quantized weights with more rows (prefill), or that kernel cannot take (MXFP4), are decoded
+//     into float32, split into high and low bfloat16 parts as the activations are, and multiplied
+//     on bfloat16 tensor cores: x_hi·w_hi + x_lo·w_hi + x_hi·w_lo, the one product dropped being
+//     below both parts' rounding (split_operands_matmul).
 // A batch-invariant context takes the weight-streaming kernel for all of them: cuBLASLt picks its
 // algorithm, and so its reduction order, by the matrix sizes, rows included.
+// The switches R3_QUANTIZED_MMA_ROWS and R3_SPLIT_QUANTIZED_PREFILL (0: off) keep the float32
+// GEMM instead, to measure each against it (bench/gpu.sh R3_AB).
 // cuBLASLt is column-major: row-major y [m, n] is column-major [n, m], so it computes
 // yᵀ = w · xᵀ with w, stored row-major [n, k], read as the transpose of a column-major [k, n]
 // matrix. The bias rides on the GEMM's epilogue.
 #include <algorithm>
 #include <cstdint>
 
+#include "backend/cuda/diagnostic_switch.h"
 #include "backend/cuda/state.h"
 #include "ops/cuda/linear_mma_rows.h"
 #include "ops/cuda/linear_rows.h"
@@ -51,9 +60,9 @@ struct LtMatmul {
 };
 
 // y [m, n] F32 = x [m, k] · w [n, k]ᵀ (+ bias) through cuBLASLt, x and w of `inputs` (float32 or
-// bfloat16), float32 accumulation.
+// bfloat16), float32 accumulation; with `accumulate`, y += x · wᵀ.
 void lt_matmul(backend::Context& ctx, cudaDataType_t inputs, const void* x, int64_t m, int64_t k, const void* w,
-               int64_t n, const float* bias, float* y) {
+               int64_t n, const float* bias, float* y, bool accumulate = false) {
   const auto& s = ctx.cuda_state();
   LtMatmul lt;
   R3_CUDA_CHECK(cublasLtMatmulDescCreate(&lt.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -93,7 +102,8 @@ void lt_matmul(backend::Context& ctx, cudaDataType_t inputs, const void* x, int6
   R3_CUDA_CHECK(cublasLtMatmulAlgoGetHeuristic(s.lt, lt.op, lt.a, lt.b, lt.c, lt.c, lt.pref, 1, &heuristic, &found));
   R3_CHECK(found > 0, "linear (cuda): cuBLASLt has no algorithm for [", m, ", ", k, "] x [", n, ", ", k, "]");
   const float one = 1.0f, zero = 0.0f;
-  R3_CUDA_CHECK(cublasLtMatmul(s.lt, lt.op, &one, w, lt.a, x, lt.b, &zero, y, lt.c, y, lt.c, &heuristic.algo,
+  R3_CUDA_CHECK(cublasLtMatmul(s.lt, lt.op, &one, w, lt.a, x, lt.b, accumulate ? &one : &zero, y, lt.c, y, lt.c,
+                               &heuristic.algo,
                                s.lt_workspace, s.lt_workspace_bytes, s.stream));
 }
 
@@ -106,6 +116,30 @@ constexpr int64_t kStreamingRowsBf16 = 4;
 // weights again (lm_head at 64 rows: 0.51 ms against cuBLASLt's 0.23), and one 16-row tile per
 // warp leaves the smaller projections with too few warps in flight.
 constexpr int64_t kMmaRows = 16;
+// The most rows it takes for FP8 weights in a step of reduced precision. Each further block of 32
+// rows reads the weights again, from L2 when they fit (Qwen3-30B-A3B's FP8 q/k/v: 10.5 MB); the
+// alternative decodes them for a GEMM of twice the bytes.
+constexpr int64_t kMmaRowsQuantized = 256;
+
+// y = x · wᵀ (+ bias) for quantized w in a step of reduced precision: w decoded into float32 and
+// both operands split into high and low bfloat16 parts (each value = hi + lo to about 16
+// significant bits); [x_hi; x_lo]·w_hiᵀ in one GEMM, x_hi·w_loᵀ added onto its first half, and
+// the halves summed. The product x_lo·w_lo is below both splits' rounding and left out.
+void split_operands_matmul(backend::Context& ctx, const Tensor& x, const Tensor& w, const float* bias, Tensor& y) {
+  const int64_t m = x.dim(0), k = x.dim(1), n = w.dim(0);
+  backend::Workspace::Scope scope(ctx.workspace());
+  Tensor decoded = ctx.scratch_for_output(DType::F32, {n, k});
+  dequantize_matrix(ctx, w, decoded);
+  Tensor w_parts = ctx.scratch_for_output(DType::BF16, {2 * n, k});
+  split_rows_bf16(ctx, decoded, w_parts);
+  Tensor x_parts = ctx.scratch_for_output(DType::BF16, {2 * m, k});
+  split_rows_bf16(ctx, x, x_parts);
+  Tensor halves = ctx.scratch_for_output(DType::F32, {2 * m, n});
+  const auto* w_hi = static_cast<const uint16_t*>(w_parts.raw_data());
+  lt_matmul(ctx, CUDA_R_16BF, x_parts.raw_data(), 2 * m, k, w_hi, n, nullptr, halves.data<float>());
+  lt_matmul(ctx, CUDA_R_16BF, x_parts.raw_data(), m, k, w_hi + n * k, n, nullptr, halves.data<float>(), true);
+  add_split_halves(ctx, halves, bias, y);
+}
 
 }  // namespace
 
@@ -132,6 +166,12 @@ void linear(backend::Context& ctx, const Tensor& x, const Tensor& w, const Tenso
   if (quantized && m <= kMmaRows) {
     if (ctx.reduced_precision() && linear_mma_rows_fit(w)) return linear_mma_rows(ctx, x, w, bp, y);
     return linear_rows(ctx, x, w, bias, y);
+  }
+  if (quantized && ctx.reduced_precision()) {
+    if (m <= kMmaRowsQuantized && linear_mma_rows_fit(w) && backend::cuda::diagnostic_switch_on("R3_QUANTIZED_MMA_ROWS")) {
+      return linear_mma_rows(ctx, x, w, bp, y);
+    }
+    if (backend::cuda::diagnostic_switch_on("R3_SPLIT_QUANTIZED_PREFILL")) return split_operands_matmul(ctx, x, w, bp, y);
   }
   if (quantized) {
     // Prefill-sized steps: the matrix decoded once into float32 scratch (the same floats the
