@@ -24,8 +24,8 @@ constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
 
 // The weight tile of 16 rows from row n0 times the activation rows, over K [k_begin, k_end):
 // bfloat16 weights as they are, FP8 widened exactly with each K block's scale on its partial sums
-// (the tile lies in one block of rows: block_rows and the first row multiples of 16), kInFlight
-// of its K steps loaded at a time.
+// (the tile lies in one block of rows: block_rows and the first row multiples of 16) with
+// kInFlight of its K steps loaded at a time (bfloat16 tiles unroll by unroll_for(kN) instead).
 template <int kN, int kInFlight>
 __device__ void multiply_tile(const SplitRows& x, int64_t first, int64_t m, const PlainMatrix<__nv_bfloat16>& w,
                               int64_t n0, float (&acc)[1][kN][4], int64_t k_begin, int64_t k_end) {
