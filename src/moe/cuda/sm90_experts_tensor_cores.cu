@@ -133,12 +133,12 @@ __global__ void __launch_bounds__(kWarps * 32) down_tiles(SplitRows activated, G
 
 template <int kN, int kInFlight, typename Experts, typename Act>
 void launch_kernels(cudaStream_t stream, const Grouping& g, const DeviceExperts& x, const Experts (&w)[3],
-                  const Act& act, int64_t slots, const SplitRows& xs, const SplitRows& as, float* expert_out) {
+                    const Act& act, int64_t slots, const SplitRows& xs, const SplitRows& as, float* expert_out) {
   const int64_t inter = x.intermediate(), h = x.hidden();
   auto bias = [](const Tensor& b) { return b.defined() ? b.data<float>() : nullptr; };
   const auto blocks = [&](int64_t n) { return static_cast<unsigned>(slots * ((n + kRowsPerBlock - 1) / kRowsPerBlock)); };
-  backend::cuda::launch_kernel(gate_up_tiles<kN, kInFlight, Experts, Act>, blocks(inter), kWarps * 32, 0, stream, xs, g, w[0], w[1],
-                               bias(x.gate_bias), bias(x.up_bias), inter, act, as);
+  backend::cuda::launch_kernel(gate_up_tiles<kN, kInFlight, Experts, Act>, blocks(inter), kWarps * 32, 0, stream, xs, g,
+                               w[0], w[1], bias(x.gate_bias), bias(x.up_bias), inter, act, as);
   backend::cuda::launch_kernel(down_tiles<kN, kInFlight, Experts>, blocks(h), kWarps * 32, 0, stream, as, g, w[2],
                                bias(x.down_bias), h, expert_out);
 }

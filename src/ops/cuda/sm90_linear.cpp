@@ -167,10 +167,13 @@ void linear(backend::Context& ctx, const Tensor& x, const Tensor& w, const Tenso
     return linear_rows(ctx, x, w, bias, y);
   }
   if (quantized && ctx.reduced_precision()) {
-    if (m <= kMmaRowsQuantized && linear_mma_rows_fit(w) && backend::cuda::diagnostic_switch_on("R3_QUANTIZED_MMA_ROWS")) {
+    if (m <= kMmaRowsQuantized && linear_mma_rows_fit(w) &&
+        backend::cuda::diagnostic_switch_on("R3_QUANTIZED_MMA_ROWS")) {
       return linear_mma_rows(ctx, x, w, bp, y);
     }
-    if (backend::cuda::diagnostic_switch_on("R3_SPLIT_QUANTIZED_PREFILL")) return split_operands_matmul(ctx, x, w, bp, y);
+    if (backend::cuda::diagnostic_switch_on("R3_SPLIT_QUANTIZED_PREFILL")) {
+      return split_operands_matmul(ctx, x, w, bp, y);
+    }
   }
   if (quantized) {
     // Prefill-sized steps: the matrix decoded once into float32 scratch (the same floats the

@@ -95,16 +95,16 @@ int64_t k_unit(const PlainMatrix<__nv_bfloat16>&) { return kStepK; }
 int64_t k_unit(const Fp8Matrix& w) { return std::max<int64_t>(kStepK, w.block_cols); }
 
 template <int kN, int kInFlight, typename Matrix>
-void launch_tiles(backend::Context& ctx, const SplitRows& parts, int64_t m, const Matrix& w, int64_t n, const float* bias,
-            Tensor& y) {
+void launch_tiles(backend::Context& ctx, const SplitRows& parts, int64_t m, const Matrix& w, int64_t n,
+                  const float* bias, Tensor& y) {
   const cudaStream_t stream = ctx.cuda_state().stream;
   const auto tiles = (n + kRowsPerBlock - 1) / kRowsPerBlock, row_blocks = (m + kColsPerTile * kN - 1) / (kColsPerTile * kN);
   const int64_t splits = k_splits(ctx, tiles * kWarps * row_blocks, parts.width, k_unit(w));
   Tensor partial;
   if (splits > 1) partial = ctx.scratch_for_output(DType::F32, {splits, m, n});
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(row_blocks), static_cast<unsigned>(splits));
-  backend::cuda::launch_kernel(dense_tiles<kN, kInFlight, Matrix>, grid, kWarps * 32, 0, stream, parts, m, w, n, bias, splits,
-                               splits > 1 ? partial.data<float>() : nullptr, y.data<float>());
+  backend::cuda::launch_kernel(dense_tiles<kN, kInFlight, Matrix>, grid, kWarps * 32, 0, stream, parts, m, w, n, bias,
+                               splits, splits > 1 ? partial.data<float>() : nullptr, y.data<float>());
   if (splits > 1) {
     const int64_t count = m * n;
     backend::cuda::launch_kernel(add_ranges, static_cast<unsigned>(std::min<int64_t>((count + 255) / 256, 4096)), 256, 0,
