@@ -2,7 +2,8 @@
 # One call on the GPU machine: build r3 with its CUDA backend (sm_90a) from the carried library
 # headers (scripts/gpu-deps.sh, carried as .gpu-deps), run the GPU tests and the kernel
 # benchmarks (R3_TESTS_ONLY=1: none; with R3_BREAKDOWN=1, a per-kernel profile of a decode step;
-# with R3_AB=<variable>, that switch measured off and on; with R3_DEEP_PROFILE=1, a batch-1
+# with R3_AB=<variable>, that switch measured off and on; with R3_AB_CONFIGS, whole settings
+# compared; with R3_DEEP_PROFILE=1, a batch-1
 # layer's kernels profiled in depth; with R3_SASS_PROFILE=1, the small kernels' stalls by SASS line;
 # R3_TESTS_FILTER, R3_KERNEL_SECTIONS and R3_DECODE_BENCH=0 narrow a call down), and leave the logs
 # in $OUT (or ./gpu-out). Usage there: R3_COMMIT=<commit the tree was sent from> bash bench/gpu.sh
@@ -72,6 +73,29 @@ for variable in ${R3_AB:-}; do
   done
   rm -f "$out/ab.json"
 done
+# R3_AB_CONFIGS="<env settings>;<env settings>;...": whole settings compared, the same binary (each
+# a space-separated list of VAR=value, "-" for none): for each, R3_AB_ROUNDS rounds of decode at
+# R3_AB_BATCHES (default 1,8) for R3_AB_WEIGHTS (default bf16 fp8), rounds interleaved across the
+# settings (ab_configs.jsonl), and the kernel bench's MoE layer lines (ab_configs_moe.jsonl).
+if [[ -n "${R3_AB_CONFIGS:-}" ]]; then
+  IFS=';' read -r -a configs <<< "$R3_AB_CONFIGS"
+  for config in "${configs[@]}"; do
+    settings=${config/#-/}
+    env $settings ./build-gpu/r3_gpu_kernels_bench moe_layer 2>&1 | grep '"moe_layer"' |
+      sed "s/^{/{\"config\":\"$config\",/" >> "$out/ab_configs_moe.jsonl" || status=1
+  done
+  for round in $(seq "${R3_AB_ROUNDS:-2}"); do
+    for config in "${configs[@]}"; do
+      settings=${config/#-/}
+      for weights in ${R3_AB_WEIGHTS:-bf16 fp8}; do
+        env $settings ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-weights $weights \
+          --synthetic-batches "${R3_AB_BATCHES:-1,8}" --json 2>>"$out/gpu_decode_bench.log" > "$out/ab.json" || status=1
+        python3 bench/decode_ms.py "$out/ab.json" "config=$config" weights=$weights round=$round | tee -a "$out/ab_configs.jsonl"
+      done
+    done
+  done
+  rm -f "$out/ab.json"
+fi
 # R3_BREAKDOWN=1: each kernel's time in one eager decode step at batch 1, or R3_BREAKDOWN_BATCH
 # (Nsight Compute, kernels serialised, clocks and caches left alone; the launches skipped are the
 # synthetic model's weight fills: 490 for bf16 weights, 760 for FP8, whose scales are filled
