@@ -3,8 +3,9 @@
 # headers (scripts/gpu-deps.sh, carried as .gpu-deps), run the GPU tests and the kernel
 # benchmarks (R3_TESTS_ONLY=1: none; with R3_BREAKDOWN=1, a per-kernel profile of a decode step;
 # with R3_AB=<variable>, that switch measured off and on; with R3_AB_CONFIGS, whole settings
-# compared; with R3_DEEP_PROFILE=1, a batch-1
-# layer's kernels profiled in depth; with R3_SASS_PROFILE=1, the small kernels' stalls by SASS line;
+# compared; with R3_TIMELINE=1, each kernel's place in the step's graph as it ran; with
+# R3_DEEP_PROFILE=1, a batch-1 layer's kernels profiled in depth; with R3_SASS_PROFILE=1, the
+# small kernels' stalls by SASS line;
 # R3_TESTS_FILTER, R3_KERNEL_SECTIONS and R3_DECODE_BENCH=0 narrow a call down), and leave the logs
 # in $OUT (or ./gpu-out). Usage there: R3_COMMIT=<commit the tree was sent from> bash bench/gpu.sh
 # (the copy of the tree on that machine may carry an older .git).
@@ -108,6 +109,20 @@ if [[ "${R3_BREAKDOWN:-0}" == 1 ]] && command -v ncu > /dev/null; then
       ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-weights $weights \
       --synthetic-batches "${R3_BREAKDOWN_BATCH:-1}" > "$out/ncu_step$suffix.csv" 2> "$out/ncu_step$suffix.log"
     python3 bench/kernel_breakdown.py "$out/ncu_step$suffix.csv" | tee "$out/kernel_breakdown$suffix.txt"
+  done
+fi
+# R3_TIMELINE=1: every kernel's start and end as it ran inside the decode step's graph (CUPTI,
+# bench/kernel_timeline.cpp), bf16 and FP8 at batch 1 (R3_TIMELINE_BATCH: another), and where the
+# step's time goes: each kernel's exposed time and the idle gaps (timeline*.txt, bench/kernel_timeline.py).
+if [[ "${R3_TIMELINE:-0}" == 1 ]] &&
+  { cmake --build build-gpu --target r3_kernel_timeline >> "$out/build.log" 2>&1 || { echo "no kernel timeline (CUPTI?)"; false; }; }; then
+  for weights in bf16 fp8; do
+    suffix=$([[ $weights == fp8 ]] && echo _fp8)
+    CUDA_INJECTION64_PATH="$PWD/build-gpu/libr3_kernel_timeline.so" R3_TIMELINE_OUT="$out/timeline$suffix.csv" \
+      ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-weights $weights \
+      --synthetic-batches "${R3_TIMELINE_BATCH:-1}" --json > "$out/timeline_bench$suffix.json" 2> "$out/timeline$suffix.log" || status=1
+    python3 bench/kernel_timeline.py "$out/timeline$suffix.csv" --json "$out/timeline$suffix.json" | tee "$out/timeline$suffix.txt" || status=1
+    gzip -f "$out/timeline$suffix.csv"
   done
 fi
 # R3_DEEP_PROFILE=1: one batch-1 layer's kernels (past the first steps), each with Nsight Compute's
