@@ -6,6 +6,7 @@
 // neither a serialised profile (Nsight Compute) nor a kernel timed alone shows.
 // bench/kernel_timeline.py reads the rows; bench/gpu.sh runs both with R3_TIMELINE=1.
 #include <cupti.h>
+#include <cxxabi.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -23,13 +24,15 @@ struct Row {
   unsigned graph, stream;
   unsigned long long node;
   int grid, block, shared;
+  unsigned carveout;  // the shared memory the SM was configured with while it ran
   std::string name;
 };
 
 std::mutex rows_mutex;
+// Never destroyed: write_rows runs at exit, after statics made later than its registration are gone.
 std::vector<Row>& rows() {
-  static std::vector<Row> all;
-  return all;
+  static auto* all = new std::vector<Row>();
+  return *all;
 }
 
 void check(CUptiResult result, const char* what) {
@@ -37,6 +40,16 @@ void check(CUptiResult result, const char* what) {
   const char* text = nullptr;
   cuptiGetResultString(result, &text);
   std::fprintf(stderr, "kernel timeline: %s: %s\n", what, text != nullptr ? text : "unknown CUPTI error");
+}
+
+// A kernel's name as written (CUPTI gives the mangled one).
+std::string demangled(const char* name) {
+  if (name == nullptr) return "?";
+  int status = 0;
+  char* plain = abi::__cxa_demangle(name, nullptr, nullptr, &status);
+  std::string out = status == 0 && plain != nullptr ? plain : name;
+  std::free(plain);
+  return out;
 }
 
 void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
@@ -52,8 +65,8 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
     if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
     rows().push_back({k->start, k->end, k->graphId, k->streamId, k->graphNodeId, k->gridX * k->gridY * k->gridZ,
-                      k->blockX * k->blockY * k->blockZ, k->dynamicSharedMemory + k->staticSharedMemory,
-                      k->name != nullptr ? k->name : "?"});
+                      k->blockX * k->blockY * k->blockZ, k->dynamicSharedMemory + k->staticSharedMemory, k->sharedMemoryExecuted,
+                      demangled(k->name)});
   }
   std::free(buffer);
 }
@@ -74,10 +87,10 @@ void write_rows() {
     return;
   }
   std::lock_guard lock(rows_mutex);
-  std::fprintf(f, "start_ns,end_ns,graph,node,stream,grid,block,shared_bytes,name\n");
+  std::fprintf(f, "start_ns,end_ns,graph,node,stream,grid,block,shared_bytes,carveout_bytes,name\n");
   for (const Row& r : rows()) {
-    std::fprintf(f, "%llu,%llu,%u,%llu,%u,%d,%d,%d,%s\n", r.start, r.end, r.graph, r.node, r.stream, r.grid, r.block,
-                 r.shared, csv_field(r.name).c_str());
+    std::fprintf(f, "%llu,%llu,%u,%llu,%u,%d,%d,%d,%u,%s\n", r.start, r.end, r.graph, r.node, r.stream, r.grid, r.block,
+                 r.shared, r.carveout, csv_field(r.name).c_str());
   }
   std::fclose(f);
   std::fprintf(stderr, "kernel timeline: %zu kernels\n", rows().size());

@@ -11,7 +11,8 @@ after the first is placed on the step's clock:
   than they last);
 - gap: the idle time before it, start - the latest end before it, at least 0 (launch latency the
   programmatic launches did not hide).
-Sums of exposed and gap over a replay make its span. The table sums them per kernel name for one
+Sums of exposed and gap over a replay make its span. Also counted: how often consecutive kernels ran
+with different shared-memory carveouts (an SM reconfigures between them, so they cannot overlap). The table sums them per kernel name for one
 replay (means over the replays), largest exposed first.
 
 Usage: kernel_timeline.py TIMELINE.csv [--graph ID] [--json OUT]
@@ -72,6 +73,7 @@ def main():
                 continue
             graphs[int(row["graph"])].append({"start": int(row["start_ns"]), "end": int(row["end_ns"]),
                                               "node": int(row["node"]), "grid": int(row["grid"]),
+                                              "carveout": int(row.get("carveout_bytes") or -1),
                                               "name": row["name"]})
     if not graphs:
         raise SystemExit("kernel_timeline.py: no kernels ran inside a graph")
@@ -82,33 +84,39 @@ def main():
         print(f"{g:5d}  {len(replays[0]):5d}  {len(replays):7d}  {statistics.mean(spans):14.1f}")
     chosen = args.graph if args.graph is not None else max(split, key=lambda g: (len(split[g]), len(split[g][0])))
     replays = [rp for rp in split[chosen][1:] if len(rp) == len(split[chosen][0])] or split[chosen]
-    per_name = defaultdict(lambda: {"count": 0, "duration": 0.0, "exposed": 0.0, "gap": 0.0})
+    per_name = defaultdict(lambda: {"count": 0, "duration": 0.0, "exposed": 0.0, "gap": 0.0, "carveouts": set()})
+    changes = 0  # consecutive kernels whose SMs ran with different shared-memory carveouts
     spans = []
     for rp in replays:
         spans.append(max(r["end"] for r in rp) - min(r["start"] for r in rp))
+        changes += sum(a["carveout"] != b["carveout"] for a, b in zip(rp, rp[1:]))
         for r, duration, exposed, gap in place(rp):
             s = per_name[short_name(r["name"])]
+            s["carveouts"].add(r["carveout"])
             s["count"] += 1
             s["duration"] += duration
             s["exposed"] += exposed
             s["gap"] += gap
     n = len(replays)
     span_us = statistics.mean(spans) / 1e3
-    print(f"\ngraph {chosen}: {len(replays[0])} kernels a replay, {n} replays, span {span_us:.1f} us")
-    print(" a replay: exposed us  gap us   kernels  mean us (alone)  kernel")
+    print(f"\ngraph {chosen}: {len(replays[0])} kernels a replay, {n} replays, span {span_us:.1f} us, "
+          f"{changes / n:.0f} changes of shared-memory carveout a replay")
+    print(" a replay: exposed us  gap us   kernels  mean us (alone)  carveout KB  kernel")
     table = []
     for name, s in sorted(per_name.items(), key=lambda kv: -kv[1]["exposed"]):
         line = {"kernel": name, "per_replay": s["count"] / n, "exposed_us": s["exposed"] / n / 1e3,
-                "gap_us": s["gap"] / n / 1e3, "mean_duration_us": s["duration"] / s["count"] / 1e3}
+                "gap_us": s["gap"] / n / 1e3, "mean_duration_us": s["duration"] / s["count"] / 1e3,
+                "carveout_kb": sorted(c // 1024 for c in s["carveouts"] if c >= 0)}
         table.append(line)
         print(f"{line['exposed_us']:19.1f} {line['gap_us']:7.1f} {line['per_replay']:9.0f} "
-              f"{line['mean_duration_us']:16.2f}  {name}")
+              f"{line['mean_duration_us']:16.2f}  {','.join(map(str, line['carveout_kb'])):>11}  {name}")
     total_exposed = sum(t["exposed_us"] for t in table)
     total_gap = sum(t["gap_us"] for t in table)
     print(f"{total_exposed:19.1f} {total_gap:7.1f}  (sums; exposed + gap = span)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"graph": chosen, "replays": n, "span_us": span_us, "kernels": table}, f, indent=1)
+            json.dump({"graph": chosen, "replays": n, "span_us": span_us, "carveout_changes_per_replay": changes / n,
+                       "kernels": table}, f, indent=1)
 
 
 if __name__ == "__main__":

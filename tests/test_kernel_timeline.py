@@ -16,16 +16,17 @@ NAMES = ['void r3::ops::(anonymous namespace)::rows_kernel<1, ops::PlainMatrix<f
 
 class KernelTimelineTest(unittest.TestCase):
     def test_exposed_time_and_gaps_add_up_to_the_span(self):
-        rows = ["start_ns,end_ns,graph,node,stream,grid,block,shared_bytes,name", '5,6,0,0,1,1,1,0,"fill"']
+        rows = ["start_ns,end_ns,graph,node,stream,grid,block,shared_bytes,carveout_bytes,name", '5,6,0,0,1,1,1,0,0,"fill"']
         t = 0
         for _ in range(4):  # the first replay is left out
             t += 10_000
             for node, (start, end) in enumerate([(0, 1000), (800, 2500), (3000, 3500)]):
-                rows.append(f'{t + start},{t + end},7,{100 + node},1,132,256,0,"{NAMES[node]}"')
+                carveout = 32768 if node == 1 else 8192  # the middle kernel's SMs reconfigured
+                rows.append(f'{t + start},{t + end},7,{100 + node},1,132,256,0,{carveout},"{NAMES[node]}"')
             t += 3500
         for _ in range(2):
             t += 10_000
-            rows.append(f"{t},{t + 100},9,5,1,1,32,0,\"other\"")
+            rows.append(f"{t},{t + 100},9,5,1,1,32,0,0,\"other\"")
             t += 100
         with tempfile.TemporaryDirectory() as d:
             csv_path, json_path = os.path.join(d, "t.csv"), os.path.join(d, "t.json")
@@ -37,6 +38,7 @@ class KernelTimelineTest(unittest.TestCase):
         self.assertEqual(got["graph"], 7)
         self.assertEqual(got["replays"], 3)
         self.assertAlmostEqual(got["span_us"], 3.5)
+        self.assertEqual(got["carveout_changes_per_replay"], 2)
         by_name = {k["kernel"]: k for k in got["kernels"]}
         self.assertEqual(set(by_name), {"rows_kernel<1, PlainMatrix<float>, 1, 8, 0>", "gate_up_by_pair<X, 1>",
                                         "merge_chunks"})
@@ -44,6 +46,7 @@ class KernelTimelineTest(unittest.TestCase):
         self.assertAlmostEqual(by_name["gate_up_by_pair<X, 1>"]["exposed_us"], 1.5)  # 0.2 us under the first
         self.assertAlmostEqual(by_name["gate_up_by_pair<X, 1>"]["mean_duration_us"], 1.7)
         self.assertAlmostEqual(by_name["merge_chunks"]["gap_us"], 0.5)
+        self.assertEqual(by_name["gate_up_by_pair<X, 1>"]["carveout_kb"], [32])
         total = sum(k["exposed_us"] + k["gap_us"] for k in got["kernels"])
         self.assertAlmostEqual(total, got["span_us"])
 

@@ -40,9 +40,16 @@ __device__ __forceinline__ void release_successor() { asm volatile("griddepcontr
 // diagnostic). Host side, read at each launch: those kernels take it as an argument.
 inline bool early_release() { return diagnostic_switch_on("R3_EARLY_RELEASE"); }
 
+// R3_CARVEOUT=<percent>: every kernel launched here prefers that share of an SM's unified L1 and
+// shared memory as shared memory (a diagnostic, set before the first launch: an SM takes blocks of
+// a kernel whose carveout differs from its resident blocks' only after reconfiguring, so kernels of
+// unlike shared-memory needs may not overlap). Unset: the driver's choice per kernel.
+void prefer_carveout(const void* kernel);
+
 template <typename... Params, typename... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes, cudaStream_t stream,
                    Args&&... args) {
+  prefer_carveout(reinterpret_cast<const void*>(kernel));
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
