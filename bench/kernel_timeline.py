@@ -99,8 +99,9 @@ def main():
             s["gap"] += gap
     n = len(replays)
     span_us = statistics.mean(spans) / 1e3
-    print(f"\ngraph {chosen}: {len(replays[0])} kernels a replay, {n} replays, span {span_us:.1f} us, "
-          f"{changes / n:.0f} changes of shared-memory carveout a replay")
+    recorded = any(r["carveout"] >= 0 for r in replays[0])
+    print(f"\ngraph {chosen}: {len(replays[0])} kernels a replay, {n} replays, span {span_us:.1f} us, " +
+          (f"{changes / n:.0f} changes of shared-memory carveout a replay" if recorded else "carveouts not recorded"))
     print(" a replay: exposed us  gap us   kernels  mean us (alone)  carveout KB  kernel")
     table = []
     for name, s in sorted(per_name.items(), key=lambda kv: -kv[1]["exposed"]):
