@@ -1218,6 +1218,57 @@ TEST_F(CudaOps, Fp8GateUpWithScalesFromTheLanesGivesTheSameBits) {
   }
 }
 
+// Gate/up at one token held to one wave of blocks (R3_GATE_UP_ONE_WAVE: two groups of eight in
+// flight a row, five or six blocks an SM) gives the bits of the default kernel
+// (R3_GATE_UP_ONE_WAVE=0), bfloat16 with biases and the clamped activation, and FP8 (blocks of
+// 128) with its scales from the lanes and from a load a group, at Qwen3-30B-A3B's expert shape.
+TEST_F(CudaOps, GateUpInOneWaveGivesTheSameBits) {
+  const int64_t experts = 16, h = 2048, inter = 768, k = 8;
+  const std::vector<int32_t> ids = {3, 14, 0, 9, 7, 12, 5, 1};
+  const std::vector<float> weights = {0.2f, 0.15f, 0.14f, 0.13f, 0.12f, 0.1f, 0.09f, 0.07f};
+  const Tensor x = gpu_random({1, h}, 70);
+  const Fp8Quantized gate8 = quantize_fp8(gpu_random({experts, inter, h}, 71, 0.05f), 128, 128),
+                     up8 = quantize_fp8(gpu_random({experts, inter, h}, 72, 0.05f), 128, 128),
+                     down8 = quantize_fp8(gpu_random({experts, h, inter}, 73, 0.05f), 128, 128);
+  moe::DeviceExperts bf16;
+  bf16.gate = backend::to_device_as(*gpu_, gpu_random({experts, inter, h}, 74, 0.05f), DType::BF16);
+  bf16.up = backend::to_device_as(*gpu_, gpu_random({experts, inter, h}, 75, 0.05f), DType::BF16);
+  bf16.down = backend::to_device_as(*gpu_, gpu_random({experts, h, inter}, 76, 0.05f), DType::BF16);
+  bf16.gate_bias = backend::to_device(*gpu_, gpu_random({experts, inter}, 77));
+  bf16.up_bias = backend::to_device(*gpu_, gpu_random({experts, inter}, 78));
+  bf16.down_bias = backend::to_device(*gpu_, gpu_random({experts, h}, 79));
+  bf16.activation = moe::ExpertActivation{moe::ExpertActivation::Kind::kGptOss, 7.0f, 1.702f};
+  const moe::DeviceExperts fp8 = fp8_device_experts(*gpu_, gate8, up8, down8, 128, 128);
+  for (const int kind : {0, 1, 2}) {  // bf16; FP8, scales from the lanes; FP8, a load a group
+    const moe::DeviceExperts& dev = kind == 0 ? bf16 : fp8;
+    auto run = [&](const char* one_wave) {
+      setenv("R3_GATE_UP_ONE_WAVE", one_wave, 1);
+      if (kind == 2) setenv("R3_FP8_LANE_SCALES", "0", 1);
+      const Tensor ids_d = gpu_ints(*gpu_, ids);
+      const Tensor weights_d = backend::to_device(*gpu_, Tensor::from(weights, {1, k}));
+      Tensor grouping = backend::device_empty(*gpu_, DType::I32, {moe::grouping_ints(experts, k)});
+      Tensor activated = backend::device_empty(*gpu_, DType::F32, {moe::expert_scratch_rows(k), inter});
+      Tensor expert_out = backend::device_empty(*gpu_, DType::F32, {moe::expert_scratch_rows(k), h});
+      Tensor out = backend::device_empty(*gpu_, DType::F32, {1, h});
+      moe::fused_experts_on_device(*gpu_, backend::to_device(*gpu_, x), ids_d.data<int32_t>(), weights_d.data<float>(),
+                                   k, dev, grouping, activated, expert_out, out);
+      unsetenv("R3_GATE_UP_ONE_WAVE");
+      unsetenv("R3_FP8_LANE_SCALES");
+      return backend::to_host(*gpu_, out);
+    };
+    const Tensor default_kernel = run("0"), five = run("5"), six = run("1");
+    const std::string what = kind == 0 ? "bf16" : kind == 1 ? "FP8, scales from the lanes" : "FP8, a load a group";
+    EXPECT_EQ(std::memcmp(five.raw_data(), default_kernel.raw_data(), five.nbytes()), 0) << what << ", five blocks an SM";
+    EXPECT_EQ(std::memcmp(six.raw_data(), default_kernel.raw_data(), six.nbytes()), 0) << what << ", six blocks an SM";
+    const float* v = six.data<float>();
+    EXPECT_GT(std::count_if(v, v + h, [](float y) { return y != 0.0f; }), h * 9 / 10) << what;
+    if (kind > 0) {
+      const Tensor want = fp8_experts_in_double(x, ids, weights, k, gate8, up8, down8, inter);
+      EXPECT_LT(gpu_relative_error(six, want), 1e-5) << what;
+    }
+  }
+}
+
 // The step's device capture buffer: two steps of two MoE layers routed on the device; after each
 // step the rows reach the host through the side-stream copy, complete and in [token, layer, k]
 // order, and the second step's writes do not disturb the first step's copy.
