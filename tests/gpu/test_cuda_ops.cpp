@@ -23,7 +23,9 @@
 #include "moe/physical_experts.h"
 #include "moe/routing_rule.h"
 #include "ops/activation.h"
+#include "ops/cuda/dequantize.h"
 #include "ops/cuda/linear_mma_rows.h"
+#include "ops/cuda/split_bf16.h"
 #include "ops/cuda/linear_rows.h"
 #include "ops/attention.h"
 #include "ops/elementwise.h"
@@ -407,6 +409,38 @@ TEST_F(CudaOps, QuantizedStepsOfManyRowsAtReducedPrecisionTakeTheTensorCores) {
       Tensor own = backend::device_empty(*gpu_, DType::F32, {c.m, c.n});
       ops::cuda::linear_mma_rows(*gpu_, xd, wd, bd.data<float>(), own);
       EXPECT_EQ(std::memcmp(got.raw_data(), backend::to_host(*gpu_, own).raw_data(), got.nbytes()), 0) << name;
+    }
+  }
+}
+
+// Quantized weights decoded straight into split bfloat16 parts (the large quantized steps' GEMM)
+// give the bits of the float32 decode split afterwards: FP8 with partial blocks of 128 and a row
+// range starting inside a block, FP8 blocks of 16, and MXFP4. The low parts are not all zero where
+// the values have more than bfloat16's bits (FP8 values times float32 scales); MXFP4 values times
+// powers of two fit bfloat16, so theirs are.
+TEST_F(CudaOps, QuantizedWeightsDecodeIntoSplitPartsAsTheFloat32DecodeSplits) {
+  struct Case { int64_t n, k, br, bc, first; bool mxfp4; };
+  for (const Case c : {Case{300, 520, 128, 128, 0, false}, Case{200, 1024, 128, 128, 70, false},
+                       Case{96, 256, 16, 16, 0, false}, Case{96, 2880, 0, 0, 0, true}}) {
+    const Tensor full = c.mxfp4 ? gpu_random_mxfp4(c.n, c.k, 27) : gpu_random_fp8(c.first + c.n, c.k, c.br, c.bc, 27);
+    const Tensor w = backend::to_device(*gpu_, full).rows(c.first, c.first + c.n);
+    Tensor decoded = backend::device_empty(*gpu_, DType::F32, {c.n, c.k});
+    Tensor want = backend::device_empty(*gpu_, DType::BF16, {2 * c.n, c.k});
+    Tensor got = backend::device_empty(*gpu_, DType::BF16, {2 * c.n, c.k});
+    ops::cuda::dequantize_matrix(*gpu_, w, decoded);
+    ops::cuda::split_rows_bf16(*gpu_, decoded, want);
+    ops::cuda::dequantize_matrix_split_bf16(*gpu_, w, got);
+    const Tensor got_host = backend::to_host(*gpu_, got), want_host = backend::to_host(*gpu_, want);
+    const std::string name = std::to_string(c.n) + "x" + std::to_string(c.k) +
+                             (c.mxfp4 ? " MXFP4" : " FP8 blocks " + std::to_string(c.bc)) + " from row " +
+                             std::to_string(c.first);
+    EXPECT_EQ(std::memcmp(got_host.raw_data(), want_host.raw_data(), got_host.nbytes()), 0) << name;
+    const uint16_t* low = gpu_bits(got_host) + c.n * c.k;
+    const int64_t nonzero_low = std::count_if(low, low + c.n * c.k, [](uint16_t b) { return (b & 0x7fff) != 0; });
+    if (c.mxfp4) {
+      EXPECT_EQ(nonzero_low, 0) << name;
+    } else {
+      EXPECT_GT(nonzero_low, c.n * c.k / 2) << name;
     }
   }
 }
