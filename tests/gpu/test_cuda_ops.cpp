@@ -688,6 +688,70 @@ TEST_F(CudaOps, BfloatKvPoolsHoldRoundedRowsAndAttendAsTheirWidening) {
   }
 }
 
+// Attention on tensor cores with each (token, group of heads)'s chunks merged inside the kernel by
+// a thread-block cluster (R3_CLUSTER_MERGE, up to 16 chunks) gives the bits of the merge kernel
+// (R3_CLUSTER_MERGE=0): groups of 8, 4, 2 and 1 query heads, head dims 64 and 128, sinks, a
+// sliding window, a padding row and a prefill's rows, contexts of one chunk up to 16 (and past,
+// where the merge kernel runs either way), with and without --batch-invariant.
+TEST_F(CudaOps, AttentionChunksMergedInAClusterGiveTheMergeKernelsBits) {
+  struct Case { int64_t heads, kv_heads, d, window; bool sinks; };
+  for (const Case c : {Case{32, 4, 128, 0, false}, Case{16, 4, 64, 0, true}, Case{8, 4, 128, 300, true},
+                       Case{4, 4, 64, 0, false}}) {
+    const int64_t block = 16, stride = 128, width = c.kv_heads * c.d;
+    // Decodes at 37, 999 and 1999 cached positions, a padding row, a prefill's three rows at
+    // 126..128, one more decode at 400.
+    const std::vector<int32_t> seqs = {0, 1, 2, -1, 3, 3, 3, 4}, positions = {37, 999, 1999, 0, 126, 127, 128, 400};
+    const auto tokens = static_cast<int64_t>(seqs.size());
+    std::vector<int32_t> order(5 * stride);
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+    std::shuffle(order.begin(), order.end(), std::mt19937(50));
+    const int64_t pool_blocks = static_cast<int64_t>(order.size());
+    Tensor keys_d = backend::to_device_as(*gpu_, gpu_random({pool_blocks * block, width}, 51), DType::BF16);
+    Tensor values_d = backend::to_device_as(*gpu_, gpu_random({pool_blocks * block, width}, 52), DType::BF16);
+    const ops::DeviceKvPool pool{keys_d.raw_data(), values_d.raw_data(), width, width, block, pool_blocks, true};
+    const Tensor tables_d = gpu_ints(*gpu_, order);
+    const Tensor q = gpu_random({tokens, c.heads, c.d}, 53, 3.0f);
+    const Tensor sinks_d = backend::to_device(*gpu_, gpu_random({c.heads}, 54));
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+    // Every token alone (a decode step of one row: the chunk counts of batch 1), then all together.
+    auto attend = [&](int64_t first, int64_t n, bool cluster) {
+      if (!cluster) setenv("R3_CLUSTER_MERGE", "0", 1);
+      const std::vector<int32_t> step_seqs(seqs.begin() + first, seqs.begin() + first + n);
+      const std::vector<int32_t> step_positions(positions.begin() + first, positions.begin() + first + n);
+      const Tensor seqs_d = gpu_ints(*gpu_, step_seqs), positions_d = gpu_ints(*gpu_, step_positions);
+      const ops::DeviceStep step{n, nullptr, positions_d.data<int32_t>(), seqs_d.data<int32_t>(), tables_d.data<int32_t>(),
+                                 stride, *std::max_element(step_positions.begin(), step_positions.end()) + 1};
+      Tensor step_q_host = Tensor::empty(DType::F32, {n, c.heads, c.d});
+      std::memcpy(step_q_host.raw_data(), q.data<float>() + first * c.heads * c.d, step_q_host.nbytes());
+      const Tensor step_q = backend::to_device(*gpu_, step_q_host);
+      Tensor out_d = backend::device_empty(*gpu_, DType::F32, {n, c.heads, c.d});
+      ops::cuda::paged_attention(*gpu_, step_q, step, pool, c.kv_heads, scale, c.window,
+                                 c.sinks ? sinks_d.data<float>() : nullptr, out_d);
+      unsetenv("R3_CLUSTER_MERGE");
+      return backend::to_host(*gpu_, out_d);
+    };
+    for (const bool invariant : {false, true}) {
+      gpu_->set_batch_invariant(invariant);
+      const std::string what = std::to_string(c.heads) + " heads over " + std::to_string(c.kv_heads) + " of " +
+                               std::to_string(c.d) + ", window " + std::to_string(c.window) +
+                               (c.sinks ? ", sinks" : "") + (invariant ? ", batch invariant" : "");
+      for (int64_t t = 0; t < tokens; ++t) {
+        if (seqs[t] < 0) continue;
+        const Tensor merged = attend(t, 1, true), kernel = attend(t, 1, false);
+        EXPECT_EQ(std::memcmp(merged.raw_data(), kernel.raw_data(), merged.nbytes()), 0)
+            << what << ", token at " << positions[t] << " alone";
+      }
+      const Tensor merged = attend(0, tokens, true), kernel = attend(0, tokens, false);
+      EXPECT_EQ(std::memcmp(merged.raw_data(), kernel.raw_data(), merged.nbytes()), 0) << what << ", all tokens";
+      const float* padding = merged.data<float>() + 3 * c.heads * c.d;
+      EXPECT_TRUE(std::all_of(padding, padding + c.heads * c.d, [](float v) { return v == 0.0f; })) << what;
+      const float* row = merged.data<float>();
+      EXPECT_TRUE(std::all_of(row, row + tokens * c.heads * c.d, [](float v) { return std::isfinite(v); })) << what;
+    }
+    gpu_->set_batch_invariant(false);
+  }
+}
+
 // Long windows: decode tokens at 1000, 700 and 129 cached positions (the last over a sliding
 // window of 300) and a padding row, GQA 8:1 with head_dim 128 (the 128-bit loads) and 4:1 with
 // 64, in both chunkings: 128-position chunks (--batch-invariant) and the longer ones a small step

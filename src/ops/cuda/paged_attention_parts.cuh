@@ -51,15 +51,17 @@ __device__ inline float warp_max(float v) {
 
 // A block's warps' partials over a chunk for kG heads (each warp's max, sum of exponentials and
 // accumulator of d elements, in shared memory) merged into the chunk's: the max over the warps,
-// sums and accumulators rescaled to it, head g's written at part + g * chunks. Called by every
+// sums and accumulators rescaled to it, head g's written at max_out[g * stride], sum_out[g *
+// stride] and acc_out[g * acc_stride + e] (global memory, for merge_chunks, or the block's shared
+// memory, for a merge within a cluster). Called by every
 // thread of the block after a barrier. Thread g < kG computes head g's max, sum and each warp's
 // rescaling factor once; the elements then only multiply and add (before, each of the kG * d
 // elements recomputed its head's max and kWarps exponentials). The same arithmetic.
 template <int kWarps, int kG, int kStride>
 __device__ inline void write_chunk_partials(const float (&warp_max_of)[kWarps][kG], const float (&warp_sum_of)[kWarps][kG],
-                                            const float (&warp_acc)[kWarps][kG][kStride], int64_t d, int64_t part,
-                                            int64_t chunks, float* __restrict__ part_max, float* __restrict__ part_sum,
-                                            float* __restrict__ part_acc) {
+                                            const float (&warp_acc)[kWarps][kG][kStride], int64_t d,
+                                            float* __restrict__ max_out, float* __restrict__ sum_out, int64_t stride,
+                                            float* __restrict__ acc_out, int64_t acc_stride) {
   __shared__ float factor_of[kWarps][kG];  // warp w's rescaling factor for head g; 0: no positions
   if (threadIdx.x < kG) {
     const int g = static_cast<int>(threadIdx.x);
@@ -74,8 +76,8 @@ __device__ inline void write_chunk_partials(const float (&warp_max_of)[kWarps][k
       }
       factor_of[w][g] = f;
     }
-    part_max[part + g * chunks] = m;
-    part_sum[part + g * chunks] = sum;
+    max_out[g * stride] = m;
+    sum_out[g * stride] = sum;
   }
   __syncthreads();
   for (int64_t i = threadIdx.x; i < kG * d; i += blockDim.x) {
@@ -85,7 +87,7 @@ __device__ inline void write_chunk_partials(const float (&warp_max_of)[kWarps][k
       if (warp_sum_of[w][g] == 0.0f) continue;  // a warp without positions
       a += warp_acc[w][g][e] * factor_of[w][g];
     }
-    part_acc[(part + g * chunks) * d + e] = a;
+    acc_out[g * acc_stride + e] = a;
   }
 }
 
