@@ -24,7 +24,7 @@ bool first_time(std::unordered_set<const void*>& seen, std::mutex& mutex, const 
 }  // namespace
 
 void prefer_carveout(const void* kernel) {
-  const char* setting = std::getenv("R3_CARVEOUT");
+  static const char* const setting = std::getenv("R3_CARVEOUT");  // read once: no cost at each launch
   if (setting == nullptr) return;
   static std::mutex mutex;
   static std::unordered_set<const void*> seen;
