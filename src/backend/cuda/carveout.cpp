@@ -12,7 +12,7 @@ namespace r3::backend::cuda {
 void prefer_carveout(const void* kernel);  // (declared in launch.cuh, which only nvcc reads)
 
 void prefer_carveout(const void* kernel) {
-  const char* setting = std::getenv("R3_CARVEOUT");
+  static const char* const setting = std::getenv("R3_CARVEOUT");  // read once: no cost at each launch
   if (setting == nullptr) return;
   static std::mutex mutex;
   static std::unordered_set<const void*> set;
