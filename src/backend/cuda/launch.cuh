@@ -49,8 +49,8 @@ void prefer_carveout(const void* kernel);
 // Lets `kernel` run in clusters of more than 8 blocks (non-portable sizes, up to 16 on Hopper), once.
 void allow_large_clusters(const void* kernel);
 
-// launch_kernel with the grid's blocks in thread-block clusters of `cluster` along x (1: none);
-// the grid's x a multiple of it.
+// launch_kernel with the grid's blocks in thread-block clusters of `cluster` along x (0: none; 1:
+// clusters of one block, for a kernel that uses the cluster API); the grid's x a multiple of it.
 template <typename... Params, typename... Args>
 void launch_kernel_in_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes,
                                cudaStream_t stream, unsigned cluster, Args&&... args) {
@@ -69,14 +69,14 @@ void launch_kernel_in_clusters(void (*kernel)(Params...), dim3 grid, dim3 block,
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
   config.attrs = attributes;
-  config.numAttrs = cluster > 1 ? 2 : 1;
+  config.numAttrs = cluster > 0 ? 2 : 1;
   R3_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
 template <typename... Params, typename... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes, cudaStream_t stream,
                    Args&&... args) {
-  launch_kernel_in_clusters(kernel, grid, block, shared_bytes, stream, 1, std::forward<Args>(args)...);
+  launch_kernel_in_clusters(kernel, grid, block, shared_bytes, stream, 0, std::forward<Args>(args)...);
 }
 
 }  // namespace r3::backend::cuda
