@@ -10,7 +10,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -65,8 +64,8 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
     if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
     rows().push_back({k->start, k->end, k->graphId, k->streamId, k->graphNodeId, k->gridX * k->gridY * k->gridZ,
-                      k->blockX * k->blockY * k->blockZ, k->dynamicSharedMemory + k->staticSharedMemory, k->sharedMemoryExecuted,
-                      demangled(k->name)});
+                      k->blockX * k->blockY * k->blockZ, k->dynamicSharedMemory + k->staticSharedMemory,
+                      k->sharedMemoryExecuted, demangled(k->name)});
   }
   std::free(buffer);
 }

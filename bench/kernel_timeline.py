@@ -12,8 +12,9 @@ after the first is placed on the step's clock:
 - gap: the idle time before it, start - the latest end before it, at least 0 (launch latency the
   programmatic launches did not hide).
 Sums of exposed and gap over a replay make its span. Also counted: how often consecutive kernels ran
-with different shared-memory carveouts (an SM reconfigures between them, so they cannot overlap). The table sums them per kernel name for one
-replay (means over the replays), largest exposed first.
+with different shared-memory carveouts (an SM reconfigures between them, so they cannot overlap).
+The table sums them per kernel name for one replay (means over the replays), largest exposed
+first.
 
 Usage: kernel_timeline.py TIMELINE.csv [--graph ID] [--json OUT]
 """

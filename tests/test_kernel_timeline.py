@@ -16,7 +16,8 @@ NAMES = ['void r3::ops::(anonymous namespace)::rows_kernel<1, ops::PlainMatrix<f
 
 class KernelTimelineTest(unittest.TestCase):
     def test_exposed_time_and_gaps_add_up_to_the_span(self):
-        rows = ["start_ns,end_ns,graph,node,stream,grid,block,shared_bytes,carveout_bytes,name", '5,6,0,0,1,1,1,0,0,"fill"']
+        rows = ["start_ns,end_ns,graph,node,stream,grid,block,shared_bytes,carveout_bytes,name",
+                '5,6,0,0,1,1,1,0,0,"fill"']
         t = 0
         for _ in range(4):  # the first replay is left out
             t += 10_000
