@@ -106,18 +106,7 @@ __device__ inline void merge_in_cluster(const float (*warp_max_of)[kWarps][kG], 
       sc[c] = in ? *cluster.map_shared_rank(chunk_sum + g, c) : 0.0f;
       ac[c] = in && sc[c] != 0.0f ? *cluster.map_shared_rank(chunk_acc + g * kD + e, c) : 0.0f;
     }
-    float m = sinks ? sinks[head] : -INFINITY;
-#pragma unroll
-    for (int c = 0; c < kMaxClusterChunks; ++c) m = fmaxf(m, mc[c]);
-    float sum = sinks ? expf(sinks[head] - m) : 0.0f, acc = 0.0f;
-#pragma unroll
-    for (int c = 0; c < kMaxClusterChunks; ++c) {
-      if (sc[c] == 0.0f) continue;  // an empty chunk, or past the last
-      const float f = expf(mc[c] - m);
-      sum += sc[c] * f;
-      acc += ac[c] * f;
-    }
-    *o = acc / sum;
+    *o = merge_element(mc, sc, ac, sinks ? sinks + head : nullptr);
   }
   cluster.sync();
 }

@@ -97,6 +97,27 @@ constexpr int kMergeBatch = 8;
 // chunk's max, sum and accumulator element in one round before it computes anything.
 constexpr int kMergeAtOnce = 16;
 
+// One output element from kN chunks' maxima, sums of exponentials and accumulator elements (sums of
+// 0: empty chunks, or past the last, skipped): the chunks merged in order, the sink (when given)
+// joining the sum. merge_chunks' arithmetic, shared with the merge inside attention's clusters
+// (attention_chunks_mma.cuh) so that both give the same bits.
+template <int kN>
+__device__ inline float merge_element(const float (&mc)[kN], const float (&sc)[kN], const float (&ac)[kN],
+                                      const float* sink) {
+  float m = sink ? *sink : -INFINITY;
+#pragma unroll
+  for (int c = 0; c < kN; ++c) m = fmaxf(m, mc[c]);
+  float sum = sink ? expf(*sink - m) : 0.0f, acc = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kN; ++c) {
+    if (sc[c] == 0.0f) continue;  // an empty chunk, or past the last
+    const float f = expf(mc[c] - m);
+    sum += sc[c] * f;
+    acc += ac[c] * f;
+  }
+  return acc / sum;
+}
+
 // One block per (token, head), its threads taking the d elements in turn: the chunks merged in
 // order, the sink joining the sum. The loads of kMergeBatch chunks are issued before any of them
 // is used, so a merge waits a round per kMergeBatch chunks, not two per chunk (a decode layer's
@@ -126,18 +147,7 @@ __global__ void merge_chunks(const float* __restrict__ part_max, const float* __
         sc[c] = in ? ps[c] : 0.0f;  // 0: skipped, as an empty chunk (whose accumulator is never written)
         ac[c] = in ? part_acc[(th * chunks + c) * d + i] : 0.0f;
       }
-      float m = sinks ? sinks[th % heads] : -INFINITY;
-#pragma unroll
-      for (int c = 0; c < kMergeAtOnce; ++c) m = fmaxf(m, mc[c]);
-      float sum = sinks ? expf(sinks[th % heads] - m) : 0.0f, acc = 0.0f;
-#pragma unroll
-      for (int c = 0; c < kMergeAtOnce; ++c) {
-        if (sc[c] == 0.0f) continue;  // an empty chunk, or past the last
-        const float f = expf(mc[c] - m);
-        sum += sc[c] * f;
-        acc += ac[c] * f;
-      }
-      o[i] = acc / sum;
+      o[i] = merge_element(mc, sc, ac, sinks ? sinks + th % heads : nullptr);
     }
     return;
   }
