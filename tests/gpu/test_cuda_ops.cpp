@@ -715,7 +715,7 @@ TEST_F(CudaOps, AttentionChunksMergedInAClusterGiveTheMergeKernelsBits) {
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
     // Every token alone (a decode step of one row: the chunk counts of batch 1), then all together.
     auto attend = [&](int64_t first, int64_t n, bool cluster) {
-      if (!cluster) setenv("R3_CLUSTER_MERGE", "0", 1);
+      setenv("R3_CLUSTER_MERGE", cluster ? "1" : "0", 1);  // clusters past one wave too
       const std::vector<int32_t> step_seqs(seqs.begin() + first, seqs.begin() + first + n);
       const std::vector<int32_t> step_positions(positions.begin() + first, positions.begin() + first + n);
       const Tensor seqs_d = gpu_ints(*gpu_, step_seqs), positions_d = gpu_ints(*gpu_, step_positions);
@@ -1316,8 +1316,8 @@ TEST_F(CudaOps, Fp8GateUpWithScalesFromTheLanesGivesTheSameBits) {
   }
 }
 
-// Gate/up at one token held to one wave of blocks (R3_GATE_UP_ONE_WAVE: two groups of eight in
-// flight a row, five or six blocks an SM) gives the bits of the default kernel
+// Gate/up at one token held to one wave of blocks (R3_GATE_UP_ONE_WAVE=1: two groups of eight in
+// flight a row, six blocks an SM) gives the bits of the default kernel
 // (R3_GATE_UP_ONE_WAVE=0), bfloat16 with biases and the clamped activation, and FP8 (blocks of
 // 128) with its scales from the lanes and from a load a group, at Qwen3-30B-A3B's expert shape.
 TEST_F(CudaOps, GateUpInOneWaveGivesTheSameBits) {
@@ -1354,9 +1354,8 @@ TEST_F(CudaOps, GateUpInOneWaveGivesTheSameBits) {
       unsetenv("R3_FP8_LANE_SCALES");
       return backend::to_host(*gpu_, out);
     };
-    const Tensor default_kernel = run("0"), five = run("5"), six = run("1");
+    const Tensor default_kernel = run("0"), six = run("1");
     const std::string what = kind == 0 ? "bf16" : kind == 1 ? "FP8, scales from the lanes" : "FP8, a load a group";
-    EXPECT_EQ(std::memcmp(five.raw_data(), default_kernel.raw_data(), five.nbytes()), 0) << what << ", five blocks an SM";
     EXPECT_EQ(std::memcmp(six.raw_data(), default_kernel.raw_data(), six.nbytes()), 0) << what << ", six blocks an SM";
     const float* v = six.data<float>();
     EXPECT_GT(std::count_if(v, v + h, [](float y) { return y != 0.0f; }), h * 9 / 10) << what;

@@ -11,8 +11,6 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "backend/cuda/diagnostic_switch.h"
@@ -184,18 +182,17 @@ __global__ void combine_choices(const float* __restrict__ expert_out, const floa
 // Gate/up at one token: groups of eight a lane keeps in flight a row, fewer than the row type's
 // default, so that the kernel's registers let one wave of blocks hold every (pair, intermediate
 // row) of Qwen3-30B-A3B (768 blocks of 8 warps on 132 SMs: 6 blocks an SM, 40 registers a
-// thread). The default (bf16: 4 groups, 64 registers, 4 blocks an SM; FP8: 8 groups, 80, 3)
-// runs in 1.45 and 1.94 waves. R3_GATE_UP_ONE_WAVE=0: the default (a diagnostic). Same bits.
+// thread, some spilled). The default (bf16: 4 groups, 64 registers, 4 blocks an SM; FP8: 8
+// groups, 80, 3) runs in 1.45 and 1.94 waves. Taken for FP8 only: in a whole decode step on an
+// H100 it took FP8 batch 1 from 3.103 to 3.026 ms but bf16 from 3.483 to 3.526 (five blocks an
+// SM, 48 registers: slower for both; bench/RESULTS.md). R3_GATE_UP_ONE_WAVE=0: never, =1: bf16
+// too (diagnostics). Same bits.
 template <typename Matrix>
 constexpr int kOneWaveGroups = 2;
-// Blocks an SM the one-wave kernel is held to: six (40 registers, some spilled), or with
-// R3_GATE_UP_ONE_WAVE=5 five (48 registers).
-enum class OneWave { kOff, kFive, kSix };
-OneWave one_wave_setting() {
-  const char* setting = std::getenv("R3_GATE_UP_ONE_WAVE");
-  if (setting == nullptr) return OneWave::kSix;
-  if (std::strcmp(setting, "0") == 0) return OneWave::kOff;
-  return std::strcmp(setting, "5") == 0 ? OneWave::kFive : OneWave::kSix;
+constexpr int kOneWaveBlocks = 6;
+template <typename Matrix>
+bool one_wave_taken() {
+  return backend::cuda::diagnostic_choice("R3_GATE_UP_ONE_WAVE", std::is_same_v<Matrix, ops::cuda::Fp8Matrix>);
 }
 
 template <typename Matrix, bool kVec8, typename Act, bool kLaneScales = false, int kGroups = 0, int kMinBlocks = 1>
@@ -298,7 +295,7 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
   const bool vec8 = experts_detail::experts_vec8(x);
   constexpr unsigned kThreads = kWarpsPerBlock * kWarp;
   if (tokens <= kPairMajorTokens && !always_grouped) {
-    const OneWave one_wave = tokens == 1 ? one_wave_setting() : OneWave::kOff;
+    const bool one_wave = tokens == 1 && one_wave_taken<Matrix>();
     auto pair_major = [&](auto vec8_tag) {
       constexpr bool kVec8 = decltype(vec8_tag)::value;
       // The kernel for the rows' scales (FP8 scales from the lanes or not) and one_wave.
@@ -307,8 +304,7 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
         constexpr bool kOneWaveTaken = kVec8 && (std::is_same_v<Matrix, ops::cuda::Fp8Matrix> ||
                                                  std::is_same_v<Matrix, ops::cuda::PlainMatrix<__nv_bfloat16>>);
         if constexpr (kOneWaveTaken) {
-          if (one_wave == OneWave::kSix) return gate_up_by_pair<Matrix, kVec8, Act, kLanes, kOneWaveGroups<Matrix>, 6>;
-          if (one_wave == OneWave::kFive) return gate_up_by_pair<Matrix, kVec8, Act, kLanes, kOneWaveGroups<Matrix>, 5>;
+          if (one_wave) return gate_up_by_pair<Matrix, kVec8, Act, kLanes, kOneWaveGroups<Matrix>, kOneWaveBlocks>;
         }
         return gate_up_by_pair<Matrix, kVec8, Act, kLanes>;
       };
