@@ -23,7 +23,9 @@
 #include "moe/physical_experts.h"
 #include "moe/routing_rule.h"
 #include "ops/activation.h"
+#include "ops/cuda/dequantize.h"
 #include "ops/cuda/linear_mma_rows.h"
+#include "ops/cuda/split_bf16.h"
 #include "ops/cuda/linear_rows.h"
 #include "ops/attention.h"
 #include "ops/elementwise.h"
@@ -411,6 +413,38 @@ TEST_F(CudaOps, QuantizedStepsOfManyRowsAtReducedPrecisionTakeTheTensorCores) {
   }
 }
 
+// Quantized weights decoded straight into split bfloat16 parts (the large quantized steps' GEMM)
+// give the bits of the float32 decode split afterwards: FP8 with partial blocks of 128 and a row
+// range starting inside a block, FP8 blocks of 16, and MXFP4. The low parts are not all zero where
+// the values have more than bfloat16's bits (FP8 values times float32 scales); MXFP4 values times
+// powers of two fit bfloat16, so theirs are.
+TEST_F(CudaOps, QuantizedWeightsDecodeIntoSplitPartsAsTheFloat32DecodeSplits) {
+  struct Case { int64_t n, k, br, bc, first; bool mxfp4; };
+  for (const Case c : {Case{300, 520, 128, 128, 0, false}, Case{200, 1024, 128, 128, 70, false},
+                       Case{96, 256, 16, 16, 0, false}, Case{96, 2880, 0, 0, 0, true}}) {
+    const Tensor full = c.mxfp4 ? gpu_random_mxfp4(c.n, c.k, 27) : gpu_random_fp8(c.first + c.n, c.k, c.br, c.bc, 27);
+    const Tensor w = backend::to_device(*gpu_, full).rows(c.first, c.first + c.n);
+    Tensor decoded = backend::device_empty(*gpu_, DType::F32, {c.n, c.k});
+    Tensor want = backend::device_empty(*gpu_, DType::BF16, {2 * c.n, c.k});
+    Tensor got = backend::device_empty(*gpu_, DType::BF16, {2 * c.n, c.k});
+    ops::cuda::dequantize_matrix(*gpu_, w, decoded);
+    ops::cuda::split_rows_bf16(*gpu_, decoded, want);
+    ops::cuda::dequantize_matrix_split_bf16(*gpu_, w, got);
+    const Tensor got_host = backend::to_host(*gpu_, got), want_host = backend::to_host(*gpu_, want);
+    const std::string name = std::to_string(c.n) + "x" + std::to_string(c.k) +
+                             (c.mxfp4 ? " MXFP4" : " FP8 blocks " + std::to_string(c.bc)) + " from row " +
+                             std::to_string(c.first);
+    EXPECT_EQ(std::memcmp(got_host.raw_data(), want_host.raw_data(), got_host.nbytes()), 0) << name;
+    const uint16_t* low = gpu_bits(got_host) + c.n * c.k;
+    const int64_t nonzero_low = std::count_if(low, low + c.n * c.k, [](uint16_t b) { return (b & 0x7fff) != 0; });
+    if (c.mxfp4) {
+      EXPECT_EQ(nonzero_low, 0) << name;
+    } else {
+      EXPECT_GT(nonzero_low, c.n * c.k / 2) << name;
+    }
+  }
+}
+
 TEST_F(CudaOps, ResidualAddAndClampMatchTheCpu) {
   const Tensor x = gpu_random({21, 300}, 9, 2.0f), gate = gpu_random({21}, 10, 3.0f), base = gpu_random({21, 300}, 11);
   for (const bool gated : {false, true}) {
@@ -651,6 +685,70 @@ TEST_F(CudaOps, BfloatKvPoolsHoldRoundedRowsAndAttendAsTheirWidening) {
     }
     const Tensor q16_host = backend::to_host(*gpu_, q16), q32_host = backend::to_host(*gpu_, q32);
     EXPECT_EQ(std::memcmp(q16_host.raw_data(), q32_host.raw_data(), q16_host.nbytes()), 0) << "queries";
+  }
+}
+
+// Attention on tensor cores with each (token, group of heads)'s chunks merged inside the kernel by
+// a thread-block cluster (R3_CLUSTER_MERGE, up to 16 chunks) gives the bits of the merge kernel
+// (R3_CLUSTER_MERGE=0): groups of 8, 4, 2 and 1 query heads, head dims 64 and 128, sinks, a
+// sliding window, a padding row and a prefill's rows, contexts of one chunk up to 16 (and past,
+// where the merge kernel runs either way), with and without --batch-invariant.
+TEST_F(CudaOps, AttentionChunksMergedInAClusterGiveTheMergeKernelsBits) {
+  struct Case { int64_t heads, kv_heads, d, window; bool sinks; };
+  for (const Case c : {Case{32, 4, 128, 0, false}, Case{16, 4, 64, 0, true}, Case{8, 4, 128, 300, true},
+                       Case{4, 4, 64, 0, false}}) {
+    const int64_t block = 16, stride = 128, width = c.kv_heads * c.d;
+    // Decodes at 37, 999 and 1999 cached positions, a padding row, a prefill's three rows at
+    // 126..128, one more decode at 400.
+    const std::vector<int32_t> seqs = {0, 1, 2, -1, 3, 3, 3, 4}, positions = {37, 999, 1999, 0, 126, 127, 128, 400};
+    const auto tokens = static_cast<int64_t>(seqs.size());
+    std::vector<int32_t> order(5 * stride);
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+    std::shuffle(order.begin(), order.end(), std::mt19937(50));
+    const int64_t pool_blocks = static_cast<int64_t>(order.size());
+    Tensor keys_d = backend::to_device_as(*gpu_, gpu_random({pool_blocks * block, width}, 51), DType::BF16);
+    Tensor values_d = backend::to_device_as(*gpu_, gpu_random({pool_blocks * block, width}, 52), DType::BF16);
+    const ops::DeviceKvPool pool{keys_d.raw_data(), values_d.raw_data(), width, width, block, pool_blocks, true};
+    const Tensor tables_d = gpu_ints(*gpu_, order);
+    const Tensor q = gpu_random({tokens, c.heads, c.d}, 53, 3.0f);
+    const Tensor sinks_d = backend::to_device(*gpu_, gpu_random({c.heads}, 54));
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+    // Every token alone (a decode step of one row: the chunk counts of batch 1), then all together.
+    auto attend = [&](int64_t first, int64_t n, bool cluster) {
+      setenv("R3_CLUSTER_MERGE", cluster ? "1" : "0", 1);  // clusters past one wave too
+      const std::vector<int32_t> step_seqs(seqs.begin() + first, seqs.begin() + first + n);
+      const std::vector<int32_t> step_positions(positions.begin() + first, positions.begin() + first + n);
+      const Tensor seqs_d = gpu_ints(*gpu_, step_seqs), positions_d = gpu_ints(*gpu_, step_positions);
+      const ops::DeviceStep step{n, nullptr, positions_d.data<int32_t>(), seqs_d.data<int32_t>(), tables_d.data<int32_t>(),
+                                 stride, *std::max_element(step_positions.begin(), step_positions.end()) + 1};
+      Tensor step_q_host = Tensor::empty(DType::F32, {n, c.heads, c.d});
+      std::memcpy(step_q_host.raw_data(), q.data<float>() + first * c.heads * c.d, step_q_host.nbytes());
+      const Tensor step_q = backend::to_device(*gpu_, step_q_host);
+      Tensor out_d = backend::device_empty(*gpu_, DType::F32, {n, c.heads, c.d});
+      ops::cuda::paged_attention(*gpu_, step_q, step, pool, c.kv_heads, scale, c.window,
+                                 c.sinks ? sinks_d.data<float>() : nullptr, out_d);
+      unsetenv("R3_CLUSTER_MERGE");
+      return backend::to_host(*gpu_, out_d);
+    };
+    for (const bool invariant : {false, true}) {
+      gpu_->set_batch_invariant(invariant);
+      const std::string what = std::to_string(c.heads) + " heads over " + std::to_string(c.kv_heads) + " of " +
+                               std::to_string(c.d) + ", window " + std::to_string(c.window) +
+                               (c.sinks ? ", sinks" : "") + (invariant ? ", batch invariant" : "");
+      for (int64_t t = 0; t < tokens; ++t) {
+        if (seqs[t] < 0) continue;
+        const Tensor merged = attend(t, 1, true), kernel = attend(t, 1, false);
+        EXPECT_EQ(std::memcmp(merged.raw_data(), kernel.raw_data(), merged.nbytes()), 0)
+            << what << ", token at " << positions[t] << " alone";
+      }
+      const Tensor merged = attend(0, tokens, true), kernel = attend(0, tokens, false);
+      EXPECT_EQ(std::memcmp(merged.raw_data(), kernel.raw_data(), merged.nbytes()), 0) << what << ", all tokens";
+      const float* padding = merged.data<float>() + 3 * c.heads * c.d;
+      EXPECT_TRUE(std::all_of(padding, padding + c.heads * c.d, [](float v) { return v == 0.0f; })) << what;
+      const float* row = merged.data<float>();
+      EXPECT_TRUE(std::all_of(row, row + tokens * c.heads * c.d, [](float v) { return std::isfinite(v); })) << what;
+    }
+    gpu_->set_batch_invariant(false);
   }
 }
 
@@ -1214,6 +1312,56 @@ TEST_F(CudaOps, Fp8GateUpWithScalesFromTheLanesGivesTheSameBits) {
           << tokens << " tokens, blocks of " << block;
       const Tensor want = fp8_experts_in_double(x, ids, weights, k, gate, up, down, inter);
       EXPECT_LT(gpu_relative_error(with_lanes, want), 1e-5) << tokens << " tokens, blocks of " << block;
+    }
+  }
+}
+
+// Gate/up at one token held to one wave of blocks (R3_GATE_UP_ONE_WAVE=1: two groups of eight in
+// flight a row, six blocks an SM) gives the bits of the default kernel
+// (R3_GATE_UP_ONE_WAVE=0), bfloat16 with biases and the clamped activation, and FP8 (blocks of
+// 128) with its scales from the lanes and from a load a group, at Qwen3-30B-A3B's expert shape.
+TEST_F(CudaOps, GateUpInOneWaveGivesTheSameBits) {
+  const int64_t experts = 16, h = 2048, inter = 768, k = 8;
+  const std::vector<int32_t> ids = {3, 14, 0, 9, 7, 12, 5, 1};
+  const std::vector<float> weights = {0.2f, 0.15f, 0.14f, 0.13f, 0.12f, 0.1f, 0.09f, 0.07f};
+  const Tensor x = gpu_random({1, h}, 70);
+  const Fp8Quantized gate8 = quantize_fp8(gpu_random({experts, inter, h}, 71, 0.05f), 128, 128),
+                     up8 = quantize_fp8(gpu_random({experts, inter, h}, 72, 0.05f), 128, 128),
+                     down8 = quantize_fp8(gpu_random({experts, h, inter}, 73, 0.05f), 128, 128);
+  moe::DeviceExperts bf16;
+  bf16.gate = backend::to_device_as(*gpu_, gpu_random({experts, inter, h}, 74, 0.05f), DType::BF16);
+  bf16.up = backend::to_device_as(*gpu_, gpu_random({experts, inter, h}, 75, 0.05f), DType::BF16);
+  bf16.down = backend::to_device_as(*gpu_, gpu_random({experts, h, inter}, 76, 0.05f), DType::BF16);
+  bf16.gate_bias = backend::to_device(*gpu_, gpu_random({experts, inter}, 77));
+  bf16.up_bias = backend::to_device(*gpu_, gpu_random({experts, inter}, 78));
+  bf16.down_bias = backend::to_device(*gpu_, gpu_random({experts, h}, 79));
+  bf16.activation = moe::ExpertActivation{moe::ExpertActivation::Kind::kGptOss, 7.0f, 1.702f};
+  const moe::DeviceExperts fp8 = fp8_device_experts(*gpu_, gate8, up8, down8, 128, 128);
+  for (const int kind : {0, 1, 2}) {  // bf16; FP8, scales from the lanes; FP8, a load a group
+    const moe::DeviceExperts& dev = kind == 0 ? bf16 : fp8;
+    auto run = [&](const char* one_wave) {
+      setenv("R3_GATE_UP_ONE_WAVE", one_wave, 1);
+      if (kind == 2) setenv("R3_FP8_LANE_SCALES", "0", 1);
+      const Tensor ids_d = gpu_ints(*gpu_, ids);
+      const Tensor weights_d = backend::to_device(*gpu_, Tensor::from(weights, {1, k}));
+      Tensor grouping = backend::device_empty(*gpu_, DType::I32, {moe::grouping_ints(experts, k)});
+      Tensor activated = backend::device_empty(*gpu_, DType::F32, {moe::expert_scratch_rows(k), inter});
+      Tensor expert_out = backend::device_empty(*gpu_, DType::F32, {moe::expert_scratch_rows(k), h});
+      Tensor out = backend::device_empty(*gpu_, DType::F32, {1, h});
+      moe::fused_experts_on_device(*gpu_, backend::to_device(*gpu_, x), ids_d.data<int32_t>(), weights_d.data<float>(),
+                                   k, dev, grouping, activated, expert_out, out);
+      unsetenv("R3_GATE_UP_ONE_WAVE");
+      unsetenv("R3_FP8_LANE_SCALES");
+      return backend::to_host(*gpu_, out);
+    };
+    const Tensor default_kernel = run("0"), six = run("1");
+    const std::string what = kind == 0 ? "bf16" : kind == 1 ? "FP8, scales from the lanes" : "FP8, a load a group";
+    EXPECT_EQ(std::memcmp(six.raw_data(), default_kernel.raw_data(), six.nbytes()), 0) << what << ", six blocks an SM";
+    const float* v = six.data<float>();
+    EXPECT_GT(std::count_if(v, v + h, [](float y) { return y != 0.0f; }), h * 9 / 10) << what;
+    if (kind > 0) {
+      const Tensor want = fp8_experts_in_double(x, ids, weights, k, gate8, up8, down8, inter);
+      EXPECT_LT(gpu_relative_error(six, want), 1e-5) << what;
     }
   }
 }

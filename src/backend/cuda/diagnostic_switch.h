@@ -13,4 +13,11 @@ inline bool diagnostic_switch_on(const char* name) {
   return setting == nullptr || std::strcmp(setting, "0") != 0;
 }
 
+// A choice the engine makes by a measured rule (`by_rule`), forced by the environment variable
+// `name` for a measurement or a test: "0" never, any other value always.
+inline bool diagnostic_choice(const char* name, bool by_rule) {
+  const char* setting = std::getenv(name);
+  return setting == nullptr ? by_rule : std::strcmp(setting, "0") != 0;
+}
+
 }  // namespace r3::backend::cuda

@@ -46,21 +46,37 @@ inline bool early_release() { return diagnostic_switch_on("R3_EARLY_RELEASE"); }
 // unlike shared-memory needs may not overlap). Unset: the driver's choice per kernel.
 void prefer_carveout(const void* kernel);
 
+// Lets `kernel` run in clusters of more than 8 blocks (non-portable sizes, up to 16 on Hopper), once.
+void allow_large_clusters(const void* kernel);
+
+// launch_kernel with the grid's blocks in thread-block clusters of `cluster` along x (0: none; 1:
+// clusters of one block, for a kernel that uses the cluster API); the grid's x a multiple of it.
 template <typename... Params, typename... Args>
-void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes, cudaStream_t stream,
-                   Args&&... args) {
+void launch_kernel_in_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes,
+                               cudaStream_t stream, unsigned cluster, Args&&... args) {
   prefer_carveout(reinterpret_cast<const void*>(kernel));
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
+  if (cluster > 8) allow_large_clusters(reinterpret_cast<const void*>(kernel));
+  cudaLaunchAttribute attributes[2]{};
+  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[0].val.programmaticStreamSerializationAllowed = 1;
+  attributes[1].id = cudaLaunchAttributeClusterDimension;
+  attributes[1].val.clusterDim.x = cluster;
+  attributes[1].val.clusterDim.y = 1;
+  attributes[1].val.clusterDim.z = 1;
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
+  config.attrs = attributes;
+  config.numAttrs = cluster > 0 ? 2 : 1;
   R3_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes, cudaStream_t stream,
+                   Args&&... args) {
+  launch_kernel_in_clusters(kernel, grid, block, shared_bytes, stream, 0, std::forward<Args>(args)...);
 }
 
 }  // namespace r3::backend::cuda

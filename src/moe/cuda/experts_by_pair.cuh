@@ -13,7 +13,9 @@ namespace r3::moe::experts_detail {
 // One warp: intermediate row i of pair p (token p / k, physical expert ids[p]), gate and up rows
 // read together, into activated[p * inter + i] (lane 0 writes). kLaneScales: FP8 rows whose
 // scales fit the lanes over h (ops::cuda::fp8_lane_scales_fit) take them from there, the same bits.
-template <bool kVec8, typename Matrix, typename Act, bool kLaneScales = false>
+// kGroups > 0: that many groups of eight in flight a row instead of the row type's default (fewer
+// registers a thread), the same bits.
+template <bool kVec8, typename Matrix, typename Act, bool kLaneScales = false, int kGroups = 0>
 __device__ inline void gate_up_pair_row(const float* __restrict__ hidden, const int32_t* __restrict__ ids, int64_t k,
                                         int64_t p, int64_t i, const Matrix& gate, const Matrix& up,
                                         const float* __restrict__ gate_bias, const float* __restrict__ up_bias,
@@ -24,10 +26,13 @@ __device__ inline void gate_up_pair_row(const float* __restrict__ hidden, const 
   const decltype(row_of(gate, 0)) gate_up[2] = {row_of(gate, row), row_of(up, row)};
   const float* const x[1] = {hidden + (p / k) * h};
   float acc[2][1] = {{0.0f}, {0.0f}};
+  using Row = decltype(row_of(gate, 0));
+  constexpr int kInFlight = kGroups > 0 ? kGroups : ops::cuda::kGroupsInFlight<Row>;
   if constexpr (kLaneScales) {
-    ops::cuda::row_dots<kVec8>(gate_up, x, 1, h, lane, acc, 0, ops::cuda::fp8_lane_scales(gate_up, 0, h, lane));
+    ops::cuda::row_dots<kVec8, Row, 1, 2, ops::cuda::Fp8LaneScales<2>, kInFlight>(
+        gate_up, x, 1, h, lane, acc, 0, ops::cuda::fp8_lane_scales(gate_up, 0, h, lane));
   } else {
-    ops::cuda::row_dots<kVec8>(gate_up, x, 1, h, lane, acc);
+    ops::cuda::row_dots<kVec8, Row, 1, 2, ops::cuda::WidenByRow, kInFlight>(gate_up, x, 1, h, lane, acc);
   }
   float gs = ops::cuda::warp_sum(acc[0][0]), us = ops::cuda::warp_sum(acc[1][0]);
   if (lane == 0) {

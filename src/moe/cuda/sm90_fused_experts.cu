@@ -179,19 +179,35 @@ __global__ void combine_choices(const float* __restrict__ expert_out, const floa
 // order, so both paths give the same bits and a step may take either even with
 // --batch-invariant; a decode step saves the grouping and combine launches.
 
-template <typename Matrix, bool kVec8, typename Act, bool kLaneScales = false>
-__global__ void gate_up_by_pair(const float* __restrict__ hidden, const int32_t* __restrict__ ids, int64_t pairs,
-                                int64_t k, Matrix gate, Matrix up,
-                                const float* __restrict__ gate_bias, const float* __restrict__ up_bias, int64_t h,
-                                int64_t inter, Act act, float* __restrict__ activated, bool release) {
+// Gate/up at one token: groups of eight a lane keeps in flight a row, fewer than the row type's
+// default, so that the kernel's registers let one wave of blocks hold every (pair, intermediate
+// row) of Qwen3-30B-A3B (768 blocks of 8 warps on 132 SMs: 6 blocks an SM, 40 registers a
+// thread, some spilled). The default (bf16: 4 groups, 64 registers, 4 blocks an SM; FP8: 8
+// groups, 80, 3) runs in 1.45 and 1.94 waves. Taken for FP8 only: in a whole decode step on an
+// H100 it took FP8 batch 1 from 3.103 to 3.026 ms but bf16 from 3.483 to 3.526 (five blocks an
+// SM, 48 registers: slower for both; bench/RESULTS.md). R3_GATE_UP_ONE_WAVE=0: never, =1: bf16
+// too (diagnostics). Same bits.
+template <typename Matrix>
+constexpr int kOneWaveGroups = 2;
+constexpr int kOneWaveBlocks = 6;
+template <typename Matrix>
+bool one_wave_taken() {
+  return backend::cuda::diagnostic_choice("R3_GATE_UP_ONE_WAVE", std::is_same_v<Matrix, ops::cuda::Fp8Matrix>);
+}
+
+template <typename Matrix, bool kVec8, typename Act, bool kLaneScales = false, int kGroups = 0, int kMinBlocks = 1>
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, kMinBlocks)
+    gate_up_by_pair(const float* __restrict__ hidden, const int32_t* __restrict__ ids, int64_t pairs, int64_t k,
+                    Matrix gate, Matrix up, const float* __restrict__ gate_bias, const float* __restrict__ up_bias,
+                    int64_t h, int64_t inter, Act act, float* __restrict__ activated, bool release) {
   backend::cuda::wait_for_predecessor();
   if (release) backend::cuda::release_successor();  // down + combine loads its rows meanwhile
   const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   const int64_t p = warp / inter, i = warp % inter;
   if (p >= pairs) return;
-  experts_detail::gate_up_pair_row<kVec8, Matrix, Act, kLaneScales>(hidden, ids, k, p, i, gate, up, gate_bias, up_bias,
-                                                                    h, inter, act, activated,
-                                                                    static_cast<int>(threadIdx.x % kWarp));
+  experts_detail::gate_up_pair_row<kVec8, Matrix, Act, kLaneScales, kGroups>(
+      hidden, ids, k, p, i, gate, up, gate_bias, up_bias, h, inter, act, activated,
+      static_cast<int>(threadIdx.x % kWarp));
 }
 
 template <typename Matrix, bool kVec8>
@@ -205,6 +221,7 @@ __global__ void down_and_combine_by_token(const float* __restrict__ activated, c
   experts_detail::down_and_combine_row_in_warp<kVec8>(activated, ids, weights, k, down, down_bias, h, inter, warp / h,
                                                       warp % h, out, static_cast<int>(threadIdx.x % kWarp));
 }
+
 
 // The same for a step of one token: a block per hidden row, its warps taking the choices, the
 // choices' results summed by thread 0 in order (a warp per row measured 13.2 -> 14.8 us a
@@ -278,14 +295,25 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
   const bool vec8 = experts_detail::experts_vec8(x);
   constexpr unsigned kThreads = kWarpsPerBlock * kWarp;
   if (tokens <= kPairMajorTokens && !always_grouped) {
+    const bool one_wave = tokens == 1 && one_wave_taken<Matrix>();
     auto pair_major = [&](auto vec8_tag) {
       constexpr bool kVec8 = decltype(vec8_tag)::value;
-      auto gate_up = gate_up_by_pair<Matrix, kVec8, Act>;
+      // The kernel for the rows' scales (FP8 scales from the lanes or not) and one_wave.
+      auto gate_up_for = [&](auto lanes_tag) {
+        constexpr bool kLanes = decltype(lanes_tag)::value;
+        constexpr bool kOneWaveTaken = kVec8 && (std::is_same_v<Matrix, ops::cuda::Fp8Matrix> ||
+                                                 std::is_same_v<Matrix, ops::cuda::PlainMatrix<__nv_bfloat16>>);
+        if constexpr (kOneWaveTaken) {
+          if (one_wave) return gate_up_by_pair<Matrix, kVec8, Act, kLanes, kOneWaveGroups<Matrix>, kOneWaveBlocks>;
+        }
+        return gate_up_by_pair<Matrix, kVec8, Act, kLanes>;
+      };
+      auto gate_up = gate_up_for(std::false_type{});
       if constexpr (kVec8 && std::is_same_v<Matrix, ops::cuda::Fp8Matrix>) {
         // The scales from the lanes: FP8 gate/up at 80 registers instead of 92, 3 blocks an SM
         // instead of 2. R3_FP8_LANE_SCALES=0: a load a group (a diagnostic).
         if (ops::cuda::fp8_lane_scales_fit(0, h, x.block_cols) && backend::cuda::diagnostic_switch_on("R3_FP8_LANE_SCALES")) {
-          gate_up = gate_up_by_pair<Matrix, kVec8, Act, true>;
+          gate_up = gate_up_for(std::true_type{});
         }
       }
       backend::cuda::launch_kernel(gate_up, warp_blocks(pairs * inter), kThreads, 0, stream,

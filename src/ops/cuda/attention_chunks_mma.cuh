@@ -25,6 +25,7 @@
 // Internal to ops/cuda (included by sm90_paged_attention.cu, which dispatches to it).
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -63,14 +64,70 @@ __device__ inline void split_pair(float a, float b, uint32_t& hi, uint32_t& lo) 
 
 __device__ inline uint32_t word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
+// Chunks a cluster merges at most (a cluster of 16 blocks is non-portable: allowed on Hopper).
+constexpr int64_t kMaxClusterChunks = 16;
+
+// The cluster's end of attention_chunks_mma<kG, kD, true>: this block's chunk partials (from its
+// warps' partials, or none when the chunk has no positions: warp_* null) into its shared memory
+// with write_chunk_partials, then, once every block of the cluster has its own, the output rows of
+// the kG heads merged from all chunks' partials read through distributed shared memory: the
+// cluster's threads take the kG * kD elements in turn, each merging in chunk order as
+// merge_chunks does (sinks join the sum; a padding row, seq < 0, gets zeros). Every block of the
+// cluster calls it (cluster barriers); a block's shared memory stays until the last reader is done.
+template <int kG, int kD, int kWarps = kMmaBlockWarps>
+__device__ inline void merge_in_cluster(const float (*warp_max_of)[kWarps][kG], const float (*warp_sum_of)[kWarps][kG],
+                                        const float (*warp_acc)[kWarps][kG][kD], int64_t heads, int64_t chunks,
+                                        int64_t t, int64_t first_head, int32_t seq, const float* __restrict__ sinks,
+                                        float* __restrict__ out) {
+  namespace cg = cooperative_groups;
+  __shared__ float chunk_max[kG], chunk_sum[kG], chunk_acc[kG * kD];
+  if (warp_max_of != nullptr) {
+    write_chunk_partials(*warp_max_of, *warp_sum_of, *warp_acc, kD, chunk_max, chunk_sum, 1, chunk_acc, kD);
+  } else if (threadIdx.x < kG) {
+    chunk_max[threadIdx.x] = -INFINITY;
+    chunk_sum[threadIdx.x] = 0.0f;  // 0: skipped in the merge, as merge_chunks skips an empty chunk
+  }
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const int64_t threads = chunks * blockDim.x;
+  for (int64_t i = cluster.block_rank() * blockDim.x + threadIdx.x; i < kG * kD; i += threads) {
+    const int g = static_cast<int>(i / kD), e = static_cast<int>(i % kD);
+    const int64_t head = first_head + g;
+    float* o = out + (t * heads + head) * kD + e;
+    if (seq < 0) {  // a padding row attends to nothing
+      *o = 0.0f;
+      continue;
+    }
+    float mc[kMaxClusterChunks], sc[kMaxClusterChunks], ac[kMaxClusterChunks];
+#pragma unroll
+    for (int c = 0; c < kMaxClusterChunks; ++c) {
+      const bool in = c < chunks;
+      mc[c] = in ? *cluster.map_shared_rank(chunk_max + g, c) : -INFINITY;
+      sc[c] = in ? *cluster.map_shared_rank(chunk_sum + g, c) : 0.0f;
+      ac[c] = in && sc[c] != 0.0f ? *cluster.map_shared_rank(chunk_acc + g * kD + e, c) : 0.0f;
+    }
+    *o = merge_element(mc, sc, ac, sinks ? sinks + head : nullptr);
+  }
+  cluster.sync();
+}
+
 // kG query heads (1, 2, 4 or 8; the rest of the MMA's 8 columns are zeros) of head dim kD (64 or
 // 128: three blocks per SM in registers, 166 at 128; 256 would spill) over a bf16 pool whose rows
 // are 16-byte aligned.
-template <int kG, int kD>
+//
+// kClusterMerge: the chunks of a (token, group of heads) run as one thread-block cluster (chunks
+// <= kMaxClusterChunks, the launch's cluster size), whose blocks keep their chunk's partials in
+// shared memory and merge them into the output rows through distributed shared memory, with
+// merge_chunks' arithmetic in its order (the same bits): no merge kernel, no trip through global
+// memory between the two. part_* are then unused; `release` lets the o projection load its first
+// weights while this kernel runs, as merge_chunks did.
+template <int kG, int kD, bool kClusterMerge = false>
 __global__ void __launch_bounds__(kMmaBlockWarps * kWarp, 3)
     attention_chunks_mma(const float* __restrict__ q, DeviceStep step, DeviceKvPool pool, int64_t heads,
                          int64_t kv_heads, float scale, int64_t sliding_window, int64_t chunks, int64_t chunk_len,
-                         float* __restrict__ part_max, float* __restrict__ part_sum, float* __restrict__ part_acc) {
+                         float* __restrict__ part_max, float* __restrict__ part_sum, float* __restrict__ part_acc,
+                         const float* __restrict__ sinks = nullptr, float* __restrict__ out = nullptr,
+                         bool release = false) {
   static_assert(kG >= 1 && kG <= kMmaHeads && (kD == 64 || kD == 128), "shape");
   constexpr int kSteps = kD / 16;       // MMAs of K = 16 along the head (scores) = m-tiles of O^T
   constexpr int kKeyLoads = kD / 32;    // 128-bit loads of a key row per lane
@@ -133,11 +190,16 @@ __global__ void __launch_bounds__(kMmaBlockWarps * kWarp, 3)
   const bool tile_before_wait = first_tile < count && first_tile + kMmaTile <= fresh;
   if (tile_before_wait) load_tile(first_tile);
   backend::cuda::wait_for_predecessor();
+  if (kClusterMerge && release) backend::cuda::release_successor();
   const int64_t part = (t * heads + first_head) * chunks + chunk;
   if (count == 0) {
-    for (int g = static_cast<int>(threadIdx.x); g < kG; g += static_cast<int>(blockDim.x)) {
-      part_max[part + g * chunks] = -INFINITY;
-      part_sum[part + g * chunks] = 0.0f;
+    if constexpr (kClusterMerge) {
+      merge_in_cluster<kG, kD, kMmaBlockWarps>(nullptr, nullptr, nullptr, heads, chunks, t, first_head, seq, sinks, out);
+    } else {
+      for (int g = static_cast<int>(threadIdx.x); g < kG; g += static_cast<int>(blockDim.x)) {
+        part_max[part + g * chunks] = -INFINITY;
+        part_sum[part + g * chunks] = 0.0f;
+      }
     }
     return;
   }
@@ -248,7 +310,12 @@ __global__ void __launch_bounds__(kMmaBlockWarps * kWarp, 3)
     }
   }
   __syncthreads();
-  write_chunk_partials(warp_max_of, warp_sum_of, warp_acc, kD, part, chunks, part_max, part_sum, part_acc);
+  if constexpr (kClusterMerge) {
+    merge_in_cluster<kG, kD, kMmaBlockWarps>(&warp_max_of, &warp_sum_of, &warp_acc, heads, chunks, t, first_head, seq, sinks, out);
+  } else {
+    write_chunk_partials(warp_max_of, warp_sum_of, warp_acc, kD, part_max + part, part_sum + part, chunks,
+                         part_acc + part * kD, chunks * kD);
+  }
 }
 
 }  // namespace

@@ -14,8 +14,4 @@ namespace r3::ops::cuda {
 // (block scales attached) or F4_E2M1X2 (MXFP4 scales attached) on the device.
 void linear_rows(backend::Context& ctx, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
 
-// out [n, k] F32 = the decoded values of the quantized device matrix w [n, k] (FP8 or MXFP4), the
-// same floats the weight-streaming kernel multiplies with.
-void dequantize_matrix(backend::Context& ctx, const Tensor& w, Tensor& out);
-
 }  // namespace r3::ops::cuda

@@ -51,15 +51,17 @@ __device__ inline float warp_max(float v) {
 
 // A block's warps' partials over a chunk for kG heads (each warp's max, sum of exponentials and
 // accumulator of d elements, in shared memory) merged into the chunk's: the max over the warps,
-// sums and accumulators rescaled to it, head g's written at part + g * chunks. Called by every
+// sums and accumulators rescaled to it, head g's written at max_out[g * stride], sum_out[g *
+// stride] and acc_out[g * acc_stride + e] (global memory, for merge_chunks, or the block's shared
+// memory, for a merge within a cluster). Called by every
 // thread of the block after a barrier. Thread g < kG computes head g's max, sum and each warp's
 // rescaling factor once; the elements then only multiply and add (before, each of the kG * d
 // elements recomputed its head's max and kWarps exponentials). The same arithmetic.
 template <int kWarps, int kG, int kStride>
 __device__ inline void write_chunk_partials(const float (&warp_max_of)[kWarps][kG], const float (&warp_sum_of)[kWarps][kG],
-                                            const float (&warp_acc)[kWarps][kG][kStride], int64_t d, int64_t part,
-                                            int64_t chunks, float* __restrict__ part_max, float* __restrict__ part_sum,
-                                            float* __restrict__ part_acc) {
+                                            const float (&warp_acc)[kWarps][kG][kStride], int64_t d,
+                                            float* __restrict__ max_out, float* __restrict__ sum_out, int64_t stride,
+                                            float* __restrict__ acc_out, int64_t acc_stride) {
   __shared__ float factor_of[kWarps][kG];  // warp w's rescaling factor for head g; 0: no positions
   if (threadIdx.x < kG) {
     const int g = static_cast<int>(threadIdx.x);
@@ -74,8 +76,8 @@ __device__ inline void write_chunk_partials(const float (&warp_max_of)[kWarps][k
       }
       factor_of[w][g] = f;
     }
-    part_max[part + g * chunks] = m;
-    part_sum[part + g * chunks] = sum;
+    max_out[g * stride] = m;
+    sum_out[g * stride] = sum;
   }
   __syncthreads();
   for (int64_t i = threadIdx.x; i < kG * d; i += blockDim.x) {
@@ -85,7 +87,7 @@ __device__ inline void write_chunk_partials(const float (&warp_max_of)[kWarps][k
       if (warp_sum_of[w][g] == 0.0f) continue;  // a warp without positions
       a += warp_acc[w][g][e] * factor_of[w][g];
     }
-    part_acc[(part + g * chunks) * d + e] = a;
+    acc_out[g * acc_stride + e] = a;
   }
 }
 
@@ -94,6 +96,27 @@ constexpr int kMergeBatch = 8;
 // Up to this many chunks (a batch-1 decode over a 1k context has 16), a merge thread loads every
 // chunk's max, sum and accumulator element in one round before it computes anything.
 constexpr int kMergeAtOnce = 16;
+
+// One output element from kN chunks' maxima, sums of exponentials and accumulator elements (sums of
+// 0: empty chunks, or past the last, skipped): the chunks merged in order, the sink (when given)
+// joining the sum. merge_chunks' arithmetic, shared with the merge inside attention's clusters
+// (attention_chunks_mma.cuh) so that both give the same bits.
+template <int kN>
+__device__ inline float merge_element(const float (&mc)[kN], const float (&sc)[kN], const float (&ac)[kN],
+                                      const float* sink) {
+  float m = sink ? *sink : -INFINITY;
+#pragma unroll
+  for (int c = 0; c < kN; ++c) m = fmaxf(m, mc[c]);
+  float sum = sink ? expf(*sink - m) : 0.0f, acc = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kN; ++c) {
+    if (sc[c] == 0.0f) continue;  // an empty chunk, or past the last
+    const float f = expf(mc[c] - m);
+    sum += sc[c] * f;
+    acc += ac[c] * f;
+  }
+  return acc / sum;
+}
 
 // One block per (token, head), its threads taking the d elements in turn: the chunks merged in
 // order, the sink joining the sum. The loads of kMergeBatch chunks are issued before any of them
@@ -124,18 +147,7 @@ __global__ void merge_chunks(const float* __restrict__ part_max, const float* __
         sc[c] = in ? ps[c] : 0.0f;  // 0: skipped, as an empty chunk (whose accumulator is never written)
         ac[c] = in ? part_acc[(th * chunks + c) * d + i] : 0.0f;
       }
-      float m = sinks ? sinks[th % heads] : -INFINITY;
-#pragma unroll
-      for (int c = 0; c < kMergeAtOnce; ++c) m = fmaxf(m, mc[c]);
-      float sum = sinks ? expf(sinks[th % heads] - m) : 0.0f, acc = 0.0f;
-#pragma unroll
-      for (int c = 0; c < kMergeAtOnce; ++c) {
-        if (sc[c] == 0.0f) continue;  // an empty chunk, or past the last
-        const float f = expf(mc[c] - m);
-        sum += sc[c] * f;
-        acc += ac[c] * f;
-      }
-      o[i] = acc / sum;
+      o[i] = merge_element(mc, sc, ac, sinks ? sinks + th % heads : nullptr);
     }
     return;
   }

@@ -21,7 +21,7 @@
 //     had FP8 q/k/v at 8 rows at 7% of its bandwidth floor; the float32 GEMM on decoded weights,
 //     without tensor cores, took 70 us for q/k/v at 64 rows against bf16's 13.6);
 //   - quantized weights with more rows (prefill), or that kernel cannot take (MXFP4), are decoded
-//     into float32, split into high and low bfloat16 parts as the activations are, and multiplied
+//     straight into high and low bfloat16 parts, split as the activations are, and multiplied
 //     on bfloat16 tensor cores: x_hi·w_hi + x_lo·w_hi + x_hi·w_lo, the one product dropped being
 //     below both parts' rounding (split_operands_matmul).
 // A batch-invariant context takes the weight-streaming kernel for all of them: cuBLASLt picks its
@@ -36,6 +36,7 @@
 
 #include "backend/cuda/diagnostic_switch.h"
 #include "backend/cuda/state.h"
+#include "ops/cuda/dequantize.h"
 #include "ops/cuda/linear_mma_rows.h"
 #include "ops/cuda/linear_rows.h"
 #include "ops/cuda/split_bf16.h"
@@ -120,17 +121,15 @@ constexpr int64_t kMmaRows = 16;
 // 256 rows the split operands' GEMM (below) came within 6% of it, so larger steps take that.
 constexpr int64_t kMmaRowsQuantized = 256;
 
-// y = x · wᵀ (+ bias) for quantized w in a step of reduced precision: w decoded into float32 and
-// both operands split into high and low bfloat16 parts (each value = hi + lo to about 16
+// y = x · wᵀ (+ bias) for quantized w in a step of reduced precision: w decoded straight into
+// high and low bfloat16 parts, x split the same way (each value = hi + lo to about 16
 // significant bits); [x_hi; x_lo]·w_hiᵀ in one GEMM, x_hi·w_loᵀ added onto its first half, and
 // the halves summed. The product x_lo·w_lo is below both splits' rounding and left out.
 void split_operands_matmul(backend::Context& ctx, const Tensor& x, const Tensor& w, const float* bias, Tensor& y) {
   const int64_t m = x.dim(0), k = x.dim(1), n = w.dim(0);
   backend::Workspace::Scope scope(ctx.workspace());
-  Tensor decoded = ctx.scratch_for_output(DType::F32, {n, k});
-  dequantize_matrix(ctx, w, decoded);
   Tensor w_parts = ctx.scratch_for_output(DType::BF16, {2 * n, k});
-  split_rows_bf16(ctx, decoded, w_parts);
+  dequantize_matrix_split_bf16(ctx, w, w_parts);
   Tensor x_parts = ctx.scratch_for_output(DType::BF16, {2 * m, k});
   split_rows_bf16(ctx, x, x_parts);
   Tensor halves = ctx.scratch_for_output(DType::F32, {2 * m, n});

@@ -114,13 +114,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp, kOccupiedBlocks)
   rows_body<true, Matrix, 1, 1, kLaneScales>(x, m, k, w, n, bias, y, release);
 }
 
-template <typename Matrix>
-__global__ void dequantize_kernel(Matrix w, int64_t k, float* __restrict__ out) {
-  backend::cuda::wait_for_predecessor();
-  const auto row = row_of(w, blockIdx.x);
-  for (int64_t c = threadIdx.x; c < k; c += blockDim.x) out[blockIdx.x * k + c] = load(row, c);
-}
-
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <int kRowsPerPass, int kSplit, typename Matrix>
@@ -204,21 +197,6 @@ void linear_rows(backend::Context& ctx, const Tensor& x, const Tensor& w, const 
   R3_CHECK(m <= int64_t{65535} * kMaxRowsPerPass, "linear (cuda, rows): ", m, " rows in one call");
   const float* bp = bias != nullptr ? bias->data<float>() : nullptr;
   with_weight_matrix(w, [&](auto matrix) { launch_for_rows(ctx.cuda_state(), x, w, matrix, bp, y); });
-  R3_CUDA_CHECK(cudaGetLastError());
-}
-
-void dequantize_matrix(backend::Context& ctx, const Tensor& w, Tensor& out) {
-  const int64_t n = w.dim(0), k = value_shape(w)[1];
-  R3_CHECK((w.dtype() == DType::F8_E4M3 || w.dtype() == DType::F4_E2M1X2) && out.dtype() == DType::F32 &&
-               out.device() == Device::kCuda && out.is_contiguous() && out.numel() == n * k,
-           "dequantize (cuda): ", dtype_name(w.dtype()), " ", shape_to_string(w.shape()), " into ",
-           shape_to_string(out.shape()));
-  if (n == 0) return;
-  R3_CHECK(n <= 2147483647, "dequantize (cuda): ", n, " rows");
-  with_weight_matrix(w, [&](auto matrix) {
-    backend::cuda::launch_kernel(dequantize_kernel<decltype(matrix)>, static_cast<unsigned>(n), 256, 0,
-                                 ctx.cuda_state().stream, matrix, k, out.data<float>());
-  });
   R3_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -241,7 +241,8 @@ __global__ void __launch_bounds__(kBlockWarps * kWarp)
     for (int i = 0; i < kD; ++i) warp_acc[warp][g][dim + i] = acc[g][i];
   }
   __syncthreads();
-  write_chunk_partials(warp_max_of, warp_sum_of, warp_acc, d, part, chunks, part_max, part_sum, part_acc);
+  write_chunk_partials(warp_max_of, warp_sum_of, warp_acc, d, part_max + part, part_sum + part, chunks,
+                       part_acc + part * d, chunks * d);
 }
 
 void check_step(const DeviceStep& step, const DeviceKvPool& pool, const char* op) {
@@ -321,15 +322,33 @@ void paged_attention(backend::Context& ctx, const Tensor& q, const DeviceStep& s
     else if (d == 256 && aligned) launch(attention_chunks<KV, kG, 8, true>);
     else launch(attention_chunks<KV, kG, 8, false>);
   };
+  // On tensor cores, up to kMaxClusterChunks chunks merge inside the attention kernel, each
+  // (token, group)'s chunks a cluster (attention_chunks_mma.cuh; R3_CLUSTER_MERGE=0: never, =1:
+  // always, diagnostics), when the grid is one wave of one block an SM: then the merge kernel is
+  // a link of the step's chain that the cluster removes (on an H100, decode at batch 1 from 3.540
+  // to 3.483 ms). Past one wave the clusters cost more than they save: batch 8 (512 blocks) went
+  // from 12.39 to 12.63 ms and prefill from 6016 to 4449 tokens/s (bench/RESULTS.md). Same bits.
+  const bool cluster_merge =
+      on_tensor_cores && chunks <= kMaxClusterChunks &&
+      backend::cuda::diagnostic_choice("R3_CLUSTER_MERGE", blocks <= static_cast<unsigned>(ctx.cuda_state().sm_count));
   auto on_mma = [&](auto group_tag) {
     constexpr int kG = decltype(group_tag)::value;
-    auto launch_mma = [&](auto kernel) {
-      backend::cuda::launch_kernel(kernel, blocks, kMmaBlockWarps * kWarp, 0, stream, q.data<float>(), step, pool, heads,
-                                   num_kv_heads, scale, sliding_window, chunks, chunk_len, part_max.data<float>(),
-                                   part_sum.data<float>(), part_acc.data<float>());
+    auto launch_mma = [&](auto kernel, auto merged_kernel) {
+      if (cluster_merge) {
+        backend::cuda::launch_kernel_in_clusters(merged_kernel, blocks, kMmaBlockWarps * kWarp, 0, stream,
+                                                 static_cast<unsigned>(chunks), q.data<float>(), step, pool, heads,
+                                                 num_kv_heads, scale, sliding_window, chunks, chunk_len, nullptr,
+                                                 nullptr, nullptr, sinks, out.data<float>(),
+                                                 backend::cuda::early_release());
+      } else {
+        backend::cuda::launch_kernel(kernel, blocks, kMmaBlockWarps * kWarp, 0, stream, q.data<float>(), step, pool,
+                                     heads, num_kv_heads, scale, sliding_window, chunks, chunk_len,
+                                     part_max.data<float>(), part_sum.data<float>(), part_acc.data<float>(), nullptr,
+                                     nullptr, false);
+      }
     };
-    if (d == 64) launch_mma(attention_chunks_mma<kG, 64>);
-    else launch_mma(attention_chunks_mma<kG, 128>);
+    if (d == 64) launch_mma(attention_chunks_mma<kG, 64>, attention_chunks_mma<kG, 64, true>);
+    else launch_mma(attention_chunks_mma<kG, 128>, attention_chunks_mma<kG, 128, true>);
   };
   if (on_tensor_cores) {
     switch (group) {
@@ -346,6 +365,10 @@ void paged_attention(backend::Context& ctx, const Tensor& q, const DeviceStep& s
       default: by_dims(kv, std::integral_constant<int, 8>{}); break;
     }
   });
+  if (cluster_merge) {
+    R3_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   backend::cuda::launch_kernel(merge_chunks, static_cast<unsigned>(step.tokens * heads), merge_threads(d), 0, stream,
                                part_max.data<float>(), part_sum.data<float>(), part_acc.data<float>(), heads, d, chunks,
                                sinks, step.seqs, out.data<float>(), backend::cuda::early_release());

@@ -21,17 +21,18 @@ __device__ inline void load8(const float* p, float* out) {
   out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
 }
 
-// A lane's raw loads of one round of the wide loop: kGroupsInFlight groups of eight of each row.
-template <typename Row, int kRows>
-using RoundOf = Raw8<Row>[kRows][kGroupsInFlight<Row>];
+// A lane's raw loads of one round of the wide loop: kGroups groups of eight of each row
+// (kGroupsInFlight unless a kernel asks for fewer, to hold fewer registers).
+template <typename Row, int kRows, int kGroups = kGroupsInFlight<Row>>
+using RoundOf = Raw8<Row>[kRows][kGroups];
 
 // One round of the wide loop: the loads of a lane's groups from `base` (elements base + u * 256),
 // then their products with the activation rows.
-template <typename Row, int kRows>
-__device__ inline void load_round(const Row (&w)[kRows], int64_t base, int64_t n, RoundOf<Row, kRows>& raw) {
+template <typename Row, int kRows, int kGroups>
+__device__ inline void load_round(const Row (&w)[kRows], int64_t base, int64_t n, Raw8<Row> (&raw)[kRows][kGroups]) {
   constexpr int64_t kStride = kWarp * 8;
 #pragma unroll
-  for (int u = 0; u < kGroupsInFlight<Row>; ++u) {
+  for (int u = 0; u < kGroups; ++u) {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       if (base + u * kStride < n) load_raw8(w[r], base + u * kStride, raw[r][u]);
@@ -76,13 +77,13 @@ __device__ inline Fp8LaneScales<kRows> fp8_lane_scales(const Fp8Row (&w)[kRows],
   return lanes;
 }
 
-template <typename Row, int kMax, int kRows, typename Widen = WidenByRow>
+template <typename Row, int kMax, int kRows, int kGroups, typename Widen = WidenByRow>
 __device__ inline void use_round(const Row (&w)[kRows], const float* const (&x)[kMax], int count, int64_t base,
-                                 int64_t n, const RoundOf<Row, kRows>& raw, float (&acc)[kRows][kMax],
+                                 int64_t n, const Raw8<Row> (&raw)[kRows][kGroups], float (&acc)[kRows][kMax],
                                  const Widen& widen = {}) {
   constexpr int64_t kStride = kWarp * 8;
 #pragma unroll
-  for (int u = 0; u < kGroupsInFlight<Row>; ++u) {
+  for (int u = 0; u < kGroups; ++u) {
     const int64_t c = base + u * kStride;
     if (c >= n) break;
     float wv[kRows][8];
@@ -108,13 +109,14 @@ __device__ inline void use_round(const Row (&w)[kRows], const float* const (&x)[
 // after the wait, row_dots_after_first_round, which uses them and runs the remaining rounds. The
 // same sums, in the same order, as row_dots.
 template <typename Row, int kRows>
-__device__ inline void first_round_loads(const Row (&w)[kRows], int64_t n, int lane, RoundOf<Row, kRows>& first,
-                                         int64_t begin = 0) {
+__device__ inline void first_round_loads(const Row (&w)[kRows], int64_t n, int lane,
+                                         Raw8<Row> (&first)[kRows][kGroupsInFlight<Row>], int64_t begin = 0) {
   load_round(w, begin + static_cast<int64_t>(lane) * 8, n, first);
 }
 template <typename Row, int kMax, int kRows, typename Widen = WidenByRow>
 __device__ inline void row_dots_after_first_round(const Row (&w)[kRows], const float* const (&x)[kMax], int count,
-                                                  int64_t n, int lane, const RoundOf<Row, kRows>& first,
+                                                  int64_t n, int lane,
+                                                  const Raw8<Row> (&first)[kRows][kGroupsInFlight<Row>],
                                                   float (&acc)[kRows][kMax], int64_t begin = 0,
                                                   const Widen& widen = {}) {
   constexpr int64_t kRound = kWarp * 8 * kGroupsInFlight<Row>;
@@ -138,13 +140,16 @@ __device__ inline void row_dots_after_first_round(const Row (&w)[kRows], const f
 // (fp8_lane_scales_fit), fp8_lane_scales(w, begin, n, lane), a load a lane instead of a load a
 // group held in a register until it arrives (a gate/up pair's 16 loads: 92 registers -> 80); the
 // same products and sums either way.
-template <bool kVec8, typename Row, int kMax, int kRows = 1, typename Widen = WidenByRow>
+// kGroups: groups of eight a lane has in flight a row (fewer than kGroupsInFlight: fewer registers,
+// more rounds; the same sums).
+template <bool kVec8, typename Row, int kMax, int kRows = 1, typename Widen = WidenByRow,
+          int kGroups = kGroupsInFlight<Row>>
 __device__ inline void row_dots(const Row (&w)[kRows], const float* const (&x)[kMax], int count, int64_t n,
                                 int lane, float (&acc)[kRows][kMax], int64_t begin = 0, const Widen& widen = {}) {
   if constexpr (kVec8) {
-    constexpr int64_t kRound = kWarp * 8 * kGroupsInFlight<Row>;
+    constexpr int64_t kRound = kWarp * 8 * kGroups;
     for (int64_t base = begin + static_cast<int64_t>(lane) * 8; base < n; base += kRound) {
-      RoundOf<Row, kRows> raw;
+      RoundOf<Row, kRows, kGroups> raw;
       load_round(w, base, n, raw);
       use_round(w, x, count, base, n, raw, acc, widen);
     }
