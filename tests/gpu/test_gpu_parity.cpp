@@ -357,6 +357,13 @@ TEST(GpuGraphs, DecodeStepsReplayAsOneGraphWithCaptureOn) {
   EXPECT_GT(nodes.kernels, 0);
   EXPECT_EQ(nodes.memsets, 0);
   EXPECT_EQ(nodes.others, 0);
+  // The count sees a fill: with the attention output zero-filled again, one memset a layer.
+  setenv("R3_ATTENTION_OUT_ZEROED", "1", 1);
+  auto zeroed = models::place_on_device(*gpu, models::load_model(family_dir("qwen3_moe")), DType::F32);
+  options.max_new_tokens = 4;
+  engine::generate(*zeroed, *gpu, prompt, options);
+  unsetenv("R3_ATTENTION_OUT_ZEROED");
+  EXPECT_GE(models::step_graph_nodes(*zeroed).memsets, ref.layers);  // ref.layers: its MoE layers
 }
 
 // The device KV pools take the weights' precision: a bf16 placement's cache holds half the bytes
