@@ -46,6 +46,11 @@ int64_t graph_replays(const CausalLM& model) {
   return 0;
 }
 
+StepGraphNodes step_graph_nodes(const CausalLM& model) {
+  (void)model;
+  return {};
+}
+
 void set_capture_routing(CausalLM& model, bool on) {
   (void)model;
   (void)on;

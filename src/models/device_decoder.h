@@ -50,6 +50,14 @@ void set_moe_path(CausalLM& model, moe::MoePath path);
 // lm_head, routing capture included); 0 for any other model.
 int64_t graph_replays(const CausalLM& model);
 
+// The nodes of the last step graph a device model captured, by kind. A step should be kernels
+// only: a memset or copy between two kernels ends their programmatic launch (the kernel after it
+// starts only once the node is done, not while the kernel before drains). Zeros for any other model.
+struct StepGraphNodes {
+  int64_t kernels = 0, memsets = 0, others = 0;
+};
+StepGraphNodes step_graph_nodes(const CausalLM& model);
+
 // Turns a device model's routing capture off or on between steps (benchmarks measure its cost on
 // one model, interleaving steps with and without it); with it off, the routing kernels write no
 // capture rows, nothing is copied back and steps deliver no routing. Throws for other models.

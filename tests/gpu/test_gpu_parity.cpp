@@ -351,6 +351,19 @@ TEST(GpuGraphs, DecodeStepsReplayAsOneGraphWithCaptureOn) {
   // Decode steps: one per generated token after the first (which the prefill step produces).
   const auto decode_steps = static_cast<int64_t>(ref.generated.size()) - 1;
   EXPECT_EQ(models::graph_replays(*model), decode_steps - 1);
+  // The graph is kernels only: no memset between two kernels ends their programmatic launch (the
+  // attention output's zero fill did, in every layer).
+  const models::StepGraphNodes nodes = models::step_graph_nodes(*model);
+  EXPECT_GT(nodes.kernels, 0);
+  EXPECT_EQ(nodes.memsets, 0);
+  EXPECT_EQ(nodes.others, 0);
+  // The count sees a fill: with the attention output zero-filled again, one memset a layer.
+  setenv("R3_ATTENTION_OUT_ZEROED", "1", 1);
+  auto zeroed = models::place_on_device(*gpu, models::load_model(family_dir("qwen3_moe")), DType::F32);
+  options.max_new_tokens = 4;
+  engine::generate(*zeroed, *gpu, prompt, options);
+  unsetenv("R3_ATTENTION_OUT_ZEROED");
+  EXPECT_GE(models::step_graph_nodes(*zeroed).memsets, ref.layers);  // ref.layers: its MoE layers
 }
 
 // The device KV pools take the weights' precision: a bf16 placement's cache holds half the bytes

@@ -242,6 +242,23 @@ void Decoder::run_layers(backend::Context& ctx, const ops::DeviceStep& step, KvC
   ops::linear(ctx, t.selected, p_.lm_head, nullptr, t.logits);
 }
 
+namespace {
+
+void count_nodes(cudaGraph_t graph, StepGraphNodes& nodes) {
+  std::size_t n = 0;
+  R3_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> all(n);
+  R3_CUDA_CHECK(cudaGraphGetNodes(graph, all.data(), &n));
+  nodes = {};
+  for (cudaGraphNode_t node : all) {
+    cudaGraphNodeType type{};
+    R3_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    ++(type == cudaGraphNodeTypeKernel ? nodes.kernels : type == cudaGraphNodeTypeMemset ? nodes.memsets : nodes.others);
+  }
+}
+
+}  // namespace
+
 void Decoder::run_layers_graphed(backend::Context& ctx, ops::DeviceStep step, KvCache& kv, StepTensors& t) const {
   // Attention sizes its grid by the step's longest context: in a graph, by a bucket of it (the
   // next power of two from 64, at most the capacity); chunks past a token's window add nothing.
@@ -271,6 +288,7 @@ void Decoder::run_layers_graphed(backend::Context& ctx, ops::DeviceStep step, Kv
       throw;
     }
     R3_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    count_nodes(graph, step_graph_nodes_);
     StepGraph captured;
     const cudaError_t status = cudaGraphInstantiate(&captured.exec, graph, 0);
     cudaGraphDestroy(graph);
@@ -364,6 +382,11 @@ void set_moe_path(CausalLM& model, moe::MoePath path) {
 int64_t graph_replays(const CausalLM& model) {
   const auto* decoder = dynamic_cast<const device::Decoder*>(&model);
   return decoder != nullptr ? decoder->graph_replays() : 0;
+}
+
+StepGraphNodes step_graph_nodes(const CausalLM& model) {
+  const auto* decoder = dynamic_cast<const device::Decoder*>(&model);
+  return decoder != nullptr ? decoder->step_graph_nodes() : StepGraphNodes{};
 }
 
 namespace device {

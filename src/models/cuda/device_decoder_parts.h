@@ -17,6 +17,7 @@
 
 #include "backend/context.h"
 #include "models/decoder_model.h"
+#include "models/device_decoder.h"
 #include "models/kda_attention.h"
 #include "models/kimi_k3/attention_residual.h"
 #include "models/kimi_k3/kimi_k3_model.h"
@@ -275,6 +276,7 @@ class Decoder final : public CausalLM {
   void forward_drawn(backend::Context& ctx, const ForwardBatch& batch, ModelCache& model_cache,
                      std::span<const ops::TokenDraw> draws, std::span<ops::DrawnToken> drawn) const override;
   int64_t graph_replays() const { return graph_replays_; }
+  StepGraphNodes step_graph_nodes() const { return step_graph_nodes_; }
   void set_capture_routing(bool on) { p_.capture_routing = on; }
   void set_moe_path(moe::MoePath path) {
     check_device_moe_path(path);
@@ -354,6 +356,7 @@ class Decoder final : public CausalLM {
   mutable std::set<GraphKey> seen_;
   mutable uint64_t graphs_cache_serial_ = 0;  // KvCache::serial() of the cache the graphs were recorded on
   mutable int64_t graph_replays_ = 0;
+  mutable StepGraphNodes step_graph_nodes_;  // of the last graph captured
   mutable std::unique_ptr<moe::DeviceLoadCounts> loads_;  // EPLB on: each step's loads
   mutable int64_t moe_layers_routed_ = 0;                  // of the running step, for a failed one
   // Expert parallelism: the running step's dispatcher (ForwardBatch::dispatcher; null on one

@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "backend/cuda/diagnostic_switch.h"
 #include "backend/cuda/state.h"
 #include "backend/device_memory.h"
 #include "core/dtype.h"
@@ -161,7 +162,12 @@ void Attention::forward(backend::Context& ctx, const Tensor& x, const ops::Devic
     const ops::cuda::AttentionRows rows{qt.data<float>(), q_width, kt.data<float>(), kv_width, vt.data<float>(), kv_width};
     ops::cuda::prepare_attention_rows(ctx, rotary, rows, spec.num_heads, spec.num_kv_heads, d, rms_eps, step, pool, qh);
   }
-  Tensor attended = ctx.scratch(DType::F32, {tokens, spec.num_heads, d});
+  // Written in full by attention (a padding row's zeros included). Not zero-filled: a fill is a
+  // memset node in the step's graph, which breaks the chain of programmatic launches
+  // (R3_ATTENTION_OUT_ZEROED=1: the fill, a diagnostic to measure it).
+  const bool zeroed = backend::cuda::diagnostic_choice("R3_ATTENTION_OUT_ZEROED", false);
+  Tensor attended = zeroed ? ctx.scratch(DType::F32, {tokens, spec.num_heads, d})
+                           : ctx.scratch_for_output(DType::F32, {tokens, spec.num_heads, d});
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   ops::cuda::paged_attention(ctx, qh, step, pool, spec.num_kv_heads, scale, sliding_window,
                              w.sinks.defined() ? w.sinks.data<float>() : nullptr, attended);
