@@ -240,7 +240,8 @@ __device__ __forceinline__ void down_and_combine_token_row(const float* __restri
                                                            const float* __restrict__ weights, int64_t k, Matrix down,
                                                            const float* __restrict__ down_bias, int64_t h,
                                                            int64_t inter, float* __restrict__ out) {
-  extern __shared__ float choice_out[];  // [k]
+  extern __shared__ float choice_out[];  // [k] results, then [k] routing weights
+  float* const choice_weight = choice_out + k;
   const int64_t d = blockIdx.x;
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int warps = static_cast<int>(blockDim.x) / kWarp;
@@ -256,6 +257,9 @@ __device__ __forceinline__ void down_and_combine_token_row(const float* __restri
       if constexpr (kLaneScales) widen = ops::cuda::fp8_lane_scales(first_row, 0, inter, lane);
     }
   }
+  // The routing weights, like the ids, come from the routing before gate/up: loaded before the
+  // wait, so that thread 0's sum at the end does not wait on them.
+  for (int64_t j = threadIdx.x; j < k; j += blockDim.x) choice_weight[j] = weights[j];
   backend::cuda::wait_for_predecessor();
   const auto keep = [&](int64_t j, float partial) {
     const float y = warp_sum(partial);
@@ -278,7 +282,7 @@ __device__ __forceinline__ void down_and_combine_token_row(const float* __restri
   __syncthreads();
   if (threadIdx.x == 0) {
     float sum = 0.0f;
-    for (int64_t j = 0; j < k; ++j) sum = __fadd_rn(sum, __fmul_rn(weights[j], choice_out[j]));
+    for (int64_t j = 0; j < k; ++j) sum = __fadd_rn(sum, __fmul_rn(choice_weight[j], choice_out[j]));
     out[d] = sum;
   }
 }
@@ -356,7 +360,7 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
             down = down_and_combine_one_token_lane_scales;
           }
         }
-        backend::cuda::launch_kernel(down, static_cast<unsigned>(h), choice_warps * kWarp, k * sizeof(float), stream,
+        backend::cuda::launch_kernel(down, static_cast<unsigned>(h), choice_warps * kWarp, 2 * k * sizeof(float), stream,
                                      activated.data<float>(), ids, weights, k, dw, bias(x.down_bias), h, inter,
                                      out.data<float>());
       } else {
