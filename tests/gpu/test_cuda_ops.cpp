@@ -1275,11 +1275,14 @@ TEST_F(CudaOps, FusedExpertsGiveATokenTheSameBitsOnEveryPath) {
 }
 
 // FP8 gate/up at one to four tokens with the scales held by the lanes (a hidden size a multiple of
-// 256 and at most 32 scale blocks: 512 at blocks of 128 and of 16) gives the bits of a load a
-// group (R3_FP8_LANE_SCALES=0), and matches a double evaluation of the dequantized weights.
-TEST_F(CudaOps, Fp8GateUpWithScalesFromTheLanesGivesTheSameBits) {
-  const int64_t experts = 4, h = 512, inter = 96, k = 2;
-  for (const int64_t block : {int64_t{128}, int64_t{16}}) {
+// 256 and at most 32 scale blocks: 512 at blocks of 128 and of 16), and down + combine at one
+// token the same way where the expert width fits too (256; 96 does not), give the bits of a load a
+// group (R3_FP8_LANE_SCALES=0), and match a double evaluation of the dequantized weights.
+TEST_F(CudaOps, Fp8ExpertsWithScalesFromTheLanesGiveTheSameBits) {
+  const int64_t experts = 4, h = 512, k = 2;
+  // (expert width, scale block): down's scales fit the lanes at 256 only.
+  for (const std::pair<int64_t, int64_t>& shape : {std::pair<int64_t, int64_t>{96, 128}, {96, 16}, {256, 128}, {256, 16}}) {
+    const int64_t inter = shape.first, block = shape.second;
     const auto quantize = [&](int64_t rows, int64_t cols, uint32_t seed) {
       return quantize_fp8(gpu_random({experts, rows, cols}, seed, 0.2f), block, block);
     };
@@ -1308,10 +1311,11 @@ TEST_F(CudaOps, Fp8GateUpWithScalesFromTheLanesGivesTheSameBits) {
         return backend::to_host(*gpu_, out);
       };
       const Tensor with_lanes = run(true), with_loads = run(false);
-      EXPECT_EQ(std::memcmp(with_lanes.raw_data(), with_loads.raw_data(), with_lanes.nbytes()), 0)
-          << tokens << " tokens, blocks of " << block;
+      const std::string what = std::to_string(tokens) + " tokens, width " + std::to_string(inter) + ", blocks of " +
+                               std::to_string(block);
+      EXPECT_EQ(std::memcmp(with_lanes.raw_data(), with_loads.raw_data(), with_lanes.nbytes()), 0) << what;
       const Tensor want = fp8_experts_in_double(x, ids, weights, k, gate, up, down, inter);
-      EXPECT_LT(gpu_relative_error(with_lanes, want), 1e-5) << tokens << " tokens, blocks of " << block;
+      EXPECT_LT(gpu_relative_error(with_lanes, want), 1e-5) << what;
     }
   }
 }

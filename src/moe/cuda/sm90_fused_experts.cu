@@ -231,12 +231,17 @@ __global__ void down_and_combine_by_token(const float* __restrict__ activated, c
 // for gate/up (backend/cuda/launch.cuh): the ids come from the routing before gate/up, which has
 // finished once gate/up, having waited for it, releases this kernel; the weights are no kernel's
 // output. So the rows come from memory while gate/up's last blocks run.
-template <typename Matrix, bool kVec8>
-__global__ void down_and_combine_one_token(const float* __restrict__ activated, const int32_t* __restrict__ ids,
-                                           const float* __restrict__ weights, int64_t k, Matrix down,
-                                           const float* __restrict__ down_bias, int64_t h, int64_t inter,
-                                           float* __restrict__ out) {
-  extern __shared__ float choice_out[];  // [k]
+// kLaneScales (FP8 rows whose scales fit the lanes over inter, ops::cuda::fp8_lane_scales_fit):
+// the first choice's scales are loaded a lane each with those rows, before the wait, instead of
+// a load a group after it, one more trip to memory on the step's critical path. Same bits.
+template <typename Matrix, bool kVec8, bool kLaneScales = false>
+__device__ __forceinline__ void down_and_combine_token_row(const float* __restrict__ activated,
+                                                           const int32_t* __restrict__ ids,
+                                                           const float* __restrict__ weights, int64_t k, Matrix down,
+                                                           const float* __restrict__ down_bias, int64_t h,
+                                                           int64_t inter, float* __restrict__ out) {
+  extern __shared__ float choice_out[];  // [k] results, then [k] routing weights
+  float* const choice_weight = choice_out + k;
   const int64_t d = blockIdx.x;
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int warps = static_cast<int>(blockDim.x) / kWarp;
@@ -244,9 +249,17 @@ __global__ void down_and_combine_one_token(const float* __restrict__ activated, 
   using Row = decltype(row_of(down, 0));
   const Row first_row[1] = {row_of(down, first_choice < k ? ids[first_choice] * h + d : 0)};
   ops::cuda::RoundOf<Row, 1> first_round;
+  using Widen = std::conditional_t<kLaneScales, ops::cuda::Fp8LaneScales<1>, ops::cuda::WidenByRow>;
+  Widen widen{};
   if constexpr (kVec8) {
-    if (first_choice < k) ops::cuda::first_round_loads(first_row, inter, lane, first_round);
+    if (first_choice < k) {
+      ops::cuda::first_round_loads(first_row, inter, lane, first_round);
+      if constexpr (kLaneScales) widen = ops::cuda::fp8_lane_scales(first_row, 0, inter, lane);
+    }
   }
+  // The routing weights, like the ids, come from the routing before gate/up: loaded before the
+  // wait, so that thread 0's sum at the end does not wait on them.
+  for (int64_t j = threadIdx.x; j < k; j += blockDim.x) choice_weight[j] = weights[j];
   backend::cuda::wait_for_predecessor();
   const auto keep = [&](int64_t j, float partial) {
     const float y = warp_sum(partial);
@@ -255,7 +268,7 @@ __global__ void down_and_combine_one_token(const float* __restrict__ activated, 
   if (first_choice < k) {
     const float* const a[1] = {activated + first_choice * inter};
     float acc[1][1] = {{0.0f}};
-    if constexpr (kVec8) ops::cuda::row_dots_after_first_round(first_row, a, 1, inter, lane, first_round, acc);
+    if constexpr (kVec8) ops::cuda::row_dots_after_first_round(first_row, a, 1, inter, lane, first_round, acc, 0, widen);
     else row_dots<false>(first_row, a, 1, inter, lane, acc);
     keep(first_choice, acc[0][0]);
   }
@@ -269,9 +282,27 @@ __global__ void down_and_combine_one_token(const float* __restrict__ activated, 
   __syncthreads();
   if (threadIdx.x == 0) {
     float sum = 0.0f;
-    for (int64_t j = 0; j < k; ++j) sum = __fadd_rn(sum, __fmul_rn(weights[j], choice_out[j]));
+    for (int64_t j = 0; j < k; ++j) sum = __fadd_rn(sum, __fmul_rn(choice_weight[j], choice_out[j]));
     out[d] = sum;
   }
+}
+
+template <typename Matrix, bool kVec8>
+__global__ void down_and_combine_one_token(const float* __restrict__ activated, const int32_t* __restrict__ ids,
+                                           const float* __restrict__ weights, int64_t k, Matrix down,
+                                           const float* __restrict__ down_bias, int64_t h, int64_t inter,
+                                           float* __restrict__ out) {
+  down_and_combine_token_row<Matrix, kVec8>(activated, ids, weights, k, down, down_bias, h, inter, out);
+}
+// FP8 with the scales from the lanes, held to 64 registers: 4 blocks of 8 warps an SM, as
+// without them (66 registers otherwise: 3).
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 4)
+    down_and_combine_one_token_lane_scales(const float* __restrict__ activated, const int32_t* __restrict__ ids,
+                                           const float* __restrict__ weights, int64_t k, ops::cuda::Fp8Matrix down,
+                                           const float* __restrict__ down_bias, int64_t h, int64_t inter,
+                                           float* __restrict__ out) {
+  down_and_combine_token_row<ops::cuda::Fp8Matrix, true, true>(activated, ids, weights, k, down, down_bias, h, inter,
+                                                               out);
 }
 
 unsigned warp_blocks(int64_t warps) { return static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock); }
@@ -321,9 +352,17 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
                                    inter, act, activated.data<float>(), tokens == 1 && backend::cuda::early_release());
       if (tokens == 1) {
         const auto choice_warps = static_cast<unsigned>(std::min<int64_t>(k, kWarpsPerBlock));
-        backend::cuda::launch_kernel(down_and_combine_one_token<Matrix, kVec8>, static_cast<unsigned>(h),
-                                     choice_warps * kWarp, k * sizeof(float), stream, activated.data<float>(), ids,
-                                     weights, k, dw, bias(x.down_bias), h, inter, out.data<float>());
+        auto down = down_and_combine_one_token<Matrix, kVec8>;
+        if constexpr (kVec8 && std::is_same_v<Matrix, ops::cuda::Fp8Matrix>) {
+          // The scales from the lanes, as gate/up's (R3_FP8_LANE_SCALES=0: a load a group).
+          if (ops::cuda::fp8_lane_scales_fit(0, inter, x.block_cols) &&
+              backend::cuda::diagnostic_switch_on("R3_FP8_LANE_SCALES")) {
+            down = down_and_combine_one_token_lane_scales;
+          }
+        }
+        backend::cuda::launch_kernel(down, static_cast<unsigned>(h), choice_warps * kWarp, 2 * k * sizeof(float), stream,
+                                     activated.data<float>(), ids, weights, k, dw, bias(x.down_bias), h, inter,
+                                     out.data<float>());
       } else {
         backend::cuda::launch_kernel(down_and_combine_by_token<Matrix, kVec8>, warp_blocks(tokens * h), kThreads, 0,
                                      stream, activated.data<float>(), ids, weights, tokens, k, dw, bias(x.down_bias),

@@ -102,12 +102,21 @@ __global__ void prepare_rows(AttentionRows rows, int64_t heads, int64_t kv_heads
   const int32_t seq = step.seqs[t];
   const int64_t cache = seq >= 0 ? cache_row(step, pool, seq, position_index) : -1;  // padding: no write
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) angle(position, freq, i, scaling, &cosines[i], &sines[i]);
-  backend::cuda::wait_for_predecessor();
-  if (release) backend::cuda::release_successor();  // attention loads past keys and values meanwhile
-  // The warp's head (in registers, kHeldPerLane values a lane).
   const int64_t h = first_head + warp;
   const bool has_head = h < heads + kv_heads, is_q = h < heads;
   const int64_t head = is_q ? h : h - heads;
+  // The head's norm weights too (no kernel writes them): after the wait they would be a trip to
+  // memory after the reduction.
+  const float* norm = is_q ? rows.q_norm : rows.k_norm;
+  float held_norm[kHeldPerLane];
+#pragma unroll
+  for (int j = 0; j < kHeldPerLane; ++j) {
+    const int64_t i = lane + static_cast<int64_t>(j) * kWarp;
+    held_norm[j] = has_head && norm != nullptr && i < head_dim ? norm[i] : 0.0f;
+  }
+  backend::cuda::wait_for_predecessor();
+  if (release) backend::cuda::release_successor();  // attention loads past keys and values meanwhile
+  // The warp's head (in registers, kHeldPerLane values a lane).
   const float* in = !has_head ? nullptr
                     : is_q    ? rows.q + t * rows.q_stride + head * head_dim
                               : rows.k + t * rows.k_stride + head * head_dim;
@@ -119,7 +128,6 @@ __global__ void prepare_rows(AttentionRows rows, int64_t heads, int64_t kv_heads
   }
   __syncthreads();
   if (has_head) {
-    const float* norm = is_q ? rows.q_norm : rows.k_norm;
     double sum = 0;  // in element order, the held values first
 #pragma unroll
     for (int j = 0; j < kHeldPerLane; ++j) {
@@ -137,7 +145,14 @@ __global__ void prepare_rows(AttentionRows rows, int64_t heads, int64_t kv_heads
     if (norm != nullptr) {
       for (int offset = kWarp / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
       const auto inv = static_cast<float>(1.0 / sqrt(sum / static_cast<double>(head_dim) + eps));
-      for (int64_t i = lane; i < head_dim; i += kWarp) row[i] = norm[i] * (row[i] * inv);
+#pragma unroll
+      for (int j = 0; j < kHeldPerLane; ++j) {
+        const int64_t i = lane + static_cast<int64_t>(j) * kWarp;
+        if (i < head_dim) row[i] = held_norm[j] * (row[i] * inv);
+      }
+      for (int64_t i = lane + static_cast<int64_t>(kHeldPerLane) * kWarp; i < head_dim; i += kWarp) {
+        row[i] = norm[i] * (row[i] * inv);
+      }
     }
     __syncwarp();
     // Where the head goes: q_out, or the key's place in the pool (none for a padding token).
