@@ -187,7 +187,6 @@ __global__ void combine_choices(const float* __restrict__ expert_out, const floa
 // H100 it took FP8 batch 1 from 3.103 to 3.026 ms but bf16 from 3.483 to 3.526 (five blocks an
 // SM, 48 registers: slower for both; bench/RESULTS.md). R3_GATE_UP_ONE_WAVE=0: never, =1: bf16
 // too (diagnostics). Same bits.
-template <typename Matrix>
 constexpr int kOneWaveGroups = 2;
 constexpr int kOneWaveBlocks = 6;
 template <typename Matrix>
@@ -221,7 +220,6 @@ __global__ void down_and_combine_by_token(const float* __restrict__ activated, c
   experts_detail::down_and_combine_row_in_warp<kVec8>(activated, ids, weights, k, down, down_bias, h, inter, warp / h,
                                                       warp % h, out, static_cast<int>(threadIdx.x % kWarp));
 }
-
 
 // The same for a step of one token: a block per hidden row, its warps taking the choices, the
 // choices' results summed by thread 0 in order (a warp per row measured 13.2 -> 14.8 us a
@@ -335,7 +333,7 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
         constexpr bool kOneWaveTaken = kVec8 && (std::is_same_v<Matrix, ops::cuda::Fp8Matrix> ||
                                                  std::is_same_v<Matrix, ops::cuda::PlainMatrix<__nv_bfloat16>>);
         if constexpr (kOneWaveTaken) {
-          if (one_wave) return gate_up_by_pair<Matrix, kVec8, Act, kLanes, kOneWaveGroups<Matrix>, kOneWaveBlocks>;
+          if (one_wave) return gate_up_by_pair<Matrix, kVec8, Act, kLanes, kOneWaveGroups, kOneWaveBlocks>;
         }
         return gate_up_by_pair<Matrix, kVec8, Act, kLanes>;
       };

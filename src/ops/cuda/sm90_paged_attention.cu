@@ -327,7 +327,7 @@ void paged_attention(backend::Context& ctx, const Tensor& q, const DeviceStep& s
   // always, diagnostics), when the grid is one wave of one block an SM: then the merge kernel is
   // a link of the step's chain that the cluster removes (on an H100, decode at batch 1 from 3.540
   // to 3.483 ms). Past one wave the clusters cost more than they save: batch 8 (512 blocks) went
-  // from 12.39 to 12.63 ms and prefill from 6016 to 4449 tokens/s (bench/RESULTS.md). Same bits.
+  // from 12.39 to 12.65 ms and prefill from 6003 to 4446 tokens/s (bench/RESULTS.md). Same bits.
   const bool cluster_merge =
       on_tensor_cores && chunks <= kMaxClusterChunks &&
       backend::cuda::diagnostic_choice("R3_CLUSTER_MERGE", blocks <= static_cast<unsigned>(ctx.cuda_state().sm_count));
