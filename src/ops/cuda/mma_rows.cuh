@@ -18,6 +18,7 @@
 
 #include <cstdint>
 
+#include "ops/cuda/split_value.cuh"
 #include "ops/cuda/warp_row_dots.cuh"
 #include "ops/cuda/weight_rows.cuh"
 
@@ -35,9 +36,9 @@ struct SplitRows {
 };
 
 __device__ inline void store_split(const SplitRows& s, int64_t row, int64_t col, float v) {
-  const __nv_bfloat16 hi = __float2bfloat16_rn(v);
-  s.hi[row * s.width + col] = hi;
-  s.lo[row * s.width + col] = __float2bfloat16_rn(v - __bfloat162float(hi));
+  const SplitValue parts = split_value(v);
+  s.hi[row * s.width + col] = parts.hi;
+  s.lo[row * s.width + col] = parts.lo;
 }
 
 // c (16 x 8, float32) += a (16 x 16, bfloat16, row-major fragment) x b (16 x 8, col-major).

@@ -5,6 +5,7 @@
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
 #include "ops/cuda/dequantize.h"
+#include "ops/cuda/split_value.cuh"
 #include "ops/cuda/weight_rows.cuh"
 
 namespace r3::ops::cuda {
@@ -18,16 +19,15 @@ __global__ void dequantize_kernel(Matrix w, int64_t k, float* __restrict__ out) 
   for (int64_t c = threadIdx.x; c < k; c += blockDim.x) out[blockIdx.x * k + c] = load(row, c);
 }
 
-// The same values, each split as split_rows_bf16 splits a float: hi = bf16(v), lo = bf16(v - hi).
+// The same values, each split as split_rows_bf16 splits a float (split_value).
 template <typename Matrix>
 __global__ void dequantize_split_kernel(Matrix w, int64_t n, int64_t k, __nv_bfloat16* __restrict__ parts) {
   backend::cuda::wait_for_predecessor();
   const auto row = row_of(w, blockIdx.x);
   for (int64_t c = threadIdx.x; c < k; c += blockDim.x) {
-    const float v = load(row, c);
-    const __nv_bfloat16 hi = __float2bfloat16_rn(v);
-    parts[blockIdx.x * k + c] = hi;
-    parts[(n + blockIdx.x) * k + c] = __float2bfloat16_rn(v - __bfloat162float(hi));
+    const SplitValue s = split_value(load(row, c));
+    parts[blockIdx.x * k + c] = s.hi;
+    parts[(n + blockIdx.x) * k + c] = s.lo;
   }
 }
 

@@ -7,6 +7,7 @@
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
 #include "ops/cuda/split_bf16.h"
+#include "ops/cuda/split_value.cuh"
 
 namespace r3::ops::cuda {
 
@@ -18,9 +19,9 @@ __global__ void split_elements(const float* __restrict__ x, int64_t n, __nv_bflo
   backend::cuda::wait_for_predecessor();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const __nv_bfloat16 hi = __float2bfloat16_rn(x[i]);
-    parts[i] = hi;
-    parts[n + i] = __float2bfloat16_rn(x[i] - __bfloat162float(hi));  // exact difference, rounded once
+    const SplitValue s = split_value(x[i]);
+    parts[i] = s.hi;
+    parts[n + i] = s.lo;
   }
 }
 
