@@ -182,8 +182,8 @@ __global__ void combine_choices(const float* __restrict__ expert_out, const floa
 // Gate/up at one token: groups of eight a lane keeps in flight a row, fewer than the row type's
 // default, so that the kernel's registers let one wave of blocks hold every (pair, intermediate
 // row) of Qwen3-30B-A3B (768 blocks of 8 warps on 132 SMs: 6 blocks an SM, 40 registers a
-// thread, some spilled). The default (bf16: 4 groups, 64 registers, 4 blocks an SM; FP8: 8
-// groups, 80, 3) runs in 1.45 and 1.94 waves. Taken for FP8 only: in a whole decode step on an
+// thread, some spilled). The default (bf16: 4 groups, 67 registers, 3 blocks an SM; FP8: 8
+// groups, 80, 3) runs in 1.94 waves. Taken for FP8 only: in a whole decode step on an
 // H100 it took FP8 batch 1 from 3.103 to 3.026 ms but bf16 from 3.483 to 3.526 (five blocks an
 // SM, 48 registers: slower for both; bench/RESULTS.md). R3_GATE_UP_ONE_WAVE=0: never, =1: bf16
 // too (diagnostics). Same bits.
