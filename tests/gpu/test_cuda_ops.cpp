@@ -1276,8 +1276,9 @@ TEST_F(CudaOps, FusedExpertsGiveATokenTheSameBitsOnEveryPath) {
 
 // FP8 gate/up at one to four tokens with the scales held by the lanes (a hidden size a multiple of
 // 256 and at most 32 scale blocks: 512 at blocks of 128 and of 16), and down + combine at one
-// token the same way where the expert width fits too (256; 96 does not), give the bits of a load a
-// group (R3_FP8_LANE_SCALES=0), and match a double evaluation of the dequantized weights.
+// token the same way where the expert width fits too (256; 96 does not; by default that kernel is
+// the one held to six blocks an SM), give the bits of a load a group (R3_FP8_LANE_SCALES=0), and
+// match a double evaluation of the dequantized weights.
 TEST_F(CudaOps, Fp8ExpertsWithScalesFromTheLanesGiveTheSameBits) {
   const int64_t experts = 4, h = 512, k = 2;
   // (expert width, scale block): down's scales fit the lanes at 256 only.
