@@ -292,28 +292,19 @@ __global__ void down_and_combine_one_token(const float* __restrict__ activated, 
                                            float* __restrict__ out) {
   down_and_combine_token_row<Matrix, kVec8>(activated, ids, weights, k, down, down_bias, h, inter, out);
 }
-// The same held to 6 blocks an SM (40 registers, some spilled): Qwen3-30B-A3B's 2048 one-row
-// blocks then run in 2.6 waves instead of 3.9. Taken for FP8 with the scales from the lanes: on
-// an H100 it took FP8 batch 1 from 2.913 to 2.848 ms, but bf16 from 3.371 to 3.405
-// (bench/RESULTS.md, session 27). R3_DOWN_SIX_BLOCKS=0: never, =1: bf16 too (diagnostics).
-// Same bits.
-template <typename Matrix, bool kVec8, bool kLaneScales>
-__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 6)
-    down_and_combine_one_token_six(const float* __restrict__ activated, const int32_t* __restrict__ ids,
-                                   const float* __restrict__ weights, int64_t k, Matrix down,
-                                   const float* __restrict__ down_bias, int64_t h, int64_t inter,
-                                   float* __restrict__ out) {
+// The same held to kMinBlocks blocks an SM. Six (40 registers, some spilled): Qwen3-30B-A3B's
+// 2048 one-row blocks run in 2.6 waves instead of 3.9; taken for FP8 with the scales from the
+// lanes: on an H100 it took FP8 batch 1 from 2.913 to 2.848 ms, but bf16 from 3.371 to 3.405
+// (bench/RESULTS.md, session 27). R3_DOWN_SIX_BLOCKS=0: never, =1: bf16 too (diagnostics). Four:
+// FP8 with the scales from the lanes held to 64 registers, as without them (66 otherwise: 3
+// blocks), under R3_DOWN_SIX_BLOCKS=0. Same bits.
+template <typename Matrix, bool kVec8, bool kLaneScales, int kMinBlocks>
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, kMinBlocks)
+    down_and_combine_one_token_held(const float* __restrict__ activated, const int32_t* __restrict__ ids,
+                                    const float* __restrict__ weights, int64_t k, Matrix down,
+                                    const float* __restrict__ down_bias, int64_t h, int64_t inter,
+                                    float* __restrict__ out) {
   down_and_combine_token_row<Matrix, kVec8, kLaneScales>(activated, ids, weights, k, down, down_bias, h, inter, out);
-}
-// FP8 with the scales from the lanes, held to 64 registers: 4 blocks of 8 warps an SM, as
-// without them (66 registers otherwise: 3). Under R3_DOWN_SIX_BLOCKS=0 only.
-__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, 4)
-    down_and_combine_one_token_lane_scales(const float* __restrict__ activated, const int32_t* __restrict__ ids,
-                                           const float* __restrict__ weights, int64_t k, ops::cuda::Fp8Matrix down,
-                                           const float* __restrict__ down_bias, int64_t h, int64_t inter,
-                                           float* __restrict__ out) {
-  down_and_combine_token_row<ops::cuda::Fp8Matrix, true, true>(activated, ids, weights, k, down, down_bias, h, inter,
-                                                               out);
 }
 
 unsigned warp_blocks(int64_t warps) { return static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock); }
@@ -369,13 +360,13 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
           if (ops::cuda::fp8_lane_scales_fit(0, inter, x.block_cols) &&
               backend::cuda::diagnostic_switch_on("R3_FP8_LANE_SCALES")) {
             down = backend::cuda::diagnostic_choice("R3_DOWN_SIX_BLOCKS", true)
-                       ? down_and_combine_one_token_six<ops::cuda::Fp8Matrix, true, true>
-                       : down_and_combine_one_token_lane_scales;
+                       ? down_and_combine_one_token_held<ops::cuda::Fp8Matrix, true, true, 6>
+                       : down_and_combine_one_token_held<ops::cuda::Fp8Matrix, true, true, 4>;
           }
         }
         if constexpr (kVec8 && std::is_same_v<Matrix, ops::cuda::PlainMatrix<__nv_bfloat16>>) {
           if (backend::cuda::diagnostic_choice("R3_DOWN_SIX_BLOCKS", false)) {
-            down = down_and_combine_one_token_six<Matrix, true, false>;
+            down = down_and_combine_one_token_held<Matrix, true, false, 6>;
           }
         }
         backend::cuda::launch_kernel(down, static_cast<unsigned>(h), choice_warps * kWarp, 2 * k * sizeof(float), stream,
