@@ -6,7 +6,7 @@
 # compared; with R3_TIMELINE=1, each kernel's place in the step's graph as it ran; with
 # R3_DEEP_PROFILE=1, a batch-1 layer's kernels profiled in depth; with R3_SASS_PROFILE=1, the
 # small kernels' stalls by SASS line;
-# R3_TESTS_FILTER, R3_KERNEL_SECTIONS and R3_DECODE_BENCH=0 narrow a call down), and leave the logs
+# R3_TESTS_FILTER, R3_KERNEL_SECTIONS, R3_DECODE_BENCH=0 and R3_BENCH_ONLY=1 narrow a call down), and leave the logs
 # in $OUT (or ./gpu-out). Usage there: R3_COMMIT=<commit the tree was sent from> bash bench/gpu.sh
 # (the copy of the tree on that machine may carry an older .git).
 set -uo pipefail
@@ -24,15 +24,23 @@ nccl_dir=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/d
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DR3_DEPS_DIR="$PWD/.gpu-deps" \
   ${nccl_dir:+-DR3_NCCL_DIR="$nccl_dir"} -DR3_BUILD_BENCH=OFF > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
 grep -E "r3: (NCCL|CUDA)" "$out/configure.log" >> "$out/device.txt"
-cmake --build build-gpu -j"$(nproc)" --target r3_gpu_tests r3_gpu_kernels_bench r3 > "$out/build.log" 2>&1 || { grep -B2 -A10 -m5 error "$out/build.log"; exit 1; }
+# R3_BENCH_ONLY=1: r3 alone, no GPU tests and no kernel bench (the standard decode benches of a
+# commit whose tests passed on another call, in the least device time: each test binary and the
+# kernel bench add to the build).
+bench_only=${R3_BENCH_ONLY:-0}
+targets="r3_gpu_tests r3_gpu_kernels_bench r3"
+[[ "$bench_only" == 1 ]] && targets=r3
+cmake --build build-gpu -j"$(nproc)" --target $targets > "$out/build.log" 2>&1 || { grep -B2 -A10 -m5 error "$out/build.log"; exit 1; }
 status=0
 # R3_TESTS_FILTER=<gtest filter>: only those GPU tests (a short call that checks one change).
-./build-gpu/r3_gpu_tests ${R3_TESTS_FILTER:+--gtest_filter="$R3_TESTS_FILTER"} 2>&1 | tee "$out/gpu_tests.log" || status=1
+if [[ "$bench_only" != 1 ]]; then
+  ./build-gpu/r3_gpu_tests ${R3_TESTS_FILTER:+--gtest_filter="$R3_TESTS_FILTER"} 2>&1 | tee "$out/gpu_tests.log" || status=1
+fi
 # R3_TESTS_ONLY=1: the build and the GPU tests, no benchmarks.
 if [[ "${R3_TESTS_ONLY:-0}" == 1 ]]; then cat "$out/device.txt"; exit $status; fi
 # R3_KERNEL_SECTIONS="<section> ...": only those sections of the kernel bench (default: all;
 # "none": no kernel bench).
-if [[ "${R3_KERNEL_SECTIONS:-}" != none ]]; then
+if [[ "${R3_KERNEL_SECTIONS:-}" != none && "$bench_only" != 1 ]]; then
   ./build-gpu/r3_gpu_kernels_bench ${R3_KERNEL_SECTIONS:-} 2>&1 | tee "$out/gpu_kernels_bench.jsonl" || status=1
 fi
 # R3_DECODE_BENCH=0: none of the three decode benches below (R3_AB's comparisons still run).
@@ -70,6 +78,7 @@ for variable in ${R3_AB:-}; do
     done
   done
   for value in 0 1; do
+    [[ "$bench_only" == 1 ]] && break  # (no kernel bench built)
     env "$variable=$value" ./build-gpu/r3_gpu_kernels_bench linear | sed "s/^{/{\"$variable\":$value,/" >> "$out/ab_linear.jsonl"
   done
   rm -f "$out/ab.json"
@@ -81,6 +90,7 @@ done
 if [[ -n "${R3_AB_CONFIGS:-}" ]]; then
   IFS=';' read -r -a configs <<< "$R3_AB_CONFIGS"
   for config in "${configs[@]}"; do
+    [[ "$bench_only" == 1 ]] && break  # (no kernel bench built)
     settings=${config/#-/}
     env $settings ./build-gpu/r3_gpu_kernels_bench moe_layer 2>&1 | grep '"moe_layer"' |
       sed "s/^{/{\"config\":\"$config\",/" >> "$out/ab_configs_moe.jsonl" || status=1
