@@ -366,6 +366,43 @@ TEST(GpuGraphs, DecodeStepsReplayAsOneGraphWithCaptureOn) {
   EXPECT_GE(models::step_graph_nodes(*zeroed).memsets, ref.layers);  // ref.layers: its MoE layers
 }
 
+// o's weights brought into L2 on a side stream (R3_PREFETCH_O, ops/cuda/l2_prefetch.h) change
+// no token and no route: the same generation as without, its decode steps still replayed as one
+// graph of kernels (the side branch joins before the capture ends).
+TEST(GpuGraphs, OProjectionPrefetchedBesideTheChainGivesTheSameTokensAndRoutes) {
+  const Reference ref = load_reference("qwen3_moe", 0);
+  auto gpu = backend::Context::cuda(0);
+  const std::vector<int64_t> prompt64 = prompt_ids(ref);
+  const std::vector<int32_t> prompt(prompt64.begin(), prompt64.end());
+  engine::GenerateOptions options;
+  options.max_new_tokens = static_cast<int64_t>(ref.generated.size());
+  for (const DType weights : {DType::F32, DType::BF16}) {
+    std::vector<engine::GenerateResult> runs;
+    int64_t replays[2] = {0, 0};
+    for (const bool prefetch : {false, true}) {
+      setenv("R3_PREFETCH_O", prefetch ? "1" : "0", 1);
+      auto model = models::place_on_device(*gpu, models::load_model(family_dir("qwen3_moe")), weights);
+      runs.push_back(engine::generate(*model, *gpu, prompt, options));
+      replays[prefetch] = models::graph_replays(*model);
+      const models::StepGraphNodes nodes = models::step_graph_nodes(*model);
+      EXPECT_EQ(nodes.memsets + nodes.others, 0) << dtype_name(weights);
+    }
+    unsetenv("R3_PREFETCH_O");
+    EXPECT_EQ(runs[1].output_ids, runs[0].output_ids) << dtype_name(weights);
+    EXPECT_GT(replays[1], 0) << dtype_name(weights);
+    EXPECT_EQ(replays[1], replays[0]) << dtype_name(weights);
+    ASSERT_EQ(runs[1].routed_experts.rows(), runs[0].routed_experts.rows());
+    for (int64_t t = 0; t < ref.tokens; ++t) {
+      for (int64_t l = 0; l < ref.layers; ++l) {
+        for (int64_t c = 0; c < ref.top_k; ++c) {
+          EXPECT_EQ(runs[1].routed_experts.at(t, l, c), runs[0].routed_experts.at(t, l, c))
+              << dtype_name(weights) << " row " << t << " layer " << l;
+        }
+      }
+    }
+  }
+}
+
 // The device KV pools take the weights' precision: a bf16 placement's cache holds half the bytes
 // of a float32 one of the same size (its keys and values are bf16).
 TEST(GpuCache, Bf16WeightsCacheBf16KeysAndValues) {

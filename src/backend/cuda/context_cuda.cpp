@@ -40,6 +40,9 @@ void destroy(State* s) {
   cudaSetDevice(s->device);
   if (s->lt_workspace != nullptr) cudaFree(s->lt_workspace);
   if (s->lt != nullptr) cublasLtDestroy(s->lt);
+  if (s->side != nullptr) cudaStreamDestroy(s->side);
+  if (s->fork != nullptr) cudaEventDestroy(s->fork);
+  if (s->join != nullptr) cudaEventDestroy(s->join);
   if (s->stream != nullptr) cudaStreamDestroy(s->stream);
   delete s;
 }

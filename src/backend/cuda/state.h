@@ -19,6 +19,13 @@ struct State {
   cublasLtHandle_t lt = nullptr;
   void* lt_workspace = nullptr;
   std::size_t lt_workspace_bytes = 0;
+  // A second stream for work beside the chain of `stream`'s kernels (ops/cuda/l2_prefetch.h):
+  // forked from `stream` by `fork`, joined back by `join`; `side_pending` while not yet joined.
+  // Made on first use.
+  cudaStream_t side = nullptr;
+  cudaEvent_t fork = nullptr;
+  cudaEvent_t join = nullptr;
+  bool side_pending = false;
 };
 
 // Throws r3::Error naming the call and CUDA's message.

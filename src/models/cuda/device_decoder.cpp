@@ -9,6 +9,7 @@
 #include "models/cuda/device_decoder_parts.h"
 #include "models/kda_attention.h"
 #include "models/kimi_k3/kimi_k3_model.h"
+#include "ops/cuda/l2_prefetch.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/linear.h"
@@ -240,6 +241,7 @@ void Decoder::run_layers(backend::Context& ctx, const ops::DeviceStep& step, KvC
   ops::cuda::embedding_ids_on_device(ctx, t.residual, step.logit_rows, step.logit_row_count, t.selected);
   ops::rms_norm(ctx, t.selected, &p_.final_norm, p_.rms_eps, t.selected);
   ops::linear(ctx, t.selected, p_.lm_head, nullptr, t.logits);
+  ops::cuda::join_side_stream(ctx);  // the layers' L2 prefetches (a graph capture ends joined)
 }
 
 namespace {
@@ -282,11 +284,13 @@ void Decoder::run_layers_graphed(backend::Context& ctx, ops::DeviceStep step, Kv
     try {
       run_layers(ctx, step, kv, t);
     } catch (...) {
+      ctx.cuda_state().side_pending = false;  // the failed capture is dropped with its branches
       cudaStreamEndCapture(stream, &graph);
       if (graph != nullptr) cudaGraphDestroy(graph);
       moe_layers_routed_ = 0;  // the routing kernels were recorded, never run: nothing to deliver
       throw;
     }
+    ops::cuda::join_side_stream(ctx);  // whatever path the layers took
     R3_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
     count_nodes(graph, step_graph_nodes_);
     StepGraph captured;

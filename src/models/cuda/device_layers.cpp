@@ -17,6 +17,7 @@
 #include "moe/ep/expert_moves.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
+#include "ops/cuda/l2_prefetch.h"
 #include "ops/kv_write.h"
 #include "ops/latent_attention.h"
 #include "ops/linear.h"
@@ -138,10 +139,14 @@ void Attention::forward(backend::Context& ctx, const Tensor& x, const ops::Devic
   const int64_t q_width = spec.num_heads * d, kv_width = spec.num_kv_heads * d;
   backend::Workspace::Scope scope(ctx.workspace());
   Tensor qh = ctx.scratch_for_output(DType::F32, {tokens, spec.num_heads, d});  // written in full by the kernels
+  // Once q/k/v has run, o's weights come into L2 beside the prepare and attention kernels
+  // (ops/cuda/l2_prefetch.h; R3_PREFETCH_O).
+  const bool prefetch_o = ops::cuda::o_prefetch_taken(tokens);
   if (qkv.defined()) {
     const int64_t width = q_width + 2 * kv_width;
     Tensor projected = ctx.scratch_for_output(DType::F32, {tokens, width});
     ops::linear(ctx, x, qkv, qkv_bias.if_defined(), projected);
+    if (prefetch_o) ops::cuda::prefetch_into_l2_beside(ctx, w.o);
     const float* p = projected.data<float>();
     const bool norms = spec.qk_norm == QkNorm::kPerHead;
     const ops::cuda::AttentionRows rows{p,
@@ -159,6 +164,7 @@ void Attention::forward(backend::Context& ctx, const Tensor& x, const ops::Devic
     Tensor kt = ctx.scratch_for_output(DType::F32, {tokens, kv_width});
     Tensor vt = ctx.scratch_for_output(DType::F32, {tokens, kv_width});
     project_qkv(ctx, spec, rms_eps, w, x, qt, kt, vt);
+    if (prefetch_o) ops::cuda::prefetch_into_l2_beside(ctx, w.o);
     const ops::cuda::AttentionRows rows{qt.data<float>(), q_width, kt.data<float>(), kv_width, vt.data<float>(), kv_width};
     ops::cuda::prepare_attention_rows(ctx, rotary, rows, spec.num_heads, spec.num_kv_heads, d, rms_eps, step, pool, qh);
   }

@@ -8,6 +8,7 @@
 #include "backend/device_memory.h"
 #include "models/cuda/device_decoder_parts.h"
 #include "models/kimi_k3/latent_moe.h"
+#include "ops/cuda/l2_prefetch.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/linear.h"
@@ -95,6 +96,7 @@ void Decoder::run_residual_mix_layers(backend::Context& ctx, const ops::DeviceSt
   ops::cuda::embedding_ids_on_device(ctx, mixed, step.logit_rows, step.logit_row_count, t.selected);
   ops::rms_norm(ctx, t.selected, &p_.final_norm, p_.rms_eps, t.selected);
   ops::linear(ctx, t.selected, p_.lm_head, nullptr, t.logits);
+  ops::cuda::join_side_stream(ctx);  // the layers' L2 prefetches (a graph capture ends joined)
 }
 
 std::unique_ptr<CausalLM> place_kimi_k3(backend::Context& ctx, std::unique_ptr<KimiK3Model> host, DType weights,
