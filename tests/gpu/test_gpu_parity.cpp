@@ -366,9 +366,10 @@ TEST(GpuGraphs, DecodeStepsReplayAsOneGraphWithCaptureOn) {
   EXPECT_GE(models::step_graph_nodes(*zeroed).memsets, ref.layers);  // ref.layers: its MoE layers
 }
 
-// o's weights brought into L2 on a side stream (R3_PREFETCH_O, ops/cuda/l2_prefetch.h) change
-// no token and no route: the same generation as without, its decode steps still replayed as one
-// graph of kernels (the side branch joins before the capture ends).
+// o's weights brought into L2 on a side stream (ops/cuda/l2_prefetch.h; R3_PREFETCH_O=0 turns it
+// off) change no token and no route: the same generation as without, its decode steps still
+// replayed as one graph of kernels (the side branch joins before the capture ends), which holds
+// one prefetch kernel more a layer.
 TEST(GpuGraphs, OProjectionPrefetchedBesideTheChainGivesTheSameTokensAndRoutes) {
   const Reference ref = load_reference("qwen3_moe", 0);
   auto gpu = backend::Context::cuda(0);
@@ -377,26 +378,28 @@ TEST(GpuGraphs, OProjectionPrefetchedBesideTheChainGivesTheSameTokensAndRoutes) 
   engine::GenerateOptions options;
   options.max_new_tokens = static_cast<int64_t>(ref.generated.size());
   for (const DType weights : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(weights));
     std::vector<engine::GenerateResult> runs;
-    int64_t replays[2] = {0, 0};
+    int64_t replays[2] = {0, 0}, kernels[2] = {0, 0};
     for (const bool prefetch : {false, true}) {
-      setenv("R3_PREFETCH_O", prefetch ? "1" : "0", 1);
+      if (!prefetch) setenv("R3_PREFETCH_O", "0", 1);
       auto model = models::place_on_device(*gpu, models::load_model(family_dir("qwen3_moe")), weights);
       runs.push_back(engine::generate(*model, *gpu, prompt, options));
+      unsetenv("R3_PREFETCH_O");
       replays[prefetch] = models::graph_replays(*model);
       const models::StepGraphNodes nodes = models::step_graph_nodes(*model);
-      EXPECT_EQ(nodes.memsets + nodes.others, 0) << dtype_name(weights);
+      EXPECT_EQ(nodes.memsets + nodes.others, 0);
+      kernels[prefetch] = nodes.kernels;
     }
-    unsetenv("R3_PREFETCH_O");
-    EXPECT_EQ(runs[1].output_ids, runs[0].output_ids) << dtype_name(weights);
-    EXPECT_GT(replays[1], 0) << dtype_name(weights);
-    EXPECT_EQ(replays[1], replays[0]) << dtype_name(weights);
+    EXPECT_EQ(runs[1].output_ids, runs[0].output_ids);
+    EXPECT_GT(replays[1], 0);
+    EXPECT_EQ(replays[1], replays[0]);
+    EXPECT_GE(kernels[1] - kernels[0], ref.layers);  // a prefetch an attention layer (ref.layers: its MoE layers)
     ASSERT_EQ(runs[1].routed_experts.rows(), runs[0].routed_experts.rows());
-    for (int64_t t = 0; t < ref.tokens; ++t) {
+    for (int64_t t = 0; t < runs[0].routed_experts.rows(); ++t) {
       for (int64_t l = 0; l < ref.layers; ++l) {
         for (int64_t c = 0; c < ref.top_k; ++c) {
-          EXPECT_EQ(runs[1].routed_experts.at(t, l, c), runs[0].routed_experts.at(t, l, c))
-              << dtype_name(weights) << " row " << t << " layer " << l;
+          EXPECT_EQ(runs[1].routed_experts.at(t, l, c), runs[0].routed_experts.at(t, l, c)) << "row " << t << " layer " << l;
         }
       }
     }

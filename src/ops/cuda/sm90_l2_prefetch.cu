@@ -35,7 +35,7 @@ backend::cuda::State& side_ready(backend::Context& ctx) {
 }  // namespace
 
 bool o_prefetch_taken(int64_t tokens) {
-  return tokens <= kPrefetchOTokens && backend::cuda::diagnostic_choice("R3_PREFETCH_O", false);
+  return tokens <= kPrefetchOTokens && backend::cuda::diagnostic_choice("R3_PREFETCH_O", true);
 }
 
 void prefetch_into_l2_beside(backend::Context& ctx, const Tensor& w) {
