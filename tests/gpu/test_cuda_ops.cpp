@@ -26,6 +26,7 @@
 #include "ops/cuda/dequantize.h"
 #include "ops/cuda/linear_mma_rows.h"
 #include "ops/cuda/split_bf16.h"
+#include "ops/cuda/weight_matrices.h"
 #include "ops/cuda/linear_rows.h"
 #include "ops/attention.h"
 #include "ops/elementwise.h"
@@ -1481,6 +1482,23 @@ TEST_F(CudaOps, OpsWithoutACudaImplementationSayWhichOp) {
     message = e.what();
   }
   EXPECT_NE(message.find("op 'embedding' has no implementation for device cuda"), std::string::npos) << message;
+}
+
+// The weight-streaming kernels find an FP8 row's matrix and scale row by 32-bit division
+// (ops/cuda/weight_rows.cuh), so a matrix they could not index is refused when it is made.
+TEST(CudaWeightMatrices, AnFp8MatrixBeyondTwoToThe31RowsIsRefusedAndOneWithinIsMade) {
+  const int64_t too_many = int64_t{1} << 31;
+  std::string message;
+  try {
+    ops::cuda::fp8_matrix(nullptr, nullptr, too_many, 128, too_many, too_many / 128, 1, 0, 128, 128);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("an FP8 matrix of 2147483648 rows"), std::string::npos) << message;
+  const ops::cuda::Fp8Matrix m = ops::cuda::fp8_matrix(nullptr, nullptr, 128 * 768, 2048, 768, 6, 16, 0, 128, 128);
+  EXPECT_EQ(m.rows_per_matrix, 768);
+  EXPECT_EQ(m.block_rows, 128);
+  EXPECT_EQ(m.block_cols_shift, 7);
 }
 
 }  // namespace

@@ -68,9 +68,8 @@ void with_expert_matrices(const DeviceExperts& x, Run&& run) {
     }
     case DType::F8_E4M3: {
       const auto fp8 = [&](const Tensor& values, const Tensor& scales, int64_t cols) {
-        return Fp8Matrix{bytes(values), scales.data<float>(), cols, values.dim(1), scales.dim(1), scales.dim(2), 0,
-                         static_cast<int32_t>(x.block_rows), static_cast<int32_t>(x.block_cols),
-                         ops::cuda::fp8_block_cols_shift(x.block_cols)};
+        return ops::cuda::fp8_matrix(bytes(values), scales.data<float>(), values.dim(0) * values.dim(1), cols,
+                                     values.dim(1), scales.dim(1), scales.dim(2), 0, x.block_rows, x.block_cols);
       };
       return run(fp8(x.gate, x.gate_scales, h), fp8(x.up, x.up_scales, h), fp8(x.down, x.down_scales, inter));
     }

@@ -38,9 +38,13 @@ __device__ inline void prefetch_l2(const KV* p, int64_t n) {
   for (int64_t i = 0; i < n; i += kLine) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + i));
 }
 
+// By 32-bit division: positions are int32 and non-negative, blocks far smaller (the 64-bit
+// division is a long software routine, on the path of every row's load).
 __device__ inline int64_t cache_row(const DeviceStep& step, const DeviceKvPool& pool, int32_t seq, int64_t pos) {
-  const int32_t block = step.block_tables[seq * step.table_stride + pos / pool.block_size];
-  return static_cast<int64_t>(block) * pool.block_size + pos % pool.block_size;
+  const auto p = static_cast<uint32_t>(pos), size = static_cast<uint32_t>(pool.block_size);
+  const uint32_t slot = p / size;
+  const int32_t block = step.block_tables[seq * step.table_stride + slot];
+  return static_cast<int64_t>(block) * pool.block_size + (p - slot * size);
 }
 
 __device__ inline float warp_max(float v) {

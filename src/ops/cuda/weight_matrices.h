@@ -47,6 +47,20 @@ inline int32_t fp8_block_cols_shift(int64_t block_cols) {
   return shift;
 }
 
+// An Fp8Matrix of `rows` rows in all (stacked matrices of rows_per_matrix each), checked to fit
+// the 32-bit row arithmetic of row_of (weight_rows.cuh).
+inline Fp8Matrix fp8_matrix(const uint8_t* values, const float* scales, int64_t rows, int64_t cols,
+                            int64_t rows_per_matrix, int64_t scale_rows_per_matrix, int64_t scale_cols,
+                            int64_t first_row, int64_t block_rows, int64_t block_cols) {
+  constexpr int64_t kMaxRows = int64_t{1} << 31;
+  R3_CHECK(rows >= 0 && rows < kMaxRows && first_row >= 0 && first_row + rows_per_matrix < kMaxRows &&
+               rows_per_matrix > 0 && block_rows > 0 && block_rows < kMaxRows && block_cols > 0 && block_cols < kMaxRows,
+           "weights (cuda): an FP8 matrix of ", rows, " rows (from row ", first_row, ") in blocks of ", block_rows,
+           " x ", block_cols, ": at most 2^31 rows");
+  return Fp8Matrix{values, scales, cols, rows_per_matrix, scale_rows_per_matrix, scale_cols, first_row,
+                   static_cast<int32_t>(block_rows), static_cast<int32_t>(block_cols), fp8_block_cols_shift(block_cols)};
+}
+
 // [rows, cols / 2] bytes (value 2i of a row in the low nibble of byte i) and [rows, ceil(cols / 32)]
 // e8m0 scales, both rows contiguous.
 struct Mxfp4Matrix {
@@ -68,9 +82,9 @@ decltype(auto) with_weight_matrix(const Tensor& w, Launch&& launch) {
     case DType::F8_E4M3: {
       const BlockScales* s = w.block_scales();
       R3_CHECK(s != nullptr && s->scales.device() == Device::kCuda, "weights (cuda): an F8_E4M3 matrix without its scales");
-      return launch(Fp8Matrix{static_cast<const uint8_t*>(w.raw_data()), s->scales.data<float>(), cols, w.dim(0),
-                              s->scales.dim(0), s->scales.dim(1), s->first_row, static_cast<int32_t>(s->block_rows),
-                              static_cast<int32_t>(s->block_cols), fp8_block_cols_shift(s->block_cols)});
+      return launch(fp8_matrix(static_cast<const uint8_t*>(w.raw_data()), s->scales.data<float>(), w.dim(0), cols,
+                               w.dim(0), s->scales.dim(0), s->scales.dim(1), s->first_row, s->block_rows,
+                               s->block_cols));
     }
     case DType::F4_E2M1X2: {
       const MxScales* s = w.mx_scales();

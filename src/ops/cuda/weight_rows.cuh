@@ -43,9 +43,13 @@ template <typename T>
 __device__ inline PlainRow<T> row_of(const PlainMatrix<T>& m, int64_t r) {
   return {m.values + r * m.cols};
 }
+// By 32-bit divisions (a matrix holds fewer than 2^31 rows: fp8_matrix checks), as an expert's row
+// is found after its kernel waits for the routing: the 64-bit ones are long software routines.
 __device__ inline Fp8Row row_of(const Fp8Matrix& m, int64_t r) {
-  const int64_t matrix = r / m.rows_per_matrix, inside = r % m.rows_per_matrix;
-  const int64_t scale_row = matrix * m.scale_rows_per_matrix + (m.first_row + inside) / m.block_rows;
+  const auto row = static_cast<uint32_t>(r), per_matrix = static_cast<uint32_t>(m.rows_per_matrix);
+  const uint32_t matrix = row / per_matrix, inside = row - matrix * per_matrix;
+  const uint32_t block_row = (static_cast<uint32_t>(m.first_row) + inside) / static_cast<uint32_t>(m.block_rows);
+  const int64_t scale_row = static_cast<int64_t>(matrix) * m.scale_rows_per_matrix + block_row;
   return {m.values + r * m.cols, m.scales + scale_row * m.scale_cols, m.block_cols, m.block_cols_shift};
 }
 __device__ inline Mxfp4Row row_of(const Mxfp4Matrix& m, int64_t r) {
