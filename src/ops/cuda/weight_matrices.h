@@ -56,7 +56,7 @@ inline Fp8Matrix fp8_matrix(const uint8_t* values, const float* scales, int64_t 
   R3_CHECK(rows >= 0 && rows < kMaxRows && first_row >= 0 && first_row + rows_per_matrix < kMaxRows &&
                rows_per_matrix > 0 && block_rows > 0 && block_rows < kMaxRows && block_cols > 0 && block_cols < kMaxRows,
            "weights (cuda): an FP8 matrix of ", rows, " rows (from row ", first_row, ") in blocks of ", block_rows,
-           " x ", block_cols, ": at most 2^31 rows");
+           " x ", block_cols, ": a matrix must hold fewer than 2^31 rows");
   return Fp8Matrix{values, scales, cols, rows_per_matrix, scale_rows_per_matrix, scale_cols, first_row,
                    static_cast<int32_t>(block_rows), static_cast<int32_t>(block_cols), fp8_block_cols_shift(block_cols)};
 }
