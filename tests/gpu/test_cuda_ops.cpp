@@ -1499,6 +1499,8 @@ TEST(CudaWeightMatrices, AnFp8MatrixBeyondTwoToThe31RowsIsRefusedAndOneWithinIsM
   EXPECT_EQ(m.rows_per_matrix, 768);
   EXPECT_EQ(m.block_rows, 128);
   EXPECT_EQ(m.block_cols_shift, 7);
+  // An empty weight (no rows) is made as it was before the check: its kernels never run.
+  EXPECT_EQ(ops::cuda::fp8_matrix(nullptr, nullptr, 0, 2048, 0, 0, 16, 0, 128, 128).rows_per_matrix, 0);
 }
 
 }  // namespace

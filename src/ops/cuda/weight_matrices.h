@@ -48,13 +48,14 @@ inline int32_t fp8_block_cols_shift(int64_t block_cols) {
 }
 
 // An Fp8Matrix of `rows` rows in all (stacked matrices of rows_per_matrix each), checked to fit
-// the 32-bit row arithmetic of row_of (weight_rows.cuh).
+// the 32-bit row arithmetic of row_of (weight_rows.cuh). An empty one is made as before: no
+// kernel asks it for a row.
 inline Fp8Matrix fp8_matrix(const uint8_t* values, const float* scales, int64_t rows, int64_t cols,
                             int64_t rows_per_matrix, int64_t scale_rows_per_matrix, int64_t scale_cols,
                             int64_t first_row, int64_t block_rows, int64_t block_cols) {
   constexpr int64_t kMaxRows = int64_t{1} << 31;
   R3_CHECK(rows >= 0 && rows < kMaxRows && first_row >= 0 && first_row + rows_per_matrix < kMaxRows &&
-               rows_per_matrix > 0 && block_rows > 0 && block_rows < kMaxRows && block_cols > 0 && block_cols < kMaxRows,
+               rows_per_matrix >= 0 && block_rows > 0 && block_rows < kMaxRows && block_cols > 0 && block_cols < kMaxRows,
            "weights (cuda): an FP8 matrix of ", rows, " rows (from row ", first_row, ") in blocks of ", block_rows,
            " x ", block_cols, ": a matrix must hold fewer than 2^31 rows");
   return Fp8Matrix{values, scales, cols, rows_per_matrix, scale_rows_per_matrix, scale_cols, first_row,
