@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "backend/context.h"
@@ -20,5 +22,10 @@ double gpu_relative_error(const float* a, const float* b, int64_t n);
 
 // Host int32 values as a device tensor (kept alive by the caller).
 Tensor gpu_ints(backend::Context& gpu, const std::vector<int32_t>& values);
+
+// The names of the kernels `work` launches on the context's stream, in no particular order: the
+// launches are captured into a graph, which then runs once, so that `work`'s results are there as
+// if it had run directly. For a test that must know which kernel a step took.
+std::vector<std::string> kernels_launched(backend::Context& gpu, const std::function<void()>& work);
 
 }  // namespace r3::test

@@ -1372,6 +1372,102 @@ TEST_F(CudaOps, GateUpInOneWaveGivesTheSameBits) {
   }
 }
 
+// Down + combine at one token with a block's rows all in flight before its wait
+// (R3_DOWN_ROWS_IN_FLIGHT=1) gives the bits of the kernel with a block a row (=0): bfloat16 with
+// biases (a diagnostic there) and FP8 with the scales from the lanes (taken by default, eight rows a
+// block; four with R3_DOWN_ROWS_A_BLOCK=4), at Qwen3-30B-A3B's expert shape with 8 choices and at a
+// small one with 3, where bfloat16's expert width of 96 leaves most lanes without a group. Each
+// setting runs two tokens in turn, launched as a step launches them (gate/up releasing down early),
+// so that a kernel reading the first token's activations for the second's would show. A graph of
+// each call shows which kernel ran.
+TEST_F(CudaOps, DownWithRowsInFlightGivesTheSameBits) {
+  struct Shape {
+    int64_t experts, h, inter, k, fp8_block;
+  };
+  for (const Shape& shape : {Shape{16, 2048, 768, 8, 128}, Shape{6, 64, 96, 3, 0}, Shape{6, 64, 256, 3, 16}}) {
+    const int64_t experts = shape.experts, h = shape.h, inter = shape.inter, k = shape.k;
+    const bool fp8 = shape.fp8_block > 0;
+    std::vector<int32_t> ids;
+    std::vector<float> weights;
+    for (int64_t j = 0; j < k; ++j) {
+      ids.push_back(static_cast<int32_t>((5 * j + 3) % experts));
+      weights.push_back(0.3f / static_cast<float>(j + 1));
+    }
+    const Tensor xs[2] = {gpu_random({1, h}, 90), gpu_random({1, h}, 89)};
+    moe::DeviceExperts dev;
+    Fp8Quantized gate8, up8, down8;
+    if (fp8) {
+      const int64_t b = shape.fp8_block;
+      gate8 = quantize_fp8(gpu_random({experts, inter, h}, 91, 0.05f), b, b);
+      up8 = quantize_fp8(gpu_random({experts, inter, h}, 92, 0.05f), b, b);
+      down8 = quantize_fp8(gpu_random({experts, h, inter}, 93, 0.05f), b, b);
+      dev = fp8_device_experts(*gpu_, gate8, up8, down8, b, b);
+    } else {
+      dev.gate = backend::to_device_as(*gpu_, gpu_random({experts, inter, h}, 94, 0.05f), DType::BF16);
+      dev.up = backend::to_device_as(*gpu_, gpu_random({experts, inter, h}, 95, 0.05f), DType::BF16);
+      dev.down = backend::to_device_as(*gpu_, gpu_random({experts, h, inter}, 96, 0.05f), DType::BF16);
+      dev.gate_bias = backend::to_device(*gpu_, gpu_random({experts, inter}, 97));
+      dev.up_bias = backend::to_device(*gpu_, gpu_random({experts, inter}, 98));
+      dev.down_bias = backend::to_device(*gpu_, gpu_random({experts, h}, 99));
+      dev.activation = moe::ExpertActivation{moe::ExpertActivation::Kind::kGptOss, 7.0f, 1.702f};
+    }
+    const Tensor xs_d[2] = {backend::to_device(*gpu_, xs[0]), backend::to_device(*gpu_, xs[1])};
+    const Tensor ids_d = gpu_ints(*gpu_, ids), weights_d = backend::to_device(*gpu_, Tensor::from(weights, {1, k}));
+    Tensor grouping = backend::device_empty(*gpu_, DType::I32, {moe::grouping_ints(experts, k)});
+    Tensor activated = backend::device_empty(*gpu_, DType::F32, {moe::expert_scratch_rows(k), inter});
+    Tensor expert_out = backend::device_empty(*gpu_, DType::F32, {moe::expert_scratch_rows(k), h});
+    Tensor out = backend::device_empty(*gpu_, DType::F32, {1, h});
+    auto call = [&](const Tensor& x_d) {
+      moe::fused_experts_on_device(*gpu_, x_d, ids_d.data<int32_t>(), weights_d.data<float>(), k, dev, grouping,
+                                   activated, expert_out, out);
+    };
+    // Both tokens' outputs under a setting, and whether the rows-in-flight kernel ran.
+    struct Outputs {
+      Tensor token[2];
+      bool in_flight = false;
+    };
+    auto run = [&](const char* setting) {
+      if (setting) setenv("R3_DOWN_ROWS_IN_FLIGHT", setting, 1);
+      Outputs o;
+      for (int t = 0; t < 2; ++t) {
+        call(xs_d[t]);
+        o.token[t] = backend::to_host(*gpu_, out);
+      }
+      const std::vector<std::string> kernels = kernels_launched(*gpu_, [&] { call(xs_d[0]); });
+      unsetenv("R3_DOWN_ROWS_IN_FLIGHT");
+      o.in_flight = std::any_of(kernels.begin(), kernels.end(), [](const std::string& name) {
+        return name.find("down_and_combine_rows_in_flight") != std::string::npos;
+      });
+      return o;
+    };
+    const Outputs row_a_block = run("0"), in_flight = run("1"), by_default = run(nullptr);
+    setenv("R3_DOWN_ROWS_A_BLOCK", "4", 1);
+    const Outputs four_rows = run(nullptr);
+    unsetenv("R3_DOWN_ROWS_A_BLOCK");
+    const std::string what = std::string(fp8 ? "FP8" : "bf16") + ", h " + std::to_string(h) + ", width " +
+                             std::to_string(inter) + ", k " + std::to_string(k);
+    EXPECT_FALSE(row_a_block.in_flight) << what;
+    EXPECT_TRUE(in_flight.in_flight) << what;
+    EXPECT_EQ(by_default.in_flight, fp8) << what;
+    EXPECT_EQ(four_rows.in_flight, fp8) << what;
+    for (int t = 0; t < 2; ++t) {
+      const std::string token = what + ", token " + std::to_string(t);
+      const std::size_t bytes = row_a_block.token[t].nbytes();
+      EXPECT_EQ(std::memcmp(in_flight.token[t].raw_data(), row_a_block.token[t].raw_data(), bytes), 0) << token;
+      EXPECT_EQ(std::memcmp(by_default.token[t].raw_data(), row_a_block.token[t].raw_data(), bytes), 0) << token;
+      EXPECT_EQ(std::memcmp(four_rows.token[t].raw_data(), row_a_block.token[t].raw_data(), bytes), 0) << token;
+      const float* v = in_flight.token[t].data<float>();
+      EXPECT_GT(std::count_if(v, v + h, [](float y) { return y != 0.0f; }), h * 9 / 10) << token;
+      if (fp8) {
+        const Tensor want = fp8_experts_in_double(xs[t], ids, weights, k, gate8, up8, down8, inter);
+        EXPECT_LT(gpu_relative_error(in_flight.token[t], want), 1e-5) << token;
+      }
+    }
+    EXPECT_NE(std::memcmp(in_flight.token[0].raw_data(), in_flight.token[1].raw_data(), in_flight.token[0].nbytes()), 0)
+        << what << ": the two tokens' outputs";
+  }
+}
+
 // The step's device capture buffer: two steps of two MoE layers routed on the device; after each
 // step the rows reach the host through the side-stream copy, complete and in [token, layer, k]
 // order, and the second step's writes do not disturb the first step's copy.

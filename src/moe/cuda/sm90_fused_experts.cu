@@ -11,12 +11,15 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "backend/cuda/diagnostic_switch.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
 #include "moe/device_experts.h"
+#include "moe/cuda/down_rows_in_flight.cuh"
 #include "moe/cuda/experts_by_pair.cuh"
 #include "moe/cuda/experts_parts.cuh"
 #include "ops/cuda/warp_row_dots.cuh"
@@ -307,6 +310,54 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, kMinBlocks)
   down_and_combine_token_row<Matrix, kVec8, kLaneScales>(activated, ids, weights, k, down, down_bias, h, inter, out);
 }
 
+// Down + combine at one token with a block's rows in flight before its wait
+// (down_rows_in_flight.cuh), where it fits: taken for FP8 rows whose scales fit the lanes, eight
+// rows a block. R3_DOWN_ROWS_IN_FLIGHT=0: never, =1: bfloat16 too; R3_DOWN_ROWS_A_BLOCK=4: FP8 at
+// four rows a block (diagnostics). Same bits. On an H100, FP8 decode at batch 1 2.862 -> 2.671 ms
+// (-6.7%), four rows a block 2.755; bf16 3.310 -> 3.359 (+1.5%), so bf16 keeps a block a row
+// (bench/RESULTS.md, session 31). Returns whether it launched.
+template <typename Matrix>
+bool launch_down_rows_in_flight(cudaStream_t stream, const float* activated, const int32_t* ids, const float* weights,
+                                int64_t k, Matrix down, const float* down_bias, int64_t h, int64_t inter,
+                                int64_t block_cols, float* out) {
+  constexpr bool kFp8 = std::is_same_v<Matrix, ops::cuda::Fp8Matrix>;
+  constexpr bool kBf16 = std::is_same_v<Matrix, ops::cuda::PlainMatrix<__nv_bfloat16>>;
+  if constexpr (kFp8 || kBf16) {
+    if (!experts_detail::down_rows_in_flight_fit(k, h, inter)) return false;
+    if (kFp8 && !(ops::cuda::fp8_lane_scales_fit(0, inter, block_cols) &&
+                  backend::cuda::diagnostic_switch_on("R3_FP8_LANE_SCALES"))) {
+      return false;
+    }
+    if (!backend::cuda::diagnostic_choice("R3_DOWN_ROWS_IN_FLIGHT", kFp8)) return false;
+    const char* rows_setting = std::getenv("R3_DOWN_ROWS_A_BLOCK");
+    const bool four_rows = kBf16 || (rows_setting != nullptr && std::strcmp(rows_setting, "4") == 0);
+    auto with_shape = [&](auto rows_tag, auto min_blocks_tag) {
+      constexpr int kRows = decltype(rows_tag)::value, kMinBlocks = decltype(min_blocks_tag)::value;
+      auto with_groups = [&](auto groups_tag) {
+        constexpr int kGroups = decltype(groups_tag)::value;
+        backend::cuda::launch_kernel(
+            experts_detail::down_and_combine_rows_in_flight<Matrix, kRows, kMinBlocks, kGroups, kFp8>,
+            static_cast<unsigned>(h / kRows), static_cast<unsigned>(k * kWarp), 0, stream, activated, ids, weights, k,
+            down, down_bias, h, inter, out, backend::cuda::diagnostic_choice("R3_DOWN_ACTIVATIONS_CG", true));
+      };
+      switch ((inter + 255) / 256) {
+        case 1: with_groups(std::integral_constant<int, 1>{}); break;
+        case 2: with_groups(std::integral_constant<int, 2>{}); break;
+        case 3: with_groups(std::integral_constant<int, 3>{}); break;
+        default: with_groups(std::integral_constant<int, 4>{}); break;
+      }
+    };
+    if constexpr (kFp8) {
+      if (four_rows) with_shape(std::integral_constant<int, 4>{}, std::integral_constant<int, 4>{});
+      else with_shape(std::integral_constant<int, 8>{}, std::integral_constant<int, 2>{});
+    } else {
+      with_shape(std::integral_constant<int, 4>{}, std::integral_constant<int, 2>{});
+    }
+    return true;
+  }
+  return false;
+}
+
 unsigned warp_blocks(int64_t warps) { return static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 
 // The tensor-core path once the experts have a few pairs each on average (batch 64 of
@@ -352,6 +403,10 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
       backend::cuda::launch_kernel(gate_up, warp_blocks(pairs * inter), kThreads, 0, stream,
                                    hidden.data<float>(), ids, pairs, k, gw, uw, bias(x.gate_bias), bias(x.up_bias), h,
                                    inter, act, activated.data<float>(), tokens == 1 && backend::cuda::early_release());
+      const bool down_launched = tokens == 1 && kVec8 &&
+                                 launch_down_rows_in_flight(stream, activated.data<float>(), ids, weights, k, dw,
+                                                            bias(x.down_bias), h, inter, x.block_cols, out.data<float>());
+      if (down_launched) return;
       if (tokens == 1) {
         const auto choice_warps = static_cast<unsigned>(std::min<int64_t>(k, kWarpsPerBlock));
         auto down = down_and_combine_one_token<Matrix, kVec8>;
