@@ -30,9 +30,11 @@
 // - stage_chain: a batch-1 decode layer's chain of stages (what each streams, small stages as one
 //   block) without r3's arithmetic, 48 layers, as a kernel a stage in a graph, as one persistent
 //   kernel with grid barriers, the same loading the next stage's first bytes before each
-//   barrier, and both with the small stages folded into the streaming stages after them
-//   (bench/stage_chain.cu): what the structure costs apart from the kernels. The persistent
-//   kernels with as many blocks as fit and with 1, 2 and 4 an SM (`blocks`: the grid).
+//   barrier, both with the small stages folded into the streaming stages after them, and the
+//   kernels overlapped as r3's are (kernels_early) (bench/stage_chain.cu): what the structure
+//   costs apart from the kernels. The persistent kernels with as many blocks as fit and with 1,
+//   2 and 4 an SM (`blocks`: the grid). All with the projections' weights as bfloat16 and as
+//   FP8 (`weights`: half their bytes).
 // Each measurement: 5 warm-up calls, then the mean of 50 timed with CUDA events; those made in a
 // graph (graph_kernel_gap, in_graph, stage_chain): one eager call, the graph launched twice, then
 // the mean of 10 launches (gpu_event_timer.h).
@@ -260,22 +262,30 @@ void graph_kernel_gap(backend::Context& gpu) {
   }
 }
 
-// A 48-layer chain of a decode layer's stages without r3's arithmetic, run five ways; the
-// persistent ways with as many blocks an SM as fit (their first run) and with 1, 2 and 4.
+// A 48-layer chain of a decode layer's stages without r3's arithmetic, run six ways, with the
+// projections' weights as bfloat16 and as FP8; the persistent ways with as many blocks an SM as
+// fit (their first run) and with 1, 2 and 4.
 void stage_chains(backend::Context& gpu) {
   using bench::StageChainRun;
-  for (const auto& [run, name] : {std::pair{StageChainRun::kKernels, "kernels"},
-                                  std::pair{StageChainRun::kPersistent, "persistent"},
-                                  std::pair{StageChainRun::kPersistentAhead, "persistent_ahead"},
-                                  std::pair{StageChainRun::kKernelsFolded, "kernels_folded"},
-                                  std::pair{StageChainRun::kPersistentFolded, "persistent_folded"}}) {
-    const bool persistent = run != StageChainRun::kKernels && run != StageChainRun::kKernelsFolded;
-    for (const int per_sm : {0, 1, 2, 4}) {
-      if (per_sm > 0 && !persistent) break;
-      const bench::StageChainTiming t = bench::time_stage_chain(gpu, run, 48, per_sm);
-      std::printf("{\"bench\":\"stage_chain\",\"run\":\"%s\",\"blocks\":%d,\"MB_per_layer\":%.1f,"
-                  "\"ms_per_layer\":%.4f,\"TB_per_s\":%.3f}\n",
-                  name, t.blocks, bench::stage_chain_bytes_per_layer() / 1e6, t.ms_per_layer, t.tb_per_s);
+  using bench::StageChainWeights;
+  for (const auto& [weights, weights_name] :
+       {std::pair{StageChainWeights::kBf16, "bf16"}, std::pair{StageChainWeights::kFp8, "fp8"}}) {
+    for (const auto& [run, name] : {std::pair{StageChainRun::kKernels, "kernels"},
+                                    std::pair{StageChainRun::kKernelsEarly, "kernels_early"},
+                                    std::pair{StageChainRun::kPersistent, "persistent"},
+                                    std::pair{StageChainRun::kPersistentAhead, "persistent_ahead"},
+                                    std::pair{StageChainRun::kKernelsFolded, "kernels_folded"},
+                                    std::pair{StageChainRun::kPersistentFolded, "persistent_folded"}}) {
+      const bool persistent = run == StageChainRun::kPersistent || run == StageChainRun::kPersistentAhead ||
+                              run == StageChainRun::kPersistentFolded;
+      for (const int per_sm : {0, 1, 2, 4}) {
+        if (per_sm > 0 && !persistent) break;
+        const bench::StageChainTiming t = bench::time_stage_chain(gpu, run, weights, 48, per_sm);
+        std::printf("{\"bench\":\"stage_chain\",\"weights\":\"%s\",\"run\":\"%s\",\"blocks\":%d,"
+                    "\"MB_per_layer\":%.1f,\"ms_per_layer\":%.4f,\"TB_per_s\":%.3f}\n",
+                    weights_name, name, t.blocks, bench::stage_chain_bytes_per_layer(weights) / 1e6, t.ms_per_layer,
+                    t.tb_per_s);
+      }
     }
   }
 }

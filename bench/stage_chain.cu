@@ -14,6 +14,10 @@
 // memory overlaps the barrier and the small stages. And both with every small stage folded into
 // the streaming stage after it (each of its blocks runs the small work after issuing its first
 // loads, as a projection that normalised its own input would): six kernels or barriers a layer.
+// And the kernel chain overlapped as r3's is (kKernelsEarly): its fixed cost against the bytes.
+// Each with the projections' weights as bfloat16 or as FP8 (half their bytes): whether the
+// chain's cost apart from its bytes stays the same when the bytes halve, which bounds the share
+// of its floor FP8 decode can reach in this chain (issue 15's GPU criterion).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -32,12 +36,14 @@ constexpr int kThreads = 256;
 constexpr int kInFlight = 4;        // 128-bit loads a thread has in flight
 constexpr int64_t kSmallFloats = 2048;  // a small stage's row (8 KB)
 
-// A layer's stages: bytes streamed, 0 for a small stage.
+// A layer's stages: bytes streamed, 0 for a small stage; the projections' (stages 1, 5, 9 and
+// 10) halved for FP8 weights.
 constexpr int kStageCount = 11;
-__host__ __device__ inline int64_t stage_bytes(int s) {
+__host__ __device__ inline int64_t stage_bytes(int s, bool fp8) {
   constexpr int64_t kBytes[kStageCount] = {0,       20971520, 0, 2097152, 0, 16777216, 0, 1048576, 0,
                                            50331648, 25165824};
-  return kBytes[s];
+  const bool projection = s == 1 || s == 5 || s == 9 || s == 10;
+  return fp8 && projection ? kBytes[s] / 2 : kBytes[s];
 }
 
 struct Chain {
@@ -45,14 +51,15 @@ struct Chain {
   float* small;        // [stages * layers, kSmallFloats]: each small stage's row, its sum stored at [0]
   uint32_t* sink;      // a word per thread of the widest grid
   int layers;
+  bool fp8;            // the projections' weights at a byte a weight
 };
 
 // The first uint4 of stage s of layer l in the buffer, and its count.
-__host__ __device__ inline int64_t stage_first(int layer, int s) {
+__host__ __device__ inline int64_t stage_first(int layer, int s, bool fp8) {
   int64_t per_layer = 0, before = 0;
   for (int i = 0; i < kStageCount; ++i) {
-    per_layer += stage_bytes(i) / 16;
-    if (i < s) before += stage_bytes(i) / 16;
+    per_layer += stage_bytes(i, fp8) / 16;
+    if (i < s) before += stage_bytes(i, fp8) / 16;
   }
   return layer * per_layer + before;
 }
@@ -109,22 +116,29 @@ __device__ inline void small_stage(float* row, bool store = true) {
 }
 
 // small_row >= 0: the small stage before this one folded in, every block running it after
-// issuing its first loads (as a projection would normalise its own input).
-__global__ void stream_kernel(Chain c, int64_t first, int64_t count, int64_t small_row) {
-  backend::cuda::wait_for_predecessor();
+// issuing its first loads (as a projection would normalise its own input). early: the first
+// loads go out before the wait (the weights are no kernel's output), as r3's streaming kernels
+// do; release: the next kernel is released once this one has waited (r3's gate/up releases down).
+__global__ void stream_kernel(Chain c, int64_t first, int64_t count, int64_t small_row, bool early, bool release) {
   const int64_t share = (count + gridDim.x - 1) / gridDim.x;
   const int64_t begin = first + blockIdx.x * share, end = min(first + count, begin + share);
   uint4 ahead[kInFlight];
   const bool folded = small_row >= 0;
+  if (early) load_ahead(c.bytes, begin, end, ahead);
+  backend::cuda::wait_for_predecessor();
+  if (release) backend::cuda::release_successor();
   if (folded) {
-    load_ahead(c.bytes, begin, end, ahead);
+    if (!early) load_ahead(c.bytes, begin, end, ahead);
     small_stage(c.small + small_row * kSmallFloats, blockIdx.x == 0);
   }
-  c.sink[blockIdx.x * kThreads + threadIdx.x] = stream_share(c.bytes, begin, end, ahead, folded);
+  c.sink[blockIdx.x * kThreads + threadIdx.x] = stream_share(c.bytes, begin, end, ahead, folded || early);
 }
 
-__global__ void small_kernel(Chain c, int64_t row) {
+// release: the next kernel is released once this one has waited (r3's norms release the next
+// projection, which then loads its weights while the norm runs).
+__global__ void small_kernel(Chain c, int64_t row, bool release) {
   backend::cuda::wait_for_predecessor();
+  if (release) backend::cuda::release_successor();
   small_stage(c.small + row * kSmallFloats);
 }
 
@@ -157,12 +171,12 @@ __global__ void __launch_bounds__(kThreads) persistent_kernel(Chain c, unsigned*
   uint32_t folded = 0;
   for (int l = 0; l < c.layers; ++l) {
     for (int s = 0; s < kStageCount; ++s) {
-      const int64_t count = stage_bytes(s) / 16, first = stage_first(l, s);
+      const int64_t count = stage_bytes(s, c.fp8) / 16, first = stage_first(l, s, c.fp8);
       const int64_t share = (count + gridDim.x - 1) / gridDim.x;
       const int64_t begin = first + blockIdx.x * share, end = min(first + count, begin + share);
       const int64_t row = static_cast<int64_t>(l) * kStageCount + s;
       if (count > 0) {
-        if (kFold && s > 0 && stage_bytes(s - 1) == 0) {
+        if (kFold && s > 0 && stage_bytes(s - 1, c.fp8) == 0) {
           if (!have_ahead) {
             load_ahead(c.bytes, begin, end, ahead);
             have_ahead = true;
@@ -185,9 +199,9 @@ __global__ void __launch_bounds__(kThreads) persistent_kernel(Chain c, unsigned*
               ns = 0;
               ++nl;
             }
-          } while (nl < c.layers && stage_bytes(ns) == 0);
+          } while (nl < c.layers && stage_bytes(ns, c.fp8) == 0);
           if (nl < c.layers) {
-            const int64_t ncount = stage_bytes(ns) / 16, nfirst = stage_first(nl, ns);
+            const int64_t ncount = stage_bytes(ns, c.fp8) / 16, nfirst = stage_first(nl, ns, c.fp8);
             const int64_t nshare = (ncount + gridDim.x - 1) / gridDim.x;
             const int64_t nbegin = nfirst + blockIdx.x * nshare, nend = min(nfirst + ncount, nbegin + nshare);
             load_ahead(c.bytes, nbegin, nend, ahead);
@@ -203,18 +217,20 @@ __global__ void __launch_bounds__(kThreads) persistent_kernel(Chain c, unsigned*
 
 }  // namespace
 
-double stage_chain_bytes_per_layer() {
+double stage_chain_bytes_per_layer(StageChainWeights weights) {
   double bytes = 0;
-  for (int s = 0; s < kStageCount; ++s) bytes += static_cast<double>(stage_bytes(s));
+  for (int s = 0; s < kStageCount; ++s) bytes += static_cast<double>(stage_bytes(s, weights == StageChainWeights::kFp8));
   return bytes;
 }
 
-StageChainTiming time_stage_chain(backend::Context& gpu, StageChainRun run, int layers, int blocks_per_sm) {
+StageChainTiming time_stage_chain(backend::Context& gpu, StageChainRun run, StageChainWeights weights, int layers,
+                                  int blocks_per_sm) {
   const backend::cuda::State& state = gpu.cuda_state();
   const cudaStream_t stream = state.stream;
-  const int64_t total16 = stage_first(layers, 0);
+  const bool fp8 = weights == StageChainWeights::kFp8;
+  const int64_t total16 = stage_first(layers, 0, fp8);
   constexpr int64_t kSinkWords = int64_t{65536} * kThreads;
-  Chain c{nullptr, nullptr, nullptr, layers};
+  Chain c{nullptr, nullptr, nullptr, layers, fp8};
   void* bytes = nullptr;
   R3_CUDA_CHECK(cudaMalloc(&bytes, total16 * 16));
   R3_CUDA_CHECK(cudaMemsetAsync(bytes, 0, total16 * 16, stream));
@@ -227,20 +243,21 @@ StageChainTiming time_stage_chain(backend::Context& gpu, StageChainRun run, int 
   R3_CUDA_CHECK(cudaMemsetAsync(barrier, 0, 2 * sizeof(unsigned), stream));
   double ms = 0;
   unsigned persistent_blocks = 0;
-  if (run == StageChainRun::kKernels || run == StageChainRun::kKernelsFolded) {
-    const bool fold = run == StageChainRun::kKernelsFolded;
+  if (run == StageChainRun::kKernels || run == StageChainRun::kKernelsFolded || run == StageChainRun::kKernelsEarly) {
+    const bool fold = run == StageChainRun::kKernelsFolded, early = run == StageChainRun::kKernelsEarly;
     auto chain = [&] {
       for (int l = 0; l < layers; ++l) {
         for (int s = 0; s < kStageCount; ++s) {
-          const int64_t count = stage_bytes(s) / 16, row = static_cast<int64_t>(l) * kStageCount + s;
+          const int64_t count = stage_bytes(s, fp8) / 16, row = static_cast<int64_t>(l) * kStageCount + s;
           if (count > 0) {
             // A round of loads a thread, as r3's projections read a weight row in a few rounds.
             const auto blocks = static_cast<unsigned>(std::min<int64_t>(65535, (count + kThreads * kInFlight - 1) / (kThreads * kInFlight)));
-            const int64_t small_row = fold && s > 0 && stage_bytes(s - 1) == 0 ? row - 1 : -1;
-            backend::cuda::launch_kernel(stream_kernel, blocks, kThreads, 0, stream, c, stage_first(l, s), count,
-                                         small_row);
+            const int64_t small_row = fold && s > 0 && stage_bytes(s - 1, fp8) == 0 ? row - 1 : -1;
+            const bool next_streams = s + 1 < kStageCount && stage_bytes(s + 1, fp8) > 0;  // gate/up, then down
+            backend::cuda::launch_kernel(stream_kernel, blocks, kThreads, 0, stream, c, stage_first(l, s, fp8), count,
+                                         small_row, early, early && next_streams);
           } else if (!fold) {
-            backend::cuda::launch_kernel(small_kernel, 1, kThreads, 0, stream, c, row);
+            backend::cuda::launch_kernel(small_kernel, 1, kThreads, 0, stream, c, row, early);
           }
         }
       }
@@ -269,7 +286,7 @@ StageChainTiming time_stage_chain(backend::Context& gpu, StageChainRun run, int 
   cudaFree(bytes);
   StageChainTiming t;
   t.ms_per_layer = ms / layers;
-  t.tb_per_s = stage_chain_bytes_per_layer() / (t.ms_per_layer * 1e-3) / 1e12;
+  t.tb_per_s = stage_chain_bytes_per_layer(weights) / (t.ms_per_layer * 1e-3) / 1e12;
   t.blocks = static_cast<int>(persistent_blocks);
   return t;
 }

@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kDownChoiceWarps* ops::cuda::kWarp, kMinBlocks
   // from L2 (ld.global.cg), not through the non-coherent path that `const __restrict__` lets the
   // compiler choose: that path is only defined for data no one writes during the kernel. With it
   // (34b2ec8), CudaOps.GateUpInOneWaveGivesTheSameBits read wrong and unrepeatable sums on an H100.
-  // `coherent` false (R3_DOWN_ACTIVATIONS_CG=0, a diagnostic): plain loads, through L1.
+  // `coherent` false (R3_DOWN_ACTIVATIONS_CG=0, a diagnostic): load8's loads, coherent through L1.
   float a[kGroups][8];
 #pragma unroll
   for (int u = 0; u < kGroups; ++u) {
