@@ -123,7 +123,8 @@ if [[ "${R3_BREAKDOWN:-0}" == 1 ]] && command -v ncu > /dev/null; then
 fi
 # R3_TIMELINE=1: every kernel's start and end as it ran inside the decode step's graph (CUPTI,
 # bench/kernel_timeline.cpp), bf16 and FP8 at batch 1 (R3_TIMELINE_BATCH: another), and where the
-# step's time goes: each kernel's exposed time and the idle gaps (timeline*.txt, bench/kernel_timeline.py).
+# step's time goes: each kernel's exposed time and the idle gaps (timeline*.txt, bench/kernel_timeline.py),
+# and what equal shares of the floor ask of the short links both types share (floor_shares.txt).
 if [[ "${R3_TIMELINE:-0}" == 1 ]] &&
   { cmake --build build-gpu --target r3_kernel_timeline >> "$out/build.log" 2>&1 || { echo "no kernel timeline (CUPTI?)"; false; }; }; then
   for weights in bf16 fp8; do
@@ -134,6 +135,9 @@ if [[ "${R3_TIMELINE:-0}" == 1 ]] &&
     python3 bench/kernel_timeline.py "$out/timeline$suffix.csv" --json "$out/timeline$suffix.json" | tee "$out/timeline$suffix.txt" || status=1
     gzip -f "$out/timeline$suffix.csv"
   done
+  # What equal shares of the floor would ask of the two (issue 15's criterion; bench/floor_shares.py).
+  python3 bench/floor_shares.py "$out/timeline.json" "$out/timeline_fp8.json" \
+    --floors-from "$out/timeline_bench.json" "$out/timeline_bench_fp8.json" | tee "$out/floor_shares.txt" || status=1
 fi
 # R3_DEEP_PROFILE=1: one batch-1 layer's kernels (past the first steps), each with Nsight Compute's
 # throughput, memory, warp-stall and occupancy sections, bf16 and FP8 (deep_profile*.txt): where
