@@ -39,13 +39,11 @@ def read_timeline(path):
     span = float(re.search(r"graph \d+: .*? span ([0-9.]+) us", text).group(1))
     kernels = []
     for line in text[text.index(" a replay:"):].splitlines()[1:]:
-        fields = line.split()
+        # exposed, gap, count, mean, then the carveouts (digits and commas, or nothing) and the name
+        fields = line.split(None, 4)
         if len(fields) < 5 or "(sums" in line:
             break
-        # exposed, gap, count, mean, [carveout,] name (the carveout column may be empty)
-        name = line[line.index(fields[3]) + len(fields[3]):].strip()
-        name = re.sub(r"^[0-9,]+\s+", "", name)
-        kernels.append((name, float(fields[0])))
+        kernels.append((re.sub(r"^[0-9,]+\s+", "", fields[4]), float(fields[0])))
     return span, kernels
 
 
