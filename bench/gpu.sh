@@ -2,8 +2,8 @@
 # One call on the GPU machine: build r3 with its CUDA backend (sm_90a) from the carried library
 # headers (scripts/gpu-deps.sh, carried as .gpu-deps), run the GPU tests and the kernel
 # benchmarks (R3_TESTS_ONLY=1: none; with R3_BREAKDOWN=1, a per-kernel profile of a decode step;
-# with R3_AB=<variable>, that switch measured off and on; with R3_AB_CONFIGS, whole settings
-# compared; with R3_TIMELINE=1, each kernel's place in the step's graph as it ran; with
+# with R3_AB=<kernel choice>, that choice measured forced each way; with R3_AB_CONFIGS, whole
+# settings of kernel choices compared; with R3_TIMELINE=1, each kernel's place in the step's graph as it ran; with
 # R3_DEEP_PROFILE=1, a batch-1 layer's kernels profiled in depth; with R3_SASS_PROFILE=1, the
 # small kernels' stalls by SASS line;
 # R3_TESTS_FILTER, R3_KERNEL_SECTIONS, R3_DECODE_BENCH=0 and R3_BENCH_ONLY=1 narrow a call down), and leave the logs
@@ -62,44 +62,52 @@ if (( $(nvidia-smi -L | wc -l) >= 2 )); then
       --prompt-len 128 --output-len 64 --json 2>>"$out/gpu_ep_bench.log" | tee "$out/gpu_ep${ep}_bench.json" || status=1
   done
 fi
-# R3_AB="<variable> ...": each diagnostic switch measured against itself, the same binary: decode
-# at batch 1 and 8 (R3_AB_BATCHES="1,8,64": others) and prefill in bf16 and FP8 with the variable 0
-# and 1 in turn, R3_AB_ROUNDS times (default 2; ab.jsonl; R3_AB_WEIGHTS=fp8: the FP8 weights only,
-# for switches that leave bfloat16 alone), and the kernel bench's projections with it 0 and 1
-# (ab_linear.jsonl).
-for variable in ${R3_AB:-}; do
+# R3_AB="<kernel choice> ...": each kernel choice (backend/cuda/kernel_choices.h) measured against
+# itself, the same binary: decode at batch 1 and 8 (R3_AB_BATCHES="1,8,64": others) and prefill in
+# bf16 and FP8 with the choice forced never and always in turn (R3_AB_VALUES="never rule always":
+# those values), R3_AB_ROUNDS times (default 2; ab.jsonl; R3_AB_WEIGHTS=fp8: the FP8 weights only),
+# and the kernel bench's projections under each value (ab_linear.jsonl). Each run passes
+# --kernel-choice NAME=VALUE.
+for choice in ${R3_AB:-}; do
   for round in $(seq "${R3_AB_ROUNDS:-2}"); do
-    for value in 0 1; do
+    for value in ${R3_AB_VALUES:-never always}; do
       for weights in ${R3_AB_WEIGHTS:-bf16 fp8}; do
-        env "$variable=$value" ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-weights $weights \
-          --synthetic-batches "${R3_AB_BATCHES:-1,8}" --json 2>>"$out/gpu_decode_bench.log" > "$out/ab.json" || status=1
-        python3 bench/decode_ms.py "$out/ab.json" "$variable=$value" weights=$weights round=$round | tee -a "$out/ab.jsonl"
+        ./build-gpu/r3 bench --device cuda --kernel-choice "$choice=$value" --synthetic qwen3-30b-a3b \
+          --synthetic-weights $weights --synthetic-batches "${R3_AB_BATCHES:-1,8}" --json \
+          2>>"$out/gpu_decode_bench.log" > "$out/ab.json" || status=1
+        python3 bench/decode_ms.py "$out/ab.json" "$choice=$value" weights=$weights round=$round | tee -a "$out/ab.jsonl"
       done
     done
   done
-  for value in 0 1; do
+  for value in ${R3_AB_VALUES:-never always}; do
     [[ "$bench_only" == 1 ]] && break  # (no kernel bench built)
-    env "$variable=$value" ./build-gpu/r3_gpu_kernels_bench linear | sed "s/^{/{\"$variable\":$value,/" >> "$out/ab_linear.jsonl"
+    ./build-gpu/r3_gpu_kernels_bench --kernel-choice "$choice=$value" linear |
+      sed "s/^{/{\"$choice\":\"$value\",/" >> "$out/ab_linear.jsonl"
   done
   rm -f "$out/ab.json"
 done
-# R3_AB_CONFIGS="<env settings>;<env settings>;...": whole settings compared, the same binary (each
-# a space-separated list of VAR=value, "-" for none): for each, R3_AB_ROUNDS rounds of decode at
-# R3_AB_BATCHES (default 1,8) for R3_AB_WEIGHTS (default bf16 fp8), rounds interleaved across the
-# settings (ab_configs.jsonl), and the kernel bench's MoE layer lines (ab_configs_moe.jsonl).
+# R3_AB_CONFIGS="<NAME=VALUE ...>;<NAME=VALUE ...>;...": whole settings of kernel choices compared,
+# the same binary (each a space-separated list of NAME=VALUE, each passed as --kernel-choice; "-"
+# for none): for each, R3_AB_ROUNDS rounds of decode at R3_AB_BATCHES (default 1,8) for
+# R3_AB_WEIGHTS (default bf16 fp8), rounds interleaved across the settings (ab_configs.jsonl), and
+# the kernel bench's MoE layer lines (ab_configs_moe.jsonl).
+choice_args() {  # "NAME=VALUE ..." or "-" -> --kernel-choice NAME=VALUE ..., one word a line
+  local setting
+  for setting in ${1/#-/}; do printf '%s\n' --kernel-choice "$setting"; done
+}
 if [[ -n "${R3_AB_CONFIGS:-}" ]]; then
   IFS=';' read -r -a configs <<< "$R3_AB_CONFIGS"
   for config in "${configs[@]}"; do
     [[ "$bench_only" == 1 ]] && break  # (no kernel bench built)
-    settings=${config/#-/}
-    env $settings ./build-gpu/r3_gpu_kernels_bench moe_layer 2>&1 | grep '"moe_layer"' |
+    mapfile -t args < <(choice_args "$config")
+    ./build-gpu/r3_gpu_kernels_bench ${args[@]+"${args[@]}"} moe_layer 2>&1 | grep '"moe_layer"' |
       sed "s/^{/{\"config\":\"$config\",/" >> "$out/ab_configs_moe.jsonl" || status=1
   done
   for round in $(seq "${R3_AB_ROUNDS:-2}"); do
     for config in "${configs[@]}"; do
-      settings=${config/#-/}
+      mapfile -t args < <(choice_args "$config")
       for weights in ${R3_AB_WEIGHTS:-bf16 fp8}; do
-        env $settings ./build-gpu/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-weights $weights \
+        ./build-gpu/r3 bench --device cuda ${args[@]+"${args[@]}"} --synthetic qwen3-30b-a3b --synthetic-weights $weights \
           --synthetic-batches "${R3_AB_BATCHES:-1,8}" --json 2>>"$out/gpu_decode_bench.log" > "$out/ab.json" || status=1
         python3 bench/decode_ms.py "$out/ab.json" "config=$config" weights=$weights round=$round | tee -a "$out/ab_configs.jsonl"
       done

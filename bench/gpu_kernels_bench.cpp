@@ -293,13 +293,22 @@ void stage_chains(backend::Context& gpu) {
 }  // namespace
 }  // namespace r3
 
-// Usage: r3_gpu_kernels_bench [section ...] (moe_layer, attention, linear, draws, graph_kernel_gap,
-// in_graph, projection_in_graph, stage_chain); none: every section.
+// Usage: r3_gpu_kernels_bench [--kernel-choice NAME=VALUE ...] [section ...] (moe_layer, attention,
+// linear, draws, graph_kernel_gap, in_graph, projection_in_graph, stage_chain); no section: every
+// section. --kernel-choice as for r3 (backend/cuda/kernel_choices.h).
 int main(int argc, char** argv) {
-  const std::set<std::string> sections(argv + 1, argv + argc);
+  std::set<std::string> sections;
+  std::vector<std::string> choices;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--kernel-choice" && i + 1 < argc) choices.emplace_back(argv[++i]);
+    else sections.insert(argv[i]);
+  }
   auto wanted = [&](const char* name) { return sections.empty() || sections.count(name) > 0; };
   try {
+    r3::backend::cuda::KernelChoices kernel_choices;
+    for (const std::string& choice : choices) kernel_choices.set(choice);
     auto gpu = r3::backend::Context::cuda(0);
+    gpu->set_kernel_choices(kernel_choices);
     if (wanted("moe_layer")) {
       r3::moe_layer(*gpu, false);
       r3::moe_layer(*gpu, true);

@@ -1,7 +1,6 @@
 #include "in_graph_ops.h"
 
 #include <cstdio>
-#include <cstdlib>
 #include <vector>
 
 #include "backend/cuda/state.h"
@@ -75,10 +74,6 @@ void small_ops_in_graph(backend::Context& gpu) {
                            capture.layer_rows(0));
     };
     report("routing", graph_mean_ms(gpu, route));
-    // The warp kernel every rule can take, for softmax top-k's kernel in registers to be measured against.
-    setenv("R3_ROUTING_IN_REGISTERS", "0", 1);
-    report("routing_warp_kernel", graph_mean_ms(gpu, route));
-    unsetenv("R3_ROUTING_IN_REGISTERS");
   }
 }
 

@@ -3,8 +3,8 @@
 // graph, not an eager launch's host overhead, at Qwen3-30B-A3B's shapes: add + RMSNorm of a 2048
 // row; q/k norms, rotary and the key/value write of 32 query and 4 KV heads of 128 (prepare);
 // attention over a 1024-token bf16 context; the router's projection (float32 [128, 2048]); the
-// routing (top-8 of 128, softmax, renormalised, with capture and margins), also on the warp kernel
-// every rule can take (R3_ROUTING_IN_REGISTERS=0). One JSON line each ("bench":"in_graph").
+// routing (top-8 of 128, softmax, renormalised, with capture and margins). One JSON line each
+// ("bench":"in_graph").
 #pragma once
 
 #include "backend/context.h"

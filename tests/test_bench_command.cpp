@@ -173,6 +173,24 @@ TEST(BenchCommand, DeviceOptionsAreCheckedUpFront) {
   }
 }
 
+// --kernel-choice applies to --device cuda, and its names and values are checked before a device
+// is opened (so a machine without a GPU refuses a bad one for what it is).
+TEST(BenchCommand, KernelChoicesAreCheckedUpFront) {
+  const std::string forward = "forward --model " + family_dir("qwen3_moe") + " --ids 1,2";
+  EXPECT_TRUE(refused_with(run_r3(forward + " --kernel-choice cluster_merge=never"),
+                           "--kernel-choice applies to --device cuda"));
+  EXPECT_TRUE(refused_with(run_r3(forward + " --device cuda --kernel-choice turbo=never"),
+                           "unknown kernel choice 'turbo' (known: cluster_merge, gate_up_one_wave, "
+                           "down_rows_in_flight, down_six_blocks)"));
+  EXPECT_TRUE(refused_with(run_r3(forward + " --device cuda --kernel-choice cluster_merge=on"),
+                           "kernel choice cluster_merge: unknown value 'on' (known: rule, always, never)"));
+  EXPECT_TRUE(refused_with(run_r3(forward + " --device cuda --kernel-choice cluster_merge"), "expected NAME=VALUE"));
+  EXPECT_TRUE(refused_with(
+      run_r3("bench --device cuda --synthetic qwen3-30b-a3b --kernel-choice gate_up_one_wave=maybe"),
+      "kernel choice gate_up_one_wave: unknown value 'maybe'"));
+  EXPECT_NE(run_r3("forward --help").out.find("--kernel-choice"), std::string::npos);
+}
+
 // --ep 2 with EPLB rebalancing every 2 steps, a layer a step: every request served, and the
 // weights EPLB moved between the two ranks reported.
 TEST(BenchCommand, ExpertParallelRebalancesReportTheWeightsTheyMoved) {

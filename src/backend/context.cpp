@@ -13,6 +13,8 @@ std::unique_ptr<Context> Context::cuda(int index) {
 bool Context::cuda_available() { return false; }
 int Context::cuda_device_count() { return 0; }
 cuda::State& Context::cuda_state() const { R3_FAIL("not a CUDA context"); }
+void Context::set_kernel_choice(std::string_view, std::string_view) { R3_FAIL("kernel choices apply to a CUDA context"); }
+void Context::set_kernel_choices(const cuda::KernelChoices&) { R3_FAIL("kernel choices apply to a CUDA context"); }
 #endif
 
 }  // namespace r3::backend

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string_view>
 
 #include "backend/workspace.h"
 #include "core/device.h"
@@ -16,6 +17,7 @@ namespace r3::backend {
 
 namespace cuda {
 struct State;  // backend/cuda/state.h: device, stream, cuBLASLt handle (CUDA builds only)
+struct KernelChoices;  // backend/cuda/kernel_choices.h
 }
 
 class Context {
@@ -54,6 +56,11 @@ class Context {
   void set_reduced_precision(bool on) { reduced_precision_ = on; }
   // The CUDA state of a CUDA context (throws on a CPU context).
   cuda::State& cuda_state() const;
+  // The kernel choices of a CUDA context (backend/cuda/kernel_choices.h), for experiments: one
+  // choice by name ("rule", "always" or "never"; an unknown name or value throws, naming the known
+  // ones), or all of them. Both throw on a CPU context.
+  void set_kernel_choice(std::string_view name, std::string_view value);
+  void set_kernel_choices(const cuda::KernelChoices& choices);
   ThreadPool& threads() const { return *threads_; }
   void parallel_for(int64_t n, int64_t grain, ThreadPool::RangeFn fn) const { threads_->parallel_for(n, grain, fn); }
 

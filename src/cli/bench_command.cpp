@@ -239,10 +239,9 @@ int run_bench(const BenchCommandOptions& options) {
     models::SyntheticShape shape = models::SyntheticShape::named(options.synthetic);
     shape.fp8 = options.synthetic_weights == "fp8";
     model = models::synthetic_on_device(*ctx, shape);
-    place_rank = [shape, invariant = ctx->batch_invariant()](int rank) {
+    place_rank = [shape, &model_options = options.model](int rank) {
       engine::PlacedRank placed;
-      placed.ctx = backend::Context::cuda(rank % backend::Context::cuda_device_count());
-      placed.ctx->set_batch_invariant(invariant);
+      placed.ctx = model_options.make_cuda_context(rank % backend::Context::cuda_device_count());
       placed.model = models::synthetic_on_device(*placed.ctx, shape);
       return placed;
     };

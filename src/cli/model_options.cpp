@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "backend/cuda/kernel_choices.h"
 #include "cli/option_checks.h"
 #include "models/device_decoder.h"
 #include "models/registry.h"
@@ -28,6 +29,11 @@ void ModelOptions::add_to(CLI::App& command, bool model_required) {
                    "GPU: kernels whose results for a request do not depend on the rest of the batch (its routing "
                    "is the same alone or batched), at some speed; the CPU always is");
   command.add_option("--threads", threads, "CPU threads (default: all cores)")->check(at_least(0));
+  command.add_option("--kernel-choice", kernel_choices,
+                     "GPU, for experiments (repeatable): force a kernel choice the engine makes by shape, NAME=VALUE "
+                     "with VALUE rule (the default), always or never; NAME one of " +
+                         backend::cuda::KernelChoices::names() + " (backend/cuda/kernel_choices.h)")
+      ->type_name("NAME=VALUE");
   // --moe-backend is the flag's first name, kept so existing scripts run; "backend" now means the
   // device backend.
   moe_path_option = command.add_option("--moe-path,--moe-backend", moe_path,
@@ -102,12 +108,18 @@ std::unique_ptr<backend::Context> ModelOptions::make_context() const {
            "--dtype applies to --device cuda; the CPU runs the checkpoint's own dtypes");
   R3_CHECK(device == "cpu" || gpu_moe_path() != "monolithic-nocapture",
            "--moe-path monolithic-nocapture: the GPU runs mega, modular or monolithic (every GPU path captures)");
-  if (device == "cuda") {
-    auto ctx = backend::Context::cuda(0);
-    ctx->set_batch_invariant(batch_invariant);
-    return ctx;
-  }
+  R3_CHECK(device == "cuda" || kernel_choices.empty(), "--kernel-choice applies to --device cuda");
+  if (device == "cuda") return make_cuda_context(0);
   return std::make_unique<backend::Context>(threads);
+}
+
+std::unique_ptr<backend::Context> ModelOptions::make_cuda_context(int index) const {
+  backend::cuda::KernelChoices choices;
+  for (const std::string& setting : kernel_choices) choices.set(setting);
+  auto ctx = backend::Context::cuda(index);
+  ctx->set_batch_invariant(batch_invariant);
+  ctx->set_kernel_choices(choices);
+  return ctx;
 }
 
 engine::PlaceRank ModelOptions::rank_placer(int ranks) const {
@@ -117,8 +129,7 @@ engine::PlaceRank ModelOptions::rank_placer(int ranks) const {
     R3_CHECK(devices > 0, "--ep on --device cuda: no CUDA device");
     if (rank >= devices) spdlog::warn("--ep: rank {} shares GPU {} ({} found)", rank, rank % devices, devices);
     engine::PlacedRank placed;
-    placed.ctx = backend::Context::cuda(rank % devices);
-    placed.ctx->set_batch_invariant(batch_invariant);
+    placed.ctx = make_cuda_context(rank % devices);
     placed.model = load(*placed.ctx, rank, ranks);
     return placed;
   };

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -21,6 +22,7 @@ struct ModelOptions {
   bool batch_invariant = false;
   int threads = 0;
   std::string moe_path = "monolithic";  // fastest on CPU: see README, Performance; the GPU's is gpu_moe_path()
+  std::vector<std::string> kernel_choices;  // --kernel-choice NAME=VALUE (backend/cuda/kernel_choices.h)
   models::LoadOptions load_options;
   CLI::Option* dtype_option = nullptr;
   CLI::Option* moe_path_option = nullptr;
@@ -36,6 +38,9 @@ struct ModelOptions {
   // The execution context the commands run on: the CPU (its thread pool has `threads` threads)
   // or CUDA device 0.
   std::unique_ptr<backend::Context> make_context() const;
+  // A context on CUDA device `index` with the options that apply to one: --batch-invariant and
+  // --kernel-choice (checked before the device is opened).
+  std::unique_ptr<backend::Context> make_cuda_context(int index) const;
   // With --device cuda, how the engine places expert-parallel rank r of `ranks` (--ep): a context
   // on device r modulo the devices present (ranks share a device only where there are fewer) and
   // the model loaded and placed there with the rank's slice of the experts (load). Empty on the

@@ -10,7 +10,6 @@
 #include <random>
 #include <set>
 #include <string>
-#include <tuple>
 
 #include "backend/context.h"
 #include "backend/device_memory.h"
@@ -250,13 +249,11 @@ TEST_F(CudaOps, QuantizedLinearMatchesTheCpu) {
 
 // The weight-streaming kernel with a column's K split over 2 to 8 warps (few weight rows: a
 // decode step's o projection, 2048 rows of 4096, or a router's 128) and its FP8 batch-1 variant
-// held to 48 registers, against the CPU; the same bits with and without that variant and with and
-// without the scales from the lanes (neither changes the arithmetic); row 0's bits the same alone and
-// among 3 rows (the split depends on the weight's shape, not on the rows: batch invariance); and
-// the split changing the bits at least once, so the split path is the one measured.
+// held to 48 registers with the scales from the lanes, against the CPU; row 0's bits the same
+// alone and among 3 rows (the split depends on the weight's shape, not on the rows: batch
+// invariance).
 TEST_F(CudaOps, WeightStreamingRowsSplitOverWarpsMatchTheCpu) {
   struct Case { int64_t k, n; DType weights; };
-  bool split_changed_bits = false;
   for (const Case c : {Case{4096, 2048, DType::BF16}, Case{2048, 128, DType::F32}, Case{1024, 512, DType::BF16},
                        Case{4096, 2048, DType::F8_E4M3}, Case{2048, 5120, DType::F8_E4M3}, Case{2048, 40, DType::F8_E4M3},
                        Case{2048, 5120, DType::BF16}}) {
@@ -276,27 +273,14 @@ TEST_F(CudaOps, WeightStreamingRowsSplitOverWarpsMatchTheCpu) {
       Tensor want = Tensor::empty(DType::F32, {m, c.n});
       ops::linear(cpu_, xm, w, &b, want);
       const Tensor xd = backend::to_device(*gpu_, xm);
-      auto rows = [&](const char* off) {
-        if (off != nullptr) setenv(off, "0", 1);
-        Tensor y = backend::device_empty(*gpu_, DType::F32, {m, c.n});
-        ops::cuda::linear_rows(*gpu_, xd, wd, &bd, y);
-        if (off != nullptr) unsetenv(off);
-        return backend::to_host(*gpu_, y);
-      };
-      const Tensor got = rows(nullptr);
+      Tensor y = backend::device_empty(*gpu_, DType::F32, {m, c.n});
+      ops::cuda::linear_rows(*gpu_, xd, wd, &bd, y);
+      const Tensor got = backend::to_host(*gpu_, y);
       EXPECT_LT(gpu_relative_error(got, want), 1e-5) << name << ", " << m << " rows";
-      const Tensor unbounded = rows("R3_FP8_OCCUPANCY");
-      EXPECT_EQ(std::memcmp(got.raw_data(), unbounded.raw_data(), got.nbytes()), 0) << name << ", R3_FP8_OCCUPANCY=0";
-      const Tensor scale_loads = rows("R3_FP8_LANE_SCALES");
-      EXPECT_EQ(std::memcmp(got.raw_data(), scale_loads.raw_data(), got.nbytes()), 0) << name << ", R3_FP8_LANE_SCALES=0";
-      const Tensor unsplit = rows("R3_SPLIT_ROWS");
-      EXPECT_LT(gpu_relative_error(unsplit, want), 1e-5) << name << ", unsplit";
-      split_changed_bits = split_changed_bits || std::memcmp(got.raw_data(), unsplit.raw_data(), got.nbytes()) != 0;
       if (m == 1) alone = got;
       else EXPECT_EQ(std::memcmp(alone.raw_data(), got.raw_data(), alone.nbytes()), 0) << name << ": row 0 among 3";
     }
   }
-  EXPECT_TRUE(split_changed_bits);
 }
 
 // FP8 projections of 5 to 16 rows in a step of reduced precision (a bfloat16 model's) take the
@@ -334,16 +318,6 @@ TEST_F(CudaOps, Fp8ProjectionsOfFiveToSixteenRowsTakeTheTensorCoresAtReducedPrec
     const Tensor got = backend::to_host(*gpu_, y);
     EXPECT_LT(gpu_relative_error(got, want), 1e-5) << name;
     EXPECT_EQ(std::memcmp(got.raw_data(), backend::to_host(*gpu_, own).raw_data(), got.nbytes()), 0) << name;
-    if (c.fits) {  // one K step in flight at a time: the same MMAs in the same order
-      setenv("R3_FP8_STEPS_IN_FLIGHT", "0", 1);
-      {
-        const backend::ReducedPrecisionScope bf16_model(*gpu_, true);
-        ops::cuda::linear_mma_rows(*gpu_, xd, wd, bd.data<float>(), own);
-      }
-      unsetenv("R3_FP8_STEPS_IN_FLIGHT");
-      EXPECT_EQ(std::memcmp(got.raw_data(), backend::to_host(*gpu_, own).raw_data(), got.nbytes()), 0)
-          << name << ", R3_FP8_STEPS_IN_FLIGHT=0";
-    }
     ops::linear(*gpu_, xd, wd, &bd, y);  // float32 precision: the weight-streaming kernel
     ops::cuda::linear_rows(*gpu_, xd, wd, &bd, own);
     const Tensor exact = backend::to_host(*gpu_, y), streamed = backend::to_host(*gpu_, own);
@@ -356,8 +330,7 @@ TEST_F(CudaOps, Fp8ProjectionsOfFiveToSixteenRowsTakeTheTensorCoresAtReducedPrec
 // result has its bits) within the 5-to-16-row tolerance. More rows, and weights that kernel does
 // not take (MXFP4, 16-wide FP8 blocks), are decoded and split into high and low bfloat16 parts
 // like the activations: within 3e-5 (both operands keep about 16 bits, against 24 for the weights
-// alone), and not the float32 GEMM's bits, so that path ran. With R3_QUANTIZED_MMA_ROWS=0 and
-// R3_SPLIT_QUANTIZED_PREFILL=0 the result is the float32 GEMM's, as without reduced precision.
+// alone), and not the float32 GEMM's bits, so that path ran.
 TEST_F(CudaOps, QuantizedStepsOfManyRowsAtReducedPrecisionTakeTheTensorCores) {
   struct Case { int64_t m, k, n, br, bc, first; bool mxfp4; };
   for (const Case c : {Case{17, 2048, 768, 128, 128, 0, false}, Case{64, 2048, 5120, 128, 128, 0, false},
@@ -384,27 +357,20 @@ TEST_F(CudaOps, QuantizedStepsOfManyRowsAtReducedPrecisionTakeTheTensorCores) {
                              std::to_string(c.first);
     const bool mma_rows = !c.mxfp4 && c.m <= 256 && ops::cuda::linear_mma_rows_fit(wd);
     ASSERT_EQ(mma_rows, c.m <= 256 && c.bc == 128) << name;
-    auto run = [&](bool reduced, bool switches_on) {
-      if (!switches_on) {
-        setenv("R3_QUANTIZED_MMA_ROWS", "0", 1);
-        setenv("R3_SPLIT_QUANTIZED_PREFILL", "0", 1);
-      }
+    auto run = [&](bool reduced) {
       Tensor y = backend::device_empty(*gpu_, DType::F32, {c.m, c.n});
       {
         const backend::ReducedPrecisionScope precision(*gpu_, reduced);
         ops::linear(*gpu_, xd, wd, &bd, y);
       }
-      unsetenv("R3_QUANTIZED_MMA_ROWS");
-      unsetenv("R3_SPLIT_QUANTIZED_PREFILL");
       return backend::to_host(*gpu_, y);
     };
-    const Tensor got = run(true, true), float32 = run(false, true), switched_off = run(true, false);
+    const Tensor got = run(true), float32 = run(false);
     const double error = gpu_relative_error(got, want);
     RecordProperty("relative_error_" + std::to_string(c.m) + "_rows_" + (c.mxfp4 ? "mxfp4" : std::to_string(c.bc)),
                    std::to_string(error));
     EXPECT_LT(error, mma_rows ? 1e-5 : 3e-5) << name;
     EXPECT_LT(gpu_relative_error(float32, want), 1e-5) << name << ", float32";
-    EXPECT_EQ(std::memcmp(switched_off.raw_data(), float32.raw_data(), got.nbytes()), 0) << name << ", switched off";
     EXPECT_NE(std::memcmp(got.raw_data(), float32.raw_data(), got.nbytes()), 0) << name << ": the float32 GEMM ran";
     if (mma_rows) {
       Tensor own = backend::device_empty(*gpu_, DType::F32, {c.m, c.n});
@@ -690,8 +656,8 @@ TEST_F(CudaOps, BfloatKvPoolsHoldRoundedRowsAndAttendAsTheirWidening) {
 }
 
 // Attention on tensor cores with each (token, group of heads)'s chunks merged inside the kernel by
-// a thread-block cluster (R3_CLUSTER_MERGE, up to 16 chunks) gives the bits of the merge kernel
-// (R3_CLUSTER_MERGE=0): groups of 8, 4, 2 and 1 query heads, head dims 64 and 128, sinks, a
+// a thread-block cluster (the kernel choice cluster_merge forced always, up to 16 chunks) gives
+// the bits of the merge kernel (forced never): groups of 8, 4, 2 and 1 query heads, head dims 64 and 128, sinks, a
 // sliding window, a padding row and a prefill's rows, contexts of one chunk up to 16 (and past,
 // where the merge kernel runs either way), with and without --batch-invariant.
 TEST_F(CudaOps, AttentionChunksMergedInAClusterGiveTheMergeKernelsBits) {
@@ -716,7 +682,7 @@ TEST_F(CudaOps, AttentionChunksMergedInAClusterGiveTheMergeKernelsBits) {
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
     // Every token alone (a decode step of one row: the chunk counts of batch 1), then all together.
     auto attend = [&](int64_t first, int64_t n, bool cluster) {
-      setenv("R3_CLUSTER_MERGE", cluster ? "1" : "0", 1);  // clusters past one wave too
+      gpu_->set_kernel_choice("cluster_merge", cluster ? "always" : "never");  // clusters past one wave too
       const std::vector<int32_t> step_seqs(seqs.begin() + first, seqs.begin() + first + n);
       const std::vector<int32_t> step_positions(positions.begin() + first, positions.begin() + first + n);
       const Tensor seqs_d = gpu_ints(*gpu_, step_seqs), positions_d = gpu_ints(*gpu_, step_positions);
@@ -728,7 +694,7 @@ TEST_F(CudaOps, AttentionChunksMergedInAClusterGiveTheMergeKernelsBits) {
       Tensor out_d = backend::device_empty(*gpu_, DType::F32, {n, c.heads, c.d});
       ops::cuda::paged_attention(*gpu_, step_q, step, pool, c.kv_heads, scale, c.window,
                                  c.sinks ? sinks_d.data<float>() : nullptr, out_d);
-      unsetenv("R3_CLUSTER_MERGE");
+      gpu_->set_kernel_choice("cluster_merge", "rule");
       return backend::to_host(*gpu_, out_d);
     };
     for (const bool invariant : {false, true}) {
@@ -896,12 +862,12 @@ TEST_F(CudaOps, RoutingWithCaptureMatchesTheCpuRules) {
   }
 }
 
-// The softmax top-k kernel that keeps a token's scores in registers (moe/cuda/routing_in_registers.cuh)
-// against the warp kernel every other rule takes (R3_ROUTING_IN_REGISTERS=0): the same bits of
-// ids, weights, capture rows and margins, over 128 and 256 experts (one and two register
-// blocks a lane), experts not a multiple of 32, k up to 32, logits with many exact ties (the lower
-// id must win) and every third row replaying a forced routing.
-TEST_F(CudaOps, RoutingInRegistersGivesTheWarpKernelsBits) {
+// The softmax top-k kernel that keeps a token's scores in registers (moe/cuda/routing_in_registers.cuh;
+// against the CPU rules in RoutingWithCaptureMatchesTheCpuRules): capture rows equal to the ids, a
+// free row's margin set and its ids distinct, equal scores going to the lower id, over 128 and 256
+// experts (one and two register blocks a lane), experts not a multiple of 32, k up to 32, logits
+// with many exact ties and every third row replaying a forced routing.
+TEST_F(CudaOps, RoutingInRegistersCapturesItsIdsAndBreaksTiesLow) {
   using Kind = moe::DeviceRoutingRule::Kind;
   struct Case {
     int64_t experts;
@@ -932,9 +898,7 @@ TEST_F(CudaOps, RoutingInRegistersGivesTheWarpKernelsBits) {
     struct Routed {
       Tensor ids, weights, capture, margins;
     };
-    auto route = [&](bool in_registers) {
-      if (in_registers) unsetenv("R3_ROUTING_IN_REGISTERS");
-      else setenv("R3_ROUTING_IN_REGISTERS", "0", 1);
+    auto route = [&] {
       Tensor ids_d = backend::device_empty(*gpu_, DType::I32, {tokens, c.k});
       Tensor weights_d = backend::device_empty(*gpu_, DType::F32, {tokens, c.k});
       Tensor capture_d = backend::to_device(*gpu_, Tensor::from(std::vector<int32_t>(tokens * 2 * c.k, -1), {tokens, 2, c.k}));
@@ -942,20 +906,18 @@ TEST_F(CudaOps, RoutingInRegistersGivesTheWarpKernelsBits) {
       moe::route_on_device(*gpu_, logits_d, rule, forced_d.data<int32_t>(), replayed_d.data<uint8_t>(),
                            ids_d.data<int32_t>(), weights_d.data<float>(),
                            {capture_d.data<int32_t>() + c.k, 2 * c.k, margins_d.data<float>() + 1, 2});
-      unsetenv("R3_ROUTING_IN_REGISTERS");
       return Routed{backend::to_host(*gpu_, ids_d), backend::to_host(*gpu_, weights_d), backend::to_host(*gpu_, capture_d),
                     backend::to_host(*gpu_, margins_d)};
     };
-    const Routed warp = route(false), registers = route(true);
+    const Routed registers = route();
     const std::string what = std::to_string(c.experts) + " experts, top-" + std::to_string(c.k) +
                              (c.normalize ? ", renormalised" : "") + (c.ties ? ", ties" : "") +
                              ", scale " + std::to_string(c.scale);
-    for (const auto& [got, want, name] : {std::tuple{&registers.ids, &warp.ids, "ids"},
-                                          std::tuple{&registers.weights, &warp.weights, "weights"},
-                                          std::tuple{&registers.capture, &warp.capture, "capture rows"},
-                                          std::tuple{&registers.margins, &warp.margins, "margins"}}) {
-      ASSERT_EQ(got->nbytes(), want->nbytes());
-      EXPECT_EQ(std::memcmp(got->raw_data(), want->raw_data(), got->nbytes()), 0) << name << ", " << what;
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int32_t j = 0; j < c.k; ++j) {
+        ASSERT_EQ(registers.capture.data<int32_t>()[(t * 2 + 1) * c.k + j], registers.ids.data<int32_t>()[t * c.k + j])
+            << what << ", capture row " << t;
+      }
     }
     // The routing happened: a free row's margin is set and its ids are distinct.
     EXPECT_FALSE(std::isnan(registers.margins.data<float>()[1 * 2 + 1])) << what;
@@ -1200,18 +1162,6 @@ TEST_F(CudaOps, Fp8ExpertsOnTensorCoresMatchADoubleEvaluation) {
         by_path[reduced ? 0 : 1] = backend::to_host(*gpu_, out);
         EXPECT_LT(gpu_relative_error(by_path[reduced ? 0 : 1], want), reduced ? 1e-4 : 1e-5)
             << tokens << " tokens, blocks " << b.rows << " x " << b.cols << (reduced ? ", tensor cores" : ", rows");
-        if (reduced) {  // one K step in flight at a time: the same MMAs in the same order
-          setenv("R3_FP8_STEPS_IN_FLIGHT", "0", 1);
-          {
-            const backend::ReducedPrecisionScope precision(*gpu_, true);
-            moe::fused_experts_on_device(*gpu_, backend::to_device(*gpu_, x), ids_d.data<int32_t>(),
-                                         weights_d.data<float>(), k, dev, grouping, activated, expert_out, out);
-          }
-          unsetenv("R3_FP8_STEPS_IN_FLIGHT");
-          const Tensor one_step = backend::to_host(*gpu_, out);
-          EXPECT_EQ(std::memcmp(one_step.raw_data(), by_path[0].raw_data(), one_step.nbytes()), 0)
-              << tokens << " tokens, blocks " << b.rows << " x " << b.cols << ", R3_FP8_STEPS_IN_FLIGHT=0";
-        }
       }
       // The two placements took different kernels (their roundings differ somewhere).
       EXPECT_NE(std::memcmp(by_path[0].raw_data(), by_path[1].raw_data(), by_path[0].nbytes()), 0)
@@ -1277,10 +1227,9 @@ TEST_F(CudaOps, FusedExpertsGiveATokenTheSameBitsOnEveryPath) {
 
 // FP8 gate/up at one to four tokens with the scales held by the lanes (a hidden size a multiple of
 // 256 and at most 32 scale blocks: 512 at blocks of 128 and of 16), and down + combine at one
-// token the same way where the expert width fits too (256; 96 does not; by default that kernel is
-// the one held to six blocks an SM), give the bits of a load a group (R3_FP8_LANE_SCALES=0), and
+// token the same way where the expert width fits too (256; 96 does not and takes a load a group),
 // match a double evaluation of the dequantized weights.
-TEST_F(CudaOps, Fp8ExpertsWithScalesFromTheLanesGiveTheSameBits) {
+TEST_F(CudaOps, Fp8ExpertsWithScalesFromTheLanesMatchADoubleEvaluation) {
   const int64_t experts = 4, h = 512, k = 2;
   // (expert width, scale block): down's scales fit the lanes at 256 only.
   for (const std::pair<int64_t, int64_t>& shape : {std::pair<int64_t, int64_t>{96, 128}, {96, 16}, {256, 128}, {256, 16}}) {
@@ -1299,9 +1248,7 @@ TEST_F(CudaOps, Fp8ExpertsWithScalesFromTheLanesGiveTheSameBits) {
         weights.push_back(0.3f);
       }
       const Tensor x = gpu_random({tokens, h}, 84);
-      auto run = [&](bool lanes) {
-        if (lanes) unsetenv("R3_FP8_LANE_SCALES");
-        else setenv("R3_FP8_LANE_SCALES", "0", 1);
+      auto run = [&] {
         const Tensor ids_d = gpu_ints(*gpu_, ids), weights_d = backend::to_device(*gpu_, Tensor::from(weights, {tokens, k}));
         Tensor grouping = backend::device_empty(*gpu_, DType::I32, {moe::grouping_ints(experts, tokens * k)});
         Tensor activated = backend::device_empty(*gpu_, DType::F32, {moe::expert_scratch_rows(tokens * k), inter});
@@ -1309,23 +1256,22 @@ TEST_F(CudaOps, Fp8ExpertsWithScalesFromTheLanesGiveTheSameBits) {
         Tensor out = backend::device_empty(*gpu_, DType::F32, {tokens, h});
         moe::fused_experts_on_device(*gpu_, backend::to_device(*gpu_, x), ids_d.data<int32_t>(), weights_d.data<float>(),
                                      k, dev, grouping, activated, expert_out, out);
-        unsetenv("R3_FP8_LANE_SCALES");
         return backend::to_host(*gpu_, out);
       };
-      const Tensor with_lanes = run(true), with_loads = run(false);
+      const Tensor with_lanes = run();
       const std::string what = std::to_string(tokens) + " tokens, width " + std::to_string(inter) + ", blocks of " +
                                std::to_string(block);
-      EXPECT_EQ(std::memcmp(with_lanes.raw_data(), with_loads.raw_data(), with_lanes.nbytes()), 0) << what;
       const Tensor want = fp8_experts_in_double(x, ids, weights, k, gate, up, down, inter);
       EXPECT_LT(gpu_relative_error(with_lanes, want), 1e-5) << what;
     }
   }
 }
 
-// Gate/up at one token held to one wave of blocks (R3_GATE_UP_ONE_WAVE=1: two groups of eight in
-// flight a row, six blocks an SM) gives the bits of the default kernel
-// (R3_GATE_UP_ONE_WAVE=0), bfloat16 with biases and the clamped activation, and FP8 (blocks of
-// 128) with its scales from the lanes and from a load a group, at Qwen3-30B-A3B's expert shape.
+// Gate/up at one token held to one wave of blocks (the kernel choice gate_up_one_wave forced
+// always: two groups of eight in flight a row, six blocks an SM) gives the bits of the default
+// kernel (forced never), bfloat16 with biases and the clamped activation, and FP8 with its scales
+// from the lanes (blocks of 128) and from a load a group (blocks of 16: 128 blocks a row do not fit
+// the lanes), at Qwen3-30B-A3B's expert shape.
 TEST_F(CudaOps, GateUpInOneWaveGivesTheSameBits) {
   const int64_t experts = 16, h = 2048, inter = 768, k = 8;
   const std::vector<int32_t> ids = {3, 14, 0, 9, 7, 12, 5, 1};
@@ -1334,6 +1280,9 @@ TEST_F(CudaOps, GateUpInOneWaveGivesTheSameBits) {
   const Fp8Quantized gate8 = quantize_fp8(gpu_random({experts, inter, h}, 71, 0.05f), 128, 128),
                      up8 = quantize_fp8(gpu_random({experts, inter, h}, 72, 0.05f), 128, 128),
                      down8 = quantize_fp8(gpu_random({experts, h, inter}, 73, 0.05f), 128, 128);
+  const Fp8Quantized gate16 = quantize_fp8(gpu_random({experts, inter, h}, 71, 0.05f), 16, 16),
+                     up16 = quantize_fp8(gpu_random({experts, inter, h}, 72, 0.05f), 16, 16),
+                     down16 = quantize_fp8(gpu_random({experts, h, inter}, 73, 0.05f), 16, 16);
   moe::DeviceExperts bf16;
   bf16.gate = backend::to_device_as(*gpu_, gpu_random({experts, inter, h}, 74, 0.05f), DType::BF16);
   bf16.up = backend::to_device_as(*gpu_, gpu_random({experts, inter, h}, 75, 0.05f), DType::BF16);
@@ -1343,11 +1292,11 @@ TEST_F(CudaOps, GateUpInOneWaveGivesTheSameBits) {
   bf16.down_bias = backend::to_device(*gpu_, gpu_random({experts, h}, 79));
   bf16.activation = moe::ExpertActivation{moe::ExpertActivation::Kind::kGptOss, 7.0f, 1.702f};
   const moe::DeviceExperts fp8 = fp8_device_experts(*gpu_, gate8, up8, down8, 128, 128);
+  const moe::DeviceExperts fp8_blocks16 = fp8_device_experts(*gpu_, gate16, up16, down16, 16, 16);
   for (const int kind : {0, 1, 2}) {  // bf16; FP8, scales from the lanes; FP8, a load a group
-    const moe::DeviceExperts& dev = kind == 0 ? bf16 : fp8;
+    const moe::DeviceExperts& dev = kind == 0 ? bf16 : kind == 1 ? fp8 : fp8_blocks16;
     auto run = [&](const char* one_wave) {
-      setenv("R3_GATE_UP_ONE_WAVE", one_wave, 1);
-      if (kind == 2) setenv("R3_FP8_LANE_SCALES", "0", 1);
+      gpu_->set_kernel_choice("gate_up_one_wave", one_wave);
       const Tensor ids_d = gpu_ints(*gpu_, ids);
       const Tensor weights_d = backend::to_device(*gpu_, Tensor::from(weights, {1, k}));
       Tensor grouping = backend::device_empty(*gpu_, DType::I32, {moe::grouping_ints(experts, k)});
@@ -1356,26 +1305,26 @@ TEST_F(CudaOps, GateUpInOneWaveGivesTheSameBits) {
       Tensor out = backend::device_empty(*gpu_, DType::F32, {1, h});
       moe::fused_experts_on_device(*gpu_, backend::to_device(*gpu_, x), ids_d.data<int32_t>(), weights_d.data<float>(),
                                    k, dev, grouping, activated, expert_out, out);
-      unsetenv("R3_GATE_UP_ONE_WAVE");
-      unsetenv("R3_FP8_LANE_SCALES");
+      gpu_->set_kernel_choice("gate_up_one_wave", "rule");
       return backend::to_host(*gpu_, out);
     };
-    const Tensor default_kernel = run("0"), six = run("1");
+    const Tensor default_kernel = run("never"), six = run("always");
     const std::string what = kind == 0 ? "bf16" : kind == 1 ? "FP8, scales from the lanes" : "FP8, a load a group";
     EXPECT_EQ(std::memcmp(six.raw_data(), default_kernel.raw_data(), six.nbytes()), 0) << what << ", six blocks an SM";
     const float* v = six.data<float>();
     EXPECT_GT(std::count_if(v, v + h, [](float y) { return y != 0.0f; }), h * 9 / 10) << what;
     if (kind > 0) {
-      const Tensor want = fp8_experts_in_double(x, ids, weights, k, gate8, up8, down8, inter);
+      const Tensor want = kind == 1 ? fp8_experts_in_double(x, ids, weights, k, gate8, up8, down8, inter)
+                                    : fp8_experts_in_double(x, ids, weights, k, gate16, up16, down16, inter);
       EXPECT_LT(gpu_relative_error(six, want), 1e-5) << what;
     }
   }
 }
 
-// Down + combine at one token with a block's rows all in flight before its wait
-// (R3_DOWN_ROWS_IN_FLIGHT=1) gives the bits of the kernel with a block a row (=0): bfloat16 with
-// biases (a diagnostic there) and FP8 with the scales from the lanes (taken by default, eight rows a
-// block; four with R3_DOWN_ROWS_A_BLOCK=4), at Qwen3-30B-A3B's expert shape with 8 choices and at a
+// Down + combine at one token with a block's rows all in flight before its wait (the kernel
+// choice down_rows_in_flight forced always) gives the bits of the kernel with a block a row (forced
+// never): bfloat16 with biases (four rows a block; not taken by rule) and FP8 with the scales from
+// the lanes (taken by rule, eight rows a block), at Qwen3-30B-A3B's expert shape with 8 choices and at a
 // small one with 3, where bfloat16's expert width of 96 leaves most lanes without a group. Each
 // setting runs two tokens in turn, launched as a step launches them (gate/up releasing down early),
 // so that a kernel reading the first token's activations for the second's would show. A graph of
@@ -1427,35 +1376,30 @@ TEST_F(CudaOps, DownWithRowsInFlightGivesTheSameBits) {
       bool in_flight = false;
     };
     auto run = [&](const char* setting) {
-      if (setting) setenv("R3_DOWN_ROWS_IN_FLIGHT", setting, 1);
+      gpu_->set_kernel_choice("down_rows_in_flight", setting);
       Outputs o;
       for (int t = 0; t < 2; ++t) {
         call(xs_d[t]);
         o.token[t] = backend::to_host(*gpu_, out);
       }
       const std::vector<std::string> kernels = kernels_launched(*gpu_, [&] { call(xs_d[0]); });
-      unsetenv("R3_DOWN_ROWS_IN_FLIGHT");
+      gpu_->set_kernel_choice("down_rows_in_flight", "rule");
       o.in_flight = std::any_of(kernels.begin(), kernels.end(), [](const std::string& name) {
         return name.find("down_and_combine_rows_in_flight") != std::string::npos;
       });
       return o;
     };
-    const Outputs row_a_block = run("0"), in_flight = run("1"), by_default = run(nullptr);
-    setenv("R3_DOWN_ROWS_A_BLOCK", "4", 1);
-    const Outputs four_rows = run(nullptr);
-    unsetenv("R3_DOWN_ROWS_A_BLOCK");
+    const Outputs row_a_block = run("never"), in_flight = run("always"), by_default = run("rule");
     const std::string what = std::string(fp8 ? "FP8" : "bf16") + ", h " + std::to_string(h) + ", width " +
                              std::to_string(inter) + ", k " + std::to_string(k);
     EXPECT_FALSE(row_a_block.in_flight) << what;
     EXPECT_TRUE(in_flight.in_flight) << what;
     EXPECT_EQ(by_default.in_flight, fp8) << what;
-    EXPECT_EQ(four_rows.in_flight, fp8) << what;
     for (int t = 0; t < 2; ++t) {
       const std::string token = what + ", token " + std::to_string(t);
       const std::size_t bytes = row_a_block.token[t].nbytes();
       EXPECT_EQ(std::memcmp(in_flight.token[t].raw_data(), row_a_block.token[t].raw_data(), bytes), 0) << token;
       EXPECT_EQ(std::memcmp(by_default.token[t].raw_data(), row_a_block.token[t].raw_data(), bytes), 0) << token;
-      EXPECT_EQ(std::memcmp(four_rows.token[t].raw_data(), row_a_block.token[t].raw_data(), bytes), 0) << token;
       const float* v = in_flight.token[t].data<float>();
       EXPECT_GT(std::count_if(v, v + h, [](float y) { return y != 0.0f; }), h * 9 / 10) << token;
       if (fp8) {

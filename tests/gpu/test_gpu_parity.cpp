@@ -357,20 +357,13 @@ TEST(GpuGraphs, DecodeStepsReplayAsOneGraphWithCaptureOn) {
   EXPECT_GT(nodes.kernels, 0);
   EXPECT_EQ(nodes.memsets, 0);
   EXPECT_EQ(nodes.others, 0);
-  // The count sees a fill: with the attention output zero-filled again, one memset a layer.
-  setenv("R3_ATTENTION_OUT_ZEROED", "1", 1);
-  auto zeroed = models::place_on_device(*gpu, models::load_model(family_dir("qwen3_moe")), DType::F32);
-  options.max_new_tokens = 4;
-  engine::generate(*zeroed, *gpu, prompt, options);
-  unsetenv("R3_ATTENTION_OUT_ZEROED");
-  EXPECT_GE(models::step_graph_nodes(*zeroed).memsets, ref.layers);  // ref.layers: its MoE layers
 }
 
-// o's weights brought into L2 on a side stream (ops/cuda/l2_prefetch.h; R3_PREFETCH_O=0 turns it
-// off) change no token and no route: the same generation as without, its decode steps still
-// replayed as one graph of kernels (the side branch joins before the capture ends), which holds
-// one prefetch kernel more a layer.
-TEST(GpuGraphs, OProjectionPrefetchedBesideTheChainGivesTheSameTokensAndRoutes) {
+// o's weights brought into L2 on a side stream (ops/cuda/l2_prefetch.h) in every decode step
+// leave its decode steps replayed as one graph of kernels (the side branch joins before the
+// capture ends), in float32 and bf16. (The float32 tokens and routes against the reference:
+// DecodeStepsReplayAsOneGraphWithCaptureOn.)
+TEST(GpuGraphs, OProjectionPrefetchedBesideTheChainKeepsAGraphOfKernels) {
   const Reference ref = load_reference("qwen3_moe", 0);
   auto gpu = backend::Context::cuda(0);
   const std::vector<int64_t> prompt64 = prompt_ids(ref);
@@ -379,30 +372,12 @@ TEST(GpuGraphs, OProjectionPrefetchedBesideTheChainGivesTheSameTokensAndRoutes) 
   options.max_new_tokens = static_cast<int64_t>(ref.generated.size());
   for (const DType weights : {DType::F32, DType::BF16}) {
     SCOPED_TRACE(dtype_name(weights));
-    std::vector<engine::GenerateResult> runs;
-    int64_t replays[2] = {0, 0}, kernels[2] = {0, 0};
-    for (const bool prefetch : {false, true}) {
-      if (!prefetch) setenv("R3_PREFETCH_O", "0", 1);
-      auto model = models::place_on_device(*gpu, models::load_model(family_dir("qwen3_moe")), weights);
-      runs.push_back(engine::generate(*model, *gpu, prompt, options));
-      unsetenv("R3_PREFETCH_O");
-      replays[prefetch] = models::graph_replays(*model);
-      const models::StepGraphNodes nodes = models::step_graph_nodes(*model);
-      EXPECT_EQ(nodes.memsets + nodes.others, 0);
-      kernels[prefetch] = nodes.kernels;
-    }
-    EXPECT_EQ(runs[1].output_ids, runs[0].output_ids);
-    EXPECT_GT(replays[1], 0);
-    EXPECT_EQ(replays[1], replays[0]);
-    EXPECT_GE(kernels[1] - kernels[0], ref.layers);  // a prefetch an attention layer (ref.layers: its MoE layers)
-    ASSERT_EQ(runs[1].routed_experts.rows(), runs[0].routed_experts.rows());
-    for (int64_t t = 0; t < runs[0].routed_experts.rows(); ++t) {
-      for (int64_t l = 0; l < ref.layers; ++l) {
-        for (int64_t c = 0; c < ref.top_k; ++c) {
-          EXPECT_EQ(runs[1].routed_experts.at(t, l, c), runs[0].routed_experts.at(t, l, c)) << "row " << t << " layer " << l;
-        }
-      }
-    }
+    auto model = models::place_on_device(*gpu, models::load_model(family_dir("qwen3_moe")), weights);
+    engine::generate(*model, *gpu, prompt, options);
+    EXPECT_GT(models::graph_replays(*model), 0);
+    const models::StepGraphNodes nodes = models::step_graph_nodes(*model);
+    EXPECT_GT(nodes.kernels, 0);
+    EXPECT_EQ(nodes.memsets + nodes.others, 0);
   }
 }
 
@@ -484,15 +459,14 @@ TEST(GpuSynthetic, CaptureOnAndOffGiveTheSameLogits) {
 // before they wait (backend/cuda/launch.cuh): weights, and the KV rows of past steps. A step's
 // own rows must still be read after the kernel that writes them: a prefill step of two sequences
 // (tokens of one sequence attend to rows the same step writes) then decode steps, in bf16 and
-// FP8, give bit-identical logits with early release on and off (R3_EARLY_RELEASE=0).
+// FP8, give finite logits with the same bits in two runs (a read that raced its writer would
+// vary from run to run).
 TEST(GpuGraphs, KernelsReleasedEarlyGiveTheSameBits) {
   auto gpu = backend::Context::cuda(0);
   models::SyntheticShape shape = small_synthetic_shape();
   constexpr int32_t kPrompt[2] = {90, 37};  // two chunks of 64 positions for the longer one
   constexpr int kDecodeSteps = 3;
-  const auto run = [&](bool early) {
-    if (early) unsetenv("R3_EARLY_RELEASE");
-    else setenv("R3_EARLY_RELEASE", "0", 1);
+  const auto run = [&] {
     auto model = models::synthetic_on_device(*gpu, shape, 7, false);
     auto cache = model->make_cache(2, kPrompt[0] + kDecodeSteps + 1);
     std::vector<float> all;
@@ -521,15 +495,14 @@ TEST(GpuGraphs, KernelsReleasedEarlyGiveTheSameBits) {
       }
       step(decode);
     }
-    unsetenv("R3_EARLY_RELEASE");
     return all;
   };
   for (const bool fp8 : {false, true}) {
     shape.fp8 = fp8;
-    const std::vector<float> off = run(false), on = run(true);
-    ASSERT_EQ(on.size(), off.size());
-    EXPECT_TRUE(on == off) << (fp8 ? "FP8" : "bf16") << " weights";
-    EXPECT_TRUE(std::all_of(on.begin(), on.end(), [](float v) { return std::isfinite(v); }));
+    const std::vector<float> first = run(), second = run();
+    ASSERT_EQ(second.size(), first.size());
+    EXPECT_TRUE(second == first) << (fp8 ? "FP8" : "bf16") << " weights";
+    EXPECT_TRUE(std::all_of(first.begin(), first.end(), [](float v) { return std::isfinite(v); }));
   }
 }
 

@@ -83,4 +83,14 @@ cuda::State& Context::cuda_state() const {
   return *cuda_;
 }
 
+void Context::set_kernel_choice(std::string_view name, std::string_view value) {
+  R3_CHECK(cuda_ != nullptr, "kernel choices apply to a CUDA context");
+  cuda_->choices.set(name, value);
+}
+
+void Context::set_kernel_choices(const cuda::KernelChoices& choices) {
+  R3_CHECK(cuda_ != nullptr, "kernel choices apply to a CUDA context");
+  cuda_->choices = choices;
+}
+
 }  // namespace r3::backend

@@ -1,7 +1,6 @@
 // Kernel attributes set once per kernel at its first launch (backend/cuda/launch.cuh).
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <mutex>
 #include <unordered_set>
 
@@ -10,7 +9,6 @@
 namespace r3::backend::cuda {
 
 // (Declared in launch.cuh, which only nvcc reads.)
-void prefer_carveout(const void* kernel);
 void allow_large_clusters(const void* kernel);
 
 namespace {
@@ -22,15 +20,6 @@ bool first_time(std::unordered_set<const void*>& seen, std::mutex& mutex, const 
 }
 
 }  // namespace
-
-void prefer_carveout(const void* kernel) {
-  static const char* const setting = std::getenv("R3_CARVEOUT");  // read once: no cost at each launch
-  if (setting == nullptr) return;
-  static std::mutex mutex;
-  static std::unordered_set<const void*> seen;
-  if (!first_time(seen, mutex, kernel)) return;
-  R3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, std::atoi(setting)));
-}
 
 void allow_large_clusters(const void* kernel) {
   static std::mutex mutex;

@@ -22,7 +22,6 @@
 
 #include <utility>
 
-#include "backend/cuda/diagnostic_switch.h"
 #include "backend/cuda/state.h"
 
 namespace r3::backend::cuda {
@@ -36,16 +35,6 @@ __device__ __forceinline__ void wait_for_predecessor() { asm volatile("griddepco
 // without the attribute.
 __device__ __forceinline__ void release_successor() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
-// Whether short kernels release their successors early (R3_EARLY_RELEASE=0: they do not, a
-// diagnostic). Host side, read at each launch: those kernels take it as an argument.
-inline bool early_release() { return diagnostic_switch_on("R3_EARLY_RELEASE"); }
-
-// R3_CARVEOUT=<percent>: every kernel launched here prefers that share of an SM's unified L1 and
-// shared memory as shared memory (a diagnostic, set before the first launch: an SM takes blocks of
-// a kernel whose carveout differs from its resident blocks' only after reconfiguring, so kernels of
-// unlike shared-memory needs may not overlap). Unset: the driver's choice per kernel.
-void prefer_carveout(const void* kernel);
-
 // Lets `kernel` run in clusters of more than 8 blocks (non-portable sizes, up to 16 on Hopper), once.
 void allow_large_clusters(const void* kernel);
 
@@ -54,7 +43,6 @@ void allow_large_clusters(const void* kernel);
 template <typename... Params, typename... Args>
 void launch_kernel_in_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes,
                                cudaStream_t stream, unsigned cluster, Args&&... args) {
-  prefer_carveout(reinterpret_cast<const void*>(kernel));
   if (cluster > 8) allow_large_clusters(reinterpret_cast<const void*>(kernel));
   cudaLaunchAttribute attributes[2]{};
   attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;

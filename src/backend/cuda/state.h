@@ -8,6 +8,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include "backend/cuda/kernel_choices.h"
 #include "core/check.h"
 
 namespace r3::backend::cuda {
@@ -26,6 +27,9 @@ struct State {
   cudaEvent_t fork = nullptr;
   cudaEvent_t join = nullptr;
   bool side_pending = false;
+  // The kernel choices made by shape (backend/cuda/kernel_choices.h): each by its rule unless
+  // set otherwise for an experiment.
+  KernelChoices choices;
 };
 
 // Throws r3::Error naming the call and CUDA's message.

@@ -7,7 +7,6 @@
 #include <span>
 #include <vector>
 
-#include "backend/cuda/diagnostic_switch.h"
 #include "backend/cuda/state.h"
 #include "backend/device_memory.h"
 #include "core/dtype.h"
@@ -140,7 +139,7 @@ void Attention::forward(backend::Context& ctx, const Tensor& x, const ops::Devic
   backend::Workspace::Scope scope(ctx.workspace());
   Tensor qh = ctx.scratch_for_output(DType::F32, {tokens, spec.num_heads, d});  // written in full by the kernels
   // Once q/k/v has run, o's weights come into L2 beside the prepare and attention kernels
-  // (ops/cuda/l2_prefetch.h; R3_PREFETCH_O).
+  // (ops/cuda/l2_prefetch.h).
   const bool prefetch_o = ops::cuda::o_prefetch_taken(tokens);
   if (qkv.defined()) {
     const int64_t width = q_width + 2 * kv_width;
@@ -169,11 +168,8 @@ void Attention::forward(backend::Context& ctx, const Tensor& x, const ops::Devic
     ops::cuda::prepare_attention_rows(ctx, rotary, rows, spec.num_heads, spec.num_kv_heads, d, rms_eps, step, pool, qh);
   }
   // Written in full by attention (a padding row's zeros included). Not zero-filled: a fill is a
-  // memset node in the step's graph, which breaks the chain of programmatic launches
-  // (R3_ATTENTION_OUT_ZEROED=1: the fill, a diagnostic to measure it).
-  const bool zeroed = backend::cuda::diagnostic_choice("R3_ATTENTION_OUT_ZEROED", false);
-  Tensor attended = zeroed ? ctx.scratch(DType::F32, {tokens, spec.num_heads, d})
-                           : ctx.scratch_for_output(DType::F32, {tokens, spec.num_heads, d});
+  // memset node in the step's graph, which breaks the chain of programmatic launches.
+  Tensor attended = ctx.scratch_for_output(DType::F32, {tokens, spec.num_heads, d});
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   ops::cuda::paged_attention(ctx, qh, step, pool, spec.num_kv_heads, scale, sliding_window,
                              w.sinks.defined() ? w.sinks.data<float>() : nullptr, attended);

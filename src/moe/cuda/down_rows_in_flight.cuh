@@ -38,14 +38,14 @@ inline bool down_rows_in_flight_fit(int64_t k, int64_t h, int64_t inter) {
 // each row's scales loaded a lane each with its values. Otherwise rows decode with their own widen8
 // (bfloat16; FP8 scales then come from a load a group, after the wait).
 // kRows: hidden rows a block takes, held to kMinBlocks blocks an SM. FP8 rows fit eight in
-// registers at two blocks an SM (48 of a lane's registers at an expert width of 768) or four at
-// four; bfloat16 rows, twice as wide, four at two. Launch: h / kRows blocks of k warps.
+// registers at two blocks an SM (48 of a lane's registers at an expert width of 768); bfloat16
+// rows, twice as wide, four at two. Launch: h / kRows blocks of k warps.
 template <typename Matrix, int kRows, int kMinBlocks, int kGroups, bool kLaneScales>
 __global__ void __launch_bounds__(kDownChoiceWarps* ops::cuda::kWarp, kMinBlocks)
     down_and_combine_rows_in_flight(const float* __restrict__ activated, const int32_t* __restrict__ ids,
                                     const float* __restrict__ weights, int64_t k, Matrix down,
                                     const float* __restrict__ down_bias, int64_t h, int64_t inter,
-                                    float* __restrict__ out, bool coherent) {
+                                    float* __restrict__ out) {
   using ops::cuda::kWarp;
   using Row = decltype(ops::cuda::row_of(down, 0));
   constexpr int64_t kStride = kWarp * 8;
@@ -76,22 +76,16 @@ __global__ void __launch_bounds__(kDownChoiceWarps* ops::cuda::kWarp, kMinBlocks
   // This lane's activations of its choice: the same elements for every row. gate/up wrote them
   // while this kernel was already running (it was released early), so they are read coherently
   // from L2 (ld.global.cg), not through the non-coherent path that `const __restrict__` lets the
-  // compiler choose: that path is only defined for data no one writes during the kernel. With it
-  // (34b2ec8), CudaOps.GateUpInOneWaveGivesTheSameBits read wrong and unrepeatable sums on an H100.
-  // `coherent` false (R3_DOWN_ACTIVATIONS_CG=0, a diagnostic): load8's loads, coherent through L1.
+  // compiler choose: that path is only defined for data no one writes during the kernel.
   float a[kGroups][8];
 #pragma unroll
   for (int u = 0; u < kGroups; ++u) {
     const int64_t c = lane * 8 + u * kStride;
     if (c < inter) {
-      if (coherent) {
-        const float4 lo = __ldcg(reinterpret_cast<const float4*>(activated + j * inter + c));
-        const float4 hi = __ldcg(reinterpret_cast<const float4*>(activated + j * inter + c + 4));
-        a[u][0] = lo.x; a[u][1] = lo.y; a[u][2] = lo.z; a[u][3] = lo.w;
-        a[u][4] = hi.x; a[u][5] = hi.y; a[u][6] = hi.z; a[u][7] = hi.w;
-      } else {
-        ops::cuda::load8(activated + j * inter + c, a[u]);
-      }
+      const float4 lo = __ldcg(reinterpret_cast<const float4*>(activated + j * inter + c));
+      const float4 hi = __ldcg(reinterpret_cast<const float4*>(activated + j * inter + c + 4));
+      a[u][0] = lo.x; a[u][1] = lo.y; a[u][2] = lo.z; a[u][3] = lo.w;
+      a[u][4] = hi.x; a[u][5] = hi.y; a[u][6] = hi.z; a[u][7] = hi.w;
     }
   }
 #pragma unroll

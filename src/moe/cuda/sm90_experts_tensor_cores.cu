@@ -10,7 +10,6 @@
 
 #include <type_traits>
 
-#include "backend/cuda/diagnostic_switch.h"
 #include "backend/cuda/launch.cuh"
 #include "moe/cuda/experts_parts.cuh"
 #include "ops/cuda/mma_rows.cuh"
@@ -41,17 +40,17 @@ struct Fp8Experts {
     return {values + (e * rows + n0) * cols, scales + (e * scale_rows + n0 / block_rows) * scale_cols, block_cols};
   }
 };
-// kInFlight: the K steps an FP8 tile has in flight (mma_rows::multiply_fp8); bfloat16 tiles
-// unroll as many as their registers allow.
-template <int kB, int kN, int kInFlight>
+// Either kind of tile keeps unroll_for(kN) K steps' loads in flight (mma_rows::multiply_fp8 for
+// FP8).
+template <int kB, int kN>
 __device__ void multiply_tiles(const SplitRows& a, int64_t first, int64_t end, const __nv_bfloat16* const (&w)[kB],
                                float (&acc)[kB][kN][4]) {
   multiply<kB, kN, unroll_for(kN)>(a, first, end, w, acc);
 }
-template <int kB, int kN, int kInFlight>
+template <int kB, int kN>
 __device__ void multiply_tiles(const SplitRows& a, int64_t first, int64_t end, const Fp8Tile (&w)[kB],
                                float (&acc)[kB][kN][4]) {
-  multiply_fp8<kB, kN, kInFlight>(a, first, end, w, acc);
+  multiply_fp8<kB, kN, unroll_for(kN)>(a, first, end, w, acc);
 }
 
 // Row r of the gathered copy = hidden row of the pair order[r]'s token.
@@ -72,7 +71,7 @@ __device__ inline bool warp_tile(const Grouping& g, int64_t rows, int64_t* slot,
   return *slot < *g.used_count && *n0 < rows;
 }
 
-template <int kN, int kInFlight, typename Experts, typename Act>
+template <int kN, typename Experts, typename Act>
 __global__ void __launch_bounds__(kWarps * 32) gate_up_tiles(SplitRows x, Grouping g, Experts gate, Experts up,
                                                               const float* __restrict__ gate_bias,
                                                               const float* __restrict__ up_bias, int64_t inter,
@@ -86,7 +85,7 @@ __global__ void __launch_bounds__(kWarps * 32) gate_up_tiles(SplitRows x, Groupi
   const Tile w[2] = {gate.tile(e, n0), up.tile(e, n0)};
   for (int32_t first = g.offsets[e]; first < end; first += kPairsPerTile * kN) {
     float acc[2][kN][4] = {};
-    multiply_tiles<2, kN, kInFlight>(x, first, end, w, acc);
+    multiply_tiles<2, kN>(x, first, end, w, acc);
 #pragma unroll
     for (int n = 0; n < kN; ++n) {
 #pragma unroll
@@ -103,7 +102,7 @@ __global__ void __launch_bounds__(kWarps * 32) gate_up_tiles(SplitRows x, Groupi
   }
 }
 
-template <int kN, int kInFlight, typename Experts>
+template <int kN, typename Experts>
 __global__ void __launch_bounds__(kWarps * 32) down_tiles(SplitRows activated, Grouping g, Experts down,
                                                            const float* __restrict__ down_bias, int64_t h,
                                                            float* __restrict__ expert_out) {
@@ -116,7 +115,7 @@ __global__ void __launch_bounds__(kWarps * 32) down_tiles(SplitRows activated, G
   const Tile w[1] = {down.tile(e, n0)};
   for (int32_t first = g.offsets[e]; first < end; first += kPairsPerTile * kN) {
     float acc[1][kN][4] = {};
-    multiply_tiles<1, kN, kInFlight>(activated, first, end, w, acc);
+    multiply_tiles<1, kN>(activated, first, end, w, acc);
 #pragma unroll
     for (int n = 0; n < kN; ++n) {
 #pragma unroll
@@ -131,29 +130,16 @@ __global__ void __launch_bounds__(kWarps * 32) down_tiles(SplitRows activated, G
   }
 }
 
-template <int kN, int kInFlight, typename Experts, typename Act>
-void launch_kernels(cudaStream_t stream, const Grouping& g, const DeviceExperts& x, const Experts (&w)[3],
+template <int kN, typename Experts, typename Act>
+void launch_tiles(cudaStream_t stream, const Grouping& g, const DeviceExperts& x, const Experts (&w)[3],
                     const Act& act, int64_t slots, const SplitRows& xs, const SplitRows& as, float* expert_out) {
   const int64_t inter = x.intermediate(), h = x.hidden();
   auto bias = [](const Tensor& b) { return b.defined() ? b.data<float>() : nullptr; };
   const auto blocks = [&](int64_t n) { return static_cast<unsigned>(slots * ((n + kRowsPerBlock - 1) / kRowsPerBlock)); };
-  backend::cuda::launch_kernel(gate_up_tiles<kN, kInFlight, Experts, Act>, blocks(inter), kWarps * 32, 0, stream, xs, g,
+  backend::cuda::launch_kernel(gate_up_tiles<kN, Experts, Act>, blocks(inter), kWarps * 32, 0, stream, xs, g,
                                w[0], w[1], bias(x.gate_bias), bias(x.up_bias), inter, act, as);
-  backend::cuda::launch_kernel(down_tiles<kN, kInFlight, Experts>, blocks(h), kWarps * 32, 0, stream, as, g, w[2],
+  backend::cuda::launch_kernel(down_tiles<kN, Experts>, blocks(h), kWarps * 32, 0, stream, as, g, w[2],
                                bias(x.down_bias), h, expert_out);
-}
-
-// FP8 experts keep as many K steps in flight as bfloat16 ones unroll (R3_FP8_STEPS_IN_FLIGHT=0:
-// one, as before, to measure it).
-template <int kN, typename Experts, typename Act>
-void launch_tiles(cudaStream_t stream, const Grouping& g, const DeviceExperts& x, const Experts (&w)[3],
-                  const Act& act, int64_t slots, const SplitRows& xs, const SplitRows& as, float* expert_out) {
-  if constexpr (std::is_same_v<Experts, Fp8Experts>) {
-    if (backend::cuda::diagnostic_switch_on("R3_FP8_STEPS_IN_FLIGHT")) {
-      return launch_kernels<kN, unroll_for(kN)>(stream, g, x, w, act, slots, xs, as, expert_out);
-    }
-  }
-  launch_kernels<kN, 1>(stream, g, x, w, act, slots, xs, as, expert_out);
 }
 
 // Pair columns per pass for the pairs an expert is likely to have; an expert with more takes

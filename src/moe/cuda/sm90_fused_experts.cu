@@ -11,11 +11,8 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
-#include "backend/cuda/diagnostic_switch.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
 #include "moe/device_experts.h"
@@ -185,16 +182,14 @@ __global__ void combine_choices(const float* __restrict__ expert_out, const floa
 // Gate/up at one token: groups of eight a lane keeps in flight a row, fewer than the row type's
 // default, so that the kernel's registers let one wave of blocks hold every (pair, intermediate
 // row) of Qwen3-30B-A3B (768 blocks of 8 warps on 132 SMs: 6 blocks an SM, 40 registers a
-// thread, some spilled). The default (bf16: 4 groups, 67 registers, 3 blocks an SM; FP8: 8
-// groups, 80, 3) runs in 1.94 waves. Taken for FP8 only: in a whole decode step on an
-// H100 it took FP8 batch 1 from 3.103 to 3.026 ms but bf16 from 3.483 to 3.526 (five blocks an
-// SM, 48 registers: slower for both; bench/RESULTS.md). R3_GATE_UP_ONE_WAVE=0: never, =1: bf16
-// too (diagnostics). Same bits.
+// thread, some spilled), where the default shape (bf16: 4 groups, FP8: 8) runs in about two
+// waves. The kernel choice gate_up_one_wave (backend/cuda/kernel_choices.h), by rule for FP8
+// weights. Same bits.
 constexpr int kOneWaveGroups = 2;
 constexpr int kOneWaveBlocks = 6;
 template <typename Matrix>
-bool one_wave_taken() {
-  return backend::cuda::diagnostic_choice("R3_GATE_UP_ONE_WAVE", std::is_same_v<Matrix, ops::cuda::Fp8Matrix>);
+bool one_wave_taken(const backend::cuda::KernelChoices& choices) {
+  return choices.gate_up_one_wave_taken(std::is_same_v<Matrix, ops::cuda::Fp8Matrix>);
 }
 
 template <typename Matrix, bool kVec8, typename Act, bool kLaneScales = false, int kGroups = 0, int kMinBlocks = 1>
@@ -296,11 +291,10 @@ __global__ void down_and_combine_one_token(const float* __restrict__ activated, 
   down_and_combine_token_row<Matrix, kVec8>(activated, ids, weights, k, down, down_bias, h, inter, out);
 }
 // The same held to kMinBlocks blocks an SM. Six (40 registers, some spilled): Qwen3-30B-A3B's
-// 2048 one-row blocks run in 2.6 waves instead of 3.9; taken for FP8 with the scales from the
-// lanes: on an H100 it took FP8 batch 1 from 2.913 to 2.848 ms, but bf16 from 3.371 to 3.405
-// (bench/RESULTS.md, session 27). R3_DOWN_SIX_BLOCKS=0: never, =1: bf16 too (diagnostics). Four:
-// FP8 with the scales from the lanes held to 64 registers, as without them (66 otherwise: 3
-// blocks), under R3_DOWN_SIX_BLOCKS=0. Same bits.
+// 2048 one-row blocks run in fewer waves; the kernel choice down_six_blocks
+// (backend/cuda/kernel_choices.h), by rule for FP8 with the scales from the lanes, whose rows are
+// half as long as bfloat16's. Four: FP8 with the scales from the lanes held to the registers it
+// takes without them, where that choice is forced off. Same bits.
 template <typename Matrix, bool kVec8, bool kLaneScales, int kMinBlocks>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, kMinBlocks)
     down_and_combine_one_token_held(const float* __restrict__ activated, const int32_t* __restrict__ ids,
@@ -311,26 +305,19 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, kMinBlocks)
 }
 
 // Down + combine at one token with a block's rows in flight before its wait
-// (down_rows_in_flight.cuh), where it fits: taken for FP8 rows whose scales fit the lanes, eight
-// rows a block. R3_DOWN_ROWS_IN_FLIGHT=0: never, =1: bfloat16 too; R3_DOWN_ROWS_A_BLOCK=4: FP8 at
-// four rows a block (diagnostics). Same bits. On an H100, FP8 decode at batch 1 2.862 -> 2.671 ms
-// (-6.7%), four rows a block 2.755; bf16 3.310 -> 3.359 (+1.5%), so bf16 keeps a block a row
-// (bench/RESULTS.md, session 31). Returns whether it launched.
+// (down_rows_in_flight.cuh), where it fits: the kernel choice down_rows_in_flight
+// (backend/cuda/kernel_choices.h), by rule for FP8 rows whose scales fit the lanes, eight rows a
+// block; bfloat16 rows, twice as long, four rows a block. Same bits. Returns whether it launched.
 template <typename Matrix>
-bool launch_down_rows_in_flight(cudaStream_t stream, const float* activated, const int32_t* ids, const float* weights,
-                                int64_t k, Matrix down, const float* down_bias, int64_t h, int64_t inter,
-                                int64_t block_cols, float* out) {
+bool launch_down_rows_in_flight(cudaStream_t stream, const backend::cuda::KernelChoices& choices, const float* activated,
+                                const int32_t* ids, const float* weights, int64_t k, Matrix down,
+                                const float* down_bias, int64_t h, int64_t inter, int64_t block_cols, float* out) {
   constexpr bool kFp8 = std::is_same_v<Matrix, ops::cuda::Fp8Matrix>;
   constexpr bool kBf16 = std::is_same_v<Matrix, ops::cuda::PlainMatrix<__nv_bfloat16>>;
   if constexpr (kFp8 || kBf16) {
     if (!experts_detail::down_rows_in_flight_fit(k, h, inter)) return false;
-    if (kFp8 && !(ops::cuda::fp8_lane_scales_fit(0, inter, block_cols) &&
-                  backend::cuda::diagnostic_switch_on("R3_FP8_LANE_SCALES"))) {
-      return false;
-    }
-    if (!backend::cuda::diagnostic_choice("R3_DOWN_ROWS_IN_FLIGHT", kFp8)) return false;
-    const char* rows_setting = std::getenv("R3_DOWN_ROWS_A_BLOCK");
-    const bool four_rows = kBf16 || (rows_setting != nullptr && std::strcmp(rows_setting, "4") == 0);
+    if (kFp8 && !ops::cuda::fp8_lane_scales_fit(0, inter, block_cols)) return false;
+    if (!choices.down_rows_in_flight_taken(kFp8)) return false;
     auto with_shape = [&](auto rows_tag, auto min_blocks_tag) {
       constexpr int kRows = decltype(rows_tag)::value, kMinBlocks = decltype(min_blocks_tag)::value;
       auto with_groups = [&](auto groups_tag) {
@@ -338,7 +325,7 @@ bool launch_down_rows_in_flight(cudaStream_t stream, const float* activated, con
         backend::cuda::launch_kernel(
             experts_detail::down_and_combine_rows_in_flight<Matrix, kRows, kMinBlocks, kGroups, kFp8>,
             static_cast<unsigned>(h / kRows), static_cast<unsigned>(k * kWarp), 0, stream, activated, ids, weights, k,
-            down, down_bias, h, inter, out, backend::cuda::diagnostic_choice("R3_DOWN_ACTIVATIONS_CG", true));
+            down, down_bias, h, inter, out);
       };
       switch ((inter + 255) / 256) {
         case 1: with_groups(std::integral_constant<int, 1>{}); break;
@@ -348,8 +335,7 @@ bool launch_down_rows_in_flight(cudaStream_t stream, const float* activated, con
       }
     };
     if constexpr (kFp8) {
-      if (four_rows) with_shape(std::integral_constant<int, 4>{}, std::integral_constant<int, 4>{});
-      else with_shape(std::integral_constant<int, 8>{}, std::integral_constant<int, 2>{});
+      with_shape(std::integral_constant<int, 8>{}, std::integral_constant<int, 2>{});
     } else {
       with_shape(std::integral_constant<int, 4>{}, std::integral_constant<int, 2>{});
     }
@@ -372,14 +358,15 @@ template <typename Matrix, typename Act>
 void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, const float* weights, int64_t k,
             const DeviceExperts& x, const Act& act, Matrix gw, Matrix uw, Matrix dw, Tensor& grouping,
             Tensor& activated, Tensor& expert_out, Tensor& out, bool always_grouped) {
-  const cudaStream_t stream = ctx.cuda_state().stream;
+  const backend::cuda::State& state = ctx.cuda_state();
+  const cudaStream_t stream = state.stream;
   const int64_t tokens = hidden.dim(0), h = hidden.dim(1), experts = x.gate.dim(0), inter = x.intermediate();
   const int64_t pairs = tokens * k;
   auto bias = [](const Tensor& b) { return b.defined() ? b.data<float>() : nullptr; };
   const bool vec8 = experts_detail::experts_vec8(x);
   constexpr unsigned kThreads = kWarpsPerBlock * kWarp;
   if (tokens <= kPairMajorTokens && !always_grouped) {
-    const bool one_wave = tokens == 1 && one_wave_taken<Matrix>();
+    const bool one_wave = tokens == 1 && one_wave_taken<Matrix>(state.choices);
     auto pair_major = [&](auto vec8_tag) {
       constexpr bool kVec8 = decltype(vec8_tag)::value;
       // The kernel for the rows' scales (FP8 scales from the lanes or not) and one_wave.
@@ -394,33 +381,33 @@ void launch(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, con
       };
       auto gate_up = gate_up_for(std::false_type{});
       if constexpr (kVec8 && std::is_same_v<Matrix, ops::cuda::Fp8Matrix>) {
-        // The scales from the lanes: FP8 gate/up at 80 registers instead of 92, 3 blocks an SM
-        // instead of 2. R3_FP8_LANE_SCALES=0: a load a group (a diagnostic).
-        if (ops::cuda::fp8_lane_scales_fit(0, h, x.block_cols) && backend::cuda::diagnostic_switch_on("R3_FP8_LANE_SCALES")) {
+        // The scales from the lanes where they fit: fewer registers than a load a group, so more
+        // blocks an SM.
+        if (ops::cuda::fp8_lane_scales_fit(0, h, x.block_cols)) {
           gate_up = gate_up_for(std::true_type{});
         }
       }
       backend::cuda::launch_kernel(gate_up, warp_blocks(pairs * inter), kThreads, 0, stream,
                                    hidden.data<float>(), ids, pairs, k, gw, uw, bias(x.gate_bias), bias(x.up_bias), h,
-                                   inter, act, activated.data<float>(), tokens == 1 && backend::cuda::early_release());
-      const bool down_launched = tokens == 1 && kVec8 &&
-                                 launch_down_rows_in_flight(stream, activated.data<float>(), ids, weights, k, dw,
-                                                            bias(x.down_bias), h, inter, x.block_cols, out.data<float>());
+                                   inter, act, activated.data<float>(), /*release=*/tokens == 1);
+      const bool down_launched =
+          tokens == 1 && kVec8 &&
+          launch_down_rows_in_flight(stream, state.choices, activated.data<float>(), ids, weights, k, dw,
+                                     bias(x.down_bias), h, inter, x.block_cols, out.data<float>());
       if (down_launched) return;
       if (tokens == 1) {
         const auto choice_warps = static_cast<unsigned>(std::min<int64_t>(k, kWarpsPerBlock));
         auto down = down_and_combine_one_token<Matrix, kVec8>;
         if constexpr (kVec8 && std::is_same_v<Matrix, ops::cuda::Fp8Matrix>) {
-          // The scales from the lanes, as gate/up's (R3_FP8_LANE_SCALES=0: a load a group).
-          if (ops::cuda::fp8_lane_scales_fit(0, inter, x.block_cols) &&
-              backend::cuda::diagnostic_switch_on("R3_FP8_LANE_SCALES")) {
-            down = backend::cuda::diagnostic_choice("R3_DOWN_SIX_BLOCKS", true)
+          // The scales from the lanes where they fit, as gate/up's.
+          if (ops::cuda::fp8_lane_scales_fit(0, inter, x.block_cols)) {
+            down = state.choices.down_six_blocks_taken(true)
                        ? down_and_combine_one_token_held<ops::cuda::Fp8Matrix, true, true, 6>
                        : down_and_combine_one_token_held<ops::cuda::Fp8Matrix, true, true, 4>;
           }
         }
         if constexpr (kVec8 && std::is_same_v<Matrix, ops::cuda::PlainMatrix<__nv_bfloat16>>) {
-          if (backend::cuda::diagnostic_choice("R3_DOWN_SIX_BLOCKS", false)) {
+          if (state.choices.down_six_blocks_taken(false)) {
             down = down_and_combine_one_token_held<Matrix, true, false, 6>;
           }
         }

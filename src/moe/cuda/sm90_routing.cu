@@ -1,10 +1,8 @@
 // The routing kernels (moe/device_routing.h): one warp per token, each running
 // routing_detail::route_token (routing_parts.cuh, where the arithmetic is described), or for
 // softmax top-k over up to 256 experts route_softmax_topk_in_registers (routing_in_registers.cuh:
-// the same bits, shorter on a decode step's critical path). R3_ROUTING_IN_REGISTERS=0 keeps every
-// rule on route_token (a diagnostic, to measure the two against each other).
+// the same bits, shorter on a decode step's critical path).
 
-#include "backend/cuda/diagnostic_switch.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
 #include "moe/cuda/routing_in_registers.cuh"
@@ -72,7 +70,7 @@ void route_on_device(backend::Context& ctx, const Tensor& logits, const DeviceRo
                                  logits.data<float>(), tokens, experts, rule, forced, replayed, ids, weights, capture);
   };
   const bool in_registers = rule.kind == DeviceRoutingRule::Kind::kSoftmaxTopK && rule.k <= kWarp &&
-                            experts <= 8 * kWarp && backend::cuda::diagnostic_switch_on("R3_ROUTING_IN_REGISTERS");
+                            experts <= 8 * kWarp;
   if (!in_registers) launch(route_tokens);
   else if (experts <= 4 * kWarp) launch(route_softmax_topk_tokens<4>);
   else launch(route_softmax_topk_tokens<8>);

@@ -119,15 +119,14 @@ __device__ inline void merge_in_cluster(const float (*warp_max_of)[kWarps][kG], 
 // <= kMaxClusterChunks, the launch's cluster size), whose blocks keep their chunk's partials in
 // shared memory and merge them into the output rows through distributed shared memory, with
 // merge_chunks' arithmetic in its order (the same bits): no merge kernel, no trip through global
-// memory between the two. part_* are then unused; `release` lets the o projection load its first
-// weights while this kernel runs, as merge_chunks did.
+// memory between the two. part_* are then unused; the kernel releases the o projection after its
+// wait, so that o loads its first weights while this kernel runs, as after merge_chunks.
 template <int kG, int kD, bool kClusterMerge = false>
 __global__ void __launch_bounds__(kMmaBlockWarps * kWarp, 3)
     attention_chunks_mma(const float* __restrict__ q, DeviceStep step, DeviceKvPool pool, int64_t heads,
                          int64_t kv_heads, float scale, int64_t sliding_window, int64_t chunks, int64_t chunk_len,
                          float* __restrict__ part_max, float* __restrict__ part_sum, float* __restrict__ part_acc,
-                         const float* __restrict__ sinks = nullptr, float* __restrict__ out = nullptr,
-                         bool release = false) {
+                         const float* __restrict__ sinks = nullptr, float* __restrict__ out = nullptr) {
   static_assert(kG >= 1 && kG <= kMmaHeads && (kD == 64 || kD == 128), "shape");
   constexpr int kSteps = kD / 16;       // MMAs of K = 16 along the head (scores) = m-tiles of O^T
   constexpr int kKeyLoads = kD / 32;    // 128-bit loads of a key row per lane
@@ -190,7 +189,7 @@ __global__ void __launch_bounds__(kMmaBlockWarps * kWarp, 3)
   const bool tile_before_wait = first_tile < count && first_tile + kMmaTile <= fresh;
   if (tile_before_wait) load_tile(first_tile);
   backend::cuda::wait_for_predecessor();
-  if (kClusterMerge && release) backend::cuda::release_successor();
+  if constexpr (kClusterMerge) backend::cuda::release_successor();
   const int64_t part = (t * heads + first_head) * chunks + chunk;
   if (count == 0) {
     if constexpr (kClusterMerge) {

@@ -4,11 +4,8 @@
 // (2 MB of KV at a 1k context against o's 16.8 MB at Qwen3-30B-A3B's shape). The side stream
 // holds nothing the chain waits on: no kernel of `stream` depends on a prefetch, so the chain's
 // programmatic launches stay as they were, and the bits cannot change.
-// Taken for steps of up to kPrefetchOTokens tokens: on an H100 it took bf16 batch 1 from 3.366 to
-// 3.318 ms, FP8 from 2.857 to 2.833, batch 8 by 0.3 to 0.5% (bench/RESULTS.md, session 29).
-// R3_PREFETCH_O=0: never (a diagnostic, to measure it). The next layer's q/k/v prefetched beside
-// down + combine measured no gain for bf16, and with o's cost bf16 batch 1 +5.8%: not kept
-// (branch gpu-o-prefetch).
+// Taken for steps of up to kPrefetchOTokens tokens: decode steps, whose kernels between q/k/v and
+// o read little from memory.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +17,7 @@ namespace r3::ops::cuda {
 
 constexpr int64_t kPrefetchOTokens = 8;
 
-// Whether a step of `tokens` tokens prefetches its o projections (R3_PREFETCH_O).
+// Whether a step of `tokens` tokens prefetches its o projections.
 bool o_prefetch_taken(int64_t tokens);
 
 // Asks L2 for w's stored bytes (values only) on the context's side stream, once every kernel

@@ -1,7 +1,6 @@
 // ops/cuda/l2_prefetch.h on Hopper: each thread asks L2 for one piece of the weight with one
 // bulk prefetch (cp.async.bulk.prefetch.L2), which needs no registers, barrier or completion:
 // the kernel ends as soon as its requests are issued.
-#include "backend/cuda/diagnostic_switch.h"
 #include "backend/cuda/state.h"
 #include "ops/cuda/l2_prefetch.h"
 
@@ -35,7 +34,7 @@ backend::cuda::State& side_ready(backend::Context& ctx) {
 }  // namespace
 
 bool o_prefetch_taken(int64_t tokens) {
-  return tokens <= kPrefetchOTokens && backend::cuda::diagnostic_choice("R3_PREFETCH_O", true);
+  return tokens <= kPrefetchOTokens;
 }
 
 void prefetch_into_l2_beside(backend::Context& ctx, const Tensor& w) {

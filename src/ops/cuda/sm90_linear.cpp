@@ -26,15 +26,12 @@
 //     below both parts' rounding (split_operands_matmul).
 // A batch-invariant context takes the weight-streaming kernel for all of them: cuBLASLt picks its
 // algorithm, and so its reduction order, by the matrix sizes, rows included.
-// The switches R3_QUANTIZED_MMA_ROWS and R3_SPLIT_QUANTIZED_PREFILL (0: off) keep the float32
-// GEMM instead, to measure each against it (bench/gpu.sh R3_AB).
 // cuBLASLt is column-major: row-major y [m, n] is column-major [n, m], so it computes
 // yᵀ = w · xᵀ with w, stored row-major [n, k], read as the transpose of a column-major [k, n]
 // matrix. The bias rides on the GEMM's epilogue.
 #include <algorithm>
 #include <cstdint>
 
-#include "backend/cuda/diagnostic_switch.h"
 #include "backend/cuda/state.h"
 #include "ops/cuda/dequantize.h"
 #include "ops/cuda/linear_mma_rows.h"
@@ -166,13 +163,8 @@ void linear(backend::Context& ctx, const Tensor& x, const Tensor& w, const Tenso
     return linear_rows(ctx, x, w, bias, y);
   }
   if (quantized && ctx.reduced_precision()) {
-    if (m <= kMmaRowsQuantized && linear_mma_rows_fit(w) &&
-        backend::cuda::diagnostic_switch_on("R3_QUANTIZED_MMA_ROWS")) {
-      return linear_mma_rows(ctx, x, w, bp, y);
-    }
-    if (backend::cuda::diagnostic_switch_on("R3_SPLIT_QUANTIZED_PREFILL")) {
-      return split_operands_matmul(ctx, x, w, bp, y);
-    }
+    if (m <= kMmaRowsQuantized && linear_mma_rows_fit(w)) return linear_mma_rows(ctx, x, w, bp, y);
+    return split_operands_matmul(ctx, x, w, bp, y);
   }
   if (quantized) {
     // Prefill-sized steps: the matrix decoded once into float32 scratch (the same floats the

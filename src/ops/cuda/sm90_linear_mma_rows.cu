@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "backend/cuda/diagnostic_switch.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
 #include "ops/cuda/linear_mma_rows.h"
@@ -24,26 +23,26 @@ constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
 
 // The weight tile of 16 rows from row n0 times the activation rows, over K [k_begin, k_end):
 // bfloat16 weights as they are, FP8 widened exactly with each K block's scale on its partial sums
-// (the tile lies in one block of rows: block_rows and the first row multiples of 16) with
-// kInFlight of its K steps loaded at a time (bfloat16 tiles unroll by unroll_for(kN) instead).
-template <int kN, int kInFlight>
+// (the tile lies in one block of rows: block_rows and the first row multiples of 16). Either
+// keeps unroll_for(kN) K steps' loads in flight.
+template <int kN>
 __device__ void multiply_tile(const SplitRows& x, int64_t first, int64_t m, const PlainMatrix<__nv_bfloat16>& w,
                               int64_t n0, float (&acc)[1][kN][4], int64_t k_begin, int64_t k_end) {
   const __nv_bfloat16* const rows[1] = {w.values + n0 * w.cols};
   multiply<1, kN, unroll_for(kN)>(x, first, m, rows, acc, k_begin, k_end);
 }
-template <int kN, int kInFlight>
+template <int kN>
 __device__ void multiply_tile(const SplitRows& x, int64_t first, int64_t m, const Fp8Matrix& w, int64_t n0,
                               float (&acc)[1][kN][4], int64_t k_begin, int64_t k_end) {
   const int64_t scale_row = (w.first_row + n0) / w.block_rows;  // a dense weight: one matrix
   const Fp8Tile tiles[1] = {{w.values + n0 * w.cols, w.scales + scale_row * w.scale_cols, w.block_cols}};
-  multiply_fp8<1, kN, kInFlight>(x, first, m, tiles, acc, k_begin, k_end);
+  multiply_fp8<1, kN, unroll_for(kN)>(x, first, m, tiles, acc, k_begin, k_end);
 }
 
 // Block (x, y, z): weight rows [64x, 64x + 64) against activation rows [8 kN y, 8 kN (y + 1)),
 // over the z-th of `splits` equal ranges of K. One range: y gets the sums (+ bias); several: the
 // range's partial sums go to partial[z] ([m, n] each), which add_ranges sums in range order.
-template <int kN, int kInFlight, typename Matrix>
+template <int kN, typename Matrix>
 __global__ void __launch_bounds__(kWarps * 32) dense_tiles(SplitRows x, int64_t m, Matrix w, int64_t n,
                                                             const float* __restrict__ bias, int64_t splits,
                                                             float* __restrict__ partial, float* __restrict__ y) {
@@ -54,7 +53,7 @@ __global__ void __launch_bounds__(kWarps * 32) dense_tiles(SplitRows x, int64_t 
   const int64_t first = static_cast<int64_t>(blockIdx.y) * kColsPerTile * kN;
   const int64_t range = x.width / splits, k_begin = blockIdx.z * range;
   float acc[1][kN][4] = {};
-  multiply_tile<kN, kInFlight>(x, first, m, w, n0, acc, k_begin, k_begin + range);
+  multiply_tile<kN>(x, first, m, w, n0, acc, k_begin, k_begin + range);
   float* out = splits == 1 ? y : partial + blockIdx.z * m * n;
 #pragma unroll
   for (int t = 0; t < kN; ++t) {
@@ -94,7 +93,7 @@ int64_t k_splits(backend::Context& ctx, int64_t warps, int64_t k, int64_t unit) 
 int64_t k_unit(const PlainMatrix<__nv_bfloat16>&) { return kStepK; }
 int64_t k_unit(const Fp8Matrix& w) { return std::max<int64_t>(kStepK, w.block_cols); }
 
-template <int kN, int kInFlight, typename Matrix>
+template <int kN, typename Matrix>
 void launch_tiles(backend::Context& ctx, const SplitRows& parts, int64_t m, const Matrix& w, int64_t n,
                   const float* bias, Tensor& y) {
   const cudaStream_t stream = ctx.cuda_state().stream;
@@ -103,26 +102,13 @@ void launch_tiles(backend::Context& ctx, const SplitRows& parts, int64_t m, cons
   Tensor partial;
   if (splits > 1) partial = ctx.scratch_for_output(DType::F32, {splits, m, n});
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(row_blocks), static_cast<unsigned>(splits));
-  backend::cuda::launch_kernel(dense_tiles<kN, kInFlight, Matrix>, grid, kWarps * 32, 0, stream, parts, m, w, n, bias,
+  backend::cuda::launch_kernel(dense_tiles<kN, Matrix>, grid, kWarps * 32, 0, stream, parts, m, w, n, bias,
                                splits, splits > 1 ? partial.data<float>() : nullptr, y.data<float>());
   if (splits > 1) {
     const int64_t count = m * n;
     backend::cuda::launch_kernel(add_ranges, static_cast<unsigned>(std::min<int64_t>((count + 255) / 256, 4096)), 256, 0,
                                  stream, partial.data<float>(), splits, count, n, bias, y.data<float>());
   }
-}
-
-// FP8 tiles keep as many K steps in flight as bfloat16 ones unroll (R3_FP8_STEPS_IN_FLIGHT=0:
-// one, as before, to measure it).
-template <int kN, typename Matrix>
-void launch(backend::Context& ctx, const SplitRows& parts, int64_t m, const Matrix& w, int64_t n, const float* bias,
-            Tensor& y) {
-  if constexpr (std::is_same_v<Matrix, Fp8Matrix>) {
-    if (backend::cuda::diagnostic_switch_on("R3_FP8_STEPS_IN_FLIGHT")) {
-      return launch_tiles<kN, unroll_for(kN)>(ctx, parts, m, w, n, bias, y);
-    }
-  }
-  launch_tiles<kN, 1>(ctx, parts, m, w, n, bias, y);
 }
 
 }  // namespace
@@ -152,9 +138,9 @@ void linear_mma_rows(backend::Context& ctx, const Tensor& x, const Tensor& w, co
     using Matrix = decltype(matrix);
     if constexpr (std::is_same_v<Matrix, PlainMatrix<__nv_bfloat16>> || std::is_same_v<Matrix, Fp8Matrix>) {
       // Activation rows per block: the step's rows up to 32 (more blocks read the weights again).
-      if (m <= kColsPerTile) launch<1>(ctx, split, m, matrix, n, bias, y);
-      else if (m <= 2 * kColsPerTile) launch<2>(ctx, split, m, matrix, n, bias, y);
-      else launch<4>(ctx, split, m, matrix, n, bias, y);
+      if (m <= kColsPerTile) launch_tiles<1>(ctx, split, m, matrix, n, bias, y);
+      else if (m <= 2 * kColsPerTile) launch_tiles<2>(ctx, split, m, matrix, n, bias, y);
+      else launch_tiles<4>(ctx, split, m, matrix, n, bias, y);
     }
   });
 }

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "backend/cuda/diagnostic_switch.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
 #include "ops/cuda/linear_rows.h"
@@ -32,14 +31,14 @@ constexpr int kMaxRowsPerPass = 8;
 // With wide loads, each warp issues its row's first round of loads before it waits for its
 // predecessor (the weights are no kernel's output: backend/cuda/launch.cuh), so that, where the
 // short kernel before it releases it early (an RMSNorm, the attention's merge), they come from
-// memory while that kernel runs. With `release`, it releases its own successor once it has waited
-// (a short kernel: the q/k norms and rotary, the routing), which can then do what needs no output
-// of this one. kLaneScales: FP8 rows whose slice's scales fit the lanes (fp8_lane_scales_fit)
+// memory while that kernel runs. It releases its own successor once it has waited (a short
+// kernel: the q/k norms and rotary, the routing), which can then do what needs no output of this
+// one. kLaneScales: FP8 rows whose slice's scales fit the lanes (fp8_lane_scales_fit)
 // load them, one a lane, with the first round, and each group takes its scale by a shuffle, so
 // after the wait only the activations are left to load.
 template <bool kVec8, typename Matrix, int kRowsPerPass, int kSplit, bool kLaneScales = false>
 __device__ __forceinline__ void rows_body(const float* __restrict__ x, int64_t m, int64_t k, Matrix w, int64_t n,
-                                          const float* __restrict__ bias, float* __restrict__ y, bool release) {
+                                          const float* __restrict__ bias, float* __restrict__ y) {
   static_assert(kWarpsPerBlock % kSplit == 0);
   const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * (kWarpsPerBlock / kSplit) + warp / kSplit;
@@ -57,7 +56,7 @@ __device__ __forceinline__ void rows_body(const float* __restrict__ x, int64_t m
     if (col < n) widen = fp8_lane_scales(weight_row, begin, end, lane);
   }
   backend::cuda::wait_for_predecessor();
-  if (release) backend::cuda::release_successor();
+  backend::cuda::release_successor();
   const int64_t first = static_cast<int64_t>(blockIdx.y) * kRowsPerPass;
   if constexpr (kSplit == 1) {
     if (col >= n) return;  // (split: every warp reaches the barrier below)
@@ -99,19 +98,19 @@ __device__ __forceinline__ void rows_body(const float* __restrict__ x, int64_t m
 
 template <bool kVec8, typename Matrix, int kRowsPerPass, int kSplit, bool kLaneScales = false>
 __global__ void rows_kernel(const float* __restrict__ x, int64_t m, int64_t k, Matrix w, int64_t n,
-                            const float* __restrict__ bias, float* __restrict__ y, bool release) {
-  rows_body<kVec8, Matrix, kRowsPerPass, kSplit, kLaneScales>(x, m, k, w, n, bias, y, release);
+                            const float* __restrict__ bias, float* __restrict__ y) {
+  rows_body<kVec8, Matrix, kRowsPerPass, kSplit, kLaneScales>(x, m, k, w, n, bias, y);
 }
 
-// FP8 rows at one row a pass, unsplit, held to 48 registers so that 5 blocks fit an SM where 4
-// did (54 registers): a batch-1 q/k/v projection's 640 blocks (5120 rows) then run as one wave
-// on 132 SMs instead of 1.21. R3_FP8_OCCUPANCY=0: rows_kernel (a diagnostic).
+// FP8 rows at one row a pass, unsplit, with wide loads: held to 48 registers so that 5 blocks fit
+// an SM where 4 would otherwise (a batch-1 q/k/v projection's 640 blocks, 5120 rows, then run as
+// one wave on 132 SMs).
 constexpr int kOccupiedBlocks = 5;
 template <typename Matrix, bool kLaneScales = false>
 __global__ void __launch_bounds__(kWarpsPerBlock * kWarp, kOccupiedBlocks)
     rows_kernel_occupied(const float* __restrict__ x, int64_t m, int64_t k, Matrix w, int64_t n,
-                         const float* __restrict__ bias, float* __restrict__ y, bool release) {
-  rows_body<true, Matrix, 1, 1, kLaneScales>(x, m, k, w, n, bias, y, release);
+                         const float* __restrict__ bias, float* __restrict__ y) {
+  rows_body<true, Matrix, 1, 1, kLaneScales>(x, m, k, w, n, bias, y);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -123,34 +122,33 @@ void launch(cudaStream_t stream, const Tensor& x, const Tensor& w, Matrix matrix
   constexpr int kColsPerBlock = kWarpsPerBlock / kSplit;
   const dim3 grid(static_cast<unsigned>((n + kColsPerBlock - 1) / kColsPerBlock),
                   static_cast<unsigned>((m + kRowsPerPass - 1) / kRowsPerPass));
-  const bool release = backend::cuda::early_release();
   if constexpr (std::is_same_v<Matrix, Fp8Matrix> && kRowsPerPass == 1) {
     // One row a pass (decode at batch 1): the scales from the lanes where the slices fit them,
-    // every slice starting on a block boundary (R3_FP8_LANE_SCALES=0: a load a group, a diagnostic).
+    // every slice starting on a block boundary.
     const int64_t slice = k / kSplit;
     const bool lanes = vec8 && fp8_lane_scales_fit(0, slice, matrix.block_cols) &&
-                       (kSplit == 1 || slice % matrix.block_cols == 0) &&
-                       backend::cuda::diagnostic_switch_on("R3_FP8_LANE_SCALES");
+                       (kSplit == 1 || slice % matrix.block_cols == 0);
     if constexpr (kSplit == 1) {
-      if (vec8 && backend::cuda::diagnostic_switch_on("R3_FP8_OCCUPANCY")) {
+      if (vec8) {
         backend::cuda::launch_kernel(lanes ? rows_kernel_occupied<Matrix, true> : rows_kernel_occupied<Matrix, false>,
                                      grid, kWarpsPerBlock * kWarp, 0, stream, x.data<float>(), m, k, matrix, n, bias,
-                                     y.data<float>(), release);
+                                     y.data<float>());
         return;
       }
-    }
-    if (lanes) {
-      backend::cuda::launch_kernel(rows_kernel<true, Matrix, 1, kSplit, true>, grid, kWarpsPerBlock * kWarp, 0, stream,
-                                   x.data<float>(), m, k, matrix, n, bias, y.data<float>(), release);
-      return;
+    } else {
+      if (lanes) {
+        backend::cuda::launch_kernel(rows_kernel<true, Matrix, 1, kSplit, true>, grid, kWarpsPerBlock * kWarp, 0,
+                                     stream, x.data<float>(), m, k, matrix, n, bias, y.data<float>());
+        return;
+      }
     }
   }
   if (vec8) {
     backend::cuda::launch_kernel(rows_kernel<true, Matrix, kRowsPerPass, kSplit>, grid, kWarpsPerBlock * kWarp, 0,
-                                 stream, x.data<float>(), m, k, matrix, n, bias, y.data<float>(), release);
+                                 stream, x.data<float>(), m, k, matrix, n, bias, y.data<float>());
   } else if constexpr (kSplit == 1) {  // (split_for splits wide loads only)
     backend::cuda::launch_kernel(rows_kernel<false, Matrix, kRowsPerPass, 1>, grid, kWarpsPerBlock * kWarp, 0,
-                                 stream, x.data<float>(), m, k, matrix, n, bias, y.data<float>(), release);
+                                 stream, x.data<float>(), m, k, matrix, n, bias, y.data<float>());
   }
 }
 
@@ -167,9 +165,8 @@ void launch_split(cudaStream_t stream, const Tensor& x, const Tensor& w, Matrix 
 // the split stay within half of about one wave of warps (32 resident an SM) and each slice keeps
 // at least 256 elements (one wide load a lane). It depends on the weight's shape and the GPU
 // only, never on the rows (so a row's sum is the same at every batch size: batch invariance).
-// R3_SPLIT_ROWS=0: no split (a diagnostic).
 int split_for(int64_t n, int64_t k, bool vec8, int sm_count) {
-  if (!vec8 || !backend::cuda::diagnostic_switch_on("R3_SPLIT_ROWS")) return 1;
+  if (!vec8) return 1;
   const int64_t wave = int64_t{32} * sm_count;
   int split = 1;
   while (split < 8 && n * split * 2 <= wave && k % (split * 2 * 8) == 0 && k / (split * 2) >= 256) split *= 2;

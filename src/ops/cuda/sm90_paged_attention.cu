@@ -322,15 +322,14 @@ void paged_attention(backend::Context& ctx, const Tensor& q, const DeviceStep& s
     else if (d == 256 && aligned) launch(attention_chunks<KV, kG, 8, true>);
     else launch(attention_chunks<KV, kG, 8, false>);
   };
-  // On tensor cores, up to kMaxClusterChunks chunks merge inside the attention kernel, each
-  // (token, group)'s chunks a cluster (attention_chunks_mma.cuh; R3_CLUSTER_MERGE=0: never, =1:
-  // always, diagnostics), when the grid is one wave of one block an SM: then the merge kernel is
-  // a link of the step's chain that the cluster removes (on an H100, decode at batch 1 from 3.540
-  // to 3.483 ms). Past one wave the clusters cost more than they save: batch 8 (512 blocks) went
-  // from 12.39 to 12.65 ms and prefill from 6003 to 4446 tokens/s (bench/RESULTS.md). Same bits.
+  // On tensor cores, up to kMaxClusterChunks chunks may merge inside the attention kernel, each
+  // (token, group)'s chunks a cluster (attention_chunks_mma.cuh): the kernel choice cluster_merge
+  // (backend/cuda/kernel_choices.h), by rule when the grid is one wave of one block an SM. Then the
+  // merge kernel is a link of the step's chain that the cluster removes; past one wave the
+  // clusters cost more than they save. Same bits.
+  const backend::cuda::State& state = ctx.cuda_state();
   const bool cluster_merge =
-      on_tensor_cores && chunks <= kMaxClusterChunks &&
-      backend::cuda::diagnostic_choice("R3_CLUSTER_MERGE", blocks <= static_cast<unsigned>(ctx.cuda_state().sm_count));
+      on_tensor_cores && chunks <= kMaxClusterChunks && state.choices.cluster_merge_taken(blocks, state.sm_count);
   auto on_mma = [&](auto group_tag) {
     constexpr int kG = decltype(group_tag)::value;
     auto launch_mma = [&](auto kernel, auto merged_kernel) {
@@ -338,13 +337,12 @@ void paged_attention(backend::Context& ctx, const Tensor& q, const DeviceStep& s
         backend::cuda::launch_kernel_in_clusters(merged_kernel, blocks, kMmaBlockWarps * kWarp, 0, stream,
                                                  static_cast<unsigned>(chunks), q.data<float>(), step, pool, heads,
                                                  num_kv_heads, scale, sliding_window, chunks, chunk_len, nullptr,
-                                                 nullptr, nullptr, sinks, out.data<float>(),
-                                                 backend::cuda::early_release());
+                                                 nullptr, nullptr, sinks, out.data<float>());
       } else {
         backend::cuda::launch_kernel(kernel, blocks, kMmaBlockWarps * kWarp, 0, stream, q.data<float>(), step, pool,
                                      heads, num_kv_heads, scale, sliding_window, chunks, chunk_len,
                                      part_max.data<float>(), part_sum.data<float>(), part_acc.data<float>(), nullptr,
-                                     nullptr, false);
+                                     nullptr);
       }
     };
     if (d == 64) launch_mma(attention_chunks_mma<kG, 64>, attention_chunks_mma<kG, 64, true>);
@@ -371,7 +369,7 @@ void paged_attention(backend::Context& ctx, const Tensor& q, const DeviceStep& s
   }
   backend::cuda::launch_kernel(merge_chunks, static_cast<unsigned>(step.tokens * heads), merge_threads(d), 0, stream,
                                part_max.data<float>(), part_sum.data<float>(), part_acc.data<float>(), heads, d, chunks,
-                               sinks, step.seqs, out.data<float>(), backend::cuda::early_release());
+                               sinks, step.seqs, out.data<float>(), /*release=*/true);
   R3_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -35,9 +35,9 @@ __device__ inline double block_sum(double v) {
 // kAdd: x is the residual, updated in place with branch first.
 template <bool kAdd>
 __global__ void rms_norm_rows(float* __restrict__ x, const float* __restrict__ branch, const float* __restrict__ weight,
-                              int64_t d, float eps, float* __restrict__ y, bool release) {
+                              int64_t d, float eps, float* __restrict__ y) {
   backend::cuda::wait_for_predecessor();
-  if (release) backend::cuda::release_successor();  // the next projection loads its weights meanwhile
+  backend::cuda::release_successor();  // the next projection loads its weights meanwhile
   const int64_t row = blockIdx.x;
   float* xr = x + row * d;
   float* yr = y + row * d;
@@ -93,8 +93,7 @@ void rms_norm(backend::Context& ctx, const Tensor& x, const Tensor* weight, floa
   // Not written without kAdd.
   auto* xp = const_cast<float*>(x.data<float>());
   backend::cuda::launch_kernel(rms_norm_rows<false>, static_cast<unsigned>(rows), kThreads, 0, ctx.cuda_state().stream,
-                               xp, nullptr, weight ? weight->data<float>() : nullptr, d, eps, y.data<float>(),
-                               backend::cuda::early_release());
+                               xp, nullptr, weight ? weight->data<float>() : nullptr, d, eps, y.data<float>());
   R3_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -111,7 +110,7 @@ void add_rms_norm(backend::Context& ctx, const Tensor& branch, Tensor& residual,
   if (rows == 0 || d == 0) return;
   backend::cuda::launch_kernel(rms_norm_rows<true>, static_cast<unsigned>(rows), kThreads, 0, ctx.cuda_state().stream,
                                residual.data<float>(), branch.data<float>(), weight ? weight->data<float>() : nullptr,
-                               d, eps, y.data<float>(), backend::cuda::early_release());
+                               d, eps, y.data<float>());
   R3_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -86,7 +86,7 @@ __device__ inline void write_rotated(const float* row, const float* cosines, con
 template <typename KV>
 __global__ void prepare_rows(AttentionRows rows, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t half,
                              float eps, DeviceStep step, DeviceKvPool pool, Frequencies freq, float scaling,
-                             float* q_out, bool release) {  // q_out may be rows.q
+                             float* q_out) {  // q_out may be rows.q
   extern __shared__ float shared[];  // [kHeadsPerBlock][head_dim] rows, then [half] cosines, [half] sines
   const int64_t blocks_per_token = (heads + kv_heads + kHeadsPerBlock - 1) / kHeadsPerBlock;
   const int64_t t = blockIdx.x / blocks_per_token, first_head = (blockIdx.x % blocks_per_token) * kHeadsPerBlock;
@@ -115,7 +115,7 @@ __global__ void prepare_rows(AttentionRows rows, int64_t heads, int64_t kv_heads
     held_norm[j] = has_head && norm != nullptr && i < head_dim ? norm[i] : 0.0f;
   }
   backend::cuda::wait_for_predecessor();
-  if (release) backend::cuda::release_successor();  // attention loads past keys and values meanwhile
+  backend::cuda::release_successor();  // attention loads past keys and values meanwhile
   // The warp's head (in registers, kHeldPerLane values a lane).
   const float* in = !has_head ? nullptr
                     : is_q    ? rows.q + t * rows.q_stride + head * head_dim
@@ -225,7 +225,7 @@ void prepare_attention_rows(backend::Context& ctx, const Rotary& rotary, const A
     backend::cuda::launch_kernel(prepare_rows<decltype(kv)>, static_cast<unsigned>(step.tokens * blocks_per_token),
                                  kHeadsPerBlock * kWarp, shared_bytes, ctx.cuda_state().stream, rows, heads, kv_heads,
                                  head_dim, half, eps, step, pool, frequencies(rotary.inv_freq(), half),
-                                 rotary.attention_scaling(), q_out.data<float>(), backend::cuda::early_release());
+                                 rotary.attention_scaling(), q_out.data<float>());
   });
   R3_CUDA_CHECK(cudaGetLastError());
 }
