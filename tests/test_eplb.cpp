@@ -9,7 +9,7 @@
 #include <random>
 
 #include "core/check.h"
-#include "moe/eplb/expert_placement.h"
+#include "moe/expert_placement.h"
 #include "moe/eplb/rebalance.h"
 #include "test_support.h"
 

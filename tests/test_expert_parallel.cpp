@@ -15,7 +15,7 @@
 #include "moe/capture.h"
 #include "moe/ep/expert_parallel_dispatcher.h"
 #include "moe/ep/in_process_transport.h"
-#include "moe/eplb/expert_placement.h"
+#include "moe/expert_placement.h"
 #include "moe/expert_kernels.h"
 #include "moe/physical_experts.h"
 #include "moe/routing.h"

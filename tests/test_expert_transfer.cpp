@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/check.h"
-#include "moe/eplb/expert_placement.h"
+#include "moe/expert_placement.h"
 #include "moe/ep/expert_moves.h"
 #include "moe/ep/expert_parallel_dispatcher.h"
 #include "moe/ep/expert_transfer.h"

@@ -9,7 +9,7 @@
 
 #include "backend/context.h"
 #include "test_support.h"
-#include "ops/dot.h"
+#include "ops/cpu/dot.h"
 #include "ops/embedding.h"
 #include "ops/linear.h"
 #include "ops/matmul.h"
@@ -37,7 +37,7 @@ std::vector<float> widened(const Tensor& t) {
 
 using test::float_values;
 
-// The fixed-order dot product and scaled add (ops/dot.h) that attention runs on, row by row and
+// The fixed-order dot product and scaled add (ops/cpu/dot.h) that attention runs on, row by row and
 // over runs of rows: the dispatched variant equals the portable definition bit for bit at every
 // tail length.
 TEST(FixedOrderVectors, DispatchedEqualsPortableBitForBit) {

@@ -7,7 +7,7 @@
 #include "core/check.h"
 #include "io/expert_load_file.h"
 #include "moe/eplb/eplb_controller.h"
-#include "moe/eplb/expert_placement.h"
+#include "moe/expert_placement.h"
 #include "moe/eplb/rebalance.h"
 
 namespace r3::cli {

@@ -7,7 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/commands.h"
-#include "cli/engine_options.h"
+#include "cli/engine_cli_options.h"
 #include "cli/model_options.h"
 #include "cli/option_checks.h"
 #include "cli/routing_table.h"

@@ -9,7 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/commands.h"
-#include "cli/engine_options.h"
+#include "cli/engine_cli_options.h"
 #include "cli/model_options.h"
 #include "cli/option_checks.h"
 #include "core/check.h"

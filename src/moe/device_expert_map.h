@@ -17,7 +17,7 @@
 #include <span>
 
 #include "backend/context.h"
-#include "moe/eplb/expert_placement.h"
+#include "moe/expert_placement.h"
 
 namespace r3::moe {
 

@@ -13,7 +13,7 @@
 
 #include "core/tensor.h"
 #include "moe/capture.h"
-#include "moe/eplb/expert_placement.h"
+#include "moe/expert_placement.h"
 #include "moe/expert_loads.h"
 #include "backend/workspace.h"
 #include "ops/activation.h"

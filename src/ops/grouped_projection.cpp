@@ -1,6 +1,6 @@
 #include "ops/grouped_projection.h"
 
-#include "ops/dot.h"
+#include "ops/cpu/dot.h"
 
 namespace r3::ops {
 

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "ops/dot.h"
+#include "ops/cpu/dot.h"
 
 namespace r3::ops {
 

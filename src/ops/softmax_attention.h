@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <span>
 
-#include "ops/dot.h"
+#include "ops/cpu/dot.h"
 
 namespace r3::ops {
 

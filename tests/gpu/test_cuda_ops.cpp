@@ -18,7 +18,7 @@
 #include "moe/device_capture.h"
 #include "moe/device_experts.h"
 #include "moe/device_routing.h"
-#include "moe/eplb/expert_placement.h"
+#include "moe/expert_placement.h"
 #include "moe/physical_experts.h"
 #include "moe/routing_rule.h"
 #include "ops/activation.h"

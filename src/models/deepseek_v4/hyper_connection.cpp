@@ -4,7 +4,7 @@
 
 #include "core/check.h"
 #include "ops/activation.h"
-#include "ops/dot.h"
+#include "ops/cpu/dot.h"
 #include "ops/sinkhorn.h"
 
 namespace r3::models {

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "moe/eplb/expert_placement.h"
+#include "moe/expert_placement.h"
 #include "moe/ep/transport.h"
 #include "moe/physical_experts.h"
 

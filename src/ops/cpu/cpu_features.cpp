@@ -1,4 +1,4 @@
-#include "ops/cpu_features.h"
+#include "ops/cpu/cpu_features.h"
 
 namespace r3::ops {
 

@@ -1,11 +1,11 @@
-// AVX-512 variants of the fixed-order vector kernels in ops/dot.h. Products and sums are
+// AVX-512 variants of the fixed-order vector kernels in ops/cpu/dot.h. Products and sums are
 // separate instructions (no FMA), as in the portable definition, so the bits are the same.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include "ops/cpu/avx512_target.h"
-#include "ops/dot.h"
+#include "ops/cpu/dot.h"
 
 namespace r3::ops {
 

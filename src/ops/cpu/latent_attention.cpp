@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "ops/dot.h"
+#include "ops/cpu/dot.h"
 
 namespace r3::ops::cpu {
 

@@ -1,7 +1,7 @@
 // Internal to the matmul op: the instruction-set variants behind ops::matmul_rows.
 #pragma once
 
-#include "ops/cpu_features.h"
+#include "ops/cpu/cpu_features.h"
 #include "ops/matmul.h"
 
 namespace r3::ops {

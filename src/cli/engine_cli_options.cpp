@@ -1,4 +1,4 @@
-#include "cli/engine_options.h"
+#include "cli/engine_cli_options.h"
 
 #include "cli/option_checks.h"
 

@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-#include "ops/cpu_features.h"
+#include "ops/cpu/cpu_features.h"
 
 namespace r3::ops {
 

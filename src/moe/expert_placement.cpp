@@ -1,4 +1,4 @@
-#include "moe/eplb/expert_placement.h"
+#include "moe/expert_placement.h"
 
 #include "core/check.h"
 
