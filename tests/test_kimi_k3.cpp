@@ -38,7 +38,9 @@ models::KdaSpec k3_kda_spec() {
 TEST(KimiK3Layers, FirstLayerReproducesTransformersHiddenStates) {
   const Checkpoint c = Checkpoint::open(family_dir("kimi_k3"));
   const models::KdaSpec spec = k3_kda_spec();
-  const models::KdaAttention kda(spec, models::KdaAttention::load(c, "model.layers.0.self_attn.", spec));
+  models::ParameterTable table;
+  models::ParameterLoader params(c, table);
+  const models::KdaAttention kda(spec, models::KdaAttention::load(params, "model.layers.0.self_attn.", spec, 0));
   const std::string p = "model.layers.0.";
   const models::SituMlp dense(c.load_weight(p + "mlp.gate_proj.weight", {128, kK3Hidden}),
                               c.load_weight(p + "mlp.up_proj.weight", {128, kK3Hidden}),
@@ -92,7 +94,9 @@ TEST(KimiK3Layers, SequenceOfSeveralChunksDecodesAsItsFullForward) {
 
   const Checkpoint c = Checkpoint::open(family_dir("kimi_k3"));
   const models::KdaSpec spec = k3_kda_spec();
-  const models::KdaAttention kda(spec, models::KdaAttention::load(c, "model.layers.2.self_attn.", spec));
+  models::ParameterTable table;
+  models::ParameterLoader params(c, table);
+  const models::KdaAttention kda(spec, models::KdaAttention::load(params, "model.layers.2.self_attn.", spec, 2));
   const Tensor x = random_normal({kTokens, kK3Hidden}, 7);
   std::vector<std::vector<float>> outs;
   for (const bool chunked : {true, false}) {

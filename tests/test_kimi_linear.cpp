@@ -26,7 +26,9 @@ namespace {
 TEST(KimiLinearLayers, FirstLayerReproducesTransformersHiddenStates) {
   const Checkpoint c = Checkpoint::open(family_dir("kimi_linear"));
   const models::KdaSpec spec{64, 4, 16, 4, 1e-6f, std::nullopt};
-  const models::KdaAttention kda(spec, models::KdaAttention::load(c, "model.layers.0.self_attn.", spec));
+  models::ParameterTable table;
+  models::ParameterLoader params(c, table);
+  const models::KdaAttention kda(spec, models::KdaAttention::load(params, "model.layers.0.self_attn.", spec, 0));
   const std::string mlp = "model.layers.0.block_sparse_moe.";
   const models::SwigluMlp dense(c.load_weight(mlp + "gate_proj.weight", {128, 64}),
                                 c.load_weight(mlp + "up_proj.weight", {128, 64}),
@@ -78,7 +80,9 @@ TEST(KimiLinearLayers, FirstLayerReproducesTransformersHiddenStates) {
 TEST(KimiLinearLayers, KdaLayerRunsEachSequenceOfABatchFromItsCachedState) {
   const Checkpoint c = Checkpoint::open(family_dir("kimi_linear"));
   const models::KdaSpec spec{64, 4, 16, 4, 1e-6f, std::nullopt};
-  const models::KdaAttention kda(spec, models::KdaAttention::load(c, "model.layers.0.self_attn.", spec));
+  models::ParameterTable table;
+  models::ParameterLoader params(c, table);
+  const models::KdaAttention kda(spec, models::KdaAttention::load(params, "model.layers.0.self_attn.", spec, 0));
   backend::Context ctx(2);
   models::KvCache cache({kda.cache_spec(), models::CacheSpec::full_kv(8)}, 2, 32);
   EXPECT_NE(cache.prefix_sharing_unsupported().find("recurrent state"), std::string::npos);

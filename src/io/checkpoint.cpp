@@ -121,6 +121,7 @@ const SafetensorsEntry& Checkpoint::entry(const std::string& name, const Shape& 
   R3_CHECK(e.shape == expected, "tensor '", name, "' in ", it->second->path(),
            " has shape ", shape_to_string(e.shape), ", expected ", shape_to_string(expected));
   loaded_.insert(name);
+  reads_.push_back(name);
   if (on_load_) on_load_(e.end - e.begin);
   return e;
 }
@@ -272,6 +273,12 @@ Tensor Checkpoint::load_raw(const std::string& name, const Shape& expected) cons
   Tensor out = Tensor::empty(e.dtype, e.shape);  // copy: aligned for its element type
   std::memcpy(out.raw_data(), stored.raw_data(), out.nbytes());
   return out;
+}
+
+std::vector<std::string> Checkpoint::take_reads() const {
+  std::vector<std::string> reads;
+  reads.swap(reads_);
+  return reads;
 }
 
 std::vector<std::string> Checkpoint::unused() const {

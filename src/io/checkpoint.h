@@ -65,6 +65,9 @@ class Checkpoint {
   void on_load(std::function<void(uint64_t)> callback) { on_load_ = std::move(callback); }
   // Names never loaded so far, sorted (to warn about weights a model ignored).
   std::vector<std::string> unused() const;
+  // The stored tensors read since the last call, in order (a weight's block scales, MXFP4 blocks
+  // and scales included): what one load read, for the model's parameter table.
+  std::vector<std::string> take_reads() const;
 
  private:
   const SafetensorsEntry& entry(const std::string& name, const Shape& expected) const;
@@ -79,6 +82,7 @@ class Checkpoint {
   std::function<void(uint64_t)> on_load_;
   WeightQuantization quantization_;
   mutable std::set<std::string> loaded_;
+  mutable std::vector<std::string> reads_;
 };
 
 }  // namespace r3

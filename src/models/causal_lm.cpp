@@ -21,6 +21,11 @@ void CausalLM::set_eplb_options(const moe::EplbOptions& options) {
   eplb_options_ = options;
 }
 
+void CausalLM::set_parameters(std::shared_ptr<const ParameterTable> table) {
+  R3_CHECK(table != nullptr, "set_parameters: no table");
+  parameters_ = std::move(table);
+}
+
 Tensor CausalLM::forward(backend::Context& ctx, const ForwardBatch& batch, ModelCache& cache) const {
   Tensor logits = Tensor::empty(DType::F32, {logit_row_count(batch), info().vocab_size});
   forward_into(ctx, batch, cache, logits);

@@ -12,6 +12,7 @@
 #include "models/forward_batch.h"
 #include "models/model_cache.h"
 #include "models/model_info.h"
+#include "models/parameter_table.h"
 #include "moe/eplb/eplb_controller.h"
 #include "moe/moe_block.h"
 #include "ops/token_draw.h"
@@ -59,8 +60,16 @@ class CausalLM {
   // Checks `options` against this model's MoE layers (topology included) and keeps them.
   void set_eplb_options(const moe::EplbOptions& options);
 
+  // Every weight the model holds, by the checkpoint tensor it was loaded from
+  // (models/parameter_table.h); empty for a model made without a checkpoint. A model placed on a
+  // device shares its host model's table.
+  const ParameterTable& parameters() const { return *parameters_; }
+  const std::shared_ptr<const ParameterTable>& shared_parameters() const { return parameters_; }
+  void set_parameters(std::shared_ptr<const ParameterTable> table);
+
  private:
   moe::EplbOptions eplb_options_;
+  std::shared_ptr<const ParameterTable> parameters_ = std::make_shared<const ParameterTable>();
 };
 
 // Checks a batch against the model and cache: ids in the vocabulary, each sequence's tokens

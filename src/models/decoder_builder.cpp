@@ -10,17 +10,17 @@ namespace {
 
 class LayerLoader {
  public:
-  LayerLoader(const DecoderSpec& spec, const Checkpoint& ckpt, const LoadOptions& options, int64_t layer)
-      : spec_(spec), ckpt_(ckpt), options_(options), layer_(layer), prefix_(expand_name(spec.names.layer, layer)) {}
+  LayerLoader(const DecoderSpec& spec, ParameterLoader& params, const LoadOptions& options, int64_t layer)
+      : spec_(spec), params_(params), options_(options), layer_(layer), prefix_(expand_name(spec.names.layer, layer)) {}
 
   // Small tensors (norms, biases, router gates) and weights the model reads element by element:
   // float32.
   Tensor load(const std::string& name, const Shape& shape, int64_t expert = -1) const {
-    return ckpt_.load_f32(expand_name(prefix_ + name, layer_, expert), shape);
+    return params_.load_f32(expand_name(prefix_ + name, layer_, expert), shape, {layer_, expert});
   }
   // Projection weights, consumed only by the matmul kernels: kept in the checkpoint's dtype.
   Tensor load_matrix(const std::string& name, const Shape& shape, int64_t expert = -1) const {
-    return ckpt_.load_weight(expand_name(prefix_ + name, layer_, expert), shape);
+    return params_.load_weight(expand_name(prefix_ + name, layer_, expert), shape, {layer_, expert});
   }
 
   ops::RopeFrequencies rope_frequencies(int64_t rotary_dim) const {
@@ -41,7 +41,7 @@ class LayerLoader {
     const LinearAttentionSpec& l = spec_.linear_attention;
     const KdaSpec kda{spec_.hidden_size, l.num_heads, l.head_dim, l.conv_kernel, static_cast<float>(spec_.rms_norm_eps),
                       l.gate_lower_bound};
-    return std::make_unique<KdaAttention>(kda, KdaAttention::load(ckpt_, prefix_ + spec_.names.attention, kda));
+    return std::make_unique<KdaAttention>(kda, KdaAttention::load(params_, prefix_ + spec_.names.attention, kda, layer_));
   }
 
   std::unique_ptr<AttentionLayer> latent_attention() const {
@@ -192,15 +192,15 @@ class LayerLoader {
     return experts;
   }
 
-  bool stores_mxfp4(const std::string& name) const { return ckpt_.stores_mxfp4(expand_name(prefix_ + name, layer_)); }
+  bool stores_mxfp4(const std::string& name) const { return params_.stores_mxfp4(expand_name(prefix_ + name, layer_)); }
   Tensor load_mxfp4(const std::string& name, const Shape& shape) const {
-    return ckpt_.load_mxfp4(expand_name(prefix_ + name, layer_), shape);
+    return params_.load_mxfp4(expand_name(prefix_ + name, layer_), shape, {layer_, -1});
   }
   // One e8m0 scale covers 32 values of a row: transformers' Mxfp4GptOssExperts sizes its blocks
   // hidden_size // 32 (gate_up_proj's inputs) and intermediate_size // 32 (down_proj's), so other
   // sizes cannot be stored.
   void check_mxfp4_inputs(const char* key, int64_t size) const {
-    R3_CHECK(size % MxScales::kBlock == 0, ckpt_.dir(), "/config.json: MXFP4 experts need '", key,
+    R3_CHECK(size % MxScales::kBlock == 0, params_.dir(), "/config.json: MXFP4 experts need '", key,
              "' to be a multiple of ", MxScales::kBlock, " (one e8m0 scale per ", MxScales::kBlock, " values), got ",
              size);
   }
@@ -236,7 +236,7 @@ class LayerLoader {
 
  private:
   const DecoderSpec& spec_;
-  const Checkpoint& ckpt_;
+  ParameterLoader& params_;
   const LoadOptions& options_;
   int64_t layer_;
   std::string prefix_;
@@ -244,22 +244,22 @@ class LayerLoader {
 
 }  // namespace
 
-std::unique_ptr<DecoderModel> build_decoder(const DecoderSpec& spec, const Checkpoint& ckpt,
+std::unique_ptr<DecoderModel> build_decoder(const DecoderSpec& spec, ParameterLoader& params,
                                             const LoadOptions& options) {
   spec.validate();
   options.eplb.validate(spec.moe.num_experts);
   // The layer count comes from config.json: check the checkpoint has the last layer before
   // loading (and sizing anything by) that many.
   const std::string last_layer = expand_name(spec.names.layer + spec.names.input_norm, spec.num_layers - 1);
-  R3_CHECK(ckpt.contains(last_layer), ckpt.dir(), "/config.json: 'num_hidden_layers' is ", spec.num_layers,
+  R3_CHECK(params.contains(last_layer), params.dir(), "/config.json: 'num_hidden_layers' is ", spec.num_layers,
            " but the checkpoint has no tensor '", last_layer, "'");
   const int64_t h = spec.hidden_size;
-  Tensor embed = ckpt.load_weight(spec.names.embed, {spec.vocab_size, h});
+  Tensor embed = params.load_weight(spec.names.embed, {spec.vocab_size, h});
 
   std::vector<DecoderLayer> layers;
   int64_t moe_layer_id = 0;
   for (int64_t i = 0; i < spec.num_layers; ++i) {
-    LayerLoader loader(spec, ckpt, options, i);
+    LayerLoader loader(spec, params, options, i);
     DecoderLayer layer;
     layer.input_norm = loader.load(spec.names.input_norm, {h});
     layer.post_attention_norm = loader.load(spec.names.post_attention_norm, {h});
@@ -272,9 +272,9 @@ std::unique_ptr<DecoderModel> build_decoder(const DecoderSpec& spec, const Check
     }
     layers.push_back(std::move(layer));
   }
-  Tensor final_norm = ckpt.load_f32(spec.names.final_norm, {h});
+  Tensor final_norm = params.load_f32(spec.names.final_norm, {h});
   Tensor lm_head = spec.tie_word_embeddings ? embed
-                                            : ckpt.load_weight(spec.names.lm_head, {spec.vocab_size, h});
+                                            : params.load_weight(spec.names.lm_head, {spec.vocab_size, h});
 
   ModelInfo info;
   info.family = spec.family;

@@ -24,28 +24,29 @@ KdaAttention::KdaAttention(const KdaSpec& spec, KdaWeights weights) : spec_(spec
            spec_.conv_kernel, " taps");
 }
 
-KdaWeights KdaAttention::load(const Checkpoint& c, const std::string& p, const KdaSpec& s) {
+KdaWeights KdaAttention::load(ParameterLoader& c, const std::string& p, const KdaSpec& s, int64_t layer) {
+  const ParameterSite site{layer, -1};
   const int64_t width = s.width(), hidden = s.hidden, d = s.head_dim;
   KdaWeights w;
-  w.q = c.load_weight(p + "q_proj.weight", {width, hidden});
-  w.k = c.load_weight(p + "k_proj.weight", {width, hidden});
-  w.v = c.load_weight(p + "v_proj.weight", {width, hidden});
-  w.q_conv = c.load_f32(p + "q_conv1d.weight", {width, 1, s.conv_kernel}).reshaped({width, s.conv_kernel});
-  w.k_conv = c.load_f32(p + "k_conv1d.weight", {width, 1, s.conv_kernel}).reshaped({width, s.conv_kernel});
-  w.v_conv = c.load_f32(p + "v_conv1d.weight", {width, 1, s.conv_kernel}).reshaped({width, s.conv_kernel});
-  w.f_a = c.load_weight(p + "f_a_proj.weight", {d, hidden});
-  w.f_b = c.load_weight(p + "f_b_proj.weight", {width, d});
-  w.dt_bias = c.load_f32(p + "dt_bias", {width});
-  w.a_log = c.load_f32(p + "A_log", {1, 1, s.heads, 1}).reshaped({s.heads});
-  w.b = c.load_weight(p + "b_proj.weight", {s.heads, hidden});
+  w.q = c.load_weight(p + "q_proj.weight", {width, hidden}, site);
+  w.k = c.load_weight(p + "k_proj.weight", {width, hidden}, site);
+  w.v = c.load_weight(p + "v_proj.weight", {width, hidden}, site);
+  w.q_conv = c.load_f32(p + "q_conv1d.weight", {width, 1, s.conv_kernel}, site).reshaped({width, s.conv_kernel});
+  w.k_conv = c.load_f32(p + "k_conv1d.weight", {width, 1, s.conv_kernel}, site).reshaped({width, s.conv_kernel});
+  w.v_conv = c.load_f32(p + "v_conv1d.weight", {width, 1, s.conv_kernel}, site).reshaped({width, s.conv_kernel});
+  w.f_a = c.load_weight(p + "f_a_proj.weight", {d, hidden}, site);
+  w.f_b = c.load_weight(p + "f_b_proj.weight", {width, d}, site);
+  w.dt_bias = c.load_f32(p + "dt_bias", {width}, site);
+  w.a_log = c.load_f32(p + "A_log", {1, 1, s.heads, 1}, site).reshaped({s.heads});
+  w.b = c.load_weight(p + "b_proj.weight", {s.heads, hidden}, site);
   if (s.full_rank_output_gate) {
-    w.g = c.load_weight(p + "g_proj.weight", {width, hidden});
+    w.g = c.load_weight(p + "g_proj.weight", {width, hidden}, site);
   } else {
-    w.g_a = c.load_weight(p + "g_a_proj.weight", {d, hidden});
-    w.g_b = c.load_weight(p + "g_b_proj.weight", {width, d});
+    w.g_a = c.load_weight(p + "g_a_proj.weight", {d, hidden}, site);
+    w.g_b = c.load_weight(p + "g_b_proj.weight", {width, d}, site);
   }
-  w.o_norm = c.load_f32(p + "o_norm.weight", {d});
-  w.o = c.load_weight(p + "o_proj.weight", {hidden, width});
+  w.o_norm = c.load_f32(p + "o_norm.weight", {d}, site);
+  w.o = c.load_weight(p + "o_proj.weight", {hidden, width}, site);
   return w;
 }
 

@@ -14,8 +14,8 @@
 
 #include "backend/context.h"
 #include "core/tensor.h"
-#include "io/checkpoint.h"
 #include "models/attention_layer.h"
+#include "models/parameter_table.h"
 
 namespace r3::models {
 
@@ -57,8 +57,8 @@ class KdaAttention final : public AttentionLayer {
   // Kimi Linear's checkpoint names under `prefix` (e.g. "model.layers.0.self_attn."): q/k/v_proj,
   // q/k/v_conv1d [width, 1, kernel], f_a_proj, f_b_proj, dt_bias, A_log [1, 1, heads, 1],
   // b_proj, g_a_proj, g_b_proj (g_proj [width, hidden] when spec.full_rank_output_gate), o_norm,
-  // o_proj.
-  static KdaWeights load(const Checkpoint& checkpoint, const std::string& prefix, const KdaSpec& spec);
+  // o_proj: layer `layer`'s weights, each recorded in the model's parameter table.
+  static KdaWeights load(ParameterLoader& params, const std::string& prefix, const KdaSpec& spec, int64_t layer);
 
   const KdaSpec& spec() const { return spec_; }
   const KdaWeights& weights() const { return w_; }  // placing the layer on a device copies them

@@ -60,13 +60,16 @@ std::unique_ptr<CausalLM> load_model(const std::string& model_dir, const LoadOpt
   checkpoint.set_quantization(std::move(quantization));
   Progress progress("loading " + model_dir, checkpoint.total_bytes());
   checkpoint.on_load([&](uint64_t bytes) { progress.advance(bytes); });
+  auto table = std::make_shared<ParameterTable>();
+  ParameterLoader params(checkpoint, *table);
   std::unique_ptr<CausalLM> model =
-      spec ? std::unique_ptr<CausalLM>(build_decoder(*spec, checkpoint, options)) : family.load(config, checkpoint, options);
+      spec ? std::unique_ptr<CausalLM>(build_decoder(*spec, params, options)) : family.load(config, params, options);
   const auto unused = checkpoint.unused();
   if (!unused.empty()) {
     spdlog::warn("{} checkpoint tensors were not used by the {} model, e.g. '{}'", unused.size(),
                  family.model_type, unused.front());
   }
+  model->set_parameters(std::move(table));
   return model;
 }
 

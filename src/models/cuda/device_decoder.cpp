@@ -23,6 +23,7 @@ Decoder::Decoder(backend::Context& ctx, DecoderParts parts) : ctx_(ctx), p_(std:
   R3_CHECK(ctx.device() == Device::kCuda, "a device decoder needs a CUDA context");
   R3_CHECK(!p_.layers.empty(), "a device decoder needs at least one layer");
   for (const Layer& layer : p_.layers) has_recurrent_layers_ = has_recurrent_layers_ || layer.delta_attention;
+  if (p_.host) set_parameters(p_.host->shared_parameters());
 }
 
 namespace {

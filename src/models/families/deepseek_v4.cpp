@@ -10,13 +10,13 @@
 
 namespace r3::models {
 
-std::unique_ptr<CausalLM> load_deepseek_v4(const HfConfig& config, const Checkpoint& ckpt, const LoadOptions& options) {
+std::unique_ptr<CausalLM> load_deepseek_v4(const HfConfig& config, ParameterLoader& params, const LoadOptions& options) {
   const DeepseekV4Spec s = DeepseekV4Spec::parse(config);
   options.eplb.validate(s.num_experts);
   // The layer count comes from config.json: check the checkpoint has the last layer before
   // loading that many.
   const std::string last_layer = "model.layers." + std::to_string(s.num_layers - 1) + ".attn_norm.weight";
-  R3_CHECK(ckpt.contains(last_layer), config.source(), ": 'num_hidden_layers' is ", s.num_layers,
+  R3_CHECK(params.contains(last_layer), config.source(), ": 'num_hidden_layers' is ", s.num_layers,
            " but the checkpoint has no tensor '", last_layer, "'");
   const int64_t h = s.hidden_size, d = s.head_dim, hc = s.hc_mult, mix = (2 + hc) * hc;  // bounded in parse
   const float eps = static_cast<float>(s.rms_norm_eps), hc_eps = static_cast<float>(s.hc_eps);
@@ -31,7 +31,9 @@ std::unique_ptr<CausalLM> load_deepseek_v4(const HfConfig& config, const Checkpo
   std::vector<V4Layer> layers;
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    auto load = [&](const std::string& name, const Shape& shape) { return ckpt.load_f32(p + name, shape); };
+    auto load = [&](const std::string& name, const Shape& shape, int64_t expert = -1) {
+      return params.load_f32(p + name, shape, {l, expert});
+    };
     V4Layer layer;
     layer.attn_norm = load("attn_norm.weight", {h});
     layer.ffn_norm = load("ffn_norm.weight", {h});
@@ -75,14 +77,14 @@ std::unique_ptr<CausalLM> load_deepseek_v4(const HfConfig& config, const Checkpo
     std::vector<moe::SwigluExpertWeights> experts;
     for (int64_t e = 0; e < s.num_experts; ++e) {
       const std::string q = "ffn.experts." + std::to_string(e) + ".";
-      experts.push_back({load(q + "w1.weight", {width, h}), load(q + "w3.weight", {width, h}),
-                         load(q + "w2.weight", {h, width})});
+      experts.push_back({load(q + "w1.weight", {width, h}, e), load(q + "w3.weight", {width, h}, e),
+                         load(q + "w2.weight", {h, width}, e)});
     }
     std::shared_ptr<moe::RoutingRule> rule;
     const auto scaling = static_cast<float>(s.routed_scaling_factor);
     if (s.hash_layer[static_cast<std::size_t>(l)]) {
       const std::string table = p + "ffn.gate.tid2eid";
-      rule = std::make_shared<moe::SqrtSoftplusHash>(ckpt.load_raw(table, {s.vocab_size, s.top_k}), s.num_experts,
+      rule = std::make_shared<moe::SqrtSoftplusHash>(params.load_raw(table, {s.vocab_size, s.top_k}, {l, -1}), s.num_experts,
                                                      scaling, table);
     } else {
       Tensor bias = load("ffn.gate.bias", {s.num_experts});
@@ -100,12 +102,12 @@ std::unique_ptr<CausalLM> load_deepseek_v4(const HfConfig& config, const Checkpo
     layers.push_back(std::move(layer));
   }
 
-  Tensor embed = ckpt.load_f32("model.embed_tokens.weight", {s.vocab_size, h});
-  auto head = std::make_unique<HyperHead>(ckpt.load_f32("model.hc_head.hc_fn", {hc, hc * h}),
-                                          ckpt.load_f32("model.hc_head.hc_base", {hc}),
-                                          ckpt.load_f32("model.hc_head.hc_scale", {1}), hc, hc_eps, eps);
-  Tensor final_norm = ckpt.load_f32("model.norm.weight", {h});
-  Tensor lm_head = s.tie_word_embeddings ? embed : ckpt.load_f32("head.weight", {s.vocab_size, h});
+  Tensor embed = params.load_f32("model.embed_tokens.weight", {s.vocab_size, h});
+  auto head = std::make_unique<HyperHead>(params.load_f32("model.hc_head.hc_fn", {hc, hc * h}),
+                                          params.load_f32("model.hc_head.hc_base", {hc}),
+                                          params.load_f32("model.hc_head.hc_scale", {1}), hc, hc_eps, eps);
+  Tensor final_norm = params.load_f32("model.norm.weight", {h});
+  Tensor lm_head = s.tie_word_embeddings ? embed : params.load_f32("head.weight", {s.vocab_size, h});
 
   ModelInfo info;
   info.family = "deepseek_v4";

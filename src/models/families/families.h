@@ -5,11 +5,11 @@
 #include <string>
 #include <vector>
 
-#include "io/checkpoint.h"
 #include "io/hf_config.h"
 #include "models/causal_lm.h"
 #include "models/decoder_spec.h"
 #include "models/load_options.h"
+#include "models/parameter_table.h"
 
 namespace r3::models {
 
@@ -19,7 +19,7 @@ struct Family {
   std::string model_type;                  // config.json "model_type"
   std::vector<std::string> architectures;  // config.json "architectures"
   DecoderSpec (*parse)(const HfConfig& config) = nullptr;
-  std::unique_ptr<CausalLM> (*load)(const HfConfig& config, const Checkpoint& checkpoint,
+  std::unique_ptr<CausalLM> (*load)(const HfConfig& config, ParameterLoader& params,
                                     const LoadOptions& options) = nullptr;
 };
 
@@ -32,9 +32,9 @@ DecoderSpec parse_deepseek_v2(const HfConfig& config);
 DecoderSpec parse_deepseek_v3(const HfConfig& config);
 DecoderSpec parse_gpt_oss(const HfConfig& config);
 DecoderSpec parse_kimi_linear(const HfConfig& config);
-std::unique_ptr<CausalLM> load_kimi_k3(const HfConfig& config, const Checkpoint& checkpoint,
+std::unique_ptr<CausalLM> load_kimi_k3(const HfConfig& config, ParameterLoader& params,
                                        const LoadOptions& options);
-std::unique_ptr<CausalLM> load_deepseek_v4(const HfConfig& config, const Checkpoint& checkpoint,
+std::unique_ptr<CausalLM> load_deepseek_v4(const HfConfig& config, ParameterLoader& params,
                                            const LoadOptions& options);
 
 // Every family r3 supports, in one list (no static registration that a linker could drop).

@@ -20,12 +20,15 @@ namespace {
 
 class K3LayerLoader {
  public:
-  K3LayerLoader(const KimiK3Spec& spec, const Checkpoint& ckpt, const LoadOptions& options, int64_t layer)
-      : s_(spec), d_(spec.decoder), ckpt_(ckpt), options_(options), prefix_(expand_name(d_.names.layer, layer)) {}
+  K3LayerLoader(const KimiK3Spec& spec, ParameterLoader& params, const LoadOptions& options, int64_t layer)
+      : s_(spec), d_(spec.decoder), params_(params), options_(options), layer_(layer),
+        prefix_(expand_name(d_.names.layer, layer)) {}
 
-  Tensor load(const std::string& name, const Shape& shape) const { return ckpt_.load_f32(prefix_ + name, shape); }
-  Tensor load_matrix(const std::string& name, const Shape& shape) const {
-    return ckpt_.load_weight(prefix_ + name, shape);
+  Tensor load(const std::string& name, const Shape& shape, int64_t expert = -1) const {
+    return params_.load_f32(prefix_ + name, shape, {layer_, expert});
+  }
+  Tensor load_matrix(const std::string& name, const Shape& shape, int64_t expert = -1) const {
+    return params_.load_weight(prefix_ + name, shape, {layer_, expert});
   }
 
   std::unique_ptr<AttentionResidual> residual(const std::string& name) const {
@@ -39,7 +42,7 @@ class K3LayerLoader {
     KdaSpec kda{d_.hidden_size, l.num_heads, l.head_dim, l.conv_kernel, static_cast<float>(d_.rms_norm_eps),
                 l.gate_lower_bound};
     kda.full_rank_output_gate = s_.full_rank_output_gate;
-    return std::make_unique<KdaAttention>(kda, KdaAttention::load(ckpt_, prefix_ + d_.names.attention, kda));
+    return std::make_unique<KdaAttention>(kda, KdaAttention::load(params_, prefix_ + d_.names.attention, kda, layer_));
   }
 
   std::unique_ptr<AttentionLayer> gated_mla() const {
@@ -75,8 +78,8 @@ class K3LayerLoader {
     std::vector<moe::SwigluExpertWeights> experts;
     for (int64_t e = 0; e < m.num_experts; ++e) {
       const std::string q = p + "experts." + std::to_string(e) + ".";
-      experts.push_back({load_matrix(q + "w1.weight", {width, latent}), load_matrix(q + "w3.weight", {width, latent}),
-                         load_matrix(q + "w2.weight", {latent, width})});
+      experts.push_back({load_matrix(q + "w1.weight", {width, latent}, e), load_matrix(q + "w3.weight", {width, latent}, e),
+                         load_matrix(q + "w2.weight", {latent, width}, e)});
     }
     auto physical = std::make_shared<moe::PhysicalExperts>(
         std::move(experts), moe::ExpertPlacement::initial(m.num_experts, options_.eplb.redundant_experts), m.activation);
@@ -96,28 +99,29 @@ class K3LayerLoader {
  private:
   const KimiK3Spec& s_;
   const DecoderSpec& d_;
-  const Checkpoint& ckpt_;
+  ParameterLoader& params_;
   const LoadOptions& options_;
+  int64_t layer_;
   std::string prefix_;
 };
 
 }  // namespace
 
-std::unique_ptr<CausalLM> load_kimi_k3(const HfConfig& config, const Checkpoint& ckpt, const LoadOptions& options) {
+std::unique_ptr<CausalLM> load_kimi_k3(const HfConfig& config, ParameterLoader& params, const LoadOptions& options) {
   const KimiK3Spec s = KimiK3Spec::parse(config);
   const DecoderSpec& d = s.decoder;
   options.eplb.validate(d.moe.num_experts);
   R3_CHECK(d.moe.shared_expert_intermediate > 0, config.source(),
            ": 'num_shared_experts' must be positive: Kimi K3's MoE layers have shared experts");
   const std::string last_layer = expand_name(d.names.layer + d.names.input_norm, d.num_layers - 1);
-  R3_CHECK(ckpt.contains(last_layer), config.source(), ": 'num_hidden_layers' is ", d.num_layers,
+  R3_CHECK(params.contains(last_layer), config.source(), ": 'num_hidden_layers' is ", d.num_layers,
            " but the checkpoint has no tensor '", last_layer, "'");
   const int64_t h = d.hidden_size;
-  Tensor embed = ckpt.load_weight(d.names.embed, {d.vocab_size, h});
+  Tensor embed = params.load_weight(d.names.embed, {d.vocab_size, h});
   std::vector<KimiK3Layer> layers;
   int64_t moe_layer_id = 0;
   for (int64_t l = 0; l < d.num_layers; ++l) {
-    const K3LayerLoader loader(s, ckpt, options, l);
+    const K3LayerLoader loader(s, params, options, l);
     KimiK3Layer layer;
     layer.input_norm = loader.load(d.names.input_norm, {h});
     layer.post_attention_norm = loader.load(d.names.post_attention_norm, {h});
@@ -132,11 +136,11 @@ std::unique_ptr<CausalLM> load_kimi_k3(const HfConfig& config, const Checkpoint&
     }
     layers.push_back(std::move(layer));
   }
-  auto output_mix = std::make_unique<AttentionResidual>(ckpt.load_f32("model.output_attn_res_proj.weight", {1, h}),
-                                                        ckpt.load_f32("model.output_attn_res_norm.weight", {h}),
+  auto output_mix = std::make_unique<AttentionResidual>(params.load_f32("model.output_attn_res_proj.weight", {1, h}),
+                                                        params.load_f32("model.output_attn_res_norm.weight", {h}),
                                                         static_cast<float>(d.rms_norm_eps));
-  Tensor final_norm = ckpt.load_f32(d.names.final_norm, {h});
-  Tensor lm_head = d.tie_word_embeddings ? embed : ckpt.load_weight(d.names.lm_head, {d.vocab_size, h});
+  Tensor final_norm = params.load_f32(d.names.final_norm, {h});
+  Tensor lm_head = d.tie_word_embeddings ? embed : params.load_weight(d.names.lm_head, {d.vocab_size, h});
 
   ModelInfo info;
   info.family = d.family;
