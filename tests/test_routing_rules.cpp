@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "core/tensor.h"
+#include "moe/device_routing.h"
 #include "moe/routing_rule.h"
 
 namespace r3::moe {
@@ -105,6 +106,50 @@ float margin_of(const RoutingRule& rule, std::vector<float> logits, std::span<co
   float margin = -1;
   rule.route(logits, token, forced, ids.data(), w.data(), &margin);
   return margin;
+}
+
+// A rule's numbers live in its class; the device kernel takes them from parameters(), with no
+// second description of the rule to keep in step.
+TEST(RuleParameters, TheDeviceKernelTakesEachRuleAsItWasBuilt) {
+  const DeviceRuleDescription softmax = describe_for_device(SoftmaxTopK(6, true));
+  EXPECT_EQ(softmax.rule.kind, RuleKind::kSoftmaxTopK);
+  EXPECT_EQ(softmax.rule.k, 6);
+  EXPECT_TRUE(softmax.rule.normalize);
+  EXPECT_TRUE(softmax.bias.empty());
+
+  const DeviceRuleDescription grouped =
+      describe_for_device(SigmoidGroupTopK(4, {0.5f, -1.0f, 0.25f, 2.0f, 0, 0, 0, 0}, 4, 2, false, 2.5f));
+  EXPECT_EQ(grouped.rule.kind, RuleKind::kSigmoidGroupTopK);
+  EXPECT_EQ(grouped.rule.k, 4);
+  EXPECT_FALSE(grouped.rule.normalize);
+  EXPECT_EQ(grouped.rule.groups, 4);
+  EXPECT_EQ(grouped.rule.topk_groups, 2);
+  EXPECT_EQ(grouped.rule.scaling, 2.5f);
+  EXPECT_EQ(grouped.bias, (std::vector<float>{0.5f, -1.0f, 0.25f, 2.0f, 0, 0, 0, 0}));
+  EXPECT_EQ(grouped.rule.bias, nullptr);  // the caller uploads the bias and points at its copy
+
+  const DeviceRuleDescription greedy = describe_for_device(SoftmaxGroupGreedy(3, 8, 3, 16.0f));
+  EXPECT_EQ(greedy.rule.kind, RuleKind::kSoftmaxGroupGreedy);
+  EXPECT_EQ(greedy.rule.k, 3);
+  EXPECT_EQ(greedy.rule.groups, 8);
+  EXPECT_EQ(greedy.rule.topk_groups, 3);
+  EXPECT_EQ(greedy.rule.scaling, 16.0f);
+
+  const DeviceRuleDescription gpt_oss = describe_for_device(TopKSoftmax(4));
+  EXPECT_EQ(gpt_oss.rule.kind, RuleKind::kTopKSoftmax);
+  EXPECT_EQ(gpt_oss.rule.k, 4);
+}
+
+TEST(RuleParameters, RulesWithoutADeviceKernelAreRefusedByName) {
+  const SqrtSoftplusTopK v4(2, {0, 0, 0, 0}, 1.5f);
+  EXPECT_EQ(v4.parameters().kind, RuleKind::kSqrtSoftplusTopK);
+  EXPECT_EQ(v4.parameters().bias.size(), 4u);
+  try {
+    (void)describe_for_device(v4);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sqrtsoftplus-topk has no CUDA kernel"), std::string::npos) << e.what();
+  }
 }
 
 TEST(RoutingMargins, SoftmaxTopKIsTheGapBetweenTheKthAndTheNextProbability) {

@@ -18,13 +18,12 @@
 
 namespace r3::moe {
 
+// A rule's parameters (RoutingRule::parameters) as the kernel takes them, its correction bias on
+// the device. The kernel runs kSoftmaxTopK (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE),
+// kSigmoidGroupTopK (DeepSeek-V3, Kimi K2, GLM-4.5), kTopKSoftmax (GPT-OSS) and
+// kSoftmaxGroupGreedy (DeepSeek-V2); DeepSeek-V4's sqrt-softplus rules have no kernel yet.
 struct DeviceRoutingRule {
-  enum class Kind : int32_t {
-    kSoftmaxTopK,       // Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE (normalize: renormalise the k weights)
-    kSigmoidGroupTopK,  // DeepSeek-V3, Kimi K2, GLM-4.5: sigmoid, correction bias, group masking
-    kTopKSoftmax,       // GPT-OSS: top-k of the logits, softmax over the k
-    kSoftmaxGroupGreedy,  // DeepSeek-V2: softmax, groups masked by their best probability
-  };
+  using Kind = RuleKind;
   Kind kind = Kind::kSoftmaxTopK;
   int32_t k = 0;
   bool normalize = false;
@@ -34,9 +33,9 @@ struct DeviceRoutingRule {
   const float* bias = nullptr;  // device [experts] (kSigmoidGroupTopK)
 };
 
-// A host rule as the device kernel takes it, with its correction bias still on the host (the
-// caller uploads it and points rule.bias at the copy). Throws for a rule without a device kernel
-// (DeepSeek-V4's rules), naming it.
+// A host rule's parameters as the device kernel takes them, with its correction bias still on the
+// host (the caller uploads it and points rule.bias at the copy). Throws for a rule without a
+// device kernel (DeepSeek-V4's rules), naming it.
 struct DeviceRuleDescription {
   DeviceRoutingRule rule;
   std::vector<float> bias;  // empty unless rule.kind is kSigmoidGroupTopK

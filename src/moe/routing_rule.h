@@ -44,11 +44,31 @@ struct RoutingRows {
   float* margins = nullptr;                // [tokens], or nullptr: not wanted
 };
 
+// A rule as plain parameters: what a device kernel takes (moe/device_routing.h), so each rule's
+// numbers live in its class alone.
+enum class RuleKind : int32_t {
+  kSoftmaxTopK,
+  kSigmoidGroupTopK,
+  kTopKSoftmax,
+  kSoftmaxGroupGreedy,
+  kSqrtSoftplusTopK,
+  kSqrtSoftplusHash,
+};
+struct RuleParameters {
+  RuleKind kind = RuleKind::kSoftmaxTopK;
+  int32_t k = 0;
+  bool normalize = false;
+  int32_t groups = 1, topk_groups = 1;
+  float scaling = 1.0f;
+  std::vector<float> bias;  // the correction bias (kSigmoidGroupTopK, kSqrtSoftplusTopK), else empty
+};
+
 class RoutingRule {
  public:
   virtual ~RoutingRule() = default;
   virtual std::string name() const = 0;
   virtual int64_t top_k() const = 0;
+  virtual RuleParameters parameters() const = 0;
   // Routes tokens [begin, end) of the step: one call per chunk of tokens, not per token.
   virtual void route_rows(const RoutingRows& rows, int64_t begin, int64_t end) const = 0;
   // One token: logits (overwritten), its id (hash rules), top_k forced ids or empty; writes top_k
@@ -79,7 +99,9 @@ class SoftmaxTopK final : public PerTokenRule<SoftmaxTopK> {
   SoftmaxTopK(int64_t k, bool normalize) : k_(k), normalize_(normalize) {}
   std::string name() const override { return "softmax-topk"; }
   int64_t top_k() const override { return k_; }
-  bool normalize() const { return normalize_; }
+  RuleParameters parameters() const override {
+    return {RuleKind::kSoftmaxTopK, static_cast<int32_t>(k_), normalize_, 1, 1, 1.0f, {}};
+  }
   void route_row(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
                  float* weights, float* margin) const;
 
@@ -97,6 +119,9 @@ class SqrtSoftplusTopK final : public PerTokenRule<SqrtSoftplusTopK> {
       : k_(k), bias_(std::move(correction_bias)), scaling_(scaling) {}
   std::string name() const override { return "sqrtsoftplus-topk"; }
   int64_t top_k() const override { return k_; }
+  RuleParameters parameters() const override {
+    return {RuleKind::kSqrtSoftplusTopK, static_cast<int32_t>(k_), true, 1, 1, scaling_, bias_};
+  }
   void route_row(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
                  float* weights, float* margin) const;
 
@@ -115,6 +140,9 @@ class SqrtSoftplusHash final : public PerTokenRule<SqrtSoftplusHash> {
                    const std::string& table_name = "tid2eid");
   std::string name() const override { return "sqrtsoftplus-hash"; }
   int64_t top_k() const override { return k_; }
+  RuleParameters parameters() const override {
+    return {RuleKind::kSqrtSoftplusHash, static_cast<int32_t>(k_), true, 1, 1, scaling_, {}};
+  }
   void route_row(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
                  float* weights, float* margin) const;
 
@@ -134,11 +162,10 @@ class SigmoidGroupTopK final : public PerTokenRule<SigmoidGroupTopK> {
                    bool normalize, float scaling);
   std::string name() const override { return "sigmoid-group-topk"; }
   int64_t top_k() const override { return k_; }
-  const std::vector<float>& correction_bias() const { return bias_; }
-  int64_t num_groups() const { return groups_; }
-  int64_t topk_groups() const { return topk_groups_; }
-  bool normalize() const { return normalize_; }
-  float scaling() const { return scaling_; }
+  RuleParameters parameters() const override {
+    return {RuleKind::kSigmoidGroupTopK, static_cast<int32_t>(k_), normalize_, static_cast<int32_t>(groups_),
+            static_cast<int32_t>(topk_groups_), scaling_, bias_};
+  }
   void route_row(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
                  float* weights, float* margin) const;
 
@@ -158,9 +185,10 @@ class SoftmaxGroupGreedy final : public PerTokenRule<SoftmaxGroupGreedy> {
   SoftmaxGroupGreedy(int64_t k, int64_t num_groups, int64_t topk_groups, float scaling);
   std::string name() const override { return "softmax-group-greedy"; }
   int64_t top_k() const override { return k_; }
-  int64_t num_groups() const { return groups_; }
-  int64_t topk_groups() const { return topk_groups_; }
-  float scaling() const { return scaling_; }
+  RuleParameters parameters() const override {
+    return {RuleKind::kSoftmaxGroupGreedy, static_cast<int32_t>(k_), false, static_cast<int32_t>(groups_),
+            static_cast<int32_t>(topk_groups_), scaling_, {}};
+  }
   void route_row(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
                  float* weights, float* margin) const;
 
@@ -175,6 +203,9 @@ class TopKSoftmax final : public PerTokenRule<TopKSoftmax> {
   explicit TopKSoftmax(int64_t k) : k_(k) {}
   std::string name() const override { return "topk-softmax"; }
   int64_t top_k() const override { return k_; }
+  RuleParameters parameters() const override {
+    return {RuleKind::kTopKSoftmax, static_cast<int32_t>(k_), false, 1, 1, 1.0f, {}};
+  }
   void route_row(std::span<float> logits, int32_t token_id, std::span<const int32_t> forced, int32_t* ids,
                  float* weights, float* margin) const;
 
