@@ -2,8 +2,9 @@
 # One call on the GPU machine, after bench/gpu.sh has built build-gpu from this tree: the same
 # binaries built from the tree minus $R3_BASE_PATCH (made here with `git diff <base> HEAD -- src/
 # > base.patch` and sent with the tree), then both measured on this machine: the base's kernel
-# bench (R3_KERNEL_SECTIONS, as gpu.sh; base_kernels.jsonl) and decode at batch 1 and 8 in bf16
-# and FP8, new and base in turn, R3_AB_ROUNDS times (default 2; vs_base.jsonl). The tree is
+# bench (R3_KERNEL_SECTIONS, as gpu.sh; base_kernels.jsonl) and decode at batch 1 and 8
+# (R3_VS_BASE_BATCHES="1,8,64": others) and prefill in bf16 and FP8, new and base in turn,
+# R3_AB_ROUNDS times (default 2; vs_base.jsonl). The tree is
 # left as it came. Usage there: R3_BASE_PATCH=base.patch bash bench/gpu_vs_base.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +23,7 @@ for round in $(seq "${R3_AB_ROUNDS:-2}"); do
   for which in new base; do
     for weights in bf16 fp8; do
       ./build-ab/$which/r3 bench --device cuda --synthetic qwen3-30b-a3b --synthetic-weights $weights \
-        --synthetic-batches 1,8 --json 2>>"$out/vs_base.log" > "$out/vs_base.json"
+        --synthetic-batches "${R3_VS_BASE_BATCHES:-1,8}" --json 2>>"$out/vs_base.log" > "$out/vs_base.json"
       python3 bench/decode_ms.py "$out/vs_base.json" which=$which weights=$weights round=$round | tee -a "$out/vs_base.jsonl"
     done
   done
