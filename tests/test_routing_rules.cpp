@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <set>
+#include <type_traits>
 
 #include "core/check.h"
 #include "core/tensor.h"
@@ -107,6 +108,15 @@ float margin_of(const RoutingRule& rule, std::vector<float> logits, std::span<co
   rule.route(logits, token, forced, ids.data(), w.data(), &margin);
   return margin;
 }
+
+// On the GPU as on the CPU, the capture point is a type: only route_on_device makes a captured
+// routing, and the experts take only a physical routing, which comes out of the EPLB map or, for a
+// layer without replicas, from the captured routing itself. Neither is made from raw ids, and a
+// captured routing does not pass for a physical one (checked when this file compiles).
+static_assert(!std::is_constructible_v<DeviceCapturedRouting, const int32_t*, const float*, int64_t, int64_t>);
+static_assert(!std::is_constructible_v<DevicePhysicalRouting, const int32_t*, const float*, int64_t, int64_t>);
+static_assert(!std::is_convertible_v<DeviceCapturedRouting, DevicePhysicalRouting>);
+static_assert(!std::is_constructible_v<DevicePhysicalRouting, DeviceCapturedRouting>);
 
 // A rule's numbers live in its class; the device kernel takes them from parameters(), with no
 // second description of the rule to keep in step.

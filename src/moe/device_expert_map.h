@@ -17,7 +17,9 @@
 #include <span>
 
 #include "backend/context.h"
+#include "moe/device_routing.h"
 #include "moe/expert_placement.h"
+#include "moe/physical_experts.h"
 
 namespace r3::moe {
 
@@ -36,17 +38,26 @@ class DeviceExpertMap {
   const int32_t* offsets() const { return tables_; }
   const int32_t* replicas() const { return tables_ + logical_ + 1; }
 
-  // logical: device [tokens, k] (valid ids); seqs: device [tokens], -1 for a padding row (not
+  // captured: a layer's routing (valid ids); seqs: device [tokens], -1 for a padding row (not
   // counted); physical: device [tokens, k], written; counts: device [num_physical] added to, or
-  // nullptr.
-  void map(backend::Context& ctx, const int32_t* logical, const int32_t* seqs, int64_t tokens, int64_t k,
-           int32_t* physical, int32_t* counts) const;
+  // nullptr. Returns the routing with `physical` as its experts.
+  DevicePhysicalRouting map(backend::Context& ctx, const DeviceCapturedRouting& captured, const int32_t* seqs,
+                            int32_t* physical, int32_t* counts) const;
 
  private:
   backend::Context& ctx_;
   int64_t logical_ = 0, physical_ = 0;
   int32_t* tables_ = nullptr;  // device: replica offsets [logical + 1], then the replicas [physical]
 };
+
+#if R3_WITH_CUDA
+// The map of a layer whose map function a test replaced (PhysicalExperts::has_map_function), run
+// on the host as the CPU paths run it: the logical ids come down, each pair goes through the
+// function, the physical ids go up to `physical` (device [tokens, k]). It waits inside the step,
+// so it only ever runs in tests, which use it to show that capture happens before the map.
+DevicePhysicalRouting map_on_host(backend::Context& ctx, const PhysicalExperts& experts,
+                                  const DeviceCapturedRouting& captured, int32_t* physical);
+#endif
 
 class DeviceLoadCounts {
  public:

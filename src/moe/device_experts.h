@@ -9,6 +9,7 @@
 
 #include "backend/context.h"
 #include "core/tensor.h"
+#include "moe/device_routing.h"
 #include "moe/physical_experts.h"
 
 namespace r3::moe {
@@ -62,14 +63,15 @@ constexpr int64_t grouping_ints(int64_t experts, int64_t pairs) { return 2 * exp
 constexpr int64_t expert_scratch_rows(int64_t pairs) { return pairs + 32; }
 
 #if R3_WITH_CUDA
-// hidden: device F32 [tokens, H]; ids, weights: device [tokens, k] (physical ids); out: device F32
-// [tokens, H] (overwritten). Device scratch: grouping I32 of grouping_ints(experts, tokens * k),
-// activated F32 [expert_scratch_rows(tokens * k), I], expert_out F32
-// [expert_scratch_rows(tokens * k), H]. always_grouped (the `modular` path): the pairs are grouped
-// by expert and the combine runs apart at every step size, steps of kPairMajorTokens included.
-void fused_experts_on_device(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, const float* weights,
-                             int64_t k, const DeviceExperts& experts, Tensor& grouping, Tensor& activated,
-                             Tensor& expert_out, Tensor& out, bool always_grouped = false);
+// hidden: device F32 [tokens, H]; routing: the layer's routing with its physical experts (what
+// the EPLB map gives); out: device F32 [tokens, H] (overwritten). Device scratch: grouping I32 of
+// grouping_ints(experts, tokens * k), activated F32 [expert_scratch_rows(tokens * k), I],
+// expert_out F32 [expert_scratch_rows(tokens * k), H]. always_grouped (the `modular` path): the
+// pairs are grouped by expert and the combine runs apart at every step size, steps of
+// kPairMajorTokens included. The kernels themselves, over any ids: moe/cuda/fused_experts_of_ids.h.
+void fused_experts_on_device(backend::Context& ctx, const Tensor& hidden, const DevicePhysicalRouting& routing,
+                             const DeviceExperts& experts, Tensor& grouping, Tensor& activated, Tensor& expert_out,
+                             Tensor& out, bool always_grouped = false);
 
 // Expert parallelism (moe/ep): rows [n, H] that other ranks' dispatches brought here, with their
 // physical ids (device [n], within the experts' slice: experts.first on), each through its

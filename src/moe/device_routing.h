@@ -57,16 +57,73 @@ struct DeviceCaptureRows {
 // Most experts a device rule routes over (DeepSeek-V3 and Kimi K2 have 256 and 384).
 constexpr int64_t kMaxDeviceExperts = 512;
 
+class DeviceCapturedRouting;
+class DevicePhysicalRouting;
+class DeviceExpertMap;
+class PhysicalExperts;
+
+// A MoE layer's routing of a step on the device, past its capture point: the logical ids
+// [tokens, k] and weights [tokens, k] (device) that route_on_device wrote, having written the ids
+// into the step's capture rows in the same kernel (unless the step captures nothing: a benchmark
+// measuring capture's cost). Only route_on_device makes one; the EPLB map takes nothing else, and
+// the experts take only the map's DevicePhysicalRouting. So on the GPU, as with CapturedRouting on
+// the CPU, no path can remap ids to replicas or run experts before the capture write.
+class DeviceCapturedRouting {
+ public:
+  const int32_t* ids() const { return ids_; }
+  const float* weights() const { return weights_; }
+  int64_t tokens() const { return tokens_; }
+  int64_t k() const { return k_; }
+
+ private:
+  DeviceCapturedRouting(const int32_t* ids, const float* weights, int64_t tokens, int64_t k)
+      : ids_(ids), weights_(weights), tokens_(tokens), k_(k) {}
+  friend DeviceCapturedRouting route_on_device(backend::Context& ctx, const Tensor& logits,
+                                               const DeviceRoutingRule& rule, const int32_t* forced,
+                                               const uint8_t* replayed, int32_t* ids, float* weights,
+                                               DeviceCaptureRows capture);
+  const int32_t* ids_;
+  const float* weights_;
+  int64_t tokens_, k_;
+};
+
+// The same routing with each pair's physical expert: what the experts take. It comes out of the
+// EPLB map (DeviceExpertMap::map, or map_on_host for a map function a test put in place), or,
+// for a layer without replicas, from the captured routing itself (its logical experts are its
+// physical ones). The weights stay the routing's.
+class DevicePhysicalRouting {
+ public:
+  const int32_t* ids() const { return ids_; }
+  const float* weights() const { return weights_; }
+  int64_t tokens() const { return tokens_; }
+  int64_t k() const { return k_; }
+  // A layer without EPLB: its physical experts are its logical ones.
+  static DevicePhysicalRouting without_replicas(const DeviceCapturedRouting& captured) {
+    return {captured.ids(), captured.weights(), captured.tokens(), captured.k()};
+  }
+
+ private:
+  DevicePhysicalRouting(const int32_t* ids, const float* weights, int64_t tokens, int64_t k)
+      : ids_(ids), weights_(weights), tokens_(tokens), k_(k) {}
+  friend class DeviceExpertMap;
+  friend DevicePhysicalRouting map_on_host(backend::Context& ctx, const PhysicalExperts& experts,
+                                           const DeviceCapturedRouting& captured, int32_t* physical);
+  const int32_t* ids_;
+  const float* weights_;
+  int64_t tokens_, k_;
+};
+
 #if R3_WITH_CUDA
 // Throws unless the routing kernel takes `rule` over `experts` experts.
 void check_device_routing(const DeviceRoutingRule& rule, int64_t experts);
 
 // logits: device F32 [tokens, experts] (left as is); forced: device [tokens, k] ids to replay or
 // nullptr, with replayed: device [tokens] (1 = replay that row) or nullptr (every row replays);
-// ids, weights: device [tokens, k]. Forced ids must have been checked on the host.
-void route_on_device(backend::Context& ctx, const Tensor& logits, const DeviceRoutingRule& rule,
-                     const int32_t* forced, const uint8_t* replayed, int32_t* ids, float* weights,
-                     DeviceCaptureRows capture);
+// ids, weights: device [tokens, k], written. Forced ids must have been checked on the host.
+// Returns the routing in ids and weights, captured.
+DeviceCapturedRouting route_on_device(backend::Context& ctx, const Tensor& logits, const DeviceRoutingRule& rule,
+                                      const int32_t* forced, const uint8_t* replayed, int32_t* ids, float* weights,
+                                      DeviceCaptureRows capture);
 #endif
 
 }  // namespace r3::moe

@@ -13,6 +13,7 @@
 #include "backend/context.h"
 #include "backend/device_memory.h"
 #include "gpu/gpu_test_support.h"
+#include "moe/cuda/fused_experts_of_ids.h"
 #include "moe/device_experts.h"
 #include "moe/device_monolithic_moe.h"
 #include "moe/device_routing.h"
@@ -87,7 +88,7 @@ class CudaMonolithicMoe : public testing::Test {
     Tensor activated = backend::device_empty(*gpu_, DType::F32, {moe::expert_scratch_rows(tokens * k), c.inter});
     Tensor expert_out = backend::device_empty(*gpu_, DType::F32, {moe::expert_scratch_rows(tokens * k), c.h});
     Tensor out = backend::device_empty(*gpu_, DType::F32, {tokens, c.h});
-    moe::fused_experts_on_device(*gpu_, x_d, physical_d.data<int32_t>(), b.weights.data<float>(), k, experts, grouping,
+    moe::fused_experts_of_ids(*gpu_, x_d, physical_d.data<int32_t>(), b.weights.data<float>(), k, experts, grouping,
                                  activated, expert_out, out, /*always_grouped=*/true);
     o.weights = backend::to_host(*gpu_, b.weights);
     o.capture = backend::to_host(*gpu_, b.capture);

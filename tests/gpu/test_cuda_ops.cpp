@@ -16,6 +16,7 @@
 #include "gpu/gpu_test_support.h"
 #include "models/device_step_builder.h"
 #include "moe/device_capture.h"
+#include "moe/cuda/fused_experts_of_ids.h"
 #include "moe/device_experts.h"
 #include "moe/device_routing.h"
 #include "moe/expert_placement.h"
@@ -1026,7 +1027,7 @@ TEST_F(CudaOps, FusedExpertsMatchADoubleEvaluation) {
         Tensor activated = backend::device_empty(*gpu_, DType::F32, {moe::expert_scratch_rows(tokens * k), inter});
         Tensor expert_out = backend::device_empty(*gpu_, DType::F32, {moe::expert_scratch_rows(tokens * k), h});
         Tensor out = backend::device_empty(*gpu_, DType::F32, {tokens, h});
-        moe::fused_experts_on_device(*gpu_, backend::to_device(*gpu_, x), ids_d.data<int32_t>(), weights_d.data<float>(), k,
+        moe::fused_experts_of_ids(*gpu_, backend::to_device(*gpu_, x), ids_d.data<int32_t>(), weights_d.data<float>(), k,
                                      dev, grouping, activated, expert_out, out);
         // The tensor cores see each activation as two bfloat16 parts (about 16 significant bits).
         const bool tensor_cores = bf16 && inter % 32 == 0;
@@ -1156,7 +1157,7 @@ TEST_F(CudaOps, Fp8ExpertsOnTensorCoresMatchADoubleEvaluation) {
         Tensor out = backend::device_empty(*gpu_, DType::F32, {tokens, h});
         {
           const backend::ReducedPrecisionScope precision(*gpu_, reduced);
-          moe::fused_experts_on_device(*gpu_, backend::to_device(*gpu_, x), ids_d.data<int32_t>(),
+          moe::fused_experts_of_ids(*gpu_, backend::to_device(*gpu_, x), ids_d.data<int32_t>(),
                                        weights_d.data<float>(), k, dev, grouping, activated, expert_out, out);
         }
         by_path[reduced ? 0 : 1] = backend::to_host(*gpu_, out);
@@ -1207,7 +1208,7 @@ TEST_F(CudaOps, FusedExpertsGiveATokenTheSameBitsOnEveryPath) {
         Tensor activated = backend::device_empty(*gpu_, DType::F32, {moe::expert_scratch_rows(n * k), inter});
         Tensor expert_out = backend::device_empty(*gpu_, DType::F32, {moe::expert_scratch_rows(n * k), h});
         Tensor out = backend::device_empty(*gpu_, DType::F32, {n, h});
-        moe::fused_experts_on_device(*gpu_, backend::to_device(*gpu_, step_x), ids_d.data<int32_t>(),
+        moe::fused_experts_of_ids(*gpu_, backend::to_device(*gpu_, step_x), ids_d.data<int32_t>(),
                                      weights_d.data<float>(), k, dev, grouping, activated, expert_out, out);
         return backend::to_host(*gpu_, out);
       };
@@ -1254,7 +1255,7 @@ TEST_F(CudaOps, Fp8ExpertsWithScalesFromTheLanesMatchADoubleEvaluation) {
         Tensor activated = backend::device_empty(*gpu_, DType::F32, {moe::expert_scratch_rows(tokens * k), inter});
         Tensor expert_out = backend::device_empty(*gpu_, DType::F32, {moe::expert_scratch_rows(tokens * k), h});
         Tensor out = backend::device_empty(*gpu_, DType::F32, {tokens, h});
-        moe::fused_experts_on_device(*gpu_, backend::to_device(*gpu_, x), ids_d.data<int32_t>(), weights_d.data<float>(),
+        moe::fused_experts_of_ids(*gpu_, backend::to_device(*gpu_, x), ids_d.data<int32_t>(), weights_d.data<float>(),
                                      k, dev, grouping, activated, expert_out, out);
         return backend::to_host(*gpu_, out);
       };
@@ -1303,7 +1304,7 @@ TEST_F(CudaOps, GateUpInOneWaveGivesTheSameBits) {
       Tensor activated = backend::device_empty(*gpu_, DType::F32, {moe::expert_scratch_rows(k), inter});
       Tensor expert_out = backend::device_empty(*gpu_, DType::F32, {moe::expert_scratch_rows(k), h});
       Tensor out = backend::device_empty(*gpu_, DType::F32, {1, h});
-      moe::fused_experts_on_device(*gpu_, backend::to_device(*gpu_, x), ids_d.data<int32_t>(), weights_d.data<float>(),
+      moe::fused_experts_of_ids(*gpu_, backend::to_device(*gpu_, x), ids_d.data<int32_t>(), weights_d.data<float>(),
                                    k, dev, grouping, activated, expert_out, out);
       gpu_->set_kernel_choice("gate_up_one_wave", "rule");
       return backend::to_host(*gpu_, out);
@@ -1367,7 +1368,7 @@ TEST_F(CudaOps, DownWithRowsInFlightGivesTheSameBits) {
     Tensor expert_out = backend::device_empty(*gpu_, DType::F32, {moe::expert_scratch_rows(k), h});
     Tensor out = backend::device_empty(*gpu_, DType::F32, {1, h});
     auto call = [&](const Tensor& x_d) {
-      moe::fused_experts_on_device(*gpu_, x_d, ids_d.data<int32_t>(), weights_d.data<float>(), k, dev, grouping,
+      moe::fused_experts_of_ids(*gpu_, x_d, ids_d.data<int32_t>(), weights_d.data<float>(), k, dev, grouping,
                                    activated, expert_out, out);
     };
     // Both tokens' outputs under a setting, and whether the rows-in-flight kernel ran.

@@ -172,9 +172,9 @@ Decoder::Routed Decoder::route(backend::Context& ctx, const Moe& moe, const Tens
   const moe::DeviceCaptureRows rows = p_.capture_routing ? capture_->layer_rows(j) : moe::DeviceCaptureRows{};
   int32_t* ids = ctx.scratch_for_output(DType::I32, {tokens, moe.top_k}).data<int32_t>();
   float* weights = capture_->layer_weights(j, tokens);
-  moe.route(ctx, normed, step, ids, weights, rows);
+  const moe::DeviceCapturedRouting captured = moe.route(ctx, normed, step, ids, weights, rows);
   moe_layers_routed_ = j + 1;
-  return {ids, weights, loads_ ? loads_->layer(j) : nullptr};
+  return {captured, loads_ ? loads_->layer(j) : nullptr};
 }
 
 void Decoder::run_moe(backend::Context& ctx, const Moe& moe, const Tensor& normed, const ops::DeviceStep& step,
@@ -187,16 +187,16 @@ void Decoder::run_moe(backend::Context& ctx, const Moe& moe, const Tensor& norme
     const moe::ep::ExpertParallelDispatcher* ep = ep_dispatcher();
     R3_CHECK(ep != nullptr && ep->device_exchange() != nullptr,
              "forward: a device model's expert-parallel rank needs a dispatcher with a device exchange");
-    moe.run_experts_over_gpus(ctx, experts_x, step, routed.ids, routed.weights, routed.loads, *ep,
-                              device_owners(ctx, *ep), out);
+    moe.run_experts_over_gpus(ctx, experts_x, step, routed.captured, routed.loads, *ep, device_owners(ctx, *ep),
+                              out);
     return;
   }
   R3_CHECK(moe.holds_every_expert(), "forward: MoE layer ", moe.layer_id,
            " holds a slice of its experts (an expert-parallel rank's placement) and runs only as that rank");
   if (p_.moe_path != moe::MoePath::kMonolithic || !moe.monolithic_fits(step.tokens)) {
     const Routed routed = route(ctx, moe, normed, step);
-    moe.run_experts(ctx, experts_in != nullptr ? *experts_in : normed, step, routed.ids, routed.weights, routed.loads,
-                    out, modular);
+    moe.run_experts(ctx, experts_in != nullptr ? *experts_in : normed, step, routed.captured, routed.loads, out,
+                    modular);
     return;
   }
   const int64_t j = moe.layer_id, tokens = step.tokens;

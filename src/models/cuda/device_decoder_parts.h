@@ -137,22 +137,23 @@ struct Moe {
   bool holds_every_expert() const { return experts.first == 0 && experts.gate.dim(0) == physical_experts; }
   // Gate GEMM, then routing fused with the capture write (the ids reach `capture` rows in the
   // same kernel that writes them to `ids`; null rows: not captured). ids: device [tokens, k]
-  // logical ids; weights: device [tokens, k].
-  void route(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, int32_t* ids, float* weights,
-             moe::DeviceCaptureRows capture) const;
+  // logical ids; weights: device [tokens, k]. Returns them as the captured routing.
+  moe::DeviceCapturedRouting route(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, int32_t* ids,
+                                   float* weights, moe::DeviceCaptureRows capture) const;
   // The EPLB map (when on: logical ids to physical ones, counting into `load_counts`, device
   // [num_physical] or null), then the fused experts (always_grouped: the modular path's kernels
   // at every step size) and the shared expert.
-  void run_experts(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, const int32_t* ids,
-                   const float* weights, int32_t* load_counts, Tensor& out, bool always_grouped) const;
+  void run_experts(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step,
+                   const moe::DeviceCapturedRouting& captured, int32_t* load_counts, Tensor& out,
+                   bool always_grouped) const;
   // Expert parallelism (an eager step): the EPLB map as run_experts runs it, then the pairs
   // planned, packed and exchanged through ep's device exchange for the ranks holding their
   // physical experts (owner_of: device [num_physical]), this rank's experts over
   // the rows that came, the outputs back and the combine (moe/device_ep_dispatch.h); then the
   // shared expert. Waits once, for the counts the exchanges are sized by.
-  void run_experts_over_gpus(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, const int32_t* ids,
-                             const float* weights, int32_t* load_counts, const moe::ep::ExpertParallelDispatcher& ep,
-                             const int32_t* owner_of, Tensor& out) const;
+  void run_experts_over_gpus(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step,
+                             const moe::DeviceCapturedRouting& captured, int32_t* load_counts,
+                             const moe::ep::ExpertParallelDispatcher& ep, const int32_t* owner_of, Tensor& out) const;
   // Whether a step of `tokens` tokens can run the whole layer as one monolithic kernel
   // (moe/device_monolithic_moe.h): a few tokens, and no map a test replaced.
   bool monolithic_fits(int64_t tokens) const { return !host_map() && moe::monolithic_moe_fits(experts, tokens); }
@@ -168,10 +169,10 @@ struct Moe {
   // (moe/ep/device_expert_moves.h). Under expert parallelism (ep: the step's dispatcher) a
   // collective over its device exchange: every rank follows each layer in the same order.
   void follow_placement(backend::Context& ctx, const moe::ep::ExpertParallelDispatcher* ep) const;
-  // ids (logical) as the experts take them: through the EPLB map when on (counting into
-  // load_counts), else ids itself; in ctx's workspace.
-  const int32_t* physical_ids(backend::Context& ctx, const ops::DeviceStep& step, const int32_t* ids, int64_t tokens,
-                              int32_t* load_counts) const;
+  // The captured routing as the experts take it: through the EPLB map when on (counting into
+  // load_counts; the physical ids in ctx's workspace), else its own ids.
+  moe::DevicePhysicalRouting physical_routing(backend::Context& ctx, const ops::DeviceStep& step,
+                                              const moe::DeviceCapturedRouting& captured, int32_t* load_counts) const;
   // Whether a test replaced the host layer's map function: the map then runs on the host (eagerly),
   // with or without EPLB, as the CPU paths run it.
   // (A synthetic model has no host layer.)
@@ -318,8 +319,7 @@ class Decoder final : public CausalLM {
   // A MoE layer's gate and routing with the capture write: its logical ids (scratch of the
   // caller's workspace scope) and weights (in the capture buffer), and its load counts (EPLB).
   struct Routed {
-    const int32_t* ids;
-    const float* weights;
+    moe::DeviceCapturedRouting captured;
     int32_t* loads;
   };
   Routed route(backend::Context& ctx, const Moe& moe, const Tensor& normed, const ops::DeviceStep& step) const;

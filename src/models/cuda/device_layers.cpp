@@ -254,65 +254,42 @@ Moe::Moe(backend::Context& ctx, const moe::MoeBlock& block, DType weights_dtype,
   monolithic_sync = std::make_shared<moe::MonolithicMoeSync>(ctx);
 }
 
-void Moe::route(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, int32_t* ids, float* weights,
-                moe::DeviceCaptureRows capture) const {
+moe::DeviceCapturedRouting Moe::route(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step,
+                                      int32_t* ids, float* weights, moe::DeviceCaptureRows capture) const {
   const int64_t tokens = x.dim(0);
   backend::Workspace::Scope scope(ctx.workspace());
   Tensor logits = ctx.scratch_for_output(DType::F32, {tokens, num_experts});  // written in full by the GEMM
   ops::linear(ctx, x, gate_weight, gate_bias.if_defined(), logits);
   const int32_t* forced = step.forced != nullptr ? step.forced + layer_id * tokens * top_k : nullptr;
-  moe::route_on_device(ctx, logits, rule, forced, step.replayed, ids, weights, capture);
+  return moe::route_on_device(ctx, logits, rule, forced, step.replayed, ids, weights, capture);
 }
 
-namespace {
-
-// A map function a test put in place of the placement's, run on the host: the logical ids come
-// down, each pair goes through the function, the physical ids go back up (a wait inside the
-// step; only ever in tests, which use it to show that capture happens before the map).
-void map_on_host(backend::Context& ctx, const moe::PhysicalExperts& experts, const int32_t* ids, int64_t tokens,
-                 int64_t k, int32_t* physical) {
-  Tensor logical = Tensor::empty(DType::I32, {tokens, k});
-  backend::synchronize(ctx);
-  R3_CUDA_CHECK(cudaMemcpy(logical.data<int32_t>(), ids, logical.nbytes(), cudaMemcpyDeviceToHost));
-  for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t c = 0; c < k; ++c) {
-      int32_t& id = logical.data<int32_t>()[t * k + c];
-      id = experts.map_choice(id, t, c, k);
-      R3_CHECK(id >= 0 && id < experts.num_physical(), "EPLB map: physical expert ", id, " outside [0, ",
-               experts.num_physical(), ")");
-    }
-  }
-  R3_CUDA_CHECK(cudaMemcpy(physical, logical.data<int32_t>(), logical.nbytes(), cudaMemcpyHostToDevice));
+moe::DevicePhysicalRouting Moe::physical_routing(backend::Context& ctx, const ops::DeviceStep& step,
+                                                 const moe::DeviceCapturedRouting& captured,
+                                                 int32_t* load_counts) const {
+  if (!map && !host_map()) return moe::DevicePhysicalRouting::without_replicas(captured);
+  int32_t* physical = ctx.scratch_for_output(DType::I32, {captured.tokens(), top_k}).data<int32_t>();
+  if (host_map()) return moe::map_on_host(ctx, *host_experts, captured, physical);
+  return map->map(ctx, captured, step.seqs, physical, load_counts);
 }
 
-}  // namespace
-
-const int32_t* Moe::physical_ids(backend::Context& ctx, const ops::DeviceStep& step, const int32_t* ids,
-                                 int64_t tokens, int32_t* load_counts) const {
-  if (!map && !host_map()) return ids;
-  int32_t* physical = ctx.scratch_for_output(DType::I32, {tokens, top_k}).data<int32_t>();
-  if (host_map()) map_on_host(ctx, *host_experts, ids, tokens, top_k, physical);
-  else map->map(ctx, ids, step.seqs, tokens, top_k, physical, load_counts);
-  return physical;
-}
-
-void Moe::run_experts(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, const int32_t* ids,
-                      const float* weights, int32_t* load_counts, Tensor& out, bool always_grouped) const {
+void Moe::run_experts(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step,
+                      const moe::DeviceCapturedRouting& captured, int32_t* load_counts, Tensor& out,
+                      bool always_grouped) const {
   const int64_t tokens = x.dim(0), hidden = x.dim(1), pairs = tokens * top_k;
   backend::Workspace::Scope scope(ctx.workspace());
   // Every buffer here is written in full by the kernel that fills it (the grouping's unused tail
   // is never read): no fills.
-  const int32_t* expert_ids = physical_ids(ctx, step, ids, tokens, load_counts);
+  const moe::DevicePhysicalRouting physical = physical_routing(ctx, step, captured, load_counts);
   Tensor grouping = ctx.scratch_for_output(DType::I32, {moe::grouping_ints(experts.gate.dim(0), pairs)});
   Tensor activated = ctx.scratch_for_output(DType::F32, {moe::expert_scratch_rows(pairs), experts.gate.dim(1)});
   Tensor expert_out = ctx.scratch_for_output(DType::F32, {moe::expert_scratch_rows(pairs), hidden});
-  moe::fused_experts_on_device(ctx, x, expert_ids, weights, top_k, experts, grouping, activated, expert_out, out,
-                               always_grouped);
+  moe::fused_experts_on_device(ctx, x, physical, experts, grouping, activated, expert_out, out, always_grouped);
   if (shared_expert) add_shared_expert(ctx, x, *shared_expert, shared_gate, out);
 }
 
 void Moe::run_experts_over_gpus(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step,
-                                const int32_t* ids, const float* weights, int32_t* load_counts,
+                                const moe::DeviceCapturedRouting& captured, int32_t* load_counts,
                                 const moe::ep::ExpertParallelDispatcher& ep, const int32_t* owner_of,
                                 Tensor& out) const {
   const int64_t tokens = x.dim(0), hidden = x.dim(1), pairs = tokens * top_k;
@@ -328,7 +305,9 @@ void Moe::run_experts_over_gpus(backend::Context& ctx, const Tensor& x, const op
              experts.first, " to ", experts.first + experts.gate.dim(0) - 1);
   }
   backend::Workspace::Scope scope(ctx.workspace());
-  const int32_t* expert_ids = physical_ids(ctx, step, ids, tokens, load_counts);
+  const moe::DevicePhysicalRouting physical = physical_routing(ctx, step, captured, load_counts);
+  const int32_t* expert_ids = physical.ids();
+  const float* weights = physical.weights();
   // The plan, and every rank's count for every other (4 bytes each way).
   Tensor plan = ctx.scratch_for_output(DType::I32, {3 * ranks + pairs});  // counts, offsets, came, pair_slot
   int32_t* counts = plan.data<int32_t>();

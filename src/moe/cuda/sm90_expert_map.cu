@@ -64,15 +64,35 @@ void DeviceExpertMap::update(const ExpertPlacement& placement) {
   R3_CUDA_CHECK(cudaStreamSynchronize(ctx_.cuda_state().stream));  // `tables` is pageable and local
 }
 
-void DeviceExpertMap::map(backend::Context& ctx, const int32_t* logical, const int32_t* seqs, int64_t tokens,
-                          int64_t k, int32_t* physical, int32_t* counts) const {
-  const int64_t pairs = tokens * k;
-  if (pairs == 0) return;
+DevicePhysicalRouting DeviceExpertMap::map(backend::Context& ctx, const DeviceCapturedRouting& captured,
+                                           const int32_t* seqs, int32_t* physical, int32_t* counts) const {
+  const int64_t k = captured.k(), pairs = captured.tokens() * k;
+  const DevicePhysicalRouting mapped(physical, captured.weights(), captured.tokens(), k);
+  if (pairs == 0) return mapped;
   constexpr int kThreads = 256;
   backend::cuda::launch_kernel(map_pairs, static_cast<unsigned>((pairs + kThreads - 1) / kThreads), kThreads, 0,
-                               ctx.cuda_state().stream, logical, seqs, pairs, static_cast<int32_t>(k),
+                               ctx.cuda_state().stream, captured.ids(), seqs, pairs, static_cast<int32_t>(k),
                                static_cast<int32_t>(logical_), tables_, tables_ + logical_ + 1, physical, counts);
   R3_CUDA_CHECK(cudaGetLastError());
+  return mapped;
+}
+
+DevicePhysicalRouting map_on_host(backend::Context& ctx, const PhysicalExperts& experts,
+                                  const DeviceCapturedRouting& captured, int32_t* physical) {
+  const int64_t tokens = captured.tokens(), k = captured.k();
+  std::vector<int32_t> ids(static_cast<std::size_t>(tokens * k));
+  R3_CUDA_CHECK(cudaStreamSynchronize(ctx.cuda_state().stream));
+  R3_CUDA_CHECK(cudaMemcpy(ids.data(), captured.ids(), ids.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t c = 0; c < k; ++c) {
+      int32_t& id = ids[static_cast<std::size_t>(t * k + c)];
+      id = experts.map_choice(id, t, c, k);
+      R3_CHECK(id >= 0 && id < experts.num_physical(), "EPLB map: physical expert ", id, " outside [0, ",
+               experts.num_physical(), ")");
+    }
+  }
+  R3_CUDA_CHECK(cudaMemcpy(physical, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  return {physical, captured.weights(), tokens, k};
 }
 
 struct DeviceLoadCounts::Impl {

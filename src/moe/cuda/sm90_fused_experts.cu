@@ -16,6 +16,7 @@
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
 #include "moe/device_experts.h"
+#include "moe/cuda/fused_experts_of_ids.h"
 #include "moe/cuda/down_rows_in_flight.cuh"
 #include "moe/cuda/experts_by_pair.cuh"
 #include "moe/cuda/experts_parts.cuh"
@@ -520,9 +521,9 @@ void rows_through_their_experts_on_device(backend::Context& ctx, const Tensor& r
   R3_CUDA_CHECK(cudaGetLastError());
 }
 
-void fused_experts_on_device(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, const float* weights,
-                             int64_t k, const DeviceExperts& experts, Tensor& grouping, Tensor& activated,
-                             Tensor& expert_out, Tensor& out, bool always_grouped) {
+void fused_experts_of_ids(backend::Context& ctx, const Tensor& hidden, const int32_t* ids, const float* weights,
+                          int64_t k, const DeviceExperts& experts, Tensor& grouping, Tensor& activated,
+                          Tensor& expert_out, Tensor& out, bool always_grouped) {
   const Tensor& g = experts.gate;
   const int64_t h = experts.hidden(), inter = experts.intermediate();
   R3_CHECK(hidden.rank() == 2 && g.rank() == 3 && experts.up.shape() == g.shape() && experts.down.rank() == 3 &&
@@ -544,6 +545,15 @@ void fused_experts_on_device(backend::Context& ctx, const Tensor& hidden, const 
              always_grouped);
     });
   });
+}
+
+void fused_experts_on_device(backend::Context& ctx, const Tensor& hidden, const DevicePhysicalRouting& routing,
+                             const DeviceExperts& experts, Tensor& grouping, Tensor& activated, Tensor& expert_out,
+                             Tensor& out, bool always_grouped) {
+  R3_CHECK(routing.tokens() == hidden.dim(0), "experts (cuda): a routing of ", routing.tokens(), " tokens for ",
+           hidden.dim(0), " rows");
+  fused_experts_of_ids(ctx, hidden, routing.ids(), routing.weights(), routing.k(), experts, grouping, activated,
+                       expert_out, out, always_grouped);
 }
 
 }  // namespace r3::moe

@@ -57,13 +57,15 @@ void check_device_routing(const DeviceRoutingRule& rule, int64_t experts) {
            "routing (cuda): grouped routing needs 1 to 64 groups dividing ", experts, " experts");
 }
 
-void route_on_device(backend::Context& ctx, const Tensor& logits, const DeviceRoutingRule& rule, const int32_t* forced,
-                     const uint8_t* replayed, int32_t* ids, float* weights, DeviceCaptureRows capture) {
+DeviceCapturedRouting route_on_device(backend::Context& ctx, const Tensor& logits, const DeviceRoutingRule& rule,
+                                      const int32_t* forced, const uint8_t* replayed, int32_t* ids, float* weights,
+                                      DeviceCaptureRows capture) {
   R3_CHECK(logits.rank() == 2 && logits.is_contiguous() && logits.device() == Device::kCuda,
            "routing (cuda): logits must be a [tokens, experts] device tensor");
   const int64_t tokens = logits.dim(0), experts = logits.dim(1);
   check_device_routing(rule, experts);
-  if (tokens == 0) return;
+  const DeviceCapturedRouting routed(ids, weights, tokens, rule.k);
+  if (tokens == 0) return routed;
   const auto blocks = static_cast<unsigned>((tokens + kWarpsPerBlock - 1) / kWarpsPerBlock);
   auto launch = [&](auto kernel) {
     backend::cuda::launch_kernel(kernel, blocks, kWarpsPerBlock * kWarp, 0, ctx.cuda_state().stream,
@@ -75,6 +77,7 @@ void route_on_device(backend::Context& ctx, const Tensor& logits, const DeviceRo
   else if (experts <= 4 * kWarp) launch(route_softmax_topk_tokens<4>);
   else launch(route_softmax_topk_tokens<8>);
   R3_CUDA_CHECK(cudaGetLastError());
+  return routed;
 }
 
 }  // namespace r3::moe
