@@ -4,8 +4,8 @@
 //
 // - moe_layer: routing with capture + fused experts for one MoE layer, bf16 or FP8 expert weights,
 //   at batch 1, 8 and 64, as a bfloat16 model's step runs them (reduced precision). Bytes: the distinct experts the batch routed to (measured from the
-//   routing) times one expert's weights; floor = bytes / 4.26 TB/s (the H200's measured copy
-//   bandwidth, the yardstick).
+//   routing) times one expert's weights; floor = bytes / kCopyBandwidth (the H200's measured
+//   copy bandwidth, the yardstick).
 // - attention: paged GQA decode over a 1024-token context per sequence, float32 cache, at batch
 //   1, 8 and 64. Bytes: every sequence's keys and values for one layer.
 // - linear: the step's dense projections (q, k and v fused as the decoder runs them, and apart;
@@ -50,6 +50,7 @@
 #include "backend/cuda/state.h"
 #include "backend/device_memory.h"
 #include "moe/device_capture.h"
+#include "moe/cuda/fused_experts_of_ids.h"
 #include "moe/device_experts.h"
 #include "moe/device_monolithic_moe.h"
 #include "moe/device_routing.h"
@@ -74,8 +75,8 @@ using bench::random_fp8_host;
 using bench::random_host;
 
 // Run as a bfloat16 model's step runs its MoE layers (reduced precision: tensor cores for FP8
-// and bf16 experts at batch 8 and up). Before 2026-12-05 this bench ran without it, so its rows at
-// batch 8 and up measured the CUDA-core path a float32 model takes.
+// and bf16 experts at batch 8 and up); without it, batch 8 and up would measure the CUDA-core path
+// a float32 model takes.
 void moe_layer(backend::Context& gpu, bool fp8) {
   const backend::ReducedPrecisionScope bf16_model(gpu, true);
   const int64_t h = 2048, inter = 768, experts = 128, k = 8;
@@ -107,7 +108,7 @@ void moe_layer(backend::Context& gpu, bool fp8) {
     const double ms = mean_ms(gpu, [&] {
       moe::route_on_device(gpu, logits, rule, nullptr, nullptr, ids.data<int32_t>(), weights.data<float>(),
                            capture.layer_rows(0));
-      moe::fused_experts_on_device(gpu, x, ids.data<int32_t>(), weights.data<float>(), k, dev, grouping, activated, expert_out, out);
+      moe::fused_experts_of_ids(gpu, x, ids.data<int32_t>(), weights.data<float>(), k, dev, grouping, activated, expert_out, out);
     });
     const double route_ms = mean_ms(gpu, [&] {
       moe::route_on_device(gpu, logits, rule, nullptr, nullptr, ids.data<int32_t>(), weights.data<float>(),
@@ -140,14 +141,14 @@ void moe_layer(backend::Context& gpu, bool fp8) {
       ops::linear(gpu, x, router, nullptr, logits);
       moe::route_on_device(gpu, logits, rule, nullptr, nullptr, ids.data<int32_t>(), weights.data<float>(),
                            capture.layer_rows(0));
-      moe::fused_experts_on_device(gpu, x, ids.data<int32_t>(), weights.data<float>(), k, dev, grouping, activated,
+      moe::fused_experts_of_ids(gpu, x, ids.data<int32_t>(), weights.data<float>(), k, dev, grouping, activated,
                                    expert_out, out, /*always_grouped=*/true);
     });
     const double mega_ms = mean_ms(gpu, [&] {
       ops::linear(gpu, x, router, nullptr, logits);
       moe::route_on_device(gpu, logits, rule, nullptr, nullptr, ids.data<int32_t>(), weights.data<float>(),
                            capture.layer_rows(0));
-      moe::fused_experts_on_device(gpu, x, ids.data<int32_t>(), weights.data<float>(), k, dev, grouping, activated,
+      moe::fused_experts_of_ids(gpu, x, ids.data<int32_t>(), weights.data<float>(), k, dev, grouping, activated,
                                    expert_out, out);
     });
     moe::MonolithicMoeStep step;

@@ -134,8 +134,8 @@ int run(const std::string& dir, int threads, int64_t batch, int64_t prompt_len, 
     // The single request and the batch take turns in slices of a quarter second (a new single
     // request starts whenever one finishes) until the batch is done, so that both rates are
     // measured over the same seconds: this machine's memory bandwidth, shared with other
-    // tenants, drifts by tens of percent within minutes, and runs one after the other compared
-    // different machines (single-request rates from 57 to 82 tok/s). Slices, not alternate
+    // tenants, drifts within minutes, so runs one after the other would compare different
+    // machines (docs/performance.md). Slices, not alternate
     // steps, so that neither engine's step starts on caches the other just filled.
     constexpr double kSlice = 0.25;
     TimedEngine single(*model, ctx, 1, options), together(*model, ctx, batch, options);

@@ -18,7 +18,8 @@ namespace {
 // The GPU benchmark's batches against the device memory left beside the weights: on an 80 GB
 // H100 the bf16 Qwen3-30B-A3B shape (61.1 GB of weights; 81559 MiB on the card) leaves about
 // 24 GB, which holds the 1k-position KV cache of 64 sequences (6.5 GB) but not of 256 (26.2 GB).
-// That batch ran out of memory there and took the whole run's results with it; now it is skipped.
+// Run, that batch would run out of memory there and take the whole run's results with it, so it
+// is skipped.
 // A 141 GB H200 runs all four.
 TEST(SyntheticBench, BatchesWhoseKvCacheDoesNotFitBesideTheWeightsAreSkipped) {
   const models::SyntheticShape shape = models::SyntheticShape::named("qwen3-30b-a3b");

@@ -45,7 +45,7 @@ TEST(Cli, BadArgumentsGiveOneLineErrorAndNonZeroExit) {
       {"forward --model " + data_dir() + " --ids 1", "config.json"},
       {"forward" + model + " --ids 1 --dump /nonexistent/dir/out.safetensors", "cannot write"},
       {"generate" + model + " --ids 1,2 --moe-path turbo", "--moe-path"},
-      {"generate" + model + " --ids 1,2 --moe-backend turbo", "--moe-path"},  // the old name, same option
+      {"generate" + model + " --ids 1,2 --moe-backend turbo", "--moe-path"},  // the alias, same option
       {"generate" + model + " --ids 1,2 --moe-path monolithic-nocapture",
        "Routed-experts capture is not supported with monolithic MoE kernel cpu-fused-softmax-topk-nocapture."},
       {"generate" + model + " --ids 1,2 --eplb-redundant-experts -1", "--eplb-redundant-experts"},
@@ -136,8 +136,8 @@ TEST(Cli, EosStoppedRunHasPromptPlusGeneratedMinusOneRows) {
   for (std::size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(rows[i], free_rows[i]) << "row " << i;
 }
 
-// CLI11's own checks said "Value 0 not in range 0.000000 to 1797693...": each numeric option says
-// what it needs instead.
+// CLI11's own checks would say "Value 0 not in range 0.000000 to 1797693...": each numeric option
+// says what it needs instead.
 TEST(Cli, NumericOptionsSayWhatTheyNeed) {
   const std::string gen = "generate --model " + family_dir("qwen3_moe") + " --ids 1,2 ";
   const std::string plan = "eplb-plan --load /nonexistent.json ";
@@ -201,7 +201,7 @@ TEST(Cli, EplbTopologyIsCheckedAtStartUp) {
 }
 
 }  // namespace
-// --moe-backend, the option's first name, still selects the MoE path.
+// --moe-backend, the option's alias, selects the MoE path too.
 TEST(Cli, MoeBackendIsAnAliasOfMoePath) {
   const std::string model = " --model " + family_dir("qwen3_moe") + " --ids 17,42,7 --max-new-tokens 3 --json -q";
   const CommandResult path = run_r3("generate" + model + " --moe-path mega");

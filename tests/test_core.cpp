@@ -160,7 +160,8 @@ TEST(ThreadPool, CoversEveryIndexOnceAndPropagatesErrors) {
     for (auto& h : hits) EXPECT_EQ(h.load(), 1);
   }
   // A failing job leaves chunks unclaimed; a worker that wakes late must not run them after
-  // parallel_for has returned (that once crashed). Many rounds make the late wake-up likely.
+  // parallel_for has returned (the job it would call is gone by then). Many rounds make the late
+  // wake-up likely.
   for (int round = 0; round < 300; ++round) {
     EXPECT_THROW(pool.parallel_for(100, 1, [](int64_t b, int64_t) {
       if (b < 50) throw Error("boom");
@@ -215,7 +216,7 @@ TEST(Progress, SilentForQuickWorkThenReportsPercentages) {
 int core_count_lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
 
 // Not on a terminal (a log file, a pipe) progress is a handful of lines: one per quarter at most,
-// and the final one; it used to be one line per print interval (about 150 for a long load).
+// and the final one, where one line per print interval would flood a log on a long load.
 TEST(Progress, NotATerminalPrintsAtMostOneLinePerQuarter) {
   LogCapture log;
   {

@@ -103,7 +103,8 @@ TEST(EngineLoop, RefusalsReachTheSubmitterAndAbortsEndRequests) {
 
 // The statistics a request's last output is delivered with already count its end: an HTTP
 // handler answers on that output, and the client's next /metrics must not show the request
-// still running or its KV blocks still held (the server's metrics test saw both, rarely).
+// still running or its KV blocks still held (otherwise the server's metrics test can see both,
+// rarely).
 TEST(EngineLoop, StatsReadOnARequestsEndAlreadyCountIt) {
   auto model = models::load_model(family_dir("qwen3_moe"));
   backend::Context ctx(2);

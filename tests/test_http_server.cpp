@@ -469,9 +469,9 @@ TEST(HttpServer, AFullQueueIs503) {
 
 // A request's prompts are admitted together or refused together, by the queues as they are when
 // the request arrives: three prompts do not fit two waiting places, even though the first would
-// be running (and the third would fit) after a step. Before the prompts went in as one group, the
-// engine stepped between them, so the first was running when the third came and all three
-// were served; whether a batch fitted then depended on how fast the engine stepped.
+// be running (and the third would fit) after a step. Submitted one by one, with the engine
+// stepping between them, the first could be running when the third came and all three be
+// served: whether a batch fitted would depend on how fast the engine stepped.
 TEST(HttpServer, ABatchIsAdmittedOrRefusedWhole) {
   engine::EngineOptions engine_options;
   engine_options.scheduler.max_running = 1;

@@ -1,4 +1,4 @@
-// Kimi Linear (issue 13), layer by layer while the family is being built: the fixture's first
+// Kimi Linear (issue 13), layer by layer: the fixture's first
 // decoder layer (Kimi Delta Attention, then a dense SwiGLU MLP) reproduces transformers 5.17's
 // float64 hidden_states[1] from hidden_states[0], on both reference sequences, whether the
 // sequence runs at once (with the chunked delta rule and with the recurrent one), token by token

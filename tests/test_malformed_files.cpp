@@ -34,7 +34,7 @@ void malformed_write_raw(const std::string& path, const std::string& header, std
   write_text(path, le64(header.size()) + header + std::string(data_bytes, '\0'));
 }
 
-// 500k levels of '[': overflowed the stack when the value was copied or printed.
+// 500k levels of '[': deep enough to overflow the stack of a recursive copy or print of the value.
 std::string deeply_nested(std::size_t levels = 500'000) { return std::string(levels, '['); }
 
 // ---- JSON: nesting depth, and messages that never print a whole value ----

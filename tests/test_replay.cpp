@@ -117,7 +117,7 @@ TEST(Replay, BadRoutingFilesAreClearErrors) {
   EXPECT_NE(r.err.find("the replayed routing has 2 rows, fewer than the 3 prompt tokens"), std::string::npos) << r.err;
 }
 
-// Ids are checked in their widest form: 4294967300 used to become expert 4 through int32.
+// Ids are checked in their widest form: narrowed to int32 first, 4294967300 would become expert 4.
 TEST(Replay, ExpertIdsAreRangeCheckedBeforeNarrowing) {
   TempDir tmp;
   auto error_of = [&](const std::string& name, const std::string& text) -> std::string {

@@ -34,8 +34,8 @@ void ModelOptions::add_to(CLI::App& command, bool model_required) {
                      "with VALUE rule (the default), always or never; NAME one of " +
                          backend::cuda::KernelChoices::names() + " (backend/cuda/kernel_choices.h)")
       ->type_name("NAME=VALUE");
-  // --moe-backend is the flag's first name, kept so existing scripts run; "backend" now means the
-  // device backend.
+  // --moe-backend is an alias kept so existing scripts run; the option's own name avoids
+  // "backend", which means the device backend.
   moe_path_option = command.add_option("--moe-path,--moe-backend", moe_path,
                      "MoE execution path: modular (router + grouped GEMMs), monolithic (one fused "
                      "routine), mega (fused experts module fed by the model's gate); "

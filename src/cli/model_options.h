@@ -21,7 +21,7 @@ struct ModelOptions {
   std::string dtype = "bfloat16";  // of the weights on the GPU
   bool batch_invariant = false;
   int threads = 0;
-  std::string moe_path = "monolithic";  // fastest on CPU: see README, Performance; the GPU's is gpu_moe_path()
+  std::string moe_path = "monolithic";  // the CPU default (docs/performance.md); the GPU's is gpu_moe_path()
   std::vector<std::string> kernel_choices;  // --kernel-choice NAME=VALUE (backend/cuda/kernel_choices.h)
   models::LoadOptions load_options;
   CLI::Option* dtype_option = nullptr;

@@ -1,8 +1,9 @@
 // Error type and the R3_CHECK macro used everywhere inside r3.
 //
 // Inside the engine a failed check throws r3::Error carrying the message and the source
-// location. At the API boundary (CLI, later HTTP) the message becomes a one-line error and a
-// non-zero exit; nothing inside r3 aborts the process on bad input.
+// location. At the API boundary the message becomes a one-line error (the CLI's, with a
+// non-zero exit; the HTTP server's error response); nothing inside r3 aborts the process on bad
+// input.
 #pragma once
 
 #include <sstream>

@@ -1,7 +1,7 @@
 // A non-owning reference to a callable, for parameters that are called during the call only.
 //
 // std::function copies its target and, for lambdas capturing more than two pointers, allocates
-// on the heap: the thread pool's ~100 jobs per decode step were ~100 allocations. FunctionRef
+// on the heap: the thread pool's ~100 jobs per decode step would be ~100 allocations. FunctionRef
 // stores a pointer to the caller's lambda and never allocates; the lambda must outlive the call.
 #pragma once
 

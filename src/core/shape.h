@@ -1,7 +1,7 @@
 // A tensor shape (or its strides): up to kMaxRank dimensions stored inline.
 //
 // Inline rather than a std::vector because every view, reshape and step tensor carries two of
-// them: with a heap vector each was an allocation, and a decode step must not allocate
+// them: with a heap vector each would be an allocation, and a decode step must not allocate
 // (backend/workspace.h). It offers the part of the vector interface shapes are used with.
 #pragma once
 

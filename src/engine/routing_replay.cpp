@@ -28,7 +28,7 @@ std::string brief_ids(const std::vector<int32_t>& ids, std::size_t max_ids = 8) 
 }
 
 // An expert id is range-checked in the type it was stored as, before it is narrowed to int32:
-// narrowing first turned 4294967300 into expert 4.
+// narrowing first would turn 4294967300 into expert 4.
 template <typename T>
 int32_t checked_expert_id(T id, const std::string& path, int64_t row, int64_t layer, int64_t num_experts) {
   R3_CHECK(std::cmp_greater_equal(id, 0) && std::cmp_less(id, num_experts), path, ": row ", row,

@@ -25,7 +25,7 @@ struct SamplingParams {
 int32_t argmax(std::span<const float> logits);
 
 // Seed of the index-th of n samples of one request. Index 0 is the seed itself, so a single
-// sample draws what it always did; the others are splitmix64 outputs, well apart from each other
+// sample draws with the seed as given; the others are splitmix64 outputs, well apart from each other
 // and the same on every platform (plain 64-bit integer arithmetic).
 uint64_t sample_seed(uint64_t seed, int64_t index);
 

@@ -1,8 +1,9 @@
 // Key/value cache of the single-stream decoder: per layer, a pool of fixed-size blocks of
 // positions; per (layer, sequence), a block table. Position p of a sequence lives in block
 // table[p / block_size] at row p % block_size, and attention kernels reach the cache only
-// through that view (ops::PagedKv), so that how blocks are handed out (today: each sequence gets its
-// blocks up front; later: a block pool with prefix sharing) is the allocator's business alone.
+// through that view (ops::PagedKv), so that how blocks are handed out (each sequence's blocks up
+// front, or the engine's block tables with prefix sharing: KvCacheOptions::pool_blocks) is the
+// allocator's business alone.
 // Each layer's storage follows the CacheSpec the layer declares; a sliding-window layer holds a
 // ring of blocks just large enough for its window instead of the whole capacity; a recurrent-state
 // layer holds one fixed-size state per sequence (no blocks), zeroed when the sequence restarts at

@@ -7,7 +7,7 @@
 namespace r3::models {
 
 struct LoadOptions {
-  moe::MoePath moe_path = moe::MoePath::kMonolithic;  // fastest on CPU (README)
+  moe::MoePath moe_path = moe::MoePath::kMonolithic;  // the CPU default (paths compared: docs/performance.md)
   moe::EplbOptions eplb;
 };
 

@@ -12,7 +12,7 @@ namespace r3::moe {
 
 enum class MoePath {
   kModular,              // router object + grouped GEMMs
-  kMonolithic,           // one fused routine that reports its routing (default: fastest on CPU)
+  kMonolithic,           // one fused routine that reports its routing (the CPU default: docs/performance.md)
   kMonolithicNoCapture,  // a fused routine that cannot report its routing (start-up error with capture)
   kMega,                 // model-side gate + fused experts module as capture source
 };

@@ -13,7 +13,7 @@ namespace cpu {
 void linear(backend::Context& ctx, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
 }
 #if R3_WITH_CUDA
-namespace cuda {  // ops/cuda/sm90_linear.cpp: cuBLASLt, float32 for now
+namespace cuda {  // ops/cuda/sm90_linear.cpp: cuBLASLt and r3's row kernels, by dtype and rows
 void linear(backend::Context& ctx, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
 }
 #endif

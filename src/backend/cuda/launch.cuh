@@ -1,9 +1,10 @@
 // Kernel launches with programmatic dependent launch (Hopper): a kernel of the stream may be
 // scheduled while the kernel before it drains, instead of after it has fully finished, which
-// hides most of the gap between two kernels (a decode step at batch 1 is ~17 short kernels per
-// layer). The contract: every kernel launched through launch_kernel calls wait_for_predecessor()
-// as its first statement, before it reads or writes global memory and before any early return,
-// so it sees everything the previous kernel wrote and overwrites nothing that kernel still reads.
+// hides most of the gap between two kernels (a decode step at batch 1 is a chain of short
+// kernels per layer). The contract: every kernel launched through launch_kernel calls
+// wait_for_predecessor() as its first statement, before it reads or writes global memory and
+// before any early return, so it sees everything the previous kernel wrote and overwrites
+// nothing that kernel still reads.
 // (A kernel that returned without waiting could let its successor run ahead of its predecessor.)
 //
 // Two exceptions let a kernel's memory trips overlap the kernel before it:

@@ -72,8 +72,8 @@ R3_AVX512 inline void fma_rows_full(__m512 (&acc)[MR][NR], const __m512 (&wv)[NR
   for (int i = 0; i < MR; ++i) {
     __m512 xv = _mm512_loadu_ps(x + i * ldx + c);
     // Keeps xv in a register: left alone, GCC folds the load into each of the NR FMAs as a
-    // memory operand, and the tile becomes bound by loads (1.5 instead of 3.2 G FMA/s per
-    // core for 4x4 on the benchmark machine). Same FMAs, same order: the bits do not change.
+    // memory operand, and the tile becomes bound by loads instead of FMAs. Same FMAs, same
+    // order: the bits do not change.
     __asm__("" : "+v"(xv));
 #pragma GCC unroll 4
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
@@ -108,8 +108,7 @@ R3_AVX512 inline void store_tile(__m512 (&acc)[MR][NR], const float* bias, float
 // `next`: the weight rows of the tile that follows (or nullptr). Interleaved rows are a poor
 // pattern for the hardware prefetchers, so each step also prefetches the next tile's rows at the
 // same offset: they arrive while this tile computes. Into L2, not L1: fetched into L1 they evict
-// the x rows and the panel being reused (4x4 tiles ran at 40-65% of their L2-hint speed with
-// from-memory weights on the benchmark machine: 1 to 4 x rows over a 1024 x 32000 bf16 matrix).
+// the x rows and the panel being reused (measured: docs/performance.md).
 template <DType D, int MR, int NR>
 R3_AVX512 void micro_tile(const float* x, int64_t ldx, const typename WeightLoad<D>::T* w, int64_t k,
                           const float* bias, float* y, int64_t ldy, const typename WeightLoad<D>::T* next) {
@@ -140,10 +139,9 @@ constexpr int kTileWeights = 4;  // NR: weight rows per micro-tile
 // A single x row (batch-1 decode) streams the weights one row after another: one sequential
 // stream, which the hardware prefetchers follow, and nothing to reuse a weight vector for. From
 // 2 rows on (the experts of a batched decode step get 1 to 4 tokens each at batch 16) the tiles
-// pay: each x vector is loaded once for NR weight rows, where one row at a time needed MR + 1
-// loads per MR FMAs and ran at half the FMA rate even from cache (2 to 4 rows: 1.6 against 3.2
-// G FMA/s per core); with the next tile prefetched into L2, 4 rows over a 1024 x 32000 bf16
-// matrix took 4.0-4.3 ms against 6.3-8.2 ms streamed.
+// pay: each x vector is loaded once for NR weight rows, where one row at a time needs MR + 1
+// loads per MR FMAs and is bound by loads even from cache; with the next tile prefetched into L2
+// they also beat streaming from memory (docs/performance.md).
 constexpr int64_t kStreamingRows = 1;
 
 template <DType D>

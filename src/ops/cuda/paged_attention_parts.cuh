@@ -124,9 +124,9 @@ __device__ inline float merge_element(const float (&mc)[kN], const float (&sc)[k
 
 // One block per (token, head), its threads taking the d elements in turn: the chunks merged in
 // order, the sink joining the sum. The loads of kMergeBatch chunks are issued before any of them
-// is used, so a merge waits a round per kMergeBatch chunks, not two per chunk (a decode layer's
-// merge of 16 chunks at batch 1 took 7.1 us in a serialised profile); up to kMergeAtOnce chunks,
-// one round in all (the maxima with the rest), the same arithmetic.
+// is used, so a merge waits a round per kMergeBatch chunks, not two per chunk (the merge is a
+// link of a decode step's chain, its time mostly those waits); up to kMergeAtOnce chunks, one
+// round in all (the maxima with the rest), the same arithmetic.
 __global__ void merge_chunks(const float* __restrict__ part_max, const float* __restrict__ part_sum,
                              const float* __restrict__ part_acc, int64_t heads, int64_t d, int64_t chunks,
                              const float* __restrict__ sinks, const int32_t* __restrict__ seqs, float* __restrict__ out,

@@ -1,15 +1,14 @@
 // y = x · wᵀ (+ bias) on the GPU, five ways:
 // - float32 weights (the parity mode) through cuBLASLt, float32 in and out with float32
 //   accumulation and no TF32, or for a few rows through r3's weight-streaming kernel (the
-//   routers' float32 weights at decode: cuBLASLt takes ~14 us for their 1 MB);
+//   routers' float32 weights at decode, whose 1 MB is too little to pay for cuBLASLt's fixed
+//   cost);
 // - bfloat16 weights with up to 4 rows through the weight-streaming kernel (ops/cuda/linear_rows.h),
-//   which reads every weight once and keeps the activations float32 (decode of 2 and 4
-//   sequences of Qwen3-30B-A3B: 5.26 and 8.02 ms a step this way, 6.72 and 8.85 ms on the
-//   tensor-core rows kernel before it split K);
+//   which reads every weight once and keeps the activations float32 (at so few rows it measured
+//   faster than the tensor-core rows kernel: bench/RESULTS.md);
 // - bfloat16 weights with 5 to kMmaRows rows through r3's tensor-core rows kernel
-//   (ops/cuda/linear_mma_rows.h), which reads every weight once: 8 rows of Qwen3-30B-A3B's
-//   lm_head at 89% of the bandwidth floor (21% on the weight-streaming kernel, which re-reads
-//   the activations for every weight row);
+//   (ops/cuda/linear_mma_rows.h), which reads every weight once, where the weight-streaming
+//   kernel re-reads the activations for every weight row;
 // - bfloat16 weights with more rows through cuBLASLt on tensor cores, the float32 activations
 //   split into high and low bfloat16 parts (ops/cuda/split_bf16.h).
 // - FP8 and MXFP4 weights (published quantized checkpoints) with up to kMmaRows rows through the
@@ -17,9 +16,8 @@
 //   scratch for cuBLASLt in float32. In a step of reduced precision (a model placed for bfloat16:
 //   Context::reduced_precision) three things change:
 //   - FP8 weights of 5 to kMmaRowsQuantized rows take the tensor-core rows kernel, widened exactly
-//     to bfloat16 (the weight-streaming kernel, re-reading the activations for every weight row,
-//     had FP8 q/k/v at 8 rows at 7% of its bandwidth floor; the float32 GEMM on decoded weights,
-//     without tensor cores, took 70 us for q/k/v at 64 rows against bf16's 13.6);
+//     to bfloat16 (the weight-streaming kernel re-reads the activations for every weight row, and
+//     the float32 GEMM on decoded weights runs without tensor cores: docs/performance.md);
 //   - quantized weights with more rows (prefill), or that kernel cannot take (MXFP4), are decoded
 //     straight into high and low bfloat16 parts, split as the activations are, and multiplied
 //     on bfloat16 tensor cores: x_hi·w_hi + x_lo·w_hi + x_hi·w_lo, the one product dropped being
@@ -110,12 +108,13 @@ constexpr int64_t kStreamingRows = 8;
 // The most rows it takes for bfloat16 weights; above, the tensor-core rows kernel.
 constexpr int64_t kStreamingRowsBf16 = 4;
 // The most rows the tensor-core rows kernel takes: above, each further block of rows reads the
-// weights again (lm_head at 64 rows: 0.51 ms against cuBLASLt's 0.23), and one 16-row tile per
-// warp leaves the smaller projections with too few warps in flight.
+// weights again, so cuBLASLt measured faster there (bench/RESULTS.md), and one 16-row tile per warp
+// leaves the smaller projections with too few warps in flight.
 constexpr int64_t kMmaRows = 16;
 // The most rows it takes for FP8 weights in a step of reduced precision. Each further block of 32
-// rows reads the weights again, from L2 when they fit (Qwen3-30B-A3B's FP8 q/k/v: 10.5 MB); at
-// 256 rows the split operands' GEMM (below) came within 6% of it, so larger steps take that.
+// rows reads the weights again, from L2 when they fit (Qwen3-30B-A3B's FP8 q/k/v: 10.5 MB); by
+// 256 rows the split operands' GEMM (below) has caught up with it (bench/RESULTS.md), so larger
+// steps take that.
 constexpr int64_t kMmaRowsQuantized = 256;
 
 // y = x · wᵀ (+ bias) for quantized w in a step of reduced precision: w decoded straight into

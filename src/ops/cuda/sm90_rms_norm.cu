@@ -1,9 +1,10 @@
 // RMSNorm on the GPU: one block per row, the mean of squares accumulated in double (as the CPU
 // kernel does, so the normaliser stays as exact as the float64 reference), then each element
-// scaled by it and by the weight. At batch 1 a decode layer runs two of these (5.7 us each in a
-// serialised profile for 8 KB): the row and its weight are loaded in one round, kept in
-// registers, and the block's sum takes one barrier. Optionally the residual add before it (add_rms_norm): each
-// thread adds, stores and squares its own elements, so the sum sees the stored values.
+// scaled by it and by the weight. At batch 1 a decode layer runs two of these on rows of a few
+// KB, where the trips to memory, not the bytes, set the time: the row and its weight are loaded
+// in one round, kept in registers, and the block's sum takes one barrier. Optionally the
+// residual add before it (add_rms_norm): each thread adds, stores and squares its own
+// elements, so the sum sees the stored values.
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/state.h"
 #include "ops/rms_norm.h"

@@ -6,7 +6,8 @@
 //
 // A step of at most 16 rows drawn without top-k, top-p, min-p or top-n logprobs (an RL rollout's
 // draws at batch 1) runs the same arithmetic spread over the GPU in three kernels, with the same
-// bits: one block per row would leave all but a few SMs idle for ~0.1 ms (150k double exps a row).
+// bits: one block per row would leave all but a few SMs idle while each works through its row's
+// 150k double exps.
 //
 // Determinism: every sum is taken in an order fixed by the block's shape (per-warp segments, then
 // the warps in order) and the top-k / top-p boundaries come from histograms of integers (counts,

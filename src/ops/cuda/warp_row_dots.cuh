@@ -18,7 +18,7 @@ constexpr int kWarp = 32;
 // (__ldca, cached in L1), never the non-coherent path a `const __restrict__` pointer may give:
 // the activations are the previous kernel's output, and a kernel released early by it
 // (programmatic launch) is already running while it writes them. PTX defines non-coherent
-// loads only for data nothing writes while the kernel runs (bench/RESULTS.md, session 31).
+// loads only for data nothing writes while the kernel runs (bench/RESULTS.md).
 __device__ inline void load8(const float* p, float* out) {
   const float4 a = __ldca(reinterpret_cast<const float4*>(p)), b = __ldca(reinterpret_cast<const float4*>(p + 4));
   out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;

@@ -140,7 +140,7 @@ struct Raw8<Mxfp4Row> {
 
 // Groups of eight weights a lane has in flight at once (warp_row_dots.cuh): a warp's loads are
 // issued together and awaited once, rather than one round trip to memory per group (a decode step
-// is a chain of such round trips otherwise). About 64 bytes of weights whatever their width (float32 keeps 4 groups, 128 bytes, as it always had), so that narrower weights
+// is a chain of such round trips otherwise). About 64 bytes of weights whatever their width (float32 keeps 4 groups, 128 bytes), so that narrower weights
 // keep as many bytes on their way from memory.
 template <typename Row>
 constexpr int kGroupsInFlight = 4;
@@ -178,9 +178,9 @@ __device__ inline void widen8(const PlainRow<__nv_bfloat16>&, int64_t, const Raw
   }
 }
 // The eight values share one scale: block_cols is a power of two of at least 8 wherever kVec8 is
-// chosen, so the scale's index is a shift. (Loading
-// the scale with the values in load_raw8 instead was measured slower: FP8 experts at batch 8
-// 0.19 -> 0.27 ms a layer, the larger raw groups costing more than the load they hid.)
+// chosen, so the scale's index is a shift. (The scale is not loaded with the values in
+// load_raw8: the larger raw groups cost more than the load they would hide; measured slower:
+// bench/RESULTS.md.)
 // Eight e4m3 values times their block's scale.
 __device__ inline void widen8_scaled(const Raw8<Fp8Row>& r, float scale, float* out) {
   const uint32_t words[2] = {r.v.x, r.v.y};
