@@ -190,15 +190,9 @@ struct LatentMoe {
   LatentMoe(backend::Context& ctx, const LatentMoeFeedForward& host, DType dtype, bool eplb, moe::ExpertSlice slice = {});
 };
 
-// One of Kimi K3's attention-residual mixes (AttentionResidual) with its weights on the device.
-struct ResidualMix {
-  Tensor query, norm;
-  float eps;
-
-  ResidualMix(backend::Context& ctx, const AttentionResidual& host);
-  // snapshots: device [blocks, tokens, hidden], the first `count` used; current, out: [tokens, hidden].
-  void mix(backend::Context& ctx, const Tensor& snapshots, int64_t count, const Tensor& current, Tensor& out) const;
-};
+// One of Kimi K3's attention-residual mixes with its weights on the device (AttentionResidual's
+// mix runs wherever its context does).
+AttentionResidual residual_on_device(backend::Context& ctx, const AttentionResidual& host);
 
 // A host SiTU MLP with its matrices on the device as `dtype` (SituMlp's forward runs wherever
 // its context does).
@@ -215,7 +209,7 @@ struct Layer {
   // its input and its MLP's input are mixed from the block snapshots.
   std::optional<SituMlp> situ;
   std::optional<LatentMoe> latent_moe;
-  std::optional<ResidualMix> pre_mix, post_mix;
+  std::optional<AttentionResidual> pre_mix, post_mix;
 
   // The layer's routed experts (its MoE's or its latent MoE's), or null for a dense layer.
   const Moe* routed_moe() const { return moe ? &*moe : latent_moe ? &latent_moe->moe : nullptr; }
@@ -239,7 +233,7 @@ struct DecoderParts {
   // > 0: Kimi K3's attention residuals over blocks of this many layers (Layer::pre_mix, post_mix,
   // and output_mix before the final norm) instead of one running residual sum.
   int64_t residual_block_size = 0;
-  std::optional<ResidualMix> output_mix;
+  std::optional<AttentionResidual> output_mix;
   // False: the routing kernels write no capture rows and nothing is copied back (benchmarks measure
   // capture's cost with it; a model the engine runs always captures).
   bool capture_routing = true;

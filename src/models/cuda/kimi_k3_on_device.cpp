@@ -31,18 +31,9 @@ LatentMoe::LatentMoe(backend::Context& ctx, const LatentMoeFeedForward& host, DT
       rms_eps(host.rms_eps()),
       shared(situ_on_device(ctx, host.shared(), dtype)) {}
 
-ResidualMix::ResidualMix(backend::Context& ctx, const AttentionResidual& host)
-    : query(on_device(ctx, host.query(), DType::F32)), norm(on_device(ctx, host.norm(), DType::F32)), eps(host.eps()) {}
-
-void ResidualMix::mix(backend::Context& ctx, const Tensor& snapshots, int64_t count, const Tensor& current,
-                      Tensor& out) const {
-  const int64_t tokens = current.dim(0), hidden = current.dim(1);
-  R3_CHECK(query.numel() == hidden && norm.numel() == hidden && snapshots.dim(1) == tokens && snapshots.dim(2) == hidden &&
-               count <= snapshots.dim(0),
-           "attention residual (cuda): ", count, " snapshots of ", shape_to_string(snapshots.shape()), " for rows ",
-           shape_to_string(current.shape()));
-  ops::cuda::residual_mix(ctx, query.data<float>(), norm.data<float>(), eps, snapshots.data<float>(), count,
-                          tokens * hidden, current.data<float>(), tokens, hidden, out.data<float>());
+AttentionResidual residual_on_device(backend::Context& ctx, const AttentionResidual& host) {
+  return AttentionResidual(on_device(ctx, host.query(), DType::F32), on_device(ctx, host.norm(), DType::F32),
+                           host.eps());
 }
 
 // KimiK3Model::forward_into's loop: h (t.residual) is the running in-block sum, each block's
@@ -113,15 +104,15 @@ std::unique_ptr<CausalLM> place_kimi_k3(backend::Context& ctx, std::unique_ptr<K
   parts.final_norm = on_device(ctx, host->final_norm(), DType::F32);
   const bool tied = host->lm_head().raw_data() == host->embed().raw_data();
   parts.lm_head = tied ? parts.embed : on_device(ctx, host->lm_head(), weights);
-  parts.output_mix.emplace(ctx, host->output_mix());
+  parts.output_mix.emplace(residual_on_device(ctx, host->output_mix()));
   const bool eplb = host->eplb_options().active();
   for (std::size_t l = 0; l < host->layers().size(); ++l) {
     const KimiK3Layer& layer = host->layers()[l];
     Layer d;
     d.input_norm = on_device(ctx, layer.input_norm, DType::F32);
     d.post_attention_norm = on_device(ctx, layer.post_attention_norm, DType::F32);
-    d.pre_mix.emplace(ctx, *layer.pre_attention_mix);
-    d.post_mix.emplace(ctx, *layer.post_attention_mix);
+    d.pre_mix.emplace(residual_on_device(ctx, *layer.pre_attention_mix));
+    d.post_mix.emplace(residual_on_device(ctx, *layer.post_attention_mix));
     place_attention(ctx, *layer.attention, weights, static_cast<int64_t>(l), d);
     if (const auto* moe = dynamic_cast<const LatentMoeFeedForward*>(layer.feed_forward.get())) {
       d.latent_moe.emplace(ctx, *moe, weights, eplb, experts);

@@ -70,4 +70,15 @@ void residual_mix(backend::Context& ctx, const float* query, const float* norm, 
   R3_CUDA_CHECK(cudaGetLastError());
 }
 
+void residual_mix(backend::Context& ctx, const Tensor& query, const Tensor& norm, float eps, const Tensor& snapshots,
+                  int64_t count, const Tensor& current, Tensor& out) {
+  const int64_t tokens = current.dim(0), hidden = current.dim(1);
+  R3_CHECK(query.numel() == hidden && norm.numel() == hidden && snapshots.dim(1) == tokens && snapshots.dim(2) == hidden &&
+               count <= snapshots.dim(0),
+           "attention residual (cuda): ", count, " snapshots of ", shape_to_string(snapshots.shape()), " for rows ",
+           shape_to_string(current.shape()));
+  residual_mix(ctx, query.data<float>(), norm.data<float>(), eps, snapshots.data<float>(), count, tokens * hidden,
+               current.data<float>(), tokens, hidden, out.data<float>());
+}
+
 }  // namespace r3::ops::cuda
