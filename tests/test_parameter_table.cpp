@@ -10,7 +10,14 @@
 #include <iterator>
 #include <map>
 
+#include <unistd.h>
+
+#include <cstring>
+#include <sstream>
+
 #include "io/checkpoint.h"
+#include "io/mapped_file.h"
+#include "models/forward_batch.h"
 #include "models/registry.h"
 #include "test_support.h"
 
@@ -145,6 +152,63 @@ TEST(ParameterTable, RefusesATensorReadByTwoParameters) {
   }
   EXPECT_EQ(table.size(), 1u);
   EXPECT_EQ(table.stored_names(), (std::vector<std::string>{"a.weight", "a.weight_scale_inv"}));
+}
+
+// The resident kilobytes of this process's mapping that starts at `start` (/proc/self/smaps), or
+// -1 when there is none.
+int64_t mapping_rss_kb(const void* start) {
+  std::ifstream smaps("/proc/self/smaps");
+  std::ostringstream want;
+  want << std::hex << reinterpret_cast<uintptr_t>(start) << "-";
+  std::string line;
+  bool in_mapping = false;
+  while (std::getline(smaps, line)) {
+    if (line.find(" ") != std::string::npos && line.find("-") < line.find(" ") && line.find(":") > line.find(" ")) {
+      in_mapping = line.rfind(want.str(), 0) == 0;  // a mapping's header line: "start-end perms ..."
+    } else if (in_mapping && line.rfind("Rss:", 0) == 0) {
+      return std::stoll(line.substr(4));
+    }
+  }
+  return -1;
+}
+
+TEST(MappedFile, ReleasedPagesLeaveTheProcessAndAreReadBackFromTheFile) {
+  test::TempDir dir;
+  const std::string path = dir.path("pages.bin");
+  constexpr std::size_t kBytes = std::size_t{16} << 20;
+  std::vector<unsigned char> pattern(kBytes);
+  for (std::size_t i = 0; i < kBytes; ++i) pattern[i] = static_cast<unsigned char>((i * 2654435761u) >> 13);
+  {
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(pattern.data()), static_cast<std::streamsize>(kBytes));
+  }
+  const MappedFile file(path);
+  prefetch(file.data(), file.size());
+  EXPECT_GE(mapping_rss_kb(file.data()), static_cast<int64_t>(kBytes / 1024) - 4);
+
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  // Only whole pages inside the range go: here all but the first and the last.
+  EXPECT_EQ(release_pages(file.data() + 100, kBytes - 200), kBytes - 2 * page);
+  EXPECT_LE(mapping_rss_kb(file.data()), static_cast<int64_t>(2 * page / 1024));
+  EXPECT_EQ(release_pages(file.data() + 1, page - 2), 0u);  // no whole page inside
+  // Nothing is lost: touched again, the pages are read back from the file.
+  EXPECT_EQ(std::memcmp(file.data(), pattern.data(), kBytes), 0);
+  EXPECT_GE(mapping_rss_kb(file.data()), static_cast<int64_t>(kBytes / 1024) - 4);
+}
+
+TEST(ParameterTable, ReleasingTheMappedPagesKeepsWhatTheModelComputes) {
+  // What a model placed on a device does with its host model: the checkpoint's pages leave the
+  // process; the host model still computes the same bits (its pages come back from the file).
+  const auto model = models::load_model(test::family_dir("qwen3_moe"));
+  backend::Context ctx(2);
+  const auto run = [&] {
+    const auto cache = model->make_cache(1, 16);
+    return test::float_values(
+        test::forward_captured(*model, ctx, models::ForwardBatch::sequence({3, 17, 42, 7, 99}, 0), *cache));
+  };
+  const std::vector<float> before = run();
+  EXPECT_GT(model->parameters().release_mapped_pages(), 0);
+  EXPECT_EQ(run(), before);
 }
 
 TEST(ParameterTable, AMissingOrMisShapedTensorIsNamedWhenTheModelLoads) {

@@ -30,6 +30,16 @@ void prefetch(const void* data, std::size_t bytes) {
   (void)sink;
 }
 
+std::size_t release_pages(const void* data, std::size_t bytes) {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto start = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t begin = (start + page - 1) & ~(page - 1), end = (start + bytes) & ~(page - 1);
+  if (end <= begin) return 0;
+  R3_CHECK(::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED) == 0,
+           "release_pages: madvise failed: ", std::strerror(errno));
+  return end - begin;
+}
+
 MappedFile::MappedFile(const std::string& path) : path_(path) {
   const InputFile file(path, kNoSizeLimit, "a mapped file");  // regular files only, without blocking
   size_ = static_cast<std::size_t>(file.size());

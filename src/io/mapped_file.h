@@ -11,6 +11,11 @@ namespace r3 {
 // fault on them), without copying: the pages count once, as the file's.
 void prefetch(const void* data, std::size_t bytes);
 
+// Drops this process's resident pages of [data, data + bytes) of a read-only file mapping: the
+// whole pages inside the range (a page it shares with a neighbour stays). Nothing is lost: a page
+// touched again is read back from the file. Returns the bytes released.
+std::size_t release_pages(const void* data, std::size_t bytes);
+
 class MappedFile {
  public:
   // Throws r3::Error naming the path when the file cannot be opened or mapped.

@@ -1,5 +1,7 @@
 #include "models/parameter_table.h"
 
+#include "io/mapped_file.h"
+
 
 namespace r3::models {
 
@@ -45,6 +47,19 @@ std::vector<std::string> ParameterTable::stored_names() const {
   names.reserve(by_stored_.size());
   for (const auto& [name, index] : by_stored_) names.push_back(name);
   return names;  // a std::map's keys: sorted
+}
+
+int64_t ParameterTable::release_mapped_pages() const {
+  const auto release = [](const Tensor& t) -> int64_t {
+    if (!t.defined() || t.storage() != Storage::kMapped || t.device() != Device::kCpu) return 0;
+    return static_cast<int64_t>(release_pages(t.raw_data(), t.nbytes()));
+  };
+  int64_t released = 0;
+  for (const Parameter& p : parameters_) {
+    released += release(p.tensor);
+    if (p.tensor.mx_scales() != nullptr) released += release(p.tensor.mx_scales()->scales);
+  }
+  return released;
 }
 
 Tensor ParameterLoader::record(const std::string& name, const Shape& shape, ParameterForm form, ParameterSite site,

@@ -58,6 +58,10 @@ class ParameterTable {
   const Parameter& at(const std::string& stored_name) const;
   // Every checkpoint tensor some parameter reads, sorted.
   std::vector<std::string> stored_names() const;
+  // Drops the process's resident pages of every parameter held as a view of the checkpoint's
+  // mapping (a model placed on a device has copied them there): the host keeps no second copy.
+  // A page touched again is read back from the file. Returns the bytes released.
+  int64_t release_mapped_pages() const;
 
  private:
   std::vector<Parameter> parameters_;

@@ -23,7 +23,12 @@ Decoder::Decoder(backend::Context& ctx, DecoderParts parts) : ctx_(ctx), p_(std:
   R3_CHECK(ctx.device() == Device::kCuda, "a device decoder needs a CUDA context");
   R3_CHECK(!p_.layers.empty(), "a device decoder needs at least one layer");
   for (const Layer& layer : p_.layers) has_recurrent_layers_ = has_recurrent_layers_ || layer.delta_attention;
-  if (p_.host) set_parameters(p_.host->shared_parameters());
+  if (p_.host) {
+    set_parameters(p_.host->shared_parameters());
+    // The weights are on the device now: the host keeps no resident copy of the checkpoint's
+    // pages (the host model stays for its MoE blocks' placement; a page it touches is read back).
+    (void)p_.host->parameters().release_mapped_pages();
+  }
 }
 
 namespace {
