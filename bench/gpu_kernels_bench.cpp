@@ -186,9 +186,9 @@ void attention(backend::Context& gpu) {
     const Tensor tables_d = backend::to_device(gpu, Tensor::from(tables, {pool_blocks}));
     const Tensor seqs_d = backend::to_device(gpu, Tensor::from(seqs, {batch}));
     const Tensor positions_d = backend::to_device(gpu, Tensor::from(positions, {batch}));
-    const ops::DeviceStep step{batch, nullptr, positions_d.data<int32_t>(), seqs_d.data<int32_t>(), tables_d.data<int32_t>(),
+    const ops::StepView step{batch, nullptr, positions_d.data<int32_t>(), seqs_d.data<int32_t>(), tables_d.data<int32_t>(),
                                blocks_per_seq, context};
-    const ops::DeviceKvPool pool{keys.raw_data(), values.raw_data(), width, width, block, pool_blocks,
+    const ops::KvPool pool{keys.raw_data(), values.raw_data(), width, width, block, pool_blocks,
                                  pool_dtype == DType::BF16};
     const Tensor q = backend::to_device(gpu, random_host(DType::F32, {batch, heads, d}, 8, 1.0f));
     Tensor out = backend::device_empty(gpu, DType::F32, {batch, heads, d});

@@ -37,9 +37,9 @@ void small_ops_in_graph(backend::Context& gpu) {
   const Tensor table_d = backend::to_device(gpu, Tensor::from(table, {blocks}));
   const Tensor seq_d = backend::to_device(gpu, Tensor::from(std::vector<int32_t>{0}, {1}));
   const Tensor position_d = backend::to_device(gpu, Tensor::from(std::vector<int32_t>{static_cast<int32_t>(context - 1)}, {1}));
-  const ops::DeviceStep step{1, nullptr, position_d.data<int32_t>(), seq_d.data<int32_t>(), table_d.data<int32_t>(), blocks,
+  const ops::StepView step{1, nullptr, position_d.data<int32_t>(), seq_d.data<int32_t>(), table_d.data<int32_t>(), blocks,
                              context};
-  const ops::DeviceKvPool pool{keys.raw_data(), values.raw_data(), width, width, block, blocks, true};
+  const ops::KvPool pool{keys.raw_data(), values.raw_data(), width, width, block, blocks, true};
   Tensor q = backend::device_empty(gpu, DType::F32, {1, heads, d});
   {
     const int64_t qkv_width = heads * d + 2 * width;
@@ -47,7 +47,7 @@ void small_ops_in_graph(backend::Context& gpu) {
     const Tensor q_norm = backend::to_device(gpu, random_host(DType::F32, {d}, 16, 1.0f));
     const Tensor k_norm = backend::to_device(gpu, random_host(DType::F32, {d}, 17, 1.0f));
     const float* p = qkv.data<float>();
-    const ops::cuda::AttentionRows rows{p, qkv_width, p + heads * d, qkv_width, p + heads * d + width, qkv_width,
+    const ops::AttentionRows rows{p, qkv_width, p + heads * d, qkv_width, p + heads * d + width, qkv_width,
                                         q_norm.data<float>(), k_norm.data<float>()};
     const ops::Rotary rotary(d, 1e6);
     report("prepare", graph_mean_ms(gpu, [&] {

@@ -110,7 +110,7 @@ TEST(KimiLinearLayers, KdaLayerRunsEachSequenceOfABatchFromItsCachedState) {
     batch.positions = positions;
     batch.token_ids.assign(seqs.size(), 0);
     Tensor out = Tensor::empty(DType::F32, {x.dim(0), 64});
-    kda.forward(ctx, x, batch, cache, 0, out);
+    kda.forward(ctx, x, batch.view(), cache, 0, out);
     for (std::size_t t = 0; t < seqs.size(); ++t) {
       if (seqs[t] != models::ForwardBatch::kPadding) cache.set_length(seqs[t], positions[t] + 1);
     }

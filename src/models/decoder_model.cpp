@@ -76,12 +76,13 @@ void DecoderModel::forward_into(backend::Context& ctx, const ForwardBatch& batch
   Tensor branch = ctx.scratch(DType::F32, {tokens, hidden});
   const auto moe_count = static_cast<int64_t>(info_.moe_layers.size());
   const std::span<const uint8_t> padding = batch.padding_mask(ctx.workspace());  // not counted in expert loads
+  const ops::StepView view = batch.view();
   int64_t moe_index = 0;
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     const DecoderLayer& layer = layers_[l];
     backend::Workspace::Scope layer_scratch(ctx.workspace());
     ops::rms_norm(ctx, residual, &layer.input_norm, rms_eps_, normed);
-    layer.attention->forward(ctx, normed, batch, cache, static_cast<int64_t>(l), branch);
+    layer.attention->forward(ctx, normed, view, cache, static_cast<int64_t>(l), branch);
     ops::add_rows(ctx, branch, nullptr, residual);
     ops::rms_norm(ctx, residual, &layer.post_attention_norm, rms_eps_, normed);
     std::span<const int32_t> forced;

@@ -1,4 +1,4 @@
-// Builds a step's device metadata (ops/device_step.h) from its host form: token ids, positions,
+// Builds a step's device metadata (ops/step_view.h) from its host form: token ids, positions,
 // sequence slots, every slot's block table, the logit rows and any replayed routing go into one
 // pinned staging buffer and reach the device in one asynchronous copy, before the step's first
 // kernel. Every layer then reads the same arrays; no layer uploads anything. Two staging buffers
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "backend/context.h"
-#include "ops/device_step.h"
+#include "ops/step_view.h"
 
 namespace r3::models {
 
@@ -36,7 +36,7 @@ class DeviceStepBuilder {
   // tables[s]: slot s's block ids (shorter than max_blocks_per_slot, or empty for an unused slot);
   // logit_rows: empty for every row. The returned pointers are the same for every build; the
   // arrays hold this build's values until the next build's copy (queued after this step's work).
-  ops::DeviceStep build(std::span<const int32_t> token_ids, std::span<const int32_t> positions,
+  ops::StepView build(std::span<const int32_t> token_ids, std::span<const int32_t> positions,
                         std::span<const int32_t> seqs, std::span<const std::span<const int32_t>> tables,
                         std::span<const int64_t> logit_rows = {}, Replay replay = {});
 

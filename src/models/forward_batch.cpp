@@ -1,5 +1,7 @@
 #include "models/forward_batch.h"
 
+#include <algorithm>
+
 namespace r3::models {
 
 std::span<const int32_t> ForwardBatch::forced_for_layer(backend::Workspace& workspace, int64_t j,
@@ -10,6 +12,18 @@ std::span<const int32_t> ForwardBatch::forced_for_layer(backend::Workspace& work
     std::copy_n(forced_routing.begin() + (t * moe_layers + j) * k, k, out.begin() + t * k);
   }
   return out;
+}
+
+ops::StepView ForwardBatch::view() const {
+  ops::StepView v;
+  v.tokens = size();
+  v.token_ids = token_ids.data();
+  v.positions = positions.data();
+  v.seqs = seqs.data();
+  for (std::size_t t = 0; t < seqs.size(); ++t) {
+    if (seqs[t] != kPadding) v.max_context = std::max<int64_t>(v.max_context, positions[t] + 1);
+  }
+  return v;
 }
 
 std::span<const uint8_t> ForwardBatch::padding_mask(backend::Workspace& workspace) const {

@@ -11,6 +11,7 @@
 #include "moe/capture.h"
 #include "moe/dispatcher.h"
 #include "moe/expert_loads.h"
+#include "ops/step_view.h"
 
 namespace r3::models {
 
@@ -39,6 +40,10 @@ struct ForwardBatch {
   const moe::Dispatcher* dispatcher = nullptr;
 
   int64_t size() const { return static_cast<int64_t>(token_ids.size()); }
+  // The step's metadata as the attention layers take it on the host (ops/step_view.h): pointers
+  // into this batch, valid while it lives unchanged; the block tables come from the cache, a
+  // layer's own (KvCache::step_for_layer).
+  ops::StepView view() const;
   // [tokens]: 1 for padding rows (in `workspace`).
   std::span<const uint8_t> padding_mask(backend::Workspace& workspace) const;
 

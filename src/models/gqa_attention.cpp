@@ -3,9 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "models/weights_on_device.h"
 #include "ops/attention.h"
 #include "ops/elementwise.h"
-#include "ops/kv_write.h"
+#include "ops/l2_prefetch.h"
 #include "ops/linear.h"
 #include "ops/rms_norm.h"
 
@@ -13,11 +14,13 @@ namespace r3::models {
 
 GqaAttention::GqaAttention(const AttentionSpec& spec, float rms_eps, GqaAttentionWeights weights,
                            const ops::RopeFrequencies& rope, int64_t sliding_window)
-    : spec_(spec),
-      rms_eps_(rms_eps),
-      w_(std::move(weights)),
-      rotary_(static_cast<int64_t>(rope.inv_freq.size()) * 2, rope.inv_freq, rope.attention_scaling),
-      sliding_window_(sliding_window) {}
+    : GqaAttention(spec, rms_eps, std::move(weights),
+                   ops::Rotary(static_cast<int64_t>(rope.inv_freq.size()) * 2, rope.inv_freq, rope.attention_scaling),
+                   sliding_window) {}
+
+GqaAttention::GqaAttention(const AttentionSpec& spec, float rms_eps, GqaAttentionWeights weights, ops::Rotary rotary,
+                           int64_t sliding_window)
+    : spec_(spec), rms_eps_(rms_eps), w_(std::move(weights)), rotary_(std::move(rotary)), sliding_window_(sliding_window) {}
 
 CacheSpec GqaAttention::cache_spec() const {
   const int64_t row = spec_.num_kv_heads * spec_.head_dim;
@@ -59,64 +62,91 @@ void project_qkv(backend::Context& ctx, const AttentionSpec& spec, float eps, co
   }
 }
 
-void GqaAttention::forward(backend::Context& ctx, const Tensor& x, const ForwardBatch& batch,
-                           KvCache& cache, int64_t layer, Tensor& out) const {
+std::unique_ptr<GqaAttention> GqaAttention::placed(backend::Context& ctx, DType dtype) const {
+  const GqaAttentionWeights& h = w_;
+  GqaAttentionWeights d;
+  if (stacks_qkv(spec_) && !h.qkv.defined()) d.qkv = stacked_on_device(ctx, {&h.q, &h.k, &h.v}, dtype);
+  if (d.qkv.defined()) {
+    if (h.q_bias.defined() || h.k_bias.defined() || h.v_bias.defined()) {
+      const int64_t q_width = spec_.num_heads * spec_.head_dim, kv_width = spec_.num_kv_heads * spec_.head_dim;
+      const Tensor zq = Tensor::empty(DType::F32, {q_width}), zkv = Tensor::empty(DType::F32, {kv_width});
+      d.qkv_bias = stacked_on_device(ctx,
+                                     {h.q_bias.defined() ? &h.q_bias : &zq, h.k_bias.defined() ? &h.k_bias : &zkv,
+                                      h.v_bias.defined() ? &h.v_bias : &zkv},
+                                     DType::F32);
+    }
+  } else {
+    d.qkv = on_device(ctx, h.qkv, dtype);
+    d.qkv_bias = on_device(ctx, h.qkv_bias, DType::F32);
+    d.q = on_device(ctx, h.q, dtype);
+    d.k = on_device(ctx, h.k, dtype);
+    d.v = on_device(ctx, h.v, dtype);
+    d.q_bias = on_device(ctx, h.q_bias, DType::F32);
+    d.k_bias = on_device(ctx, h.k_bias, DType::F32);
+    d.v_bias = on_device(ctx, h.v_bias, DType::F32);
+  }
+  d.o = on_device(ctx, h.o, dtype);
+  d.o_bias = on_device(ctx, h.o_bias, DType::F32);
+  d.q_norm = on_device(ctx, h.q_norm, DType::F32);
+  d.k_norm = on_device(ctx, h.k_norm, DType::F32);
+  d.sinks = on_device(ctx, h.sinks, DType::F32);
+  return std::make_unique<GqaAttention>(spec_, rms_eps_, std::move(d), rotary_, sliding_window_);
+}
+
+void GqaAttention::forward(backend::Context& ctx, const Tensor& x, const ops::StepView& step, KvCache& cache,
+                           int64_t layer, Tensor& out) const {
   const int64_t tokens = x.dim(0), d = spec_.head_dim;
   const int64_t q_width = spec_.num_heads * d, kv_width = spec_.num_kv_heads * d;
   backend::Workspace::Scope scope(ctx.workspace());
-  Tensor q = ctx.scratch(DType::F32, {tokens, q_width});
-  Tensor k = ctx.scratch(DType::F32, {tokens, kv_width});
-  Tensor v = ctx.scratch(DType::F32, {tokens, kv_width});
-  project_qkv(ctx, spec_, rms_eps_, w_, x, q, k, v);
-  Tensor qh = q.reshaped({tokens, spec_.num_heads, d});
-  Tensor kh = k.reshaped({tokens, spec_.num_kv_heads, d});
-  rotary_.apply(ctx, qh, batch.positions);
-  rotary_.apply(ctx, kh, batch.positions);
-
-  // Append this step's keys/values, then let each token attend to its sequence's positions up to
-  // itself (the last sliding_window_ of them), both through the cache's block tables. A layer
-  // whose blocks form a ring may only write so many positions of a sequence ahead of the tokens
-  // still reading them, so a step that brings more tokens of one sequence goes in passes (the
-  // arithmetic of each token is the same; decode steps, one token per sequence, take one pass).
-  const int64_t pass = std::max<int64_t>(1, cache.positions_per_pass(layer));
+  // Every buffer here is written in full by the op that fills it: no fills (on a device, a fill
+  // is a memset node in the step's graph, which breaks its chain of programmatic launches).
+  Tensor qh = ctx.scratch_for_output(DType::F32, {tokens, spec_.num_heads, d});
+  ops::AttentionRows rows{};
+  if (w_.qkv.defined()) {
+    const int64_t width = q_width + 2 * kv_width;
+    Tensor projected = ctx.scratch_for_output(DType::F32, {tokens, width});
+    ops::linear(ctx, x, w_.qkv, w_.qkv_bias.if_defined(), projected);
+    ops::prefetch_weights_beside(ctx, w_.o, tokens);
+    const float* p = projected.data<float>();
+    const bool norms = spec_.qk_norm == QkNorm::kPerHead;
+    rows = {p,
+            width,
+            p + q_width,
+            width,
+            p + q_width + kv_width,
+            width,
+            norms ? w_.q_norm.data<float>() : nullptr,
+            norms ? w_.k_norm.data<float>() : nullptr};
+  } else {
+    Tensor qt = qh.reshaped({tokens, q_width});
+    Tensor kt = ctx.scratch_for_output(DType::F32, {tokens, kv_width});
+    Tensor vt = ctx.scratch_for_output(DType::F32, {tokens, kv_width});
+    project_qkv(ctx, spec_, rms_eps_, w_, x, qt, kt, vt);
+    ops::prefetch_weights_beside(ctx, w_.o, tokens);
+    rows = {qt.data<float>(), q_width, kt.data<float>(), kv_width, vt.data<float>(), kv_width};
+  }
+  Tensor attended = ctx.scratch_for_output(DType::F32, {tokens, spec_.num_heads, d});
+  const ops::StepView layer_step = cache.step_for_layer(step, layer);
+  const ops::KvPool pool = cache.pool(layer);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const float* sinks = w_.sinks.defined() ? w_.sinks.data<float>() : nullptr;
-  Tensor attended = ctx.scratch(DType::F32, {tokens, spec_.num_heads, d});
-  const std::span<int64_t> in_pass = ctx.workspace().array<int64_t>(cache.max_seqs());
-  const std::span<ops::KvWindow> windows_of_step = ctx.workspace().array<ops::KvWindow>(tokens);
-  const std::span<ops::KvWrite> writes_of_step = ctx.workspace().array<ops::KvWrite>(tokens);
-  for (int64_t first_token = 0, end_token = 0; first_token < tokens; first_token = end_token) {
-    std::fill(in_pass.begin(), in_pass.end(), 0);
-    for (end_token = first_token; end_token < tokens; ++end_token) {
-      const int64_t seq = batch.seqs[end_token];
-      if (seq == ForwardBatch::kPadding) continue;
-      R3_CHECK(seq >= 0 && seq < cache.max_seqs(), "attention: seq ", seq, " out of range");
-      if (in_pass[static_cast<std::size_t>(seq)] == pass) break;
-      ++in_pass[static_cast<std::size_t>(seq)];
-    }
-    const int64_t n = end_token - first_token;
-    const std::span<ops::KvWindow> windows = windows_of_step.first(static_cast<std::size_t>(n));
-    const std::span<ops::KvWrite> writes = writes_of_step.first(static_cast<std::size_t>(n));
-    std::fill(windows.begin(), windows.end(), ops::KvWindow{});
-    std::fill(writes.begin(), writes.end(), ops::KvWrite{});
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t t = first_token + i, seq = batch.seqs[t], pos = batch.positions[t];
-      if (seq == ForwardBatch::kPadding) continue;  // attends to nothing: output zeros
-      R3_CHECK(pos < cache.capacity(), "sequence position ", pos, " exceeds the KV cache capacity of ",
-               cache.capacity(), " tokens");
-      const ops::PagedKv kv = cache.view(layer, seq);
-      writes[static_cast<std::size_t>(i)] = {kv, pos};
-      const int64_t begin = sliding_window_ > 0 ? std::max<int64_t>(0, pos - sliding_window_ + 1) : 0;
-      windows[static_cast<std::size_t>(i)] = {kv, begin, pos + 1};
-    }
-    ops::write_kv(ctx, k.data<float>() + first_token * kv_width, kv_width, v.data<float>() + first_token * kv_width,
-                  kv_width, writes);
-    const int64_t row = spec_.num_heads * d;
-    Tensor q_pass = Tensor::view(DType::F32, {n, spec_.num_heads, d}, qh.data<float>() + first_token * row, nullptr);
-    Tensor out_pass =
-        Tensor::view(DType::F32, {n, spec_.num_heads, d}, attended.data<float>() + first_token * row, nullptr);
-    ops::attention(ctx, q_pass, windows, spec_.num_kv_heads, scale, out_pass, sinks);
-  }
+  for_each_pass(cache, layer, layer_step, ctx.workspace(), [&](int64_t first, const ops::StepView& pass) {
+    const ops::AttentionRows pass_rows{rows.q + first * rows.q_stride,
+                                       rows.q_stride,
+                                       rows.k + first * rows.k_stride,
+                                       rows.k_stride,
+                                       rows.v + first * rows.v_stride,
+                                       rows.v_stride,
+                                       rows.q_norm,
+                                       rows.k_norm};
+    Tensor q_pass = Tensor::view(DType::F32, {pass.tokens, spec_.num_heads, d}, qh.data<float>() + first * q_width,
+                                 nullptr);
+    Tensor out_pass = Tensor::view(DType::F32, {pass.tokens, spec_.num_heads, d},
+                                   attended.data<float>() + first * q_width, nullptr);
+    ops::prepare_attention_rows(ctx, rotary_, pass_rows, spec_.num_heads, spec_.num_kv_heads, d, rms_eps_, pass, pool,
+                                q_pass);
+    ops::paged_attention(ctx, q_pass, pass, pool, spec_.num_kv_heads, scale, sliding_window_, sinks, out_pass);
+  });
   ops::linear(ctx, attended.reshaped({tokens, q_width}), w_.o, w_.o_bias.if_defined(), out);
 }
 

@@ -50,24 +50,24 @@ KdaWeights KdaAttention::load(ParameterLoader& c, const std::string& p, const Kd
   return w;
 }
 
-void KdaAttention::forward(backend::Context& ctx, const Tensor& x, const ForwardBatch& batch, KvCache& cache,
+void KdaAttention::forward(backend::Context& ctx, const Tensor& x, const ops::StepView& step, KvCache& cache,
                            int64_t layer, Tensor& out) const {
   const int64_t tokens = x.dim(0);
   for (int64_t t = 0; t < tokens;) {
-    const int32_t seq = batch.seqs[static_cast<std::size_t>(t)];
-    if (seq == ForwardBatch::kPadding) {
+    const int32_t seq = step.seqs[t];
+    if (seq < 0) {  // a padding row
       std::fill(out.data<float>() + t * spec_.hidden, out.data<float>() + (t + 1) * spec_.hidden, 0.0f);
       ++t;
       continue;
     }
     int64_t end = t + 1;
-    while (end < tokens && batch.seqs[static_cast<std::size_t>(end)] == seq &&
-           batch.positions[static_cast<std::size_t>(end)] == batch.positions[static_cast<std::size_t>(end - 1)] + 1) {
+    while (end < tokens && step.seqs[end] == seq &&
+           step.positions[end] == step.positions[end - 1] + 1) {
       ++end;
     }
     // The state has taken in exactly the sequence's cached positions: the run must continue them.
-    R3_CHECK(batch.positions[static_cast<std::size_t>(t)] == cache.length(seq), "KDA layer ", layer, ": sequence ", seq,
-             "'s rows start at position ", batch.positions[static_cast<std::size_t>(t)], " but its state holds ",
+    R3_CHECK(step.positions[t] == cache.length(seq), "KDA layer ", layer, ": sequence ", seq,
+             "'s rows start at position ", step.positions[t], " but its state holds ",
              cache.length(seq), " positions (a sequence's rows of a step must be consecutive)");
     const KvCache::SequenceState state = cache.state(layer, seq);
     Tensor rows_out = out.rows(t, end);

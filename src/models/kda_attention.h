@@ -74,7 +74,7 @@ class KdaAttention final : public AttentionLayer {
   // where the context is not batch invariant (a GPU without --batch-invariant): its rounding
   // depends on where a prefill is split into steps, the recurrent form's does not, and the CPU
   // engine's rows are bit-identical however a request is split or batched.
-  void forward(backend::Context& ctx, const Tensor& x, const ForwardBatch& batch, KvCache& cache, int64_t layer,
+  void forward(backend::Context& ctx, const Tensor& x, const ops::StepView& step, KvCache& cache, int64_t layer,
                Tensor& out) const override;
   // x: one sequence's normalised hidden rows F32 [tokens, hidden], continuing `state` (which it
   // updates); out: F32 [tokens, hidden]. chunked: the delta rule's chunked form (same function,

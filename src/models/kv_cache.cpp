@@ -177,7 +177,7 @@ std::span<const int32_t> KvCache::block_table(int64_t layer, int64_t seq) const 
 ops::PagedKv KvCache::view(int64_t layer, int64_t seq) {
   R3_CHECK(!is_recurrent(at(layer)), "KV cache: layer ", layer, " keeps a recurrent state, not rows");
   const std::span<const int32_t> table = block_table(layer, seq);
-  R3_CHECK(!on_device_, "KV cache: the pools are in device memory (use device_pool)");
+  R3_CHECK(!on_device_, "KV cache: the pools are in device memory (use pool)");
   Layer& l = layers_[static_cast<std::size_t>(layer)];
   return {l.keys.data<float>(), l.values.data<float>(), l.spec.key_width, l.spec.value_width, block_size_, table};
 }
@@ -189,12 +189,48 @@ KvCache::SequenceState KvCache::state(int64_t layer, int64_t seq) {
   return {l.keys.data<float>() + seq * l.spec.key_width, l.values.data<float>() + seq * l.spec.value_width};
 }
 
-ops::DeviceKvPool KvCache::device_pool(int64_t layer) {
-  R3_CHECK(on_device_, "KV cache: the pools are in host memory (use view)");
+ops::KvPool KvCache::pool(int64_t layer) {
   at(layer);  // range check
   Layer& l = layers_[static_cast<std::size_t>(layer)];
   return {l.keys.raw_data(), l.values.raw_data(), l.spec.key_width, l.spec.value_width, block_size_,
           l.pool_blocks, l.keys.dtype() == DType::BF16};
+}
+
+ops::StepView KvCache::step_for_layer(const ops::StepView& step, int64_t layer) const {
+  const Layer& l = at(layer);
+  if (on_device_ || is_recurrent(l)) return step;
+  ops::StepView view = step;
+  view.block_tables = l.tables.data();
+  view.table_stride = table_blocks_;
+  return view;
+}
+
+void for_each_pass(const KvCache& cache, int64_t layer, const ops::StepView& step, backend::Workspace& workspace,
+                   FunctionRef<void(int64_t first, const ops::StepView& pass)> fn) {
+  if (!cache.rings(layer)) return fn(0, step);
+  const int64_t most = std::max<int64_t>(1, cache.positions_per_pass(layer));
+  backend::Workspace::Scope scope(workspace);
+  const std::span<int64_t> in_pass = workspace.array<int64_t>(cache.max_seqs());
+  for (int64_t first = 0, end = 0; first < step.tokens; first = end) {
+    std::fill(in_pass.begin(), in_pass.end(), 0);
+    for (end = first; end < step.tokens; ++end) {
+      const int32_t seq = step.seqs[end];
+      if (seq < 0) continue;
+      R3_CHECK(seq < cache.max_seqs(), "attention: seq ", seq, " out of range");
+      if (in_pass[static_cast<std::size_t>(seq)] == most) break;
+      ++in_pass[static_cast<std::size_t>(seq)];
+    }
+    ops::StepView pass = step;
+    pass.tokens = end - first;
+    if (pass.token_ids != nullptr) pass.token_ids += first;
+    pass.positions += first;
+    pass.seqs += first;
+    pass.logit_rows = nullptr;
+    pass.logit_row_count = 0;
+    pass.forced = nullptr;
+    pass.replayed = nullptr;
+    fn(first, pass);
+  }
 }
 
 void KvCache::set_block_table(int64_t seq, std::span<const int32_t> blocks) {

@@ -15,11 +15,12 @@
 #include <vector>
 
 #include "backend/context.h"
+#include "core/function_ref.h"
 #include "core/tensor.h"
 #include "models/cache_spec.h"
 #include "models/model_cache.h"
 #include "ops/attention.h"
-#include "ops/device_step.h"
+#include "ops/step_view.h"
 
 namespace r3::models {
 
@@ -39,12 +40,12 @@ struct KvCacheOptions {
   // then be shared by sequences whose prefixes agree, which a ring's reuse would break).
   int64_t pool_blocks = 0;
   // Non-null: the pools live in this CUDA context's device memory (read and written only through
-  // device_pool). Sliding-window layers then keep every position (no rings: a device step writes
+  // pool). Sliding-window layers then keep every position (no rings: a device step writes
   // all its rows before any attention reads them), and every layer has the same block tables
   // (the step uploads one set for all layers).
   backend::Context* device = nullptr;
   // The device pools' element type: F32, or BF16 for a bf16 model (the kernels widen on load and
-  // round on store, ops/device_step.h). Host pools are always F32.
+  // round on store, ops/step_view.h). Host pools are always F32.
   DType device_dtype = DType::F32;
 };
 
@@ -78,10 +79,10 @@ class KvCache final : public ModelCache {
   // Logical block i of the sequence (positions [i * block_size, (i + 1) * block_size)) is
   // physical block block_table(layer, sequence)[i] of the layer's pool.
   std::span<const int32_t> block_table(int64_t layer, int64_t seq) const;
-  // The paged view of (layer, sequence) that kernels read and write through (host pools only).
+  // The paged view of (layer, sequence) that the KvWindow ops read and write through (host pools only).
   ops::PagedKv view(int64_t layer, int64_t seq);
   // A recurrent-state layer's state of `seq`: [spec.key_width] then [spec.value_width] floats
-  // (device memory when on_device(); the layer's device_pool then has every slot's, slot-major).
+  // (device memory when on_device(); the layer's pool then has every slot's, slot-major).
   struct SequenceState {
     float* first = nullptr;
     float* second = nullptr;
@@ -89,8 +90,14 @@ class KvCache final : public ModelCache {
   SequenceState state(int64_t layer, int64_t seq);
   // Whether the pools are in device memory (KvCacheOptions::device).
   bool on_device() const { return on_device_; }
-  // The layer's pool as the CUDA kernels take it (device pools only).
-  ops::DeviceKvPool device_pool(int64_t layer);
+  // The layer's pool as the step-view ops take it (ops/step_view.h), host or device.
+  ops::KvPool pool(int64_t layer);
+  // `step` with this layer's block tables: on the host each layer has its own (a ring's differ);
+  // a device step already carries the one set every layer shares.
+  ops::StepView step_for_layer(const ops::StepView& step, int64_t layer) const;
+  // Whether the layer's blocks form a ring (a sliding-window layer of a host cache that hands out
+  // its own blocks): a step may then bring only positions_per_pass positions of a sequence at once.
+  bool rings(int64_t layer) const { return is_ring(at(layer)); }
   // A number no other KvCache of this process has had: a CUDA graph recorded against this
   // cache's pools is valid for this cache only (a later one may reuse the same addresses with
   // another layout, so the address alone does not tell).
@@ -127,5 +134,12 @@ class KvCache final : public ModelCache {
   std::vector<int64_t> lengths_;
   std::vector<int64_t> high_water_;  // per sequence: the furthest length written since it was last cleared
 };
+
+// Calls fn(first, pass) for each pass of a step over `layer`: the tokens [first, first +
+// pass.tokens) as a step of their own (metadata offset, no replayed routing), each pass bringing
+// at most positions_per_pass positions of a sequence. One pass over the whole step unless the
+// layer rings (host caches only: the metadata is then host memory). Counts in `workspace`.
+void for_each_pass(const KvCache& cache, int64_t layer, const ops::StepView& step, backend::Workspace& workspace,
+                   FunctionRef<void(int64_t first, const ops::StepView& pass)> fn);
 
 }  // namespace r3::models

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "models/weights_on_device.h"
 #include "ops/kv_write.h"
 #include "ops/activation.h"
 #include "ops/latent_attention.h"
@@ -48,42 +49,51 @@ void project_mla(backend::Context& ctx, const AttentionSpec& spec, float rms_eps
   ops::rms_norm(ctx, latent, &w.kv_a_norm, rms_eps, latent);
 }
 
-void MlaAttention::forward(backend::Context& ctx, const Tensor& x, const ForwardBatch& batch, KvCache& cache, int64_t layer,
-                           Tensor& out) const {
+std::unique_ptr<MlaAttention> MlaAttention::placed(backend::Context& ctx, DType dtype) const {
+  auto copy = std::make_unique<MlaAttention>(*this);
+  MlaWeights& d = copy->w_;
+  d.q_proj = on_device(ctx, w_.q_proj, dtype);
+  d.q_a_proj = on_device(ctx, w_.q_a_proj, dtype);
+  d.q_b_proj = on_device(ctx, w_.q_b_proj, dtype);
+  d.kv_a_proj = on_device(ctx, w_.kv_a_proj, dtype);
+  d.kv_b_proj = on_device(ctx, w_.kv_b_proj, dtype);
+  d.o_proj = on_device(ctx, w_.o_proj, dtype);
+  d.g_proj = on_device(ctx, w_.g_proj, dtype);
+  d.q_a_norm = on_device(ctx, w_.q_a_norm, DType::F32);
+  d.kv_a_norm = on_device(ctx, w_.kv_a_norm, DType::F32);
+  d.q_a_bias = on_device(ctx, w_.q_a_bias, DType::F32);
+  d.kv_a_bias = on_device(ctx, w_.kv_a_bias, DType::F32);
+  d.o_bias = on_device(ctx, w_.o_bias, DType::F32);
+  return copy;
+}
+
+void MlaAttention::forward(backend::Context& ctx, const Tensor& x, const ops::StepView& step, KvCache& cache,
+                           int64_t layer, Tensor& out) const {
   const LatentAttentionSpec& m = spec_.latent;
   const int64_t tokens = x.dim(0), heads = spec_.num_heads;
   const int64_t nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, qk = nope + rope, vd = m.v_head_dim;
   const int64_t lora = m.kv_lora_rank;
-
   backend::Workspace::Scope scope(ctx.workspace());
-  Tensor q = ctx.scratch(DType::F32, {tokens, heads * qk});
-  Tensor latent = ctx.scratch(DType::F32, {tokens, lora});
-  Tensor rope_key = ctx.scratch(DType::F32, {tokens, rope});
+  // Every buffer here is written in full by the op that fills it (no fills: see GqaAttention).
+  Tensor q = ctx.scratch_for_output(DType::F32, {tokens, heads * qk});
+  Tensor latent = ctx.scratch_for_output(DType::F32, {tokens, lora});
+  Tensor rope_key = ctx.scratch_for_output(DType::F32, {tokens, rope});
   project_mla(ctx, spec_, rms_eps_, w_, x, q, latent, rope_key);
-  for (int64_t t = 0; t < tokens; ++t) {
-    const int64_t p = batch.positions[t];
-    rotary_.apply(rope_key.data<float>() + t * rope, 1, rope, p);
-    rotary_.apply(q.data<float>() + t * heads * qk, heads, qk, p);
-  }
-
-  // Cache rows, through the paged view: keys hold the normalised latent, values the rotated
+  Tensor rope_heads = rope_key.reshaped({tokens, 1, rope});
+  Tensor q_heads = q.reshaped({tokens, heads, qk});
+  ops::interleaved_rotary(ctx, rotary_, rope_heads, step.positions);
+  ops::interleaved_rotary(ctx, rotary_, q_heads, step.positions);
+  // Cache rows through the block tables: keys hold the normalised latent, values the rotated
   // shared key. Each token then attends to its own sequence's positions [0, p] (padding rows:
   // nothing).
-  const std::span<ops::KvWrite> writes = ctx.workspace().array<ops::KvWrite>(tokens);
-  const std::span<ops::KvWindow> windows = ctx.workspace().array<ops::KvWindow>(tokens);
-  for (int64_t t = 0; t < tokens; ++t) {
-    if (batch.seqs[t] == ForwardBatch::kPadding) continue;
-    const int64_t p = batch.positions[t];
-    R3_CHECK(p < cache.capacity(), "sequence position ", p, " exceeds the KV cache capacity of ", cache.capacity());
-    const ops::PagedKv kv = cache.view(layer, batch.seqs[t]);
-    writes[static_cast<std::size_t>(t)] = {kv, p};
-    windows[static_cast<std::size_t>(t)] = {kv, 0, p + 1};
-  }
-  ops::write_kv(ctx, latent.data<float>(), lora, rope_key.data<float>(), rope, writes);
-  Tensor attended = ctx.scratch(DType::F32, {tokens, heads * vd});
-  ops::latent_attention(ctx, q, w_.kv_b_proj, windows, {heads, nope, rope, vd, lora}, softmax_scale_, attended);
+  const ops::StepView layer_step = cache.step_for_layer(step, layer);
+  const ops::KvPool pool = cache.pool(layer);
+  ops::write_kv_paged(ctx, latent.data<float>(), lora, rope_key.data<float>(), rope, layer_step, pool);
+  Tensor attended = ctx.scratch_for_output(DType::F32, {tokens, heads * vd});
+  ops::latent_attention_paged(ctx, q, w_.kv_b_proj, layer_step, pool, {heads, nope, rope, vd, lora}, softmax_scale_,
+                              attended);
   if (w_.g_proj.defined()) {
-    Tensor gate = ctx.scratch(DType::F32, {tokens, heads * vd});
+    Tensor gate = ctx.scratch_for_output(DType::F32, {tokens, heads * vd});
     ops::linear(ctx, x, w_.g_proj, nullptr, gate);
     ops::mul_sigmoid(ctx, gate, attended);
   }

@@ -4,7 +4,10 @@
 // the latent space (q_nope projected through W_k, values projected after the weighted sum),
 // which is the same arithmetic as expanding every cached position, with far less work.
 // Kimi K3's gated MLA multiplies the attended values by sigmoid(g_proj x) before o_proj.
+// One definition for every device, as GqaAttention.
 #pragma once
+
+#include <memory>
 
 #include "models/attention_layer.h"
 #include "models/decoder_spec.h"
@@ -35,15 +38,15 @@ class MlaAttention final : public AttentionLayer {
   // The normalised latent (keys) and the rotated shared key (values) of every position.
   CacheSpec cache_spec() const override;
 
-  void forward(backend::Context& ctx, const Tensor& x, const ForwardBatch& batch, KvCache& cache, int64_t layer,
+  // This layer with its weights on ctx's device: projections as `dtype` (or as stored when
+  // quantized), norms and biases float32.
+  std::unique_ptr<MlaAttention> placed(backend::Context& ctx, DType dtype) const;
+
+  void forward(backend::Context& ctx, const Tensor& x, const ops::StepView& step, KvCache& cache, int64_t layer,
                Tensor& out) const override;
 
-  // What a device copy of the layer needs (models/cuda).
   const AttentionSpec& spec() const { return spec_; }
-  float rms_eps() const { return rms_eps_; }
   const MlaWeights& weights() const { return w_; }
-  const ops::TrailingInterleavedRotary& rotary() const { return rotary_; }
-  float softmax_scale() const { return softmax_scale_; }
 
  private:
   AttentionSpec spec_;

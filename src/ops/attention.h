@@ -12,7 +12,7 @@
 
 #include "backend/dispatch.h"
 #include "core/tensor.h"
-#include "ops/device_step.h"
+#include "ops/step_view.h"
 
 namespace r3::ops {
 
@@ -47,6 +47,13 @@ struct PagedKv {
   }
 };
 
+// Sequence `seq`'s view of a host pool (float32) through the step's block tables (host memory).
+inline PagedKv paged_kv(const StepView& step, const KvPool& pool, int32_t seq) {
+  return {static_cast<float*>(pool.keys), static_cast<float*>(pool.values), pool.key_width, pool.value_width,
+          pool.block_size,
+          std::span<const int32_t>(step.block_tables + seq * step.table_stride, static_cast<std::size_t>(step.table_stride))};
+}
+
 // What one query token attends to: positions [begin, end) of its sequence's paged cache.
 struct KvWindow {
   PagedKv kv;
@@ -61,19 +68,29 @@ struct KvWindow {
 namespace cpu {
 void attention(backend::Context& ctx, const Tensor& q, std::span<const KvWindow> kv, int64_t num_kv_heads,
                float scale, Tensor& out, const float* sinks);
+void paged_attention(backend::Context& ctx, const Tensor& q, const StepView& step, const KvPool& pool,
+                     int64_t num_kv_heads, float scale, int64_t sliding_window, const float* sinks, Tensor& out);
 }
 #if R3_WITH_CUDA
 namespace cuda {  // ops/cuda/sm90_paged_attention.cu
-// The same attention over a device pool, each token's window derived from the step metadata:
-// positions [pos - sliding_window + 1, pos] of its sequence (all up to pos when sliding_window is 0).
-// q, out: device [tokens, num_heads, head_dim]; sinks: device [num_heads] or nullptr.
-void paged_attention(backend::Context& ctx, const Tensor& q, const DeviceStep& step, const DeviceKvPool& pool,
+// paged_attention below, over a device pool.
+void paged_attention(backend::Context& ctx, const Tensor& q, const StepView& step, const KvPool& pool,
                      int64_t num_kv_heads, float scale, int64_t sliding_window, const float* sinks, Tensor& out);
 }
 #endif
 inline void attention(backend::Context& ctx, const Tensor& q, std::span<const KvWindow> kv, int64_t num_kv_heads,
                       float scale, Tensor& out, const float* sinks = nullptr) {
   R3_DISPATCH(ctx, attention, ctx, q, kv, num_kv_heads, scale, out, sinks);
+}
+
+// The same attention with each token's window derived from the step (ops/step_view.h):
+// positions [pos - sliding_window + 1, pos] of its sequence (all up to pos when sliding_window is
+// 0), through the step's block tables into `pool`; a padding row's output is zeros. q, out:
+// [step.tokens, num_heads, head_dim]; sinks: [num_heads] or nullptr; all on ctx's device.
+inline void paged_attention(backend::Context& ctx, const Tensor& q, const StepView& step, const KvPool& pool,
+                            int64_t num_kv_heads, float scale, int64_t sliding_window, const float* sinks,
+                            Tensor& out) {
+  R3_DISPATCH_GPU(ctx, paged_attention, ctx, q, step, pool, num_kv_heads, scale, sliding_window, sinks, out);
 }
 
 }  // namespace r3::ops

@@ -15,7 +15,7 @@
 
 #if R3_WITH_CUDA
 #include "backend/context.h"
-#include "ops/device_step.h"
+#include "ops/step_view.h"
 #endif
 
 // Head dimensions up to kMaxDeltaRuleHeadDim (the recurrent form keeps a head's normalised q and k
@@ -96,7 +96,7 @@ struct DeltaRuleHeadWeights {
 // state: [slots, heads, dim, dim] float32 (each sequence slot's recurrent state); out: [tokens,
 // heads * dim]. All device memory.
 void gated_delta_rule_step(backend::Context& ctx, int64_t heads, int64_t dim, const DeltaRuleStepRows& rows,
-                           const DeltaRuleHeadWeights& w, const DeviceStep& step, float* state, float* out);
+                           const DeltaRuleHeadWeights& w, const StepView& step, float* state, float* out);
 }  // namespace cuda
 #endif
 

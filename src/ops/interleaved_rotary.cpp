@@ -37,4 +37,15 @@ void TrailingInterleavedRotary::apply(float* x, int64_t heads, int64_t head_dim,
   }
 }
 
+namespace cpu {
+
+void interleaved_rotary(backend::Context&, const TrailingInterleavedRotary& rotary, Tensor& x, const int32_t* positions) {
+  R3_CHECK(x.rank() == 3 && x.dtype() == DType::F32 && x.is_contiguous(), "interleaved rotary: x ",
+           shape_to_string(x.shape()));
+  const int64_t tokens = x.dim(0), heads = x.dim(1), head_dim = x.dim(2);
+  for (int64_t t = 0; t < tokens; ++t) rotary.apply(x.data<float>() + t * heads * head_dim, heads, head_dim, positions[t]);
+}
+
+}  // namespace cpu
+
 }  // namespace r3::ops

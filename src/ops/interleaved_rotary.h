@@ -6,7 +6,7 @@
 #include <span>
 #include <vector>
 
-#include "backend/context.h"
+#include "backend/dispatch.h"
 #include "core/tensor.h"
 
 namespace r3::ops {
@@ -31,12 +31,22 @@ class TrailingInterleavedRotary {
   float attention_scaling_ = 1.0f;
 };
 
+namespace cpu {  // ops/interleaved_rotary.cpp
+void interleaved_rotary(backend::Context& ctx, const TrailingInterleavedRotary& rotary, Tensor& x,
+                        const int32_t* positions);
+}
 #if R3_WITH_CUDA
 namespace cuda {  // ops/cuda/sm90_rotary.cu
-// The same rotation of a device tensor [tokens, heads, head_dim], positions on the device.
-void interleaved_rotary_on_device(backend::Context& ctx, const TrailingInterleavedRotary& rotary, Tensor& x,
-                                  const int32_t* positions);
+void interleaved_rotary(backend::Context& ctx, const TrailingInterleavedRotary& rotary, Tensor& x,
+                        const int32_t* positions);
 }
 #endif
+
+// Every token's heads rotated at its position: x [tokens, heads, head_dim] and positions
+// [tokens], both on ctx's device.
+inline void interleaved_rotary(backend::Context& ctx, const TrailingInterleavedRotary& rotary, Tensor& x,
+                               const int32_t* positions) {
+  R3_DISPATCH_GPU(ctx, interleaved_rotary, ctx, rotary, x, positions);
+}
 
 }  // namespace r3::ops

@@ -19,13 +19,14 @@ struct KvWrite {
 namespace cpu {
 void write_kv(const float* keys, int64_t key_stride, const float* values, int64_t value_stride,
               std::span<const KvWrite> writes);
+void write_kv_paged(backend::Context& ctx, const float* keys, int64_t key_stride, const float* values,
+                    int64_t value_stride, const StepView& step, const KvPool& pool);
 }
 #if R3_WITH_CUDA
 namespace cuda {  // ops/cuda/sm90_paged_attention.cu
-// Row t (device pointers, strides in floats) to position positions[t] of sequence seqs[t] in the
-// device pool, through the step's block tables; padding rows (seq -1) write nothing.
+// write_kv_paged below, into a device pool.
 void write_kv_paged(backend::Context& ctx, const float* keys, int64_t key_stride, const float* values,
-                    int64_t value_stride, const DeviceStep& step, const DeviceKvPool& pool);
+                    int64_t value_stride, const StepView& step, const KvPool& pool);
 }
 #endif
 
@@ -34,6 +35,14 @@ void write_kv_paged(backend::Context& ctx, const float* keys, int64_t key_stride
 inline void write_kv(backend::Context& ctx, const float* keys, int64_t key_stride, const float* values,
                      int64_t value_stride, std::span<const KvWrite> writes) {
   R3_DISPATCH(ctx, write_kv, keys, key_stride, values, value_stride, writes);
+}
+
+// Row t (pointers on ctx's device, strides in floats) to position positions[t] of sequence
+// seqs[t] in the pool, through the step's block tables (ops/step_view.h); padding rows (seq -1)
+// write nothing.
+inline void write_kv_paged(backend::Context& ctx, const float* keys, int64_t key_stride, const float* values,
+                           int64_t value_stride, const StepView& step, const KvPool& pool) {
+  R3_DISPATCH_GPU(ctx, write_kv_paged, ctx, keys, key_stride, values, value_stride, step, pool);
 }
 
 }  // namespace r3::ops

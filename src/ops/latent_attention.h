@@ -8,7 +8,7 @@
 #include "backend/dispatch.h"
 #include "core/tensor.h"
 #include "ops/attention.h"
-#include "ops/device_step.h"
+#include "ops/step_view.h"
 
 namespace r3::ops {
 
@@ -27,18 +27,27 @@ struct LatentAttentionShape {
 namespace cpu {
 void latent_attention(backend::Context& ctx, const Tensor& q, const Tensor& kv_b, std::span<const KvWindow> kv,
                       const LatentAttentionShape& shape, float scale, Tensor& out);
+void latent_attention_paged(backend::Context& ctx, const Tensor& q, const Tensor& kv_b, const StepView& step,
+                            const KvPool& pool, const LatentAttentionShape& shape, float scale, Tensor& out);
 }
 #if R3_WITH_CUDA
 namespace cuda {  // ops/cuda/sm90_latent_attention.cu
-// The same on the device over the step's block tables: q, kv_b (F32 or BF16), out on the device;
-// the pool's key rows are latents (lora floats) and its value rows rotary keys (rope floats).
-void latent_attention_paged(backend::Context& ctx, const Tensor& q, const Tensor& kv_b, const DeviceStep& step,
-                            const DeviceKvPool& pool, const LatentAttentionShape& shape, float scale, Tensor& out);
+// latent_attention_paged below, on the device (kv_b F32 or BF16).
+void latent_attention_paged(backend::Context& ctx, const Tensor& q, const Tensor& kv_b, const StepView& step,
+                            const KvPool& pool, const LatentAttentionShape& shape, float scale, Tensor& out);
 }
 #endif
 inline void latent_attention(backend::Context& ctx, const Tensor& q, const Tensor& kv_b, std::span<const KvWindow> kv,
                              const LatentAttentionShape& shape, float scale, Tensor& out) {
   R3_DISPATCH(ctx, latent_attention, ctx, q, kv_b, kv, shape, scale, out);
+}
+
+// The same with each token's window, positions [0, pos] of its sequence, taken through the step's
+// block tables (ops/step_view.h) into `pool`, whose key rows are latents (lora floats) and value
+// rows rotary keys (rope floats); a padding row gives zeros. q, kv_b, out on ctx's device.
+inline void latent_attention_paged(backend::Context& ctx, const Tensor& q, const Tensor& kv_b, const StepView& step,
+                                   const KvPool& pool, const LatentAttentionShape& shape, float scale, Tensor& out) {
+  R3_DISPATCH_GPU(ctx, latent_attention_paged, ctx, q, kv_b, step, pool, shape, scale, out);
 }
 
 }  // namespace r3::ops

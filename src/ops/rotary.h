@@ -7,18 +7,12 @@
 
 #include "backend/dispatch.h"
 #include "core/tensor.h"
-#include "ops/device_step.h"
+#include "ops/step_view.h"
 
 namespace r3::ops {
 
 class Rotary;
-namespace cpu {
-void rotary(const Rotary& rotary, Tensor& x, std::span<const int32_t> positions);
-}
-#if R3_WITH_CUDA
-namespace cuda {  // ops/cuda/sm90_rotary.cu
-// The same rotation of a device tensor, with the positions on the device.
-void rotary_positions_on_device(backend::Context& ctx, const Rotary& rotary, Tensor& x, const int32_t* positions);
+
 // A GQA layer's rows between its projection and its attention: the q, k and v of each token
 // (rows of the given strides in floats, so they may be parts of one fused projection's output),
 // and the per-head RMSNorm weights of q and k (both null: no norm).
@@ -32,13 +26,21 @@ struct AttentionRows {
   const float* q_norm = nullptr;
   const float* k_norm = nullptr;
 };
-// In one kernel: every query and key head normalised (when the norms are given, with `eps`) and
-// rotated at the step's positions; the queries to q_out ([tokens, heads, head_dim], contiguous;
-// it may be the q rows themselves when their stride is heads * head_dim), the keys and the
-// values (kv_heads * head_dim floats per row) to the paged pool as write_kv_paged writes them.
+
+namespace cpu {
+void rotary(const Rotary& rotary, Tensor& x, std::span<const int32_t> positions);
 void prepare_attention_rows(backend::Context& ctx, const Rotary& rotary, const AttentionRows& rows, int64_t heads,
-                            int64_t kv_heads, int64_t head_dim, float eps, const DeviceStep& step,
-                            const DeviceKvPool& pool, Tensor& q_out);
+                            int64_t kv_heads, int64_t head_dim, float eps, const StepView& step, const KvPool& pool,
+                            Tensor& q_out);
+}
+#if R3_WITH_CUDA
+namespace cuda {  // ops/cuda/sm90_rotary.cu
+// The same rotation of a device tensor, with the positions on the device.
+void rotary_positions_on_device(backend::Context& ctx, const Rotary& rotary, Tensor& x, const int32_t* positions);
+// prepare_attention_rows below, in one kernel.
+void prepare_attention_rows(backend::Context& ctx, const Rotary& rotary, const AttentionRows& rows, int64_t heads,
+                            int64_t kv_heads, int64_t head_dim, float eps, const StepView& step,
+                            const KvPool& pool, Tensor& q_out);
 }
 #endif
 
@@ -65,5 +67,17 @@ class Rotary {
   std::vector<float> inv_freq_;
   float attention_scaling_ = 1.0f;
 };
+
+// A GQA layer's rows between its projection and its attention: every query and key head
+// normalised (when the norms are given, with `eps`) and rotated at the step's positions; the
+// queries to q_out ([step.tokens, heads, head_dim], contiguous; it may be the q rows themselves
+// when their stride is heads * head_dim), the keys and the values (kv_heads * head_dim floats per
+// row) to the paged pool at each token's position through the step's block tables (a padding
+// row writes nothing). One kernel on a CUDA device.
+inline void prepare_attention_rows(backend::Context& ctx, const Rotary& rotary, const AttentionRows& rows,
+                                   int64_t heads, int64_t kv_heads, int64_t head_dim, float eps, const StepView& step,
+                                   const KvPool& pool, Tensor& q_out) {
+  R3_DISPATCH_GPU(ctx, prepare_attention_rows, ctx, rotary, rows, heads, kv_heads, head_dim, eps, step, pool, q_out);
+}
 
 }  // namespace r3::ops

@@ -10,7 +10,7 @@
 
 #if R3_WITH_CUDA
 #include "backend/context.h"
-#include "ops/device_step.h"
+#include "ops/step_view.h"
 #endif
 
 namespace r3::ops {
@@ -38,7 +38,7 @@ struct ConvInputs {
   int64_t stride = 0;
 };
 void short_conv_silu_step(backend::Context& ctx, const ConvInputs& in, const float* weight, int64_t kernel,
-                          const DeviceStep& step, float* state, float* out);
+                          const StepView& step, float* state, float* out);
 }  // namespace cuda
 #endif
 

@@ -61,7 +61,7 @@ TEST(CudaKda, ShortConvolutionAndDeltaRuleMatchTheCpuOverAMixedStep) {
     const Tensor norm_d = backend::to_device(*gpu, norm);
     Tensor conv_state_d = backend::to_device(*gpu, conv_state), rec_state_d = backend::to_device(*gpu, rec_state);
     const Tensor seqs_d = gpu_ints(*gpu, seqs), positions_d = gpu_ints(*gpu, positions);
-    const ops::DeviceStep step{tokens, nullptr, positions_d.data<int32_t>(), seqs_d.data<int32_t>(), nullptr, 0, 31};
+    const ops::StepView step{tokens, nullptr, positions_d.data<int32_t>(), seqs_d.data<int32_t>(), nullptr, 0, 31};
     ops::cuda::ConvInputs in;
     in.parts = 3;
     in.part_channels = width;

@@ -493,13 +493,13 @@ TEST_F(CudaOps, PreparedAttentionRowsMatchTheCpuNormsAndRotary) {
   Tensor keys_d = backend::device_empty(*gpu_, DType::F32, {8 * block, kv_width});
   Tensor values_d = backend::device_empty(*gpu_, DType::F32, {8 * block, kv_width});
   const Tensor seqs_d = gpu_ints(*gpu_, seqs), positions_d = gpu_ints(*gpu_, positions), tables_d = gpu_ints(*gpu_, tables);
-  const ops::DeviceStep step{tokens, nullptr, positions_d.data<int32_t>(), seqs_d.data<int32_t>(),
+  const ops::StepView step{tokens, nullptr, positions_d.data<int32_t>(), seqs_d.data<int32_t>(),
                              tables_d.data<int32_t>(), 3, 10};
-  const ops::DeviceKvPool pool{keys_d.data<float>(), values_d.data<float>(), kv_width, kv_width, block, 8};
+  const ops::KvPool pool{keys_d.data<float>(), values_d.data<float>(), kv_width, kv_width, block, 8};
   const Tensor projected_d = backend::to_device(*gpu_, projected);
   const Tensor q_norm_d = backend::to_device(*gpu_, q_norm), k_norm_d = backend::to_device(*gpu_, k_norm);
   const float* p = projected_d.data<float>();
-  const ops::cuda::AttentionRows rows{p, width, p + q_width, width, p + q_width + kv_width, width,
+  const ops::AttentionRows rows{p, width, p + q_width, width, p + q_width + kv_width, width,
                                       q_norm_d.data<float>(), k_norm_d.data<float>()};
   Tensor q_d = backend::device_empty(*gpu_, DType::F32, {tokens, heads, d});
   ops::cuda::prepare_attention_rows(*gpu_, rotary, rows, heads, kv_heads, d, eps, step, pool, q_d);
@@ -547,9 +547,9 @@ TEST_F(CudaOps, PagedKvWriteAndAttentionMatchTheCpu) {
     // Device side first (the host pool is updated in place by the CPU ops below).
     Tensor keys_d = backend::to_device(*gpu_, keys), values_d = backend::to_device(*gpu_, values);
     const Tensor seqs_d = gpu_ints(*gpu_, seqs), positions_d = gpu_ints(*gpu_, positions), tables_d = gpu_ints(*gpu_, flat);
-    const ops::DeviceStep step{tokens, nullptr, positions_d.data<int32_t>(), seqs_d.data<int32_t>(), tables_d.data<int32_t>(),
+    const ops::StepView step{tokens, nullptr, positions_d.data<int32_t>(), seqs_d.data<int32_t>(), tables_d.data<int32_t>(),
                                stride, 101};
-    const ops::DeviceKvPool pool{keys_d.data<float>(), values_d.data<float>(), width, width, block, pool_blocks};
+    const ops::KvPool pool{keys_d.data<float>(), values_d.data<float>(), width, width, block, pool_blocks};
     const Tensor k_d = backend::to_device(*gpu_, k), v_d = backend::to_device(*gpu_, v), q_d = backend::to_device(*gpu_, q);
     const Tensor sinks_d = backend::to_device(*gpu_, sinks);
     Tensor out_d = backend::device_empty(*gpu_, DType::F32, {tokens, c.heads, c.d});
@@ -596,13 +596,13 @@ TEST_F(CudaOps, BfloatKvPoolsHoldRoundedRowsAndAttendAsTheirWidening) {
     const Tensor q_d = backend::to_device(*gpu_, gpu_random({tokens, c.heads, c.d}, 84));
     const Tensor sinks_d = backend::to_device(*gpu_, gpu_random({c.heads}, 85));
     const Tensor seqs_d = gpu_ints(*gpu_, seqs), positions_d = gpu_ints(*gpu_, positions), tables_d = gpu_ints(*gpu_, flat);
-    const ops::DeviceStep step{tokens, nullptr, positions_d.data<int32_t>(), seqs_d.data<int32_t>(), tables_d.data<int32_t>(),
+    const ops::StepView step{tokens, nullptr, positions_d.data<int32_t>(), seqs_d.data<int32_t>(), tables_d.data<int32_t>(),
                                stride, 101};
     const Tensor k_d = backend::to_device(*gpu_, k), v_d = backend::to_device(*gpu_, v);
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
 
     Tensor keys16 = backend::to_device_as(*gpu_, keys, DType::BF16), values16 = backend::to_device_as(*gpu_, values, DType::BF16);
-    const ops::DeviceKvPool pool16{keys16.raw_data(), values16.raw_data(), width, width, block, pool_blocks, true};
+    const ops::KvPool pool16{keys16.raw_data(), values16.raw_data(), width, width, block, pool_blocks, true};
     ops::cuda::write_kv_paged(*gpu_, k_d.data<float>(), width, v_d.data<float>(), width, step, pool16);
     Tensor out16 = backend::device_empty(*gpu_, DType::F32, {tokens, c.heads, c.d});
     ops::cuda::paged_attention(*gpu_, q_d, step, pool16, c.kv_heads, scale, c.window,
@@ -620,7 +620,7 @@ TEST_F(CudaOps, BfloatKvPoolsHoldRoundedRowsAndAttendAsTheirWidening) {
     // A float32 pool of the widened bf16 rows: the same attention, bit for bit.
     Tensor keys32 = backend::to_device(*gpu_, gpu_widened_bf16(keys_back));
     Tensor values32 = backend::to_device(*gpu_, gpu_widened_bf16(values_back));
-    const ops::DeviceKvPool pool32{keys32.data<float>(), values32.data<float>(), width, width, block, pool_blocks};
+    const ops::KvPool pool32{keys32.data<float>(), values32.data<float>(), width, width, block, pool_blocks};
     Tensor out32 = backend::device_empty(*gpu_, DType::F32, {tokens, c.heads, c.d});
     ops::cuda::paged_attention(*gpu_, q_d, step, pool32, c.kv_heads, scale, c.window,
                                c.sinks ? sinks_d.data<float>() : nullptr, out32);
@@ -638,7 +638,7 @@ TEST_F(CudaOps, BfloatKvPoolsHoldRoundedRowsAndAttendAsTheirWidening) {
     const Tensor norm_d = backend::to_device(*gpu_, gpu_random({c.d}, 87));
     const int64_t row_width = c.heads * c.d + 2 * width;
     const float* p = projected.data<float>();
-    const ops::cuda::AttentionRows rows{p, row_width, p + c.heads * c.d, row_width, p + c.heads * c.d + width, row_width,
+    const ops::AttentionRows rows{p, row_width, p + c.heads * c.d, row_width, p + c.heads * c.d + width, row_width,
                                         norm_d.data<float>(), norm_d.data<float>()};
     const ops::Rotary rotary(c.d / 2, 1e4);
     Tensor q16 = backend::device_empty(*gpu_, DType::F32, {tokens, c.heads, c.d});
@@ -676,7 +676,7 @@ TEST_F(CudaOps, AttentionChunksMergedInAClusterGiveTheMergeKernelsBits) {
     const int64_t pool_blocks = static_cast<int64_t>(order.size());
     Tensor keys_d = backend::to_device_as(*gpu_, gpu_random({pool_blocks * block, width}, 51), DType::BF16);
     Tensor values_d = backend::to_device_as(*gpu_, gpu_random({pool_blocks * block, width}, 52), DType::BF16);
-    const ops::DeviceKvPool pool{keys_d.raw_data(), values_d.raw_data(), width, width, block, pool_blocks, true};
+    const ops::KvPool pool{keys_d.raw_data(), values_d.raw_data(), width, width, block, pool_blocks, true};
     const Tensor tables_d = gpu_ints(*gpu_, order);
     const Tensor q = gpu_random({tokens, c.heads, c.d}, 53, 3.0f);
     const Tensor sinks_d = backend::to_device(*gpu_, gpu_random({c.heads}, 54));
@@ -687,7 +687,7 @@ TEST_F(CudaOps, AttentionChunksMergedInAClusterGiveTheMergeKernelsBits) {
       const std::vector<int32_t> step_seqs(seqs.begin() + first, seqs.begin() + first + n);
       const std::vector<int32_t> step_positions(positions.begin() + first, positions.begin() + first + n);
       const Tensor seqs_d = gpu_ints(*gpu_, step_seqs), positions_d = gpu_ints(*gpu_, step_positions);
-      const ops::DeviceStep step{n, nullptr, positions_d.data<int32_t>(), seqs_d.data<int32_t>(), tables_d.data<int32_t>(),
+      const ops::StepView step{n, nullptr, positions_d.data<int32_t>(), seqs_d.data<int32_t>(), tables_d.data<int32_t>(),
                                  stride, *std::max_element(step_positions.begin(), step_positions.end()) + 1};
       Tensor step_q_host = Tensor::empty(DType::F32, {n, c.heads, c.d});
       std::memcpy(step_q_host.raw_data(), q.data<float>() + first * c.heads * c.d, step_q_host.nbytes());
@@ -764,10 +764,10 @@ TEST_F(CudaOps, PagedAttentionOverLongWindowsMatchesTheCpu) {
     const DType pool_dtype = c.bf16 ? DType::BF16 : DType::F32;
     Tensor keys_d = backend::to_device_as(*gpu_, keys, pool_dtype), values_d = backend::to_device_as(*gpu_, values, pool_dtype);
     const Tensor tables_d = gpu_ints(*gpu_, order);
-    const ops::DeviceKvPool pool{keys_d.raw_data(), values_d.raw_data(), width, width, block, pool_blocks, c.bf16};
+    const ops::KvPool pool{keys_d.raw_data(), values_d.raw_data(), width, width, block, pool_blocks, c.bf16};
     auto attend = [&](const std::vector<int32_t>& step_seqs, const std::vector<int32_t>& step_positions, const Tensor& step_q) {
       const Tensor seqs_d = gpu_ints(*gpu_, step_seqs), positions_d = gpu_ints(*gpu_, step_positions);
-      const ops::DeviceStep step{static_cast<int64_t>(step_seqs.size()), nullptr, positions_d.data<int32_t>(),
+      const ops::StepView step{static_cast<int64_t>(step_seqs.size()), nullptr, positions_d.data<int32_t>(),
                                  seqs_d.data<int32_t>(), tables_d.data<int32_t>(), stride,
                                  *std::max_element(step_positions.begin(), step_positions.end()) + 1};
       const Tensor q_d = backend::to_device(*gpu_, step_q);
@@ -1462,7 +1462,7 @@ TEST_F(CudaOps, DeviceStepBuilderFeedsTheKernels) {
   for (int step = 0; step < 3; ++step) {
     const std::vector<int32_t> ids = {static_cast<int32_t>(step), 39, 12}, positions = {11 - step, 0, 17 + step},
                                seqs = {0, -1, 2};
-    const ops::DeviceStep dev = builder.build(ids, positions, seqs, spans);
+    const ops::StepView dev = builder.build(ids, positions, seqs, spans);
     ASSERT_EQ(dev.tokens, 3);
     Tensor want = Tensor::empty(DType::F32, {3, 64});
     ops::embedding(cpu_, table, ids, want);
@@ -1483,7 +1483,7 @@ TEST_F(CudaOps, DeviceStepBuilderFeedsTheKernels) {
     Tensor want_a = Tensor::empty(DType::F32, {3, 1, 64});
     ops::attention(cpu_, want_r, windows, 1, 0.125f, want_a);
     Tensor got_a = backend::device_empty(*gpu_, DType::F32, {3, 1, 64});
-    const ops::DeviceKvPool pool{keys_d.data<float>(), values_d.data<float>(), width, width, block, 32};
+    const ops::KvPool pool{keys_d.data<float>(), values_d.data<float>(), width, width, block, 32};
     ops::cuda::paged_attention(*gpu_, got_r, dev, pool, 1, 0.125f, 0, nullptr, got_a);
     EXPECT_LT(gpu_relative_error(backend::to_host(*gpu_, got_a), want_a), 1e-5) << "step " << step;
   }

@@ -117,7 +117,7 @@ void Decoder::run_step(backend::Context& ctx, const ForwardBatch& batch, ModelCa
   backend::Workspace::Scope step_scope(ctx.workspace());
   const std::span<std::span<const int32_t>> tables = ctx.workspace().array<std::span<const int32_t>>(kv->max_seqs());
   for (int64_t s = 0; s < kv->max_seqs(); ++s) tables[static_cast<std::size_t>(s)] = kv->block_table(0, s);
-  const ops::DeviceStep step = steps_->build(batch.token_ids, batch.positions, batch.seqs, tables, batch.logit_rows,
+  const ops::StepView step = steps_->build(batch.token_ids, batch.positions, batch.seqs, tables, batch.logit_rows,
                                              {batch.forced_routing, batch.replayed});
 
   StepTensors st;  // every one written in full by its first kernel: no fill needed
@@ -163,16 +163,14 @@ void Decoder::run_step(backend::Context& ctx, const ForwardBatch& batch, ModelCa
   }
 }
 
-void Decoder::run_attention(backend::Context& ctx, const Layer& layer, const ops::DeviceStep& step, KvCache& kv,
+void Decoder::run_attention(backend::Context& ctx, const Layer& layer, const ops::StepView& step, KvCache& kv,
                             int64_t l, StepTensors& t) const {
-  const ops::DeviceKvPool pool = kv.device_pool(l);
-  if (layer.attention) layer.attention->forward(ctx, t.normed, step, pool, t.branch);
-  else if (layer.latent_attention) layer.latent_attention->forward(ctx, t.normed, step, pool, t.branch);
-  else layer.delta_attention->forward(ctx, t.normed, step, pool, t.branch);
+  if (layer.attention) return layer.attention->forward(ctx, t.normed, step, kv, l, t.branch);
+  layer.delta_attention->forward(ctx, t.normed, step, kv.pool(l), t.branch);
 }
 
 Decoder::Routed Decoder::route(backend::Context& ctx, const Moe& moe, const Tensor& normed,
-                               const ops::DeviceStep& step) const {
+                               const ops::StepView& step) const {
   const int64_t j = moe.layer_id, tokens = step.tokens;
   const moe::DeviceCaptureRows rows = p_.capture_routing ? capture_->layer_rows(j) : moe::DeviceCaptureRows{};
   int32_t* ids = ctx.scratch_for_output(DType::I32, {tokens, moe.top_k}).data<int32_t>();
@@ -182,7 +180,7 @@ Decoder::Routed Decoder::route(backend::Context& ctx, const Moe& moe, const Tens
   return {captured, loads_ ? loads_->layer(j) : nullptr};
 }
 
-void Decoder::run_moe(backend::Context& ctx, const Moe& moe, const Tensor& normed, const ops::DeviceStep& step,
+void Decoder::run_moe(backend::Context& ctx, const Moe& moe, const Tensor& normed, const ops::StepView& step,
                       Tensor& out, const Tensor* experts_in) const {
   backend::Workspace::Scope scope(ctx.workspace());
   const bool modular = p_.moe_path == moe::MoePath::kModular;
@@ -224,7 +222,7 @@ const int32_t* Decoder::device_owners(backend::Context& ctx, const moe::ep::Expe
   return device_owners_.data<int32_t>();
 }
 
-void Decoder::run_layers(backend::Context& ctx, const ops::DeviceStep& step, KvCache& kv, StepTensors& t) const {
+void Decoder::run_layers(backend::Context& ctx, const ops::StepView& step, KvCache& kv, StepTensors& t) const {
   if (p_.residual_block_size > 0) return run_residual_mix_layers(ctx, step, kv, t);
   ops::cuda::embedding_ids_on_device(ctx, p_.embed, step.token_ids, step.tokens, t.residual);
   // Each residual add runs with the norm after it (ops::cuda::add_rms_norm): one kernel, not two.
@@ -267,7 +265,7 @@ void count_nodes(cudaGraph_t graph, StepGraphNodes& nodes) {
 
 }  // namespace
 
-void Decoder::run_layers_graphed(backend::Context& ctx, ops::DeviceStep step, KvCache& kv, StepTensors& t) const {
+void Decoder::run_layers_graphed(backend::Context& ctx, ops::StepView step, KvCache& kv, StepTensors& t) const {
   // Attention sizes its grid by the step's longest context: in a graph, by a bucket of it (the
   // next power of two from 64, at most the capacity); chunks past a token's window add nothing.
   int64_t bucket = 64;
@@ -408,13 +406,13 @@ void check_device_moe_path(moe::MoePath path) {
 
 void place_attention(backend::Context& ctx, const AttentionLayer& host, DType dtype, int64_t l, Layer& d) {
   if (const auto* gqa = dynamic_cast<const GqaAttention*>(&host)) {
-    d.attention.emplace(ctx, *gqa, dtype);
-  } else if (const auto* kda = dynamic_cast<const KdaAttention*>(&host)) {
-    d.delta_attention.emplace(ctx, *kda, dtype);
+    d.attention = gqa->placed(ctx, dtype);
+  } else if (const auto* mla = dynamic_cast<const MlaAttention*>(&host)) {
+    d.attention = mla->placed(ctx, dtype);
   } else {
-    const auto* mla = dynamic_cast<const MlaAttention*>(&host);
-    R3_CHECK(mla != nullptr, "--device cuda: layer ", l, "'s attention has no CUDA kernels");
-    d.latent_attention.emplace(ctx, *mla, dtype);
+    const auto* kda = dynamic_cast<const KdaAttention*>(&host);
+    R3_CHECK(kda != nullptr, "--device cuda: layer ", l, "'s attention has no CUDA kernels");
+    d.delta_attention.emplace(ctx, *kda, dtype);
   }
 }
 
@@ -442,18 +440,18 @@ std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr
   parts.kv_dtype = weights;
   parts.reduced_precision = weights == DType::BF16;
   parts.moe_path = moe_path;
-  parts.embed = device::on_device(ctx, host->embed(), weights);  // the lookup widens it exactly
-  parts.final_norm = device::on_device(ctx, host->final_norm(), DType::F32);
+  parts.embed = on_device(ctx, host->embed(), weights);  // the lookup widens it exactly
+  parts.final_norm = on_device(ctx, host->final_norm(), DType::F32);
   const bool tied = host->lm_head().raw_data() == host->embed().raw_data();
-  parts.lm_head = tied ? parts.embed : device::on_device(ctx, host->lm_head(), weights);
+  parts.lm_head = tied ? parts.embed : on_device(ctx, host->lm_head(), weights);
   for (std::size_t l = 0; l < host->layers().size(); ++l) {
     const DecoderLayer& layer = host->layers()[l];
     device::Layer d;
-    d.input_norm = device::on_device(ctx, layer.input_norm, DType::F32);
-    d.post_attention_norm = device::on_device(ctx, layer.post_attention_norm, DType::F32);
+    d.input_norm = on_device(ctx, layer.input_norm, DType::F32);
+    d.post_attention_norm = on_device(ctx, layer.post_attention_norm, DType::F32);
     device::place_attention(ctx, *layer.attention, weights, static_cast<int64_t>(l), d);
     if (const auto* dense = dynamic_cast<const DenseFeedForward*>(layer.feed_forward.get())) {
-      d.dense.emplace(device::mlp_on_device(ctx, dense->mlp(), weights));
+      d.dense.emplace(mlp_on_device(ctx, dense->mlp(), weights));
     } else {
       const auto* moe = dynamic_cast<const MoeFeedForward*>(layer.feed_forward.get());
       R3_CHECK(moe != nullptr, "--device cuda: layer ", l, "'s feed-forward has no CUDA kernels");

@@ -25,6 +25,8 @@
 #include "models/kimi_k3/situ_mlp.h"
 #include "models/mla_attention.h"
 #include "models/device_step_builder.h"
+#include "models/gqa_attention.h"
+#include "models/weights_on_device.h"
 #include "moe/device_capture.h"
 #include "moe/device_expert_map.h"
 #include "moe/device_experts.h"
@@ -34,61 +36,11 @@
 #include "moe/ep/expert_parallel_dispatcher.h"
 #include "core/function_ref.h"
 #include "ops/cuda/token_drawer.h"
-#include "ops/device_step.h"
+#include "ops/step_view.h"
 #include "ops/interleaved_rotary.h"
 #include "ops/rotary.h"
 
 namespace r3::models::device {
-
-// A host weight in device memory as `dtype`, or an undefined tensor for an absent optional weight.
-Tensor on_device(backend::Context& ctx, const Tensor& host, DType dtype);
-
-// Host matrices of one width as one matrix of their rows stacked, on the device as `dtype`: float
-// weights always (widened exactly first), quantized ones when they are FP8 whose block scales
-// stack (each part starting and ending on a block row); an undefined tensor otherwise (they then
-// stay apart).
-Tensor stacked_on_device(backend::Context& ctx, std::initializer_list<const Tensor*> parts, DType dtype);
-
-// A host MLP with its matrices on the device as `dtype` (SwigluMlp's forward runs wherever its
-// context does).
-SwigluMlp mlp_on_device(backend::Context& ctx, const SwigluMlp& host, DType dtype);
-
-struct Attention {
-  AttentionSpec spec;
-  float rms_eps;
-  ops::Rotary rotary;  // frequencies, passed to the kernel by value
-  int64_t sliding_window;
-  GqaAttentionWeights w;  // on the device: projections as the model's dtype, the rest float32
-  // q, k and v as one projection ([q_width + 2 kv_width, hidden], its bias the three biases, zeros
-  // for an absent one): one launch, one pass over the activations. Set (and w.q, w.k, w.v left
-  // empty) unless the layer normalises the whole q / k projection or clips it (OLMoE-style),
-  // which then runs on the separate projections.
-  Tensor qkv, qkv_bias;
-
-  Attention(const AttentionSpec& attention, float eps, ops::Rotary rope, int64_t window)
-      : spec(attention), rms_eps(eps), rotary(std::move(rope)), sliding_window(window) {}
-  Attention(backend::Context& ctx, const GqaAttention& host, DType dtype);
-  // Whether q, k and v run as one projection (the kernel after it does the per-head norms).
-  static bool fuses_qkv(const AttentionSpec& spec) { return spec.qk_norm != QkNorm::kFull && spec.clip_qkv <= 0; }
-  // Every row's keys and values are written before any token reads the pool, so a step may
-  // bring any number of a sequence's positions (the device pools keep every position).
-  void forward(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, const ops::DeviceKvPool& pool,
-               Tensor& out) const;
-};
-
-// Multi-head latent attention (MlaAttention's step): the cache holds each position's normalised
-// latent (key rows) and rotated shared key (value rows).
-struct LatentAttention {
-  AttentionSpec spec;
-  float rms_eps;
-  ops::TrailingInterleavedRotary rotary;
-  float softmax_scale;
-  MlaWeights w;  // on the device: projections and kv_b as the model's dtype, norms and biases float32
-
-  LatentAttention(backend::Context& ctx, const MlaAttention& host, DType dtype);
-  void forward(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, const ops::DeviceKvPool& pool,
-               Tensor& out) const;
-};
 
 // Kimi Delta Attention (KdaAttention::forward over every sequence of the step): the projections,
 // then the short convolutions and the fused delta rule (ops/short_conv.h, ops/delta_rule.h), each
@@ -102,7 +54,7 @@ struct KimiDeltaAttention {
   KimiDeltaAttention(backend::Context& ctx, const KdaAttention& host, DType dtype);
   // The rows of a step must be each sequence's one run continuing its cached length (the decoder
   // checks it on the host before the step).
-  void forward(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, const ops::DeviceKvPool& pool,
+  void forward(backend::Context& ctx, const Tensor& x, const ops::StepView& step, const ops::KvPool& pool,
                Tensor& out) const;
 };
 
@@ -138,12 +90,12 @@ struct Moe {
   // Gate GEMM, then routing fused with the capture write (the ids reach `capture` rows in the
   // same kernel that writes them to `ids`; null rows: not captured). ids: device [tokens, k]
   // logical ids; weights: device [tokens, k]. Returns them as the captured routing.
-  moe::DeviceCapturedRouting route(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, int32_t* ids,
+  moe::DeviceCapturedRouting route(backend::Context& ctx, const Tensor& x, const ops::StepView& step, int32_t* ids,
                                    float* weights, moe::DeviceCaptureRows capture) const;
   // The EPLB map (when on: logical ids to physical ones, counting into `load_counts`, device
   // [num_physical] or null), then the fused experts (always_grouped: the modular path's kernels
   // at every step size) and the shared expert.
-  void run_experts(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step,
+  void run_experts(backend::Context& ctx, const Tensor& x, const ops::StepView& step,
                    const moe::DeviceCapturedRouting& captured, int32_t* load_counts, Tensor& out,
                    bool always_grouped) const;
   // Expert parallelism (an eager step): the EPLB map as run_experts runs it, then the pairs
@@ -151,7 +103,7 @@ struct Moe {
   // physical experts (owner_of: device [num_physical]), this rank's experts over
   // the rows that came, the outputs back and the combine (moe/device_ep_dispatch.h); then the
   // shared expert. Waits once, for the counts the exchanges are sized by.
-  void run_experts_over_gpus(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step,
+  void run_experts_over_gpus(backend::Context& ctx, const Tensor& x, const ops::StepView& step,
                              const moe::DeviceCapturedRouting& captured, int32_t* load_counts,
                              const moe::ep::ExpertParallelDispatcher& ep, const int32_t* owner_of, Tensor& out) const;
   // Whether a step of `tokens` tokens can run the whole layer as one monolithic kernel
@@ -160,7 +112,7 @@ struct Moe {
   // route and run_experts as one monolithic kernel (then the shared expert): the same ids, weights,
   // capture rows, load counts and output, with the same bits.
   // experts_x: the experts' input when it is not x (Kimi K3's latent rows), or null.
-  void route_and_run_experts(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, int32_t* ids,
+  void route_and_run_experts(backend::Context& ctx, const Tensor& x, const ops::StepView& step, int32_t* ids,
                              float* weights, moe::DeviceCaptureRows capture, int32_t* load_counts, Tensor& out,
                              const Tensor* experts_x = nullptr) const;
   // Brings the device experts and map up to the host layer's placement after a rebalance
@@ -171,7 +123,7 @@ struct Moe {
   void follow_placement(backend::Context& ctx, const moe::ep::ExpertParallelDispatcher* ep) const;
   // The captured routing as the experts take it: through the EPLB map when on (counting into
   // load_counts; the physical ids in ctx's workspace), else its own ids.
-  moe::DevicePhysicalRouting physical_routing(backend::Context& ctx, const ops::DeviceStep& step,
+  moe::DevicePhysicalRouting physical_routing(backend::Context& ctx, const ops::StepView& step,
                                               const moe::DeviceCapturedRouting& captured, int32_t* load_counts) const;
   // Whether a test replaced the host layer's map function: the map then runs on the host (eagerly),
   // with or without EPLB, as the CPU paths run it.
@@ -200,8 +152,9 @@ SituMlp situ_on_device(backend::Context& ctx, const SituMlp& host, DType dtype);
 
 struct Layer {
   Tensor input_norm, post_attention_norm;
-  std::optional<Attention> attention;       // one of the three
-  std::optional<LatentAttention> latent_attention;
+  // One of the two: grouped-query or latent attention, the host classes with their weights on the
+  // device; or Kimi Delta Attention's device copy.
+  std::unique_ptr<AttentionLayer> attention;
   std::optional<KimiDeltaAttention> delta_attention;
   std::optional<SwigluMlp> dense;
   std::optional<Moe> moe;
@@ -304,11 +257,11 @@ class Decoder final : public CausalLM {
   void run_step(backend::Context& ctx, const ForwardBatch& batch, ModelCache& model_cache,
                 FunctionRef<void(const Tensor& logits)> finish) const;
   // Embedding, layers, final norm and lm_head: the part of a step a graph holds.
-  void run_layers(backend::Context& ctx, const ops::DeviceStep& step, KvCache& kv, StepTensors& t) const;
+  void run_layers(backend::Context& ctx, const ops::StepView& step, KvCache& kv, StepTensors& t) const;
   // The same for Kimi K3's attention residuals (models/cuda/kimi_k3_on_device.cpp).
-  void run_residual_mix_layers(backend::Context& ctx, const ops::DeviceStep& step, KvCache& kv, StepTensors& t) const;
+  void run_residual_mix_layers(backend::Context& ctx, const ops::StepView& step, KvCache& kv, StepTensors& t) const;
   // Layer l's attention from t.normed into t.branch.
-  void run_attention(backend::Context& ctx, const Layer& layer, const ops::DeviceStep& step, KvCache& kv, int64_t l,
+  void run_attention(backend::Context& ctx, const Layer& layer, const ops::StepView& step, KvCache& kv, int64_t l,
                      StepTensors& t) const;
   // A MoE layer's gate and routing with the capture write: its logical ids (scratch of the
   // caller's workspace scope) and weights (in the capture buffer), and its load counts (EPLB).
@@ -316,7 +269,7 @@ class Decoder final : public CausalLM {
     moe::DeviceCapturedRouting captured;
     int32_t* loads;
   };
-  Routed route(backend::Context& ctx, const Moe& moe, const Tensor& normed, const ops::DeviceStep& step) const;
+  Routed route(backend::Context& ctx, const Moe& moe, const Tensor& normed, const ops::StepView& step) const;
   // The running step's expert-parallel dispatcher (null on one rank).
   const moe::ep::ExpertParallelDispatcher* ep_dispatcher() const;
   // The expert-parallel group's owner_of on the device (uploaded when it changes).
@@ -325,10 +278,10 @@ class Decoder final : public CausalLM {
   // placement's MoE path: route, then run_experts, or both in one monolithic kernel; under expert
   // parallelism, route, then the experts over the ranks through the dispatcher's device exchange.
   // experts_in: the experts' input when it is not `normed` (Kimi K3's latent rows), or null.
-  void run_moe(backend::Context& ctx, const Moe& moe, const Tensor& normed, const ops::DeviceStep& step, Tensor& out,
+  void run_moe(backend::Context& ctx, const Moe& moe, const Tensor& normed, const ops::StepView& step, Tensor& out,
                const Tensor* experts_in = nullptr) const;
   // run_layers, from a graph of this step's shape when there is one (capturing it when due).
-  void run_layers_graphed(backend::Context& ctx, ops::DeviceStep step, KvCache& kv, StepTensors& t) const;
+  void run_layers_graphed(backend::Context& ctx, ops::StepView step, KvCache& kv, StepTensors& t) const;
   // Sizes the step builder and the capture buffer for a step of `tokens` tokens over the cache's
   // slots (they only grow, so a warmed-up engine allocates nothing here).
   void prepare(int64_t tokens, const KvCache& kv) const;

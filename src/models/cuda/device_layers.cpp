@@ -1,6 +1,6 @@
-// The layers of a decoder on the device (models/cuda/device_decoder_parts.h): the host layers'
-// steps (GqaAttention::forward, SwigluMlp::forward, MoeFeedForward::forward) with each piece
-// replaced by its device kernel and the per-token metadata read from the step's one upload.
+// The MoE layers of a decoder on the device, which still have a device copy of their own
+// (models/cuda/device_decoder_parts.h): MoeFeedForward's step with each piece replaced by its
+// device kernel and the per-token metadata read from the step's one upload.
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
@@ -16,7 +16,6 @@
 #include "moe/ep/expert_moves.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
-#include "ops/cuda/l2_prefetch.h"
 #include "ops/kv_write.h"
 #include "ops/latent_attention.h"
 #include "ops/linear.h"
@@ -27,198 +26,7 @@ namespace r3::models::device {
 namespace {
 // Norms, biases, sinks, gates: always float32.
 Tensor f32_on_device(backend::Context& ctx, const Tensor& host) { return on_device(ctx, host, DType::F32); }
-
-// A weight published quantized (FP8 with block scales, MXFP4): placed as stored, never widened.
-bool stored_quantized(const Tensor& w) { return w.block_scales() != nullptr || w.mx_scales() != nullptr; }
-
-// Host tensors of one width stacked as the rows of one float32 host tensor (each widened exactly).
-Tensor stacked_rows(std::initializer_list<const Tensor*> parts) {
-  const int64_t cols = (*parts.begin())->rank() == 1 ? 1 : (*parts.begin())->shape().back();
-  int64_t rows = 0;
-  for (const Tensor* t : parts) rows += t->numel() / cols;
-  Tensor out = Tensor::empty(DType::F32, cols == 1 ? Shape{rows} : Shape{rows, cols});
-  float* dst = out.data<float>();
-  for (const Tensor* t : parts) {
-    R3_CHECK(t->is_contiguous() && (t->rank() == 1 ? cols == 1 : t->shape().back() == cols),
-             "stacking projections: ", shape_to_string(t->shape()), " does not have ", cols, " columns");
-    R3_CHECK(!stored_quantized(*t), "stacking projections: quantized weights stay apart");
-    convert_to_f32(t->raw_data(), t->dtype(), static_cast<std::size_t>(t->numel()), dst);
-    dst += t->numel();
-  }
-  return out;
-}
-
-// FP8 q, k and v stacked as one FP8 matrix with their scale rows stacked alike, possible when each
-// starts and ends on a block-row boundary (Qwen3-30B-A3B-FP8: 4096 + 512 + 512 rows in blocks of
-// 128), so that one scale grid serves all three; an undefined tensor otherwise (they then run as
-// three projections).
-Tensor stacked_fp8_rows(std::initializer_list<const Tensor*> parts) {
-  const BlockScales* s0 = (*parts.begin())->block_scales();
-  if (s0 == nullptr) return Tensor();
-  const int64_t cols = (*parts.begin())->dim(1);
-  int64_t rows = 0;
-  for (const Tensor* t : parts) {
-    const BlockScales* s = t->block_scales();
-    if (s == nullptr || t->dtype() != DType::F8_E4M3 || !t->is_contiguous() || t->dim(1) != cols ||
-        s->block_rows != s0->block_rows || s->block_cols != s0->block_cols || s->first_row % s->block_rows != 0 ||
-        t->dim(0) % s->block_rows != 0) {
-      return Tensor();
-    }
-    rows += t->dim(0);
-  }
-  const int64_t scale_cols = s0->scales.dim(1);
-  Tensor values = Tensor::empty(DType::F8_E4M3, {rows, cols});
-  Tensor scales = Tensor::empty(DType::F32, {rows / s0->block_rows, scale_cols});
-  auto* dst = static_cast<unsigned char*>(values.raw_data());
-  float* scale_dst = scales.data<float>();
-  for (const Tensor* t : parts) {
-    const BlockScales* s = t->block_scales();
-    std::memcpy(dst, t->raw_data(), t->nbytes());
-    dst += t->nbytes();
-    const int64_t scale_rows = t->dim(0) / s->block_rows;
-    std::memcpy(scale_dst, s->scales.data<float>() + (s->first_row / s->block_rows) * scale_cols,
-                sizeof(float) * static_cast<std::size_t>(scale_rows * scale_cols));
-    scale_dst += scale_rows * scale_cols;
-  }
-  BlockScales stacked;
-  stacked.scales = std::move(scales);
-  stacked.block_rows = s0->block_rows;
-  stacked.block_cols = s0->block_cols;
-  return values.with_block_scales(std::move(stacked));
-}
 }  // namespace
-
-Tensor on_device(backend::Context& ctx, const Tensor& host, DType dtype) {
-  return host.defined() ? backend::to_device_as(ctx, host, dtype) : Tensor();
-}
-
-Tensor stacked_on_device(backend::Context& ctx, std::initializer_list<const Tensor*> parts, DType dtype) {
-  bool quantized = false;
-  for (const Tensor* t : parts) quantized = quantized || stored_quantized(*t);
-  if (!quantized) return on_device(ctx, stacked_rows(parts), dtype);
-  const Tensor fp8 = stacked_fp8_rows(parts);
-  return fp8.defined() ? on_device(ctx, fp8, dtype) : Tensor();
-}
-
-SwigluMlp mlp_on_device(backend::Context& ctx, const SwigluMlp& host, DType dtype) {
-  return SwigluMlp(on_device(ctx, host.gate(), dtype), on_device(ctx, host.up(), dtype),
-                   on_device(ctx, host.down(), dtype), host.limit());
-}
-
-Attention::Attention(backend::Context& ctx, const GqaAttention& host, DType dtype)
-    : Attention(host.spec(), host.rms_eps(), host.rotary(), host.sliding_window()) {
-  const GqaAttentionWeights& h = host.weights();
-  if (fuses_qkv(spec)) qkv = stacked_on_device(ctx, {&h.q, &h.k, &h.v}, dtype);
-  if (qkv.defined()) {
-    if (h.q_bias.defined() || h.k_bias.defined() || h.v_bias.defined()) {
-      const int64_t q_width = spec.num_heads * spec.head_dim, kv_width = spec.num_kv_heads * spec.head_dim;
-      const Tensor zq = Tensor::empty(DType::F32, {q_width}), zkv = Tensor::empty(DType::F32, {kv_width});
-      qkv_bias = f32_on_device(ctx, stacked_rows({h.q_bias.defined() ? &h.q_bias : &zq,
-                                                  h.k_bias.defined() ? &h.k_bias : &zkv,
-                                                  h.v_bias.defined() ? &h.v_bias : &zkv}));
-    }
-  } else {
-    w.q = on_device(ctx, h.q, dtype);
-    w.k = on_device(ctx, h.k, dtype);
-    w.v = on_device(ctx, h.v, dtype);
-    w.q_bias = f32_on_device(ctx, h.q_bias);
-    w.k_bias = f32_on_device(ctx, h.k_bias);
-    w.v_bias = f32_on_device(ctx, h.v_bias);
-  }
-  w.o = on_device(ctx, h.o, dtype);
-  w.o_bias = f32_on_device(ctx, h.o_bias);
-  w.q_norm = f32_on_device(ctx, h.q_norm);
-  w.k_norm = f32_on_device(ctx, h.k_norm);
-  w.sinks = f32_on_device(ctx, h.sinks);
-}
-
-void Attention::forward(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step,
-                        const ops::DeviceKvPool& pool, Tensor& out) const {
-  const int64_t tokens = x.dim(0), d = spec.head_dim;
-  const int64_t q_width = spec.num_heads * d, kv_width = spec.num_kv_heads * d;
-  backend::Workspace::Scope scope(ctx.workspace());
-  Tensor qh = ctx.scratch_for_output(DType::F32, {tokens, spec.num_heads, d});  // written in full by the kernels
-  // Once q/k/v has run, o's weights come into L2 beside the prepare and attention kernels
-  // (ops/cuda/l2_prefetch.h).
-  const bool prefetch_o = ops::cuda::o_prefetch_taken(tokens);
-  if (qkv.defined()) {
-    const int64_t width = q_width + 2 * kv_width;
-    Tensor projected = ctx.scratch_for_output(DType::F32, {tokens, width});
-    ops::linear(ctx, x, qkv, qkv_bias.if_defined(), projected);
-    if (prefetch_o) ops::cuda::prefetch_into_l2_beside(ctx, w.o);
-    const float* p = projected.data<float>();
-    const bool norms = spec.qk_norm == QkNorm::kPerHead;
-    const ops::cuda::AttentionRows rows{p,
-                                        width,
-                                        p + q_width,
-                                        width,
-                                        p + q_width + kv_width,
-                                        width,
-                                        norms ? w.q_norm.data<float>() : nullptr,
-                                        norms ? w.k_norm.data<float>() : nullptr};
-    ops::cuda::prepare_attention_rows(ctx, rotary, rows, spec.num_heads, spec.num_kv_heads, d, rms_eps, step, pool, qh);
-  } else {
-    // Norms over the whole projection or clipping: the host layer's projections, then the rows.
-    Tensor qt = qh.reshaped({tokens, q_width});
-    Tensor kt = ctx.scratch_for_output(DType::F32, {tokens, kv_width});
-    Tensor vt = ctx.scratch_for_output(DType::F32, {tokens, kv_width});
-    project_qkv(ctx, spec, rms_eps, w, x, qt, kt, vt);
-    if (prefetch_o) ops::cuda::prefetch_into_l2_beside(ctx, w.o);
-    const ops::cuda::AttentionRows rows{qt.data<float>(), q_width, kt.data<float>(), kv_width, vt.data<float>(), kv_width};
-    ops::cuda::prepare_attention_rows(ctx, rotary, rows, spec.num_heads, spec.num_kv_heads, d, rms_eps, step, pool, qh);
-  }
-  // Written in full by attention (a padding row's zeros included). Not zero-filled: a fill is a
-  // memset node in the step's graph, which breaks the chain of programmatic launches.
-  Tensor attended = ctx.scratch_for_output(DType::F32, {tokens, spec.num_heads, d});
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  ops::cuda::paged_attention(ctx, qh, step, pool, spec.num_kv_heads, scale, sliding_window,
-                             w.sinks.defined() ? w.sinks.data<float>() : nullptr, attended);
-  ops::linear(ctx, attended.reshaped({tokens, q_width}), w.o, w.o_bias.if_defined(), out);
-}
-
-LatentAttention::LatentAttention(backend::Context& ctx, const MlaAttention& host, DType dtype)
-    : spec(host.spec()), rms_eps(host.rms_eps()), rotary(host.rotary()), softmax_scale(host.softmax_scale()) {
-  const MlaWeights& h = host.weights();
-  w.q_proj = on_device(ctx, h.q_proj, dtype);
-  w.q_a_proj = on_device(ctx, h.q_a_proj, dtype);
-  w.q_b_proj = on_device(ctx, h.q_b_proj, dtype);
-  w.kv_a_proj = on_device(ctx, h.kv_a_proj, dtype);
-  w.kv_b_proj = on_device(ctx, h.kv_b_proj, dtype);
-  w.o_proj = on_device(ctx, h.o_proj, dtype);
-  w.g_proj = on_device(ctx, h.g_proj, dtype);
-  w.q_a_norm = f32_on_device(ctx, h.q_a_norm);
-  w.kv_a_norm = f32_on_device(ctx, h.kv_a_norm);
-  w.q_a_bias = f32_on_device(ctx, h.q_a_bias);
-  w.kv_a_bias = f32_on_device(ctx, h.kv_a_bias);
-  w.o_bias = f32_on_device(ctx, h.o_bias);
-}
-
-// MlaAttention::forward with the device kernels.
-void LatentAttention::forward(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step,
-                              const ops::DeviceKvPool& pool, Tensor& out) const {
-  const LatentAttentionSpec& m = spec.latent;
-  const int64_t tokens = x.dim(0), heads = spec.num_heads;
-  const int64_t nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, qk = nope + rope, lora = m.kv_lora_rank;
-  backend::Workspace::Scope scope(ctx.workspace());
-  Tensor q = ctx.scratch_for_output(DType::F32, {tokens, heads * qk});
-  Tensor latent = ctx.scratch_for_output(DType::F32, {tokens, lora});
-  Tensor rope_key = ctx.scratch_for_output(DType::F32, {tokens, rope});
-  project_mla(ctx, spec, rms_eps, w, x, q, latent, rope_key);
-  Tensor rope_heads = rope_key.reshaped({tokens, 1, rope});
-  Tensor q_heads = q.reshaped({tokens, heads, qk});
-  ops::cuda::interleaved_rotary_on_device(ctx, rotary, rope_heads, step.positions);
-  ops::cuda::interleaved_rotary_on_device(ctx, rotary, q_heads, step.positions);
-  ops::cuda::write_kv_paged(ctx, latent.data<float>(), lora, rope_key.data<float>(), rope, step, pool);
-  Tensor attended = ctx.scratch_for_output(DType::F32, {tokens, heads * m.v_head_dim});
-  ops::cuda::latent_attention_paged(ctx, q, w.kv_b_proj, step, pool, {heads, nope, rope, m.v_head_dim, lora},
-                                    softmax_scale, attended);
-  if (w.g_proj.defined()) {  // Kimi K3's output gate, as MlaAttention::forward
-    Tensor gate = ctx.scratch_for_output(DType::F32, {tokens, heads * m.v_head_dim});
-    ops::linear(ctx, x, w.g_proj, nullptr, gate);
-    ops::mul_sigmoid(ctx, gate, attended);
-  }
-  ops::linear(ctx, attended, w.o_proj, w.o_bias.if_defined(), out);
-}
 
 Moe::Moe(backend::Context& ctx, const MoeFeedForward& host, DType weights_dtype, bool eplb, moe::ExpertSlice slice)
     : Moe(ctx, host.moe(), weights_dtype, eplb, slice) {
@@ -254,7 +62,7 @@ Moe::Moe(backend::Context& ctx, const moe::MoeBlock& block, DType weights_dtype,
   monolithic_sync = std::make_shared<moe::MonolithicMoeSync>(ctx);
 }
 
-moe::DeviceCapturedRouting Moe::route(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step,
+moe::DeviceCapturedRouting Moe::route(backend::Context& ctx, const Tensor& x, const ops::StepView& step,
                                       int32_t* ids, float* weights, moe::DeviceCaptureRows capture) const {
   const int64_t tokens = x.dim(0);
   backend::Workspace::Scope scope(ctx.workspace());
@@ -264,7 +72,7 @@ moe::DeviceCapturedRouting Moe::route(backend::Context& ctx, const Tensor& x, co
   return moe::route_on_device(ctx, logits, rule, forced, step.replayed, ids, weights, capture);
 }
 
-moe::DevicePhysicalRouting Moe::physical_routing(backend::Context& ctx, const ops::DeviceStep& step,
+moe::DevicePhysicalRouting Moe::physical_routing(backend::Context& ctx, const ops::StepView& step,
                                                  const moe::DeviceCapturedRouting& captured,
                                                  int32_t* load_counts) const {
   if (!map && !host_map()) return moe::DevicePhysicalRouting::without_replicas(captured);
@@ -273,7 +81,7 @@ moe::DevicePhysicalRouting Moe::physical_routing(backend::Context& ctx, const op
   return map->map(ctx, captured, step.seqs, physical, load_counts);
 }
 
-void Moe::run_experts(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step,
+void Moe::run_experts(backend::Context& ctx, const Tensor& x, const ops::StepView& step,
                       const moe::DeviceCapturedRouting& captured, int32_t* load_counts, Tensor& out,
                       bool always_grouped) const {
   const int64_t tokens = x.dim(0), hidden = x.dim(1), pairs = tokens * top_k;
@@ -288,7 +96,7 @@ void Moe::run_experts(backend::Context& ctx, const Tensor& x, const ops::DeviceS
   if (shared_expert) add_shared_expert(ctx, x, *shared_expert, shared_gate, out);
 }
 
-void Moe::run_experts_over_gpus(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step,
+void Moe::run_experts_over_gpus(backend::Context& ctx, const Tensor& x, const ops::StepView& step,
                                 const moe::DeviceCapturedRouting& captured, int32_t* load_counts,
                                 const moe::ep::ExpertParallelDispatcher& ep, const int32_t* owner_of,
                                 Tensor& out) const {
@@ -362,7 +170,7 @@ void Moe::run_experts_over_gpus(backend::Context& ctx, const Tensor& x, const op
   if (shared_expert) add_shared_expert(ctx, x, *shared_expert, shared_gate, out);
 }
 
-void Moe::route_and_run_experts(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step, int32_t* ids,
+void Moe::route_and_run_experts(backend::Context& ctx, const Tensor& x, const ops::StepView& step, int32_t* ids,
                                 float* weights, moe::DeviceCaptureRows capture, int32_t* load_counts, Tensor& out,
                                 const Tensor* experts_x) const {
   const int64_t tokens = x.dim(0);

@@ -58,7 +58,7 @@ DeviceStepBuilder::DeviceStepBuilder(backend::Context& ctx, int64_t max_tokens, 
 
 DeviceStepBuilder::~DeviceStepBuilder() = default;
 
-ops::DeviceStep DeviceStepBuilder::build(std::span<const int32_t> token_ids, std::span<const int32_t> positions,
+ops::StepView DeviceStepBuilder::build(std::span<const int32_t> token_ids, std::span<const int32_t> positions,
                                          std::span<const int32_t> seqs,
                                          std::span<const std::span<const int32_t>> tables,
                                          std::span<const int64_t> logit_rows, Replay replay) {
@@ -122,7 +122,7 @@ ops::DeviceStep DeviceStepBuilder::build(std::span<const int32_t> token_ids, std
   // layer to take part in the exchanges) sizes the attention grids by one position: its rows
   // attend to nothing either way, and the kernels refuse a step whose size was never set.
   if (tokens > 0 && max_context == 0) max_context = 1;
-  ops::DeviceStep step{tokens, d, d + max_tokens_, d + 2 * max_tokens_, d + 4 * max_tokens_, stride_, max_context};
+  ops::StepView step{tokens, d, d + max_tokens_, d + 2 * max_tokens_, d + 4 * max_tokens_, stride_, max_context};
   step.logit_rows = d + 3 * max_tokens_;
   step.logit_row_count = row_count;
   if (replays) {

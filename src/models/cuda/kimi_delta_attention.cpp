@@ -49,8 +49,8 @@ KimiDeltaAttention::KimiDeltaAttention(backend::Context& ctx, const KdaAttention
   w.o_norm = on_device(ctx, h.o_norm, DType::F32);
 }
 
-void KimiDeltaAttention::forward(backend::Context& ctx, const Tensor& x, const ops::DeviceStep& step,
-                                 const ops::DeviceKvPool& pool, Tensor& out) const {
+void KimiDeltaAttention::forward(backend::Context& ctx, const Tensor& x, const ops::StepView& step,
+                                 const ops::KvPool& pool, Tensor& out) const {
   const int64_t tokens = x.dim(0), width = spec.width(), heads = spec.heads, d = spec.head_dim;
   R3_CHECK(pool.key_width == 3 * width * (spec.conv_kernel - 1) && pool.value_width == heads * d * d && !pool.bf16,
            "KDA (cuda): the cache's states are ", pool.key_width, " + ", pool.value_width, " floats, the layer's ",

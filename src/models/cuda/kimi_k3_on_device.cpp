@@ -38,7 +38,7 @@ AttentionResidual residual_on_device(backend::Context& ctx, const AttentionResid
 
 // KimiK3Model::forward_into's loop: h (t.residual) is the running in-block sum, each block's
 // first layer snapshots it, and a layer's two inputs are mixed from the snapshots and h.
-void Decoder::run_residual_mix_layers(backend::Context& ctx, const ops::DeviceStep& step, KvCache& kv,
+void Decoder::run_residual_mix_layers(backend::Context& ctx, const ops::StepView& step, KvCache& kv,
                                       StepTensors& t) const {
   const int64_t tokens = step.tokens, hidden = p_.info.hidden_size, block = p_.residual_block_size;
   const auto layer_count = static_cast<int64_t>(p_.layers.size());

@@ -93,12 +93,14 @@ std::unique_ptr<CausalLM> synthetic_on_device(backend::Context& ctx, const Synth
     device::Layer layer;
     layer.input_norm = random.ones(s.hidden);
     layer.post_attention_norm = random.ones(s.hidden);
-    device::Attention& a = layer.attention.emplace(attention, parts.rms_eps, ops::Rotary(s.head_dim, 1e6), 0);
+    GqaAttentionWeights a;
     const Shape qkv{q_width + 2 * kv_width, s.hidden}, o{s.hidden, q_width};  // qkv's fan-in is the hidden size
     a.qkv = s.fp8 ? random.fp8_projection(qkv) : random.matrix(DType::BF16, qkv);
-    a.w.o = s.fp8 ? random.fp8_projection(o) : random.matrix(DType::BF16, o);
-    a.w.q_norm = random.ones(s.head_dim);
-    a.w.k_norm = random.ones(s.head_dim);
+    a.o = s.fp8 ? random.fp8_projection(o) : random.matrix(DType::BF16, o);
+    a.q_norm = random.ones(s.head_dim);
+    a.k_norm = random.ones(s.head_dim);
+    layer.attention =
+        std::make_unique<GqaAttention>(attention, parts.rms_eps, std::move(a), ops::Rotary(s.head_dim, 1e6), 0);
     device::Moe& m = layer.moe.emplace();
     m.layer_id = l;
     m.num_experts = s.experts;

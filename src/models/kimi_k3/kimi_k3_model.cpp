@@ -63,6 +63,7 @@ void KimiK3Model::forward_into(backend::Context& ctx, const ForwardBatch& batch,
   const std::size_t row_bytes = sizeof(float) * static_cast<std::size_t>(tokens * hidden);
   const auto moe_count = static_cast<int64_t>(info_.moe_layers.size());
   const std::span<const uint8_t> padding = batch.padding_mask(ctx.workspace());  // not counted in expert loads
+  const ops::StepView view = batch.view();
   int64_t moe_index = 0;
   for (int64_t l = 0; l < layer_count; ++l) {
     const KimiK3Layer& layer = layers_[static_cast<std::size_t>(l)];
@@ -75,7 +76,7 @@ void KimiK3Model::forward_into(backend::Context& ctx, const ForwardBatch& batch,
     }
     if (block_start) std::memcpy(snapshots.data<float>() + taken++ * tokens * hidden, h.data<float>(), row_bytes);
     ops::rms_norm(ctx, mixed, &layer.input_norm, rms_eps_, normed);
-    layer.attention->forward(ctx, normed, batch, cache, l, branch);
+    layer.attention->forward(ctx, normed, view, cache, l, branch);
     if (!block_start) ops::add_rows(ctx, h, nullptr, branch);  // a block start's h is in the snapshots
     std::memcpy(h.data<float>(), branch.data<float>(), row_bytes);
     layer.post_attention_mix->mix(ctx, snapshots, taken, h, mixed);

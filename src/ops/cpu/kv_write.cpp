@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "ops/cpu/step_blocks.h"
+
 namespace r3::ops::cpu {
 
 void write_kv(const float* keys, int64_t key_stride, const float* values, int64_t value_stride,
@@ -16,6 +18,23 @@ void write_kv(const float* keys, int64_t key_stride, const float* values, int64_
     std::memcpy(w.kv.value_row(w.position), values + i * value_stride,
                 sizeof(float) * static_cast<std::size_t>(w.kv.value_width));
   }
+}
+
+void write_kv_paged(backend::Context& ctx, const float* keys, int64_t key_stride, const float* values,
+                    int64_t value_stride, const StepView& step, const KvPool& pool) {
+  backend::Workspace::Scope scope(ctx.workspace());
+  const std::span<KvWrite> writes = ctx.workspace().array<KvWrite>(step.tokens);
+  for (int64_t t = 0; t < step.tokens; ++t) {
+    const int32_t seq = step.seqs[t];
+    if (seq < 0) {  // a padding row writes nothing
+      writes[static_cast<std::size_t>(t)] = KvWrite{};
+      continue;
+    }
+    const int64_t pos = step.positions[t];
+    check_blocks(step, pool, seq, pos, pos + 1, "write_kv_paged");
+    writes[static_cast<std::size_t>(t)] = {paged_kv(step, pool, seq), pos};
+  }
+  write_kv(keys, key_stride, values, value_stride, writes);
 }
 
 }  // namespace r3::ops::cpu

@@ -123,7 +123,7 @@ __device__ inline void merge_in_cluster(const float (*warp_max_of)[kWarps][kG], 
 // wait, so that o loads its first weights while this kernel runs, as after merge_chunks.
 template <int kG, int kD, bool kClusterMerge = false>
 __global__ void __launch_bounds__(kMmaBlockWarps * kWarp, 3)
-    attention_chunks_mma(const float* __restrict__ q, DeviceStep step, DeviceKvPool pool, int64_t heads,
+    attention_chunks_mma(const float* __restrict__ q, StepView step, KvPool pool, int64_t heads,
                          int64_t kv_heads, float scale, int64_t sliding_window, int64_t chunks, int64_t chunk_len,
                          float* __restrict__ part_max, float* __restrict__ part_sum, float* __restrict__ part_acc,
                          const float* __restrict__ sinks = nullptr, float* __restrict__ out = nullptr) {

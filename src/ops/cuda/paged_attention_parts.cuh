@@ -10,21 +10,21 @@
 
 #include "backend/cuda/launch.cuh"
 #include "ops/cuda/warp_row_dots.cuh"
-#include "ops/device_step.h"
+#include "ops/step_view.h"
 
 namespace r3::ops::cuda {
 namespace {
 
-// Calls f(KV{}) with KV = float or __nv_bfloat16, the pool's element type (ops/device_step.h),
+// Calls f(KV{}) with KV = float or __nv_bfloat16, the pool's element type (ops/step_view.h),
 // so that a host function launches the kernel instantiated for it.
 template <typename F>
-void with_pool_type(const DeviceKvPool& pool, F&& f) {
+void with_pool_type(const KvPool& pool, F&& f) {
   if (pool.bf16) f(__nv_bfloat16{});
   else f(float{});
 }
 
-template <typename KV> __device__ inline KV* pool_keys(const DeviceKvPool& pool) { return static_cast<KV*>(pool.keys); }
-template <typename KV> __device__ inline KV* pool_values(const DeviceKvPool& pool) {
+template <typename KV> __device__ inline KV* pool_keys(const KvPool& pool) { return static_cast<KV*>(pool.keys); }
+template <typename KV> __device__ inline KV* pool_values(const KvPool& pool) {
   return static_cast<KV*>(pool.values);
 }
 // Stores v in the pool's element type (bf16: rounded to nearest even).
@@ -40,7 +40,7 @@ __device__ inline void prefetch_l2(const KV* p, int64_t n) {
 
 // By 32-bit division: positions are int32 and non-negative, blocks far smaller (the 64-bit
 // division is a long software routine, on the path of every row's load).
-__device__ inline int64_t cache_row(const DeviceStep& step, const DeviceKvPool& pool, int32_t seq, int64_t pos) {
+__device__ inline int64_t cache_row(const StepView& step, const KvPool& pool, int32_t seq, int64_t pos) {
   const auto p = static_cast<uint32_t>(pos), size = static_cast<uint32_t>(pool.block_size);
   const uint32_t slot = p / size;
   const int32_t block = step.block_tables[seq * step.table_stride + slot];

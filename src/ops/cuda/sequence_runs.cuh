@@ -8,19 +8,19 @@
 
 #include <cstdint>
 
-#include "ops/device_step.h"
+#include "ops/step_view.h"
 
 namespace r3::ops::cuda {
 
 // Whether row r begins a run. Padding rows begin none and belong to none.
-__device__ inline bool starts_run(const DeviceStep& step, int64_t r) {
+__device__ inline bool starts_run(const StepView& step, int64_t r) {
   const int32_t seq = step.seqs[r];
   if (seq < 0) return false;
   return r == 0 || step.seqs[r - 1] != seq || step.positions[r - 1] + 1 != step.positions[r];
 }
 
 // One past the last row of the run that begins at row r.
-__device__ inline int64_t run_end(const DeviceStep& step, int64_t r) {
+__device__ inline int64_t run_end(const StepView& step, int64_t r) {
   int64_t end = r + 1;
   while (end < step.tokens && step.seqs[end] == step.seqs[r] && step.positions[end] == step.positions[end - 1] + 1) ++end;
   return end;

@@ -21,7 +21,7 @@ constexpr int kWarp = 32;
 constexpr float kL2Eps = 1e-6f;  // transformers' l2norm
 
 __global__ void gated_delta_rule_runs(int64_t heads, int64_t dim, DeltaRuleStepRows rows, DeltaRuleHeadWeights w,
-                                      DeviceStep step, float* __restrict__ state, float* __restrict__ out) {
+                                      StepView step, float* __restrict__ state, float* __restrict__ out) {
   backend::cuda::wait_for_predecessor();
   const int64_t r = blockIdx.x, h = blockIdx.y, width = heads * dim;
   const int j = static_cast<int>(threadIdx.x);
@@ -90,7 +90,7 @@ std::size_t shared_bytes(int64_t dim) { return static_cast<std::size_t>(dim * di
 }  // namespace
 
 void gated_delta_rule_step(backend::Context& ctx, int64_t heads, int64_t dim, const DeltaRuleStepRows& rows,
-                           const DeltaRuleHeadWeights& w, const DeviceStep& step, float* state, float* out) {
+                           const DeltaRuleHeadWeights& w, const StepView& step, float* state, float* out) {
   R3_CHECK(heads > 0 && heads <= 65535 && dim > 0 && dim <= kMaxDeviceDeltaRuleHeadDim,
            "delta rule (cuda): ", heads, " heads of ", dim, " (at most 65535 heads of at most ",
            kMaxDeviceDeltaRuleHeadDim, ")");

@@ -3,6 +3,7 @@
 // the kernel ends as soon as its requests are issued.
 #include "backend/cuda/state.h"
 #include "ops/cuda/l2_prefetch.h"
+#include "ops/l2_prefetch.h"
 
 namespace r3::ops::cuda {
 
@@ -49,6 +50,10 @@ void prefetch_into_l2_beside(backend::Context& ctx, const Tensor& w) {
   prefetch_pieces<<<blocks, kThreads, 0, s.side>>>(static_cast<const char*>(w.raw_data()), bytes);
   R3_CUDA_CHECK(cudaGetLastError());
   s.side_pending = true;
+}
+
+void prefetch_weights_beside(backend::Context& ctx, const Tensor& w, int64_t tokens) {
+  if (o_prefetch_taken(tokens)) prefetch_into_l2_beside(ctx, w);
 }
 
 void join_side_stream(backend::Context& ctx) {

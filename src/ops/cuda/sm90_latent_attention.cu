@@ -49,7 +49,7 @@ __global__ void latent_queries(const float* __restrict__ q, Matrix kv_b, LatentA
 
 // One warp per (token, head, chunk): partial max, sum and latent accumulator of the chunk.
 template <typename KV, int kPerLane>
-__global__ void latent_chunks(const float* __restrict__ q_cat, DeviceStep step, DeviceKvPool pool,
+__global__ void latent_chunks(const float* __restrict__ q_cat, StepView step, KvPool pool,
                               LatentAttentionShape s, float scale, int64_t chunks, float* __restrict__ part_max,
                               float* __restrict__ part_sum, float* __restrict__ part_acc) {
   backend::cuda::wait_for_predecessor();
@@ -132,7 +132,7 @@ __global__ void latent_values(const float* __restrict__ latent_out, Matrix kv_b,
 }
 
 template <typename Matrix>
-void run(backend::Context& ctx, const Tensor& q, Matrix kv_b, const DeviceStep& step, const DeviceKvPool& pool,
+void run(backend::Context& ctx, const Tensor& q, Matrix kv_b, const StepView& step, const KvPool& pool,
          const LatentAttentionShape& s, float scale, Tensor& out) {
   const cudaStream_t stream = ctx.cuda_state().stream;
   const int64_t tokens = step.tokens, th = tokens * s.heads;
@@ -167,8 +167,8 @@ void run(backend::Context& ctx, const Tensor& q, Matrix kv_b, const DeviceStep& 
 
 }  // namespace
 
-void latent_attention_paged(backend::Context& ctx, const Tensor& q, const Tensor& kv_b, const DeviceStep& step,
-                            const DeviceKvPool& pool, const LatentAttentionShape& s, float scale, Tensor& out) {
+void latent_attention_paged(backend::Context& ctx, const Tensor& q, const Tensor& kv_b, const StepView& step,
+                            const KvPool& pool, const LatentAttentionShape& s, float scale, Tensor& out) {
   R3_CHECK(step.tokens >= 0 && (step.tokens == 0 || (step.seqs && step.positions && step.block_tables)) &&
                pool.keys && pool.values && pool.block_size > 0,
            "latent attention (cuda): incomplete step metadata or KV pool");

@@ -1,6 +1,6 @@
 // Paged KV on the GPU: appending a step's key/value rows to the block pool, and grouped-query
 // attention of every token over its sequence's cached positions, both through the block tables
-// of the step (ops/device_step.h).
+// of the step (ops/step_view.h).
 //
 // Attention splits each token's window into chunks (flash-decoding). One block per (token, group
 // of query heads sharing a KV head, chunk) reads each key and value row of its chunk once for all
@@ -42,7 +42,7 @@ constexpr int kMaxHeadDim = 256;  // 8 elements per lane
 
 template <typename KV>
 __global__ void write_kv_rows(const float* __restrict__ k, int64_t k_stride, const float* __restrict__ v,
-                              int64_t v_stride, DeviceStep step, DeviceKvPool pool) {
+                              int64_t v_stride, StepView step, KvPool pool) {
   backend::cuda::wait_for_predecessor();
   const int64_t t = blockIdx.x;
   const int32_t seq = step.seqs[t];
@@ -117,7 +117,7 @@ __device__ inline float reduce_scatter(float (&v)[kG], int lane) {
 // and accumulator over the chunk (max -inf and sum 0 for a chunk past the window or a padding row).
 template <typename KV, int kG, int kD, bool kVec>
 __global__ void __launch_bounds__(kBlockWarps * kWarp)
-    attention_chunks(const float* __restrict__ q, DeviceStep step, DeviceKvPool pool, int64_t heads, int64_t kv_heads,
+    attention_chunks(const float* __restrict__ q, StepView step, KvPool pool, int64_t heads, int64_t kv_heads,
                      int64_t d, float scale, int64_t sliding_window, int64_t chunks, int64_t chunk_len,
                      float* __restrict__ part_max, float* __restrict__ part_sum, float* __restrict__ part_acc) {
   backend::cuda::wait_for_predecessor();
@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(kBlockWarps * kWarp)
                        part_acc + part * d, chunks * d);
 }
 
-void check_step(const DeviceStep& step, const DeviceKvPool& pool, const char* op) {
+void check_step(const StepView& step, const KvPool& pool, const char* op) {
   R3_CHECK(step.tokens >= 0 && (step.tokens == 0 || (step.seqs && step.positions && step.block_tables)) &&
                step.table_stride > 0 && pool.keys && pool.values && pool.block_size > 0,
            op, " (cuda): incomplete step metadata or KV pool");
@@ -254,7 +254,7 @@ void check_step(const DeviceStep& step, const DeviceKvPool& pool, const char* op
 }  // namespace
 
 void write_kv_paged(backend::Context& ctx, const float* keys, int64_t key_stride, const float* values,
-                    int64_t value_stride, const DeviceStep& step, const DeviceKvPool& pool) {
+                    int64_t value_stride, const StepView& step, const KvPool& pool) {
   check_step(step, pool, "write_kv");
   if (step.tokens == 0) return;
   with_pool_type(pool, [&](auto kv) {
@@ -264,7 +264,7 @@ void write_kv_paged(backend::Context& ctx, const float* keys, int64_t key_stride
   R3_CUDA_CHECK(cudaGetLastError());
 }
 
-void paged_attention(backend::Context& ctx, const Tensor& q, const DeviceStep& step, const DeviceKvPool& pool,
+void paged_attention(backend::Context& ctx, const Tensor& q, const StepView& step, const KvPool& pool,
                      int64_t num_kv_heads, float scale, int64_t sliding_window, const float* sinks, Tensor& out) {
   check_step(step, pool, "attention");
   R3_CHECK(q.rank() == 3 && q.is_contiguous() && out.shape() == q.shape() && q.device() == Device::kCuda &&

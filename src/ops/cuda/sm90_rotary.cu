@@ -85,7 +85,7 @@ __device__ inline void write_rotated(const float* row, const float* cosines, con
 
 template <typename KV>
 __global__ void prepare_rows(AttentionRows rows, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t half,
-                             float eps, DeviceStep step, DeviceKvPool pool, Frequencies freq, float scaling,
+                             float eps, StepView step, KvPool pool, Frequencies freq, float scaling,
                              float* q_out) {  // q_out may be rows.q
   extern __shared__ float shared[];  // [kHeadsPerBlock][head_dim] rows, then [half] cosines, [half] sines
   const int64_t blocks_per_token = (heads + kv_heads + kHeadsPerBlock - 1) / kHeadsPerBlock;
@@ -197,14 +197,14 @@ void rotary_positions_on_device(backend::Context& ctx, const Rotary& rotary, Ten
   rotate<false>(ctx, rotary.rotary_dim(), rotary.inv_freq(), rotary.attention_scaling(), x, positions);
 }
 
-void interleaved_rotary_on_device(backend::Context& ctx, const TrailingInterleavedRotary& rotary, Tensor& x,
-                                  const int32_t* positions) {
+void interleaved_rotary(backend::Context& ctx, const TrailingInterleavedRotary& rotary, Tensor& x,
+                        const int32_t* positions) {
   rotate<true>(ctx, rotary.rope_dim(), rotary.inv_freq(), rotary.attention_scaling(), x, positions);
 }
 
 void prepare_attention_rows(backend::Context& ctx, const Rotary& rotary, const AttentionRows& rows, int64_t heads,
-                            int64_t kv_heads, int64_t head_dim, float eps, const DeviceStep& step,
-                            const DeviceKvPool& pool, Tensor& q_out) {
+                            int64_t kv_heads, int64_t head_dim, float eps, const StepView& step,
+                            const KvPool& pool, Tensor& q_out) {
   const int64_t half = rotary.rotary_dim() / 2, width = kv_heads * head_dim;
   R3_CHECK(q_out.is_contiguous() && q_out.device() == Device::kCuda &&
                q_out.numel() == step.tokens * heads * head_dim && rows.q && rows.k && rows.v &&

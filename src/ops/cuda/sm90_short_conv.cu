@@ -14,7 +14,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxTaps = 64;  // the CPU's limit
 
-__global__ void short_conv_silu_runs(ConvInputs in, const float* __restrict__ weight, int64_t kernel, DeviceStep step,
+__global__ void short_conv_silu_runs(ConvInputs in, const float* __restrict__ weight, int64_t kernel, StepView step,
                                      float* __restrict__ state, float* __restrict__ out) {
   backend::cuda::wait_for_predecessor();
   const int64_t channels = in.parts * in.part_channels;
@@ -43,7 +43,7 @@ __global__ void short_conv_silu_runs(ConvInputs in, const float* __restrict__ we
 }  // namespace
 
 void short_conv_silu_step(backend::Context& ctx, const ConvInputs& in, const float* weight, int64_t kernel,
-                          const DeviceStep& step, float* state, float* out) {
+                          const StepView& step, float* state, float* out) {
   R3_CHECK(kernel >= 1 && kernel <= kMaxTaps, "short convolution (cuda): kernel of ", kernel, " taps (1 to ",
            kMaxTaps, ")");
   R3_CHECK(in.parts >= 1 && in.parts <= ConvInputs::kMaxParts && in.part_channels > 0 && in.stride > 0,

@@ -1,16 +1,17 @@
-// What the CUDA kernels know about a step, as device pointers: the step's per-token metadata and
-// the sequences' block tables are uploaded once per step and shared by every layer, and each
-// layer's KV block pool lives on the device. The kernels derive each token's cache row and
-// attention window from these (row = block_tables[seq][pos / block_size] * block_size +
-// pos % block_size; window = the last `sliding_window` positions up to pos, or all of them), so
-// no layer uploads anything of its own.
+// What an attention op knows about a step, on either device: the step's per-token metadata and
+// the sequences' block tables (in the memory of the context that runs the op: host arrays on the
+// CPU, the step's one upload on a CUDA device, shared by every layer), and one layer's paged KV
+// pool. An op derives each token's cache row and attention window from these alone (row =
+// block_tables[seq][pos / block_size] * block_size + pos % block_size; window = the last
+// `sliding_window` positions up to pos, or all of them), so the same layer code serves both
+// devices and no layer on a device uploads anything of its own.
 #pragma once
 
 #include <cstdint>
 
 namespace r3::ops {
 
-struct DeviceStep {
+struct StepView {
   int64_t tokens = 0;
   const int32_t* token_ids = nullptr;     // [tokens]
   const int32_t* positions = nullptr;     // [tokens]
@@ -26,14 +27,14 @@ struct DeviceStep {
   const uint8_t* replayed = nullptr;
 };
 
-// One layer's paged cache on the device: blocks of block_size rows of key_width / value_width
+// One layer's paged cache: blocks of block_size rows of key_width / value_width
 // elements, block b's rows starting at keys + b * block_size * key_width (values likewise). The
 // elements are float32, or bfloat16 when `bf16` (a bf16 model's cache: half the bytes every
 // decode step reads, the precision the model's own K/V projections carry); kernels widen them
 // to float32 as they load them and round to nearest even as they store them. A recurrent-state
 // layer (Kimi Delta Attention) has no blocks: keys and values are then every sequence slot's two
 // states, [slots, key_width] and [slots, value_width], always float32.
-struct DeviceKvPool {
+struct KvPool {
   void* keys = nullptr;
   void* values = nullptr;
   int64_t key_width = 0;

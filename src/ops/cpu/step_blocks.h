@@ -1,0 +1,27 @@
+// The CPU step-view ops' one check (ops/step_view.h): the blocks a token reaches through the
+// step's tables exist in the pool. Internal to ops/cpu.
+#pragma once
+
+#include <cstdint>
+
+#include "core/check.h"
+#include "ops/step_view.h"
+
+namespace r3::ops::cpu {
+
+// Throws, naming `op`, unless positions [begin, end) of `seq` have blocks of the float32 host pool
+// in the step's tables.
+inline void check_blocks(const StepView& step, const KvPool& pool, int32_t seq, int64_t begin, int64_t end,
+                         const char* op) {
+  R3_CHECK(step.block_tables != nullptr && pool.block_size > 0 && !pool.bf16, op,
+           ": needs block tables and a float32 host pool");
+  R3_CHECK(begin >= 0 && (end - 1) / pool.block_size < step.table_stride, op, ": positions [", begin, ", ", end,
+           ") of sequence ", seq, " exceed its table of ", step.table_stride, " blocks of ", pool.block_size);
+  const int32_t* table = step.block_tables + seq * step.table_stride;
+  for (int64_t b = begin / pool.block_size; b <= (end - 1) / pool.block_size; ++b) {
+    R3_CHECK(table[b] >= 0 && table[b] < pool.blocks, op, ": sequence ", seq, " has no block of the pool for positions ",
+             b * pool.block_size, " on (block ", table[b], " of ", pool.blocks, ")");
+  }
+}
+
+}  // namespace r3::ops::cpu
