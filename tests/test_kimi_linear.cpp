@@ -13,6 +13,7 @@
 #include "engine/engine.h"
 #include "io/checkpoint.h"
 #include "models/registry.h"
+#include "models/decoder_model.h"
 #include "models/kda_attention.h"
 #include "models/kv_cache.h"
 #include "models/swiglu_mlp.h"
@@ -110,6 +111,7 @@ TEST(KimiLinearLayers, KdaLayerRunsEachSequenceOfABatchFromItsCachedState) {
     batch.positions = positions;
     batch.token_ids.assign(seqs.size(), 0);
     Tensor out = Tensor::empty(DType::F32, {x.dim(0), 64});
+    models::check_runs_continue_states(batch, cache, ctx.workspace());  // as the decoders do before a step
     kda.forward(ctx, x, batch.view(), cache, 0, out);
     for (std::size_t t = 0; t < seqs.size(); ++t) {
       if (seqs[t] != models::ForwardBatch::kPadding) cache.set_length(seqs[t], positions[t] + 1);
@@ -145,6 +147,17 @@ TEST(KimiLinearLayers, KdaLayerRunsEachSequenceOfABatchFromItsCachedState) {
   cache.set_length(0, 0);
   const Tensor again = run(std::vector<int32_t>(10, 0), {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, rows(0, 10));
   for (int t = 0; t < 10; ++t) EXPECT_EQ(row_of(again, t), row_of(want_a, t)) << "A again, row " << t;
+  // Placed (here on the CPU) with q, k and v stacked into one projection, as on a GPU: the same bits.
+  const std::unique_ptr<models::KdaAttention> placed = kda.placed(ctx, DType::F32);
+  ASSERT_TRUE(placed->weights().qkv.defined());
+  models::KvCache placed_cache({kda.cache_spec(), models::CacheSpec::full_kv(8)}, 2, 32);
+  models::ForwardBatch batch;
+  batch.seqs = seqs1;
+  batch.positions = positions1;
+  batch.token_ids.assign(seqs1.size(), 0);
+  Tensor placed_out = Tensor::empty(DType::F32, {17, 64});
+  placed->forward(ctx, x1, batch.view(), placed_cache, 0, placed_out);
+  for (int t = 0; t < 17; ++t) EXPECT_EQ(row_of(placed_out, t), row_of(out1, t)) << "placed, row " << t;
 }
 
 // Prefix caching is turned off for Kimi Linear at start-up, with its reason: a cached prefix's

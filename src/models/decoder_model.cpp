@@ -1,5 +1,6 @@
 #include "models/decoder_model.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "ops/elementwise.h"
@@ -29,6 +30,24 @@ void check_kv_blocks(const ForwardBatch& batch, const KvCache& cache) {
   }
 }
 
+void check_runs_continue_states(const ForwardBatch& batch, const KvCache& kv, backend::Workspace& workspace) {
+  backend::Workspace::Scope scope(workspace);
+  const std::span<uint8_t> seen = workspace.array<uint8_t>(kv.max_seqs());
+  std::fill(seen.begin(), seen.end(), 0);
+  for (int64_t t = 0; t < batch.size(); ++t) {
+    const int32_t seq = batch.seqs[static_cast<std::size_t>(t)];
+    if (seq == ForwardBatch::kPadding) continue;
+    const int32_t pos = batch.positions[static_cast<std::size_t>(t)];
+    const bool continues = t > 0 && batch.seqs[static_cast<std::size_t>(t - 1)] == seq &&
+                           batch.positions[static_cast<std::size_t>(t - 1)] + 1 == pos;
+    if (continues) continue;
+    R3_CHECK(seen[static_cast<std::size_t>(seq)] == 0 && pos == kv.length(seq), "KDA layers: sequence ", seq,
+             "'s rows start at position ", pos, " but its state holds ", kv.length(seq),
+             " positions (a sequence's rows of a step must be consecutive)");
+    seen[static_cast<std::size_t>(seq)] = 1;
+  }
+}
+
 DecoderModel::DecoderModel(ModelInfo info, float rms_eps, Tensor embed, std::vector<DecoderLayer> layers,
                            Tensor final_norm, Tensor lm_head)
     : info_(std::move(info)),
@@ -37,7 +56,10 @@ DecoderModel::DecoderModel(ModelInfo info, float rms_eps, Tensor embed, std::vec
       layers_(std::move(layers)),
       final_norm_(std::move(final_norm)),
       lm_head_(std::move(lm_head)) {
-  for (const DecoderLayer& layer : layers_) cache_specs_.push_back(layer.attention->cache_spec());
+  for (const DecoderLayer& layer : layers_) {
+    cache_specs_.push_back(layer.attention->cache_spec());
+    has_recurrent_layers_ = has_recurrent_layers_ || cache_specs_.back().kind == CacheSpec::Kind::kRecurrentState;
+  }
 }
 
 std::unique_ptr<ModelCache> DecoderModel::make_cache(int64_t max_seqs, int64_t capacity) const {
@@ -68,6 +90,7 @@ void DecoderModel::forward_into(backend::Context& ctx, const ForwardBatch& batch
   check_logits_shape(batch, info_, logits);
   KvCache& cache = model_kv_cache(model_cache, cache_specs_);
   check_kv_blocks(batch, cache);
+  if (has_recurrent_layers_) check_runs_continue_states(batch, cache, ctx.workspace());
   const int64_t tokens = batch.size(), hidden = info_.hidden_size;
   backend::Workspace::Scope step(ctx.workspace());
   Tensor residual = ctx.scratch(DType::F32, {tokens, hidden});

@@ -27,6 +27,12 @@ KvCache& model_kv_cache(ModelCache& model_cache, const std::vector<CacheSpec>& s
 // blocks before a step); the host and device decoders both check it.
 void check_kv_blocks(const ForwardBatch& batch, const KvCache& cache);
 
+// Throws unless each sequence's rows of the step are one run of consecutive positions continuing
+// its cached length: what a recurrent layer's state needs (it has taken in exactly the cached
+// positions, and the step ops take a sequence's rows as one run). The decoders with such layers
+// check it before a step.
+void check_runs_continue_states(const ForwardBatch& batch, const KvCache& cache, backend::Workspace& workspace);
+
 class DecoderModel final : public CausalLM {
  public:
   DecoderModel(ModelInfo info, float rms_eps, Tensor embed, std::vector<DecoderLayer> layers, Tensor final_norm,
@@ -55,6 +61,7 @@ class DecoderModel final : public CausalLM {
   ModelInfo info_;
   float rms_eps_;
   std::vector<CacheSpec> cache_specs_;
+  bool has_recurrent_layers_ = false;  // Kimi Delta Attention layers: steps are checked for their runs
   Tensor embed_;
   std::vector<DecoderLayer> layers_;
   Tensor final_norm_;

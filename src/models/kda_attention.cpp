@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "models/kv_cache.h"
+#include "models/weights_on_device.h"
 #include "ops/delta_rule.h"
 #include "ops/linear.h"
 #include "ops/short_conv.h"
@@ -22,6 +23,38 @@ KdaAttention::KdaAttention(const KdaSpec& spec, KdaWeights weights) : spec_(spec
                spec_.conv_kernel >= 1 && spec_.conv_kernel <= 64,
            "KDA: ", spec_.heads, " heads of ", spec_.head_dim, ", hidden ", spec_.hidden, ", convolution of ",
            spec_.conv_kernel, " taps");
+  if (!w_.conv.defined()) {
+    const int64_t width = spec_.width();
+    w_.conv = Tensor::empty(DType::F32, {3 * width, spec_.conv_kernel});
+    float* dst = w_.conv.data<float>();
+    for (const Tensor* taps : {&w_.q_conv, &w_.k_conv, &w_.v_conv}) {
+      R3_CHECK(taps->dtype() == DType::F32 && taps->numel() == width * spec_.conv_kernel, "KDA: convolution taps ",
+               shape_to_string(taps->shape()));
+      dst = std::copy_n(taps->data<float>(), taps->numel(), dst);
+    }
+  }
+}
+
+std::unique_ptr<KdaAttention> KdaAttention::placed(backend::Context& ctx, DType dtype) const {
+  KdaWeights d;
+  d.qkv = stacked_on_device(ctx, {&w_.q, &w_.k, &w_.v}, dtype);
+  if (!d.qkv.defined()) {
+    d.q = on_device(ctx, w_.q, dtype);
+    d.k = on_device(ctx, w_.k, dtype);
+    d.v = on_device(ctx, w_.v, dtype);
+  }
+  d.conv = on_device(ctx, w_.conv, DType::F32);
+  d.f_a = on_device(ctx, w_.f_a, dtype);
+  d.f_b = on_device(ctx, w_.f_b, dtype);
+  d.b = on_device(ctx, w_.b, dtype);
+  d.g_a = on_device(ctx, w_.g_a, dtype);
+  d.g_b = on_device(ctx, w_.g_b, dtype);
+  d.g = on_device(ctx, w_.g, dtype);
+  d.o = on_device(ctx, w_.o, dtype);
+  d.dt_bias = on_device(ctx, w_.dt_bias, DType::F32);
+  d.a_log = on_device(ctx, w_.a_log, DType::F32);
+  d.o_norm = on_device(ctx, w_.o_norm, DType::F32);
+  return std::make_unique<KdaAttention>(spec_, std::move(d));
 }
 
 KdaWeights KdaAttention::load(ParameterLoader& c, const std::string& p, const KdaSpec& s, int64_t layer) {
@@ -52,28 +85,57 @@ KdaWeights KdaAttention::load(ParameterLoader& c, const std::string& p, const Kd
 
 void KdaAttention::forward(backend::Context& ctx, const Tensor& x, const ops::StepView& step, KvCache& cache,
                            int64_t layer, Tensor& out) const {
-  const int64_t tokens = x.dim(0);
-  for (int64_t t = 0; t < tokens;) {
-    const int32_t seq = step.seqs[t];
-    if (seq < 0) {  // a padding row
-      std::fill(out.data<float>() + t * spec_.hidden, out.data<float>() + (t + 1) * spec_.hidden, 0.0f);
-      ++t;
-      continue;
-    }
-    int64_t end = t + 1;
-    while (end < tokens && step.seqs[end] == seq &&
-           step.positions[end] == step.positions[end - 1] + 1) {
-      ++end;
-    }
-    // The state has taken in exactly the sequence's cached positions: the run must continue them.
-    R3_CHECK(step.positions[t] == cache.length(seq), "KDA layer ", layer, ": sequence ", seq,
-             "'s rows start at position ", step.positions[t], " but its state holds ",
-             cache.length(seq), " positions (a sequence's rows of a step must be consecutive)");
-    const KvCache::SequenceState state = cache.state(layer, seq);
-    Tensor rows_out = out.rows(t, end);
-    forward_sequence(ctx, x.rows(t, end), {state.first, state.second}, rows_out, !ctx.batch_invariant());
-    t = end;
+  const int64_t tokens = x.dim(0), width = spec_.width(), heads = spec_.heads, d = spec_.head_dim;
+  const ops::KvPool pool = cache.pool(layer);
+  R3_CHECK(pool.key_width == conv_state_floats() && pool.value_width == recurrent_state_floats() && !pool.bf16,
+           "KDA layer ", layer, ": the cache's states are ", pool.key_width, " + ", pool.value_width,
+           " floats, the layer's ", conv_state_floats(), " + ", recurrent_state_floats());
+  backend::Workspace::Scope scope(ctx.workspace());
+  // Every buffer here is written in full by the op that fills it (padding rows of `convolved`
+  // are never read): no fills (see GqaAttention).
+  auto project = [&](const Tensor& weight, const Tensor& input) {
+    Tensor y = ctx.scratch_for_output(DType::F32, {input.dim(0), weight.dim(0)});
+    ops::linear(ctx, input, weight, nullptr, y);
+    return y;
+  };
+  // q, k and v, then their convolutions (one op over the three).
+  ops::ConvInputs in;
+  in.parts = 3;
+  in.part_channels = width;
+  Tensor projected, q, k, v;
+  if (w_.qkv.defined()) {
+    projected = project(w_.qkv, x);
+    for (int i = 0; i < 3; ++i) in.part[i] = projected.data<float>() + i * width;
+    in.stride = 3 * width;
+  } else {
+    q = project(w_.q, x);
+    k = project(w_.k, x);
+    v = project(w_.v, x);
+    in.part[0] = q.data<float>();
+    in.part[1] = k.data<float>();
+    in.part[2] = v.data<float>();
+    in.stride = width;
   }
+  Tensor convolved = ctx.scratch_for_output(DType::F32, {tokens, 3 * width});
+  ops::short_conv_silu_step(ctx, in, w_.conv.data<float>(), spec_.conv_kernel, step, static_cast<float*>(pool.keys),
+                            convolved.data<float>());
+  // The gates' projections, then the core.
+  const Tensor f = project(w_.f_b, project(w_.f_a, x));
+  const Tensor beta = project(w_.b, x);
+  const Tensor gate = spec_.full_rank_output_gate ? project(w_.g, x) : project(w_.g_b, project(w_.g_a, x));
+  const float* c = convolved.data<float>();
+  const ops::DeltaRuleStepRows rows{c, c + width, c + 2 * width, 3 * width, f.data<float>(), beta.data<float>(),
+                                    gate.data<float>()};
+  ops::DeltaRuleHeadWeights head;
+  head.a_log = w_.a_log.data<float>();
+  head.dt_bias = w_.dt_bias.data<float>();
+  head.norm = w_.o_norm.data<float>();
+  head.eps = spec_.rms_eps;
+  head.bounded = spec_.gate_lower_bound.has_value();
+  head.lower_bound = spec_.gate_lower_bound.value_or(0.0f);
+  Tensor core = ctx.scratch_for_output(DType::F32, {tokens, width});
+  ops::gated_delta_rule_step(ctx, heads, d, rows, head, step, static_cast<float*>(pool.values), core.data<float>());
+  ops::linear(ctx, core, w_.o, nullptr, out);
 }
 
 void KdaAttention::forward_sequence(backend::Context& ctx, const Tensor& x, KdaState state, Tensor& out,

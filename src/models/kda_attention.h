@@ -2,13 +2,15 @@
 // sequence's rows and that sequence's state (transformers 5.17's KimiLinearDeltaAttention):
 // q, k and v projections, each through the causal short convolution with SiLU
 // (ops/short_conv.h), the forget gate's per-channel log-decays from a low-rank projection, beta
-// from b_proj, the gated delta rule (ops/delta_rule.h: recurrent, or chunked for prefill where
-// batch invariance is not asked for), the per-head gated RMSNorm with the output gate (low-rank
-// g_a/g_b in Kimi Linear, full-rank g_proj in Kimi K3), and o_proj.
+// from b_proj, the gated delta rule (ops/delta_rule.h), the per-head gated RMSNorm with the output
+// gate (low-rank g_a/g_b in Kimi Linear, full-rank g_proj in Kimi K3), and o_proj. One definition
+// for every device, as GqaAttention: a step runs the step-view ops (ops::short_conv_silu_step,
+// ops::gated_delta_rule_step) over every sequence's run at once, in the recurrent form.
 // A sequence's state is fixed-size whatever its length: the last kernel - 1 inputs of each
 // convolution channel and the recurrent state [heads, head_dim, head_dim].
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -42,6 +44,12 @@ struct KdaWeights {
   Tensor g;                 // full-rank output gate: [width, hidden]
   Tensor o_norm;            // [head_dim]
   Tensor o;                 // [hidden, width]
+  // The three convolutions' taps stacked [3 width, kernel] (q, k, then v channels), as the step's
+  // convolution takes them: made by the constructor.
+  Tensor conv;
+  // q, k and v as one projection [3 width, hidden] (q, k, v then empty): made by `placed` where
+  // they stack.
+  Tensor qkv;
 };
 
 // One sequence's state: conv [3 * width, kernel - 1] (q, k, then v channels), recurrent
@@ -60,8 +68,13 @@ class KdaAttention final : public AttentionLayer {
   // o_proj: layer `layer`'s weights, each recorded in the model's parameter table.
   static KdaWeights load(ParameterLoader& params, const std::string& prefix, const KdaSpec& spec, int64_t layer);
 
+  // This layer with its weights on ctx's device: projections as `dtype` (or as stored when
+  // quantized), q, k and v stacked where they may be; the rest float32. The host-only
+  // forward_sequence is not for the copy (it keeps only the stacked taps).
+  std::unique_ptr<KdaAttention> placed(backend::Context& ctx, DType dtype) const;
+
   const KdaSpec& spec() const { return spec_; }
-  const KdaWeights& weights() const { return w_; }  // placing the layer on a device copies them
+  const KdaWeights& weights() const { return w_; }
   int64_t conv_state_floats() const { return 3 * spec_.width() * (spec_.conv_kernel - 1); }
   int64_t recurrent_state_floats() const { return spec_.heads * spec_.head_dim * spec_.head_dim; }
 
@@ -69,16 +82,15 @@ class KdaAttention final : public AttentionLayer {
   CacheSpec cache_spec() const override {
     return CacheSpec::recurrent_state(conv_state_floats(), recurrent_state_floats());
   }
-  // Each sequence's rows of the batch (consecutive, continuing its cached length) through
-  // forward_sequence with its state in `cache`; padding rows give zeros. The chunked form only
-  // where the context is not batch invariant (a GPU without --batch-invariant): its rounding
-  // depends on where a prefill is split into steps, the recurrent form's does not, and the CPU
-  // engine's rows are bit-identical however a request is split or batched.
+  // Each sequence's run of rows of the step (one run a sequence, continuing its cached length:
+  // check_runs_continue_states, which the decoders call) with its state in `cache`; padding rows
+  // give zeros. The recurrent form, whose rounding does not depend on where a prefill is split
+  // into steps: rows are bit-identical however a request is split or batched.
   void forward(backend::Context& ctx, const Tensor& x, const ops::StepView& step, KvCache& cache, int64_t layer,
                Tensor& out) const override;
   // x: one sequence's normalised hidden rows F32 [tokens, hidden], continuing `state` (which it
   // updates); out: F32 [tokens, hidden]. chunked: the delta rule's chunked form (same function,
-  // other rounding) instead of the recurrent one.
+  // other rounding) instead of the recurrent one. On the host, as transformers runs it (tests).
   void forward_sequence(backend::Context& ctx, const Tensor& x, KdaState state, Tensor& out, bool chunked) const;
 
  private:

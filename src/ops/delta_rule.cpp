@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include <cstring>
+
 #include "core/check.h"
+#include "ops/cpu/step_blocks.h"
 
 namespace r3::ops {
 
@@ -205,5 +208,44 @@ void gated_rms_norm_heads(const float* x, const float* gate, const float* weight
     }
   }
 }
+
+namespace cpu {
+
+void gated_delta_rule_step(backend::Context& ctx, int64_t heads, int64_t dim, const DeltaRuleStepRows& rows,
+                           const DeltaRuleHeadWeights& w, const StepView& step, float* state, float* out) {
+  const int64_t width = heads * dim;
+  const DeltaRuleShape shape{heads, dim, dim};
+  R3_CHECK(rows.qkv_stride >= width, "delta rule: rows of ", rows.qkv_stride, " floats for ", heads, " x ", dim);
+  backend::Workspace::Scope scope(ctx.workspace());
+  const std::span<float> q = ctx.workspace().array<float>(step.tokens * width);
+  const std::span<float> k = ctx.workspace().array<float>(step.tokens * width);
+  const std::span<float> v = ctx.workspace().array<float>(step.tokens * width);
+  const std::span<float> g = ctx.workspace().array<float>(step.tokens * width);
+  const std::span<float> beta = ctx.workspace().array<float>(step.tokens * heads);
+  for (int64_t t = 0; t < step.tokens; ++t) {
+    if (step.seqs[t] < 0) std::fill(out + t * width, out + (t + 1) * width, 0.0f);  // a padding row
+  }
+  for_each_sequence_run(step, [&](int32_t seq, int64_t first, int64_t end) {
+    const int64_t n = end - first;
+    const auto row_bytes = sizeof(float) * static_cast<std::size_t>(width);
+    for (int64_t t = 0; t < n; ++t) {
+      std::memcpy(q.data() + t * width, rows.q + (first + t) * rows.qkv_stride, row_bytes);
+      std::memcpy(k.data() + t * width, rows.k + (first + t) * rows.qkv_stride, row_bytes);
+      std::memcpy(v.data() + t * width, rows.v + (first + t) * rows.qkv_stride, row_bytes);
+    }
+    delta_rule_log_decay(rows.f + first * width, n, shape, w.a_log, w.dt_bias, w.bounded ? &w.lower_bound : nullptr,
+                         g.data());
+    for (int64_t i = 0; i < n * heads; ++i) {
+      beta[static_cast<std::size_t>(i)] =
+          static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(rows.beta[first * heads + i]))));
+    }
+    float* core = out + first * width;
+    delta_rule_recurrent(shape, {q.data(), k.data(), v.data(), g.data(), beta.data(), n, core},
+                         state + seq * heads * dim * dim);
+    gated_rms_norm_heads(core, rows.gate + first * width, w.norm, n, heads, dim, w.eps, core);
+  });
+}
+
+}  // namespace cpu
 
 }  // namespace r3::ops

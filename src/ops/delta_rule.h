@@ -13,10 +13,8 @@
 
 #include <cstdint>
 
-#if R3_WITH_CUDA
-#include "backend/context.h"
+#include "backend/dispatch.h"
 #include "ops/step_view.h"
-#endif
 
 // Head dimensions up to kMaxDeltaRuleHeadDim (the recurrent form keeps a head's normalised q and k
 // on the stack).
@@ -66,24 +64,17 @@ void delta_rule_log_decay(const float* f, int64_t tokens, const DeltaRuleShape& 
 void gated_rms_norm_heads(const float* x, const float* gate, const float* weight, int64_t rows, int64_t heads,
                           int64_t dv, float eps, float* y);
 
-#if R3_WITH_CUDA
-namespace cuda {  // ops/cuda/sm90_delta_rule.cu
-// A KDA layer's core over a step's rows on the device, in one kernel: for every sequence's run
-// of consecutive rows (ops/cuda/sequence_runs.cuh) and head, the log-decays from the forget-gate
-// projection (delta_rule_log_decay), beta = sigmoid of its projection, the recurrent delta rule
-// continuing the sequence's state (delta_rule_recurrent, in float32: the state is float32 as on
-// the CPU) and the output's gated RMSNorm (gated_rms_norm_heads). Padding rows get zeros.
-// Key and value head dimensions are equal, at most kMaxDeviceDeltaRuleHeadDim (a head's state
-// is held in shared memory while its run is processed).
-constexpr int64_t kMaxDeviceDeltaRuleHeadDim = 128;
+// A KDA layer's rows after the convolutions: row t, head h of q at q + t * qkv_stride + h * dim (k,
+// v likewise), and the projections of the forget gate [tokens, heads * dim], beta (before the
+// sigmoid) [tokens, heads] and the output gate [tokens, heads * dim].
 struct DeltaRuleStepRows {
-  const float* q = nullptr;  // row t, head h at q + t * qkv_stride + h * dim (k, v likewise)
+  const float* q = nullptr;
   const float* k = nullptr;
   const float* v = nullptr;
   int64_t qkv_stride = 0;
-  const float* f = nullptr;     // the forget gate's projection [tokens, heads * dim]
-  const float* beta = nullptr;  // beta's projection (before the sigmoid) [tokens, heads]
-  const float* gate = nullptr;  // the output gate's projection [tokens, heads * dim]
+  const float* f = nullptr;
+  const float* beta = nullptr;
+  const float* gate = nullptr;
 };
 struct DeltaRuleHeadWeights {
   const float* a_log = nullptr;    // [heads]
@@ -93,11 +84,30 @@ struct DeltaRuleHeadWeights {
   bool bounded = false;            // Kimi K3's gate: lower_bound * sigmoid(...)
   float lower_bound = 0.0f;
 };
-// state: [slots, heads, dim, dim] float32 (each sequence slot's recurrent state); out: [tokens,
-// heads * dim]. All device memory.
+
+namespace cpu {  // ops/delta_rule.cpp
+void gated_delta_rule_step(backend::Context& ctx, int64_t heads, int64_t dim, const DeltaRuleStepRows& rows,
+                           const DeltaRuleHeadWeights& w, const StepView& step, float* state, float* out);
+}
+#if R3_WITH_CUDA
+namespace cuda {  // ops/cuda/sm90_delta_rule.cu
+// Key and value head dimensions are equal, at most kMaxDeviceDeltaRuleHeadDim (a head's state
+// is held in shared memory while its run is processed); one kernel.
+constexpr int64_t kMaxDeviceDeltaRuleHeadDim = 128;
 void gated_delta_rule_step(backend::Context& ctx, int64_t heads, int64_t dim, const DeltaRuleStepRows& rows,
                            const DeltaRuleHeadWeights& w, const StepView& step, float* state, float* out);
 }  // namespace cuda
 #endif
+
+// A KDA layer's core over a step's rows: for every sequence's run of consecutive rows (one run a
+// sequence) and head, the log-decays from the forget-gate projection (delta_rule_log_decay), beta
+// = sigmoid of its projection, the recurrent delta rule continuing the sequence's state
+// (delta_rule_recurrent, in float32) and the output's gated RMSNorm (gated_rms_norm_heads).
+// Padding rows get zeros. state: [slots, heads, dim, dim] (each sequence slot's recurrent state);
+// out: [tokens, heads * dim]. All float32 on ctx's device.
+inline void gated_delta_rule_step(backend::Context& ctx, int64_t heads, int64_t dim, const DeltaRuleStepRows& rows,
+                                  const DeltaRuleHeadWeights& w, const StepView& step, float* state, float* out) {
+  R3_DISPATCH_GPU(ctx, gated_delta_rule_step, ctx, heads, dim, rows, w, step, state, out);
+}
 
 }  // namespace r3::ops

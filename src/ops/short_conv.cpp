@@ -1,8 +1,11 @@
 #include "ops/short_conv.h"
 
 #include <cmath>
+#include <cstring>
+#include <vector>
 
 #include "core/check.h"
+#include "ops/cpu/step_blocks.h"
 
 namespace r3::ops {
 
@@ -26,5 +29,33 @@ void short_conv_silu(const float* x, int64_t tokens, int64_t channels, const flo
     for (int64_t j = 0; j < kept; ++j) s[j] = last[j];
   }
 }
+
+namespace cpu {
+
+void short_conv_silu_step(backend::Context& ctx, const ConvInputs& in, const float* weight, int64_t kernel,
+                          const StepView& step, float* state, float* out) {
+  R3_CHECK(in.parts >= 1 && in.parts <= ConvInputs::kMaxParts && in.stride >= in.part_channels,
+           "short convolution: ", in.parts, " parts of ", in.part_channels, " channels, rows of ", in.stride);
+  const int64_t pc = in.part_channels, channels = in.parts * pc, kept = kernel - 1;
+  backend::Workspace::Scope scope(ctx.workspace());
+  const std::span<float> rows = ctx.workspace().array<float>(step.tokens * pc);
+  const std::span<float> convolved = ctx.workspace().array<float>(step.tokens * pc);
+  for_each_sequence_run(step, [&](int32_t seq, int64_t first, int64_t end) {
+    const int64_t n = end - first;
+    for (int i = 0; i < in.parts; ++i) {
+      for (int64_t t = 0; t < n; ++t) {
+        std::memcpy(rows.data() + t * pc, in.part[i] + (first + t) * in.stride, sizeof(float) * static_cast<std::size_t>(pc));
+      }
+      short_conv_silu(rows.data(), n, pc, weight + i * pc * kernel, kernel, state + (seq * channels + i * pc) * kept,
+                      convolved.data());
+      for (int64_t t = 0; t < n; ++t) {
+        std::memcpy(out + (first + t) * channels + i * pc, convolved.data() + t * pc,
+                    sizeof(float) * static_cast<std::size_t>(pc));
+      }
+    }
+  });
+}
+
+}  // namespace cpu
 
 }  // namespace r3::ops

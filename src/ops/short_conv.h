@@ -8,10 +8,8 @@
 
 #include <cstdint>
 
-#if R3_WITH_CUDA
-#include "backend/context.h"
+#include "backend/dispatch.h"
 #include "ops/step_view.h"
-#endif
 
 namespace r3::ops {
 
@@ -21,15 +19,9 @@ namespace r3::ops {
 void short_conv_silu(const float* x, int64_t tokens, int64_t channels, const float* weight, int64_t kernel,
                      float* state, float* out);
 
-#if R3_WITH_CUDA
-namespace cuda {  // ops/cuda/sm90_short_conv.cu
-// The same convolution over a step's rows on the device, every sequence's run of consecutive
-// rows continuing its state (ops/cuda/sequence_runs.cuh); padding rows are left unwritten. The
-// channels come in `parts` parts of `part_channels` each (e.g. a layer's q, k and v), part i of
-// row t at in[i] + t * in_stride, so that they may be columns of one projection's output or
-// tensors of their own. weight: [parts * part_channels, kernel]; state: [slots,
-// parts * part_channels, kernel - 1] (a sequence slot's states, channel-major as the CPU keeps
-// them); out: [tokens, parts * part_channels]. All device memory, float32.
+// The channels of a step's rows in `parts` parts of `part_channels` each (e.g. a layer's q, k and
+// v), part i of row t at part[i] + t * stride, so that they may be columns of one projection's
+// output or tensors of their own.
 struct ConvInputs {
   static constexpr int kMaxParts = 3;
   const float* part[kMaxParts] = {};
@@ -37,9 +29,26 @@ struct ConvInputs {
   int64_t part_channels = 0;
   int64_t stride = 0;
 };
+
+namespace cpu {  // ops/short_conv.cpp
+void short_conv_silu_step(backend::Context& ctx, const ConvInputs& in, const float* weight, int64_t kernel,
+                          const StepView& step, float* state, float* out);
+}
+#if R3_WITH_CUDA
+namespace cuda {  // ops/cuda/sm90_short_conv.cu
 void short_conv_silu_step(backend::Context& ctx, const ConvInputs& in, const float* weight, int64_t kernel,
                           const StepView& step, float* state, float* out);
 }  // namespace cuda
 #endif
+
+// The same convolution over a step's rows, every sequence's run of consecutive rows (one run a
+// sequence) continuing its state; padding rows are left unwritten. weight: [parts *
+// part_channels, kernel]; state: [slots, parts * part_channels, kernel - 1] (each sequence slot's
+// states, channel-major, part after part); out: [tokens, parts * part_channels]. All float32 on
+// ctx's device.
+inline void short_conv_silu_step(backend::Context& ctx, const ConvInputs& in, const float* weight, int64_t kernel,
+                                 const StepView& step, float* state, float* out) {
+  R3_DISPATCH_GPU(ctx, short_conv_silu_step, ctx, in, weight, kernel, step, state, out);
+}
 
 }  // namespace r3::ops

@@ -62,7 +62,7 @@ TEST(CudaKda, ShortConvolutionAndDeltaRuleMatchTheCpuOverAMixedStep) {
     Tensor conv_state_d = backend::to_device(*gpu, conv_state), rec_state_d = backend::to_device(*gpu, rec_state);
     const Tensor seqs_d = gpu_ints(*gpu, seqs), positions_d = gpu_ints(*gpu, positions);
     const ops::StepView step{tokens, nullptr, positions_d.data<int32_t>(), seqs_d.data<int32_t>(), nullptr, 0, 31};
-    ops::cuda::ConvInputs in;
+    ops::ConvInputs in;
     in.parts = 3;
     in.part_channels = width;
     if (c.stacked) {
@@ -78,9 +78,9 @@ TEST(CudaKda, ShortConvolutionAndDeltaRuleMatchTheCpuOverAMixedStep) {
     ops::cuda::short_conv_silu_step(*gpu, in, taps_d.data<float>(), c.kernel, step, conv_state_d.data<float>(),
                                     convolved_d.data<float>());
     const float* conv_out = convolved_d.data<float>();
-    const ops::cuda::DeltaRuleStepRows rows{conv_out, conv_out + width, conv_out + 2 * width, 3 * width,
+    const ops::DeltaRuleStepRows rows{conv_out, conv_out + width, conv_out + 2 * width, 3 * width,
                                             f_d.data<float>(), beta_d.data<float>(), gate_d.data<float>()};
-    ops::cuda::DeltaRuleHeadWeights weights;
+    ops::DeltaRuleHeadWeights weights;
     weights.a_log = a_log_d.data<float>();
     weights.dt_bias = dt_bias_d.data<float>();
     weights.norm = norm_d.data<float>();

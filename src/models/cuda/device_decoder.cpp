@@ -10,6 +10,7 @@
 #include "models/kda_attention.h"
 #include "models/kimi_k3/kimi_k3_model.h"
 #include "ops/cuda/l2_prefetch.h"
+#include "ops/delta_rule.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/linear.h"
@@ -22,7 +23,9 @@ namespace device {
 Decoder::Decoder(backend::Context& ctx, DecoderParts parts) : ctx_(ctx), p_(std::move(parts)) {
   R3_CHECK(ctx.device() == Device::kCuda, "a device decoder needs a CUDA context");
   R3_CHECK(!p_.layers.empty(), "a device decoder needs at least one layer");
-  for (const Layer& layer : p_.layers) has_recurrent_layers_ = has_recurrent_layers_ || layer.delta_attention;
+  for (const CacheSpec& spec : p_.cache_specs) {
+    has_recurrent_layers_ = has_recurrent_layers_ || spec.kind == CacheSpec::Kind::kRecurrentState;
+  }
   if (p_.host) {
     set_parameters(p_.host->shared_parameters());
     // The weights are on the device now: the host keeps no resident copy of the checkpoint's
@@ -32,26 +35,6 @@ Decoder::Decoder(backend::Context& ctx, DecoderParts parts) : ctx_(ctx), p_(std:
 }
 
 namespace {
-
-// A recurrent layer's state has taken in exactly its sequence's cached positions, and its kernels
-// take each sequence's rows of a step as one run (ops/cuda/sequence_runs.cuh): refused here, with
-// the CPU layer's message, is a step whose rows of a sequence are split or do not continue the
-// cache (which the kernels could not report).
-void check_runs_continue_states(const ForwardBatch& batch, const KvCache& kv) {
-  std::vector<bool> seen(static_cast<std::size_t>(kv.max_seqs()), false);
-  for (int64_t t = 0; t < batch.size(); ++t) {
-    const int32_t seq = batch.seqs[static_cast<std::size_t>(t)];
-    if (seq == ForwardBatch::kPadding) continue;
-    const int32_t pos = batch.positions[static_cast<std::size_t>(t)];
-    const bool continues = t > 0 && batch.seqs[static_cast<std::size_t>(t - 1)] == seq &&
-                           batch.positions[static_cast<std::size_t>(t - 1)] + 1 == pos;
-    if (continues) continue;
-    R3_CHECK(!seen[static_cast<std::size_t>(seq)] && pos == kv.length(seq), "KDA layers: sequence ", seq,
-             "'s rows start at position ", pos, " but its state holds ", kv.length(seq),
-             " positions (a sequence's rows of a step must be consecutive)");
-    seen[static_cast<std::size_t>(seq)] = true;
-  }
-}
 
 }  // namespace
 
@@ -110,7 +93,7 @@ void Decoder::run_step(backend::Context& ctx, const ForwardBatch& batch, ModelCa
   R3_CHECK(kv != nullptr && kv->on_device() && kv->num_layers() == static_cast<int64_t>(p_.layers.size()),
            "forward: the cache was not made by this device model");
   check_kv_blocks(batch, *kv);
-  if (has_recurrent_layers_) check_runs_continue_states(batch, *kv);
+  if (has_recurrent_layers_) check_runs_continue_states(batch, *kv, ctx.workspace());
   const int64_t tokens = batch.size(), hidden = info.hidden_size;
   prepare(tokens, *kv);
   const backend::ReducedPrecisionScope precision(ctx, p_.reduced_precision);
@@ -165,8 +148,7 @@ void Decoder::run_step(backend::Context& ctx, const ForwardBatch& batch, ModelCa
 
 void Decoder::run_attention(backend::Context& ctx, const Layer& layer, const ops::StepView& step, KvCache& kv,
                             int64_t l, StepTensors& t) const {
-  if (layer.attention) return layer.attention->forward(ctx, t.normed, step, kv, l, t.branch);
-  layer.delta_attention->forward(ctx, t.normed, step, kv.pool(l), t.branch);
+  layer.attention->forward(ctx, t.normed, step, kv, l, t.branch);
 }
 
 Decoder::Routed Decoder::route(backend::Context& ctx, const Moe& moe, const Tensor& normed,
@@ -412,7 +394,10 @@ void place_attention(backend::Context& ctx, const AttentionLayer& host, DType dt
   } else {
     const auto* kda = dynamic_cast<const KdaAttention*>(&host);
     R3_CHECK(kda != nullptr, "--device cuda: layer ", l, "'s attention has no CUDA kernels");
-    d.delta_attention.emplace(ctx, *kda, dtype);
+    R3_CHECK(kda->spec().head_dim <= ops::cuda::kMaxDeviceDeltaRuleHeadDim, "--device cuda: a Kimi Delta Attention head of ",
+             kda->spec().head_dim, " (the CUDA kernel holds heads of at most ", ops::cuda::kMaxDeviceDeltaRuleHeadDim,
+             " in shared memory); use --device cpu");
+    d.attention = kda->placed(ctx, dtype);
   }
 }
 

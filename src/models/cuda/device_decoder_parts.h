@@ -42,22 +42,6 @@
 
 namespace r3::models::device {
 
-// Kimi Delta Attention (KdaAttention::forward over every sequence of the step): the projections,
-// then the short convolutions and the fused delta rule (ops/short_conv.h, ops/delta_rule.h), each
-// sequence's conv and recurrent states in the layer's device pool (KvCache's recurrent storage).
-struct KimiDeltaAttention {
-  KdaSpec spec;
-  KdaWeights w;  // on the device: projections as the model's dtype (q, k, v empty when stacked), the rest float32
-  Tensor qkv;    // q, k and v as one projection [3 width, hidden] when their weights stack (as Attention's)
-  Tensor conv;   // the q, k and v convolutions' taps stacked [3 width, kernel], float32
-
-  KimiDeltaAttention(backend::Context& ctx, const KdaAttention& host, DType dtype);
-  // The rows of a step must be each sequence's one run continuing its cached length (the decoder
-  // checks it on the host before the step).
-  void forward(backend::Context& ctx, const Tensor& x, const ops::StepView& step, const ops::KvPool& pool,
-               Tensor& out) const;
-};
-
 struct Moe {
   int64_t layer_id = 0;
   int64_t num_experts = 0, top_k = 0;
@@ -152,10 +136,8 @@ SituMlp situ_on_device(backend::Context& ctx, const SituMlp& host, DType dtype);
 
 struct Layer {
   Tensor input_norm, post_attention_norm;
-  // One of the two: grouped-query or latent attention, the host classes with their weights on the
-  // device; or Kimi Delta Attention's device copy.
+  // Grouped-query, latent or Kimi Delta Attention: the host class with its weights on the device.
   std::unique_ptr<AttentionLayer> attention;
-  std::optional<KimiDeltaAttention> delta_attention;
   std::optional<SwigluMlp> dense;
   std::optional<Moe> moe;
   // Kimi K3 (DecoderParts::residual_block_size > 0): its feed-forward is one of these two, and

@@ -22,7 +22,10 @@ KimiK3Model::KimiK3Model(ModelInfo info, float rms_eps, int64_t block_size, Tens
       final_norm_(std::move(final_norm)),
       lm_head_(std::move(lm_head)) {
   R3_CHECK(block_size_ >= 1, "Kimi K3: attention-residual blocks of ", block_size_, " layers");
-  for (const KimiK3Layer& layer : layers_) cache_specs_.push_back(layer.attention->cache_spec());
+  for (const KimiK3Layer& layer : layers_) {
+    cache_specs_.push_back(layer.attention->cache_spec());
+    has_recurrent_layers_ = has_recurrent_layers_ || cache_specs_.back().kind == CacheSpec::Kind::kRecurrentState;
+  }
 }
 
 std::unique_ptr<ModelCache> KimiK3Model::make_cache(int64_t max_seqs, int64_t capacity) const {
@@ -48,6 +51,7 @@ void KimiK3Model::forward_into(backend::Context& ctx, const ForwardBatch& batch,
   check_logits_shape(batch, info_, logits);
   KvCache& cache = model_kv_cache(model_cache, cache_specs_);
   check_kv_blocks(batch, cache);
+  if (has_recurrent_layers_) check_runs_continue_states(batch, cache, ctx.workspace());
   const int64_t tokens = batch.size(), hidden = info_.hidden_size;
   const auto layer_count = static_cast<int64_t>(layers_.size());
   backend::Workspace::Scope step(ctx.workspace());

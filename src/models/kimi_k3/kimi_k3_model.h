@@ -53,6 +53,7 @@ class KimiK3Model final : public CausalLM {
   float rms_eps_;
   int64_t block_size_;
   std::vector<CacheSpec> cache_specs_;
+  bool has_recurrent_layers_ = false;  // Kimi Delta Attention layers: steps are checked for their runs
   Tensor embed_;
   std::vector<KimiK3Layer> layers_;
   std::unique_ptr<AttentionResidual> output_mix_;

@@ -1,5 +1,6 @@
-// The CPU step-view ops' one check (ops/step_view.h): the blocks a token reaches through the
-// step's tables exist in the pool. Internal to ops/cpu.
+// What the CPU step-view ops (ops/step_view.h) share: the check that the blocks a token reaches
+// through the step's tables exist in the pool, and the walk over each sequence's run of rows.
+// Internal to the ops' CPU implementations.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,23 @@ inline void check_blocks(const StepView& step, const KvPool& pool, int32_t seq, 
   for (int64_t b = begin / pool.block_size; b <= (end - 1) / pool.block_size; ++b) {
     R3_CHECK(table[b] >= 0 && table[b] < pool.blocks, op, ": sequence ", seq, " has no block of the pool for positions ",
              b * pool.block_size, " on (block ", table[b], " of ", pool.blocks, ")");
+  }
+}
+
+// Calls fn(seq, first, end) for each run of consecutive rows [first, end) of one sequence at
+// consecutive positions, in row order (padding rows are in no run).
+template <typename Fn>
+void for_each_sequence_run(const StepView& step, Fn&& fn) {
+  for (int64_t t = 0; t < step.tokens;) {
+    const int32_t seq = step.seqs[t];
+    if (seq < 0) {
+      ++t;
+      continue;
+    }
+    int64_t end = t + 1;
+    while (end < step.tokens && step.seqs[end] == seq && step.positions[end] == step.positions[end - 1] + 1) ++end;
+    fn(seq, t, end);
+    t = end;
   }
 }
 
