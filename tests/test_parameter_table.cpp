@@ -14,9 +14,11 @@
 
 #include <cstring>
 #include <sstream>
+#include <vector>
 
 #include "io/checkpoint.h"
 #include "io/mapped_file.h"
+#include "io/process_memory.h"
 #include "models/forward_batch.h"
 #include "models/registry.h"
 #include "test_support.h"
@@ -170,6 +172,19 @@ int64_t mapping_rss_kb(const void* start) {
     }
   }
   return -1;
+}
+
+TEST(ProcessMemory, CountsWhatTheProcessTouchesAndItsPeak) {
+  const ProcessMemory before = process_memory();
+  EXPECT_GT(before.resident_bytes, 0);
+  EXPECT_GE(before.peak_resident_bytes, before.resident_bytes);
+  // 64 MiB touched page by page: resident memory grows by about that much.
+  std::vector<char> block(64 << 20);
+  for (std::size_t i = 0; i < block.size(); i += 4096) block[i] = static_cast<char>(i);
+  const ProcessMemory after = process_memory();
+  EXPECT_GE(after.resident_bytes - before.resident_bytes, 60 << 20);
+  EXPECT_GE(after.peak_resident_bytes, after.resident_bytes);
+  EXPECT_EQ(block[4096], static_cast<char>(4096));
 }
 
 TEST(MappedFile, ReleasedPagesLeaveTheProcessAndAreReadBackFromTheFile) {

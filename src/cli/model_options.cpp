@@ -6,6 +6,7 @@
 
 #include "backend/cuda/kernel_choices.h"
 #include "cli/option_checks.h"
+#include "io/process_memory.h"
 #include "models/device_decoder.h"
 #include "models/registry.h"
 #include "moe/ep/expert_parallel_dispatcher.h"
@@ -94,8 +95,13 @@ std::unique_ptr<models::CausalLM> ModelOptions::load(backend::Context& ctx, int 
   }
   model = models::place_on_device(ctx, std::move(model), dtype == "float32" ? DType::F32 : DType::BF16,
                                   moe::parse_moe_path(path), experts);
-  spdlog::info("weights copied to the {} device as {} (quantized ones as published) in {:.1f} ms",
-               device_name(ctx.device()), dtype, ms_since(placed));
+  // The checkpoint's pages are released once the weights are on the device: what stays resident
+  // is the process's own (caches, staging buffers), not a second copy of the weights.
+  const ProcessMemory memory = process_memory();
+  spdlog::info("weights copied to the {} device as {} (quantized ones as published) in {:.1f} ms; host memory "
+               "resident now {:.2f} GiB (peak {:.2f} GiB)",
+               device_name(ctx.device()), dtype, ms_since(placed), static_cast<double>(memory.resident_bytes) / (1 << 30),
+               static_cast<double>(memory.peak_resident_bytes) / (1 << 30));
   return model;
 }
 

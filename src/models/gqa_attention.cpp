@@ -139,10 +139,8 @@ void GqaAttention::forward(backend::Context& ctx, const Tensor& x, const ops::St
                                        rows.v_stride,
                                        rows.q_norm,
                                        rows.k_norm};
-    Tensor q_pass = Tensor::view(DType::F32, {pass.tokens, spec_.num_heads, d}, qh.data<float>() + first * q_width,
-                                 nullptr);
-    Tensor out_pass = Tensor::view(DType::F32, {pass.tokens, spec_.num_heads, d},
-                                   attended.data<float>() + first * q_width, nullptr);
+    Tensor q_pass = qh.rows(first, first + pass.tokens);  // views on ctx's device
+    Tensor out_pass = attended.rows(first, first + pass.tokens);
     ops::prepare_attention_rows(ctx, rotary_, pass_rows, spec_.num_heads, spec_.num_kv_heads, d, rms_eps_, pass, pool,
                                 q_pass);
     ops::paged_attention(ctx, q_pass, pass, pool, spec_.num_kv_heads, scale, sliding_window_, sinks, out_pass);
