@@ -23,17 +23,7 @@ void write_kv(const float* keys, int64_t key_stride, const float* values, int64_
 void write_kv_paged(backend::Context& ctx, const float* keys, int64_t key_stride, const float* values,
                     int64_t value_stride, const StepView& step, const KvPool& pool) {
   backend::Workspace::Scope scope(ctx.workspace());
-  const std::span<KvWrite> writes = ctx.workspace().array<KvWrite>(step.tokens);
-  for (int64_t t = 0; t < step.tokens; ++t) {
-    const int32_t seq = step.seqs[t];
-    if (seq < 0) {  // a padding row writes nothing
-      writes[static_cast<std::size_t>(t)] = KvWrite{};
-      continue;
-    }
-    const int64_t pos = step.positions[t];
-    check_blocks(step, pool, seq, pos, pos + 1, "write_kv_paged");
-    writes[static_cast<std::size_t>(t)] = {paged_kv(step, pool, seq), pos};
-  }
+  const std::span<KvWrite> writes = step_writes(ctx.workspace(), step, pool, "write_kv_paged");
   write_kv(keys, key_stride, values, value_stride, writes);
 }
 

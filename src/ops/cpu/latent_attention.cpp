@@ -73,17 +73,7 @@ void latent_attention(backend::Context& ctx, const Tensor& q, const Tensor& kv_b
 void latent_attention_paged(backend::Context& ctx, const Tensor& q, const Tensor& kv_b, const StepView& step,
                             const KvPool& pool, const LatentAttentionShape& shape, float scale, Tensor& out) {
   backend::Workspace::Scope scope(ctx.workspace());
-  const std::span<KvWindow> windows = ctx.workspace().array<KvWindow>(step.tokens);
-  for (int64_t t = 0; t < step.tokens; ++t) {
-    const int32_t seq = step.seqs[t];
-    if (seq < 0) {  // a padding row attends to nothing: zeros
-      windows[static_cast<std::size_t>(t)] = KvWindow{};
-      continue;
-    }
-    const int64_t pos = step.positions[t];
-    check_blocks(step, pool, seq, 0, pos + 1, "latent_attention_paged");
-    windows[static_cast<std::size_t>(t)] = {paged_kv(step, pool, seq), 0, pos + 1};
-  }
+  const std::span<KvWindow> windows = step_windows(ctx.workspace(), step, pool, 0, "latent_attention_paged");
   cpu::latent_attention(ctx, q, kv_b, windows, shape, scale, out);
 }
 

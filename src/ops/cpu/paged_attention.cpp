@@ -2,7 +2,6 @@
 // taken from the step's block tables, then the same arithmetic as the KvWindow ops
 // (cpu::attention, cpu::write_kv, cpu::rotary, cpu::rms_norm), so a layer gives the same bits
 // whichever form it calls.
-#include <algorithm>
 #include <cstring>
 
 #include "ops/attention.h"
@@ -18,18 +17,7 @@ void paged_attention(backend::Context& ctx, const Tensor& q, const StepView& ste
   R3_CHECK(q.rank() == 3 && q.dim(0) == step.tokens, "paged_attention: q ", shape_to_string(q.shape()), " for ",
            step.tokens, " tokens");
   backend::Workspace::Scope scope(ctx.workspace());
-  const std::span<KvWindow> windows = ctx.workspace().array<KvWindow>(step.tokens);
-  for (int64_t t = 0; t < step.tokens; ++t) {
-    const int32_t seq = step.seqs[t];
-    if (seq < 0) {  // a padding row attends to nothing: zeros
-      windows[static_cast<std::size_t>(t)] = KvWindow{};
-      continue;
-    }
-    const int64_t pos = step.positions[t];
-    const int64_t begin = sliding_window > 0 ? std::max<int64_t>(0, pos - sliding_window + 1) : 0;
-    check_blocks(step, pool, seq, begin, pos + 1, "paged_attention");
-    windows[static_cast<std::size_t>(t)] = {paged_kv(step, pool, seq), begin, pos + 1};
-  }
+  const std::span<KvWindow> windows = step_windows(ctx.workspace(), step, pool, sliding_window, "paged_attention");
   cpu::attention(ctx, q, windows, num_kv_heads, scale, out, sinks);
 }
 
@@ -63,17 +51,7 @@ void prepare_attention_rows(backend::Context& ctx, const Rotary& rope, const Att
   const std::span<const int32_t> positions(step.positions, static_cast<std::size_t>(tokens));
   cpu::rotary(rope, q, positions);
   cpu::rotary(rope, k, positions);
-  const std::span<KvWrite> writes = ctx.workspace().array<KvWrite>(tokens);
-  for (int64_t t = 0; t < tokens; ++t) {
-    const int32_t seq = step.seqs[t];
-    if (seq < 0) {  // a padding row writes nothing
-      writes[static_cast<std::size_t>(t)] = KvWrite{};
-      continue;
-    }
-    const int64_t pos = step.positions[t];
-    check_blocks(step, pool, seq, pos, pos + 1, "prepare_attention_rows");
-    writes[static_cast<std::size_t>(t)] = {paged_kv(step, pool, seq), pos};
-  }
+  const std::span<KvWrite> writes = step_writes(ctx.workspace(), step, pool, "prepare_attention_rows");
   cpu::write_kv(k.data<float>(), kv_width, rows.v, rows.v_stride, writes);
 }
 
