@@ -5,7 +5,8 @@
 # with R3_AB=<kernel choice>, that choice measured forced each way; with R3_AB_CONFIGS, whole
 # settings of kernel choices compared; with R3_TIMELINE=1, each kernel's place in the step's graph as it ran; with
 # R3_DEEP_PROFILE=1, a batch-1 layer's kernels profiled in depth; with R3_SASS_PROFILE=1, the
-# small kernels' stalls by SASS line;
+# small kernels' stalls by SASS line; with R3_RESIDENT_MEMORY=1, the host memory a 61 GB model
+# leaves resident once placed;
 # R3_TESTS_FILTER, R3_KERNEL_SECTIONS, R3_DECODE_BENCH=0 and R3_BENCH_ONLY=1 narrow a call down), and leave the logs
 # in $OUT (or ./gpu-out). Usage there: R3_COMMIT=<commit the tree was sent from> bash bench/gpu.sh
 # (the copy of the tree on that machine may carry an older .git).
@@ -146,6 +147,18 @@ if [[ "${R3_TIMELINE:-0}" == 1 ]] &&
   # What equal shares of the floor would ask of the two (issue 15's criterion; bench/floor_shares.py).
   python3 bench/floor_shares.py "$out/timeline.json" "$out/timeline_fp8.json" \
     --floors-from "$out/timeline_bench.json" "$out/timeline_bench_fp8.json" | tee "$out/floor_shares.txt" || status=1
+fi
+# R3_RESIDENT_MEMORY=1: issue 51's host-memory criterion. A sharded bf16 checkpoint of
+# Qwen3-30B-A3B's shape (about 61 GB of zeros, bench/resident_memory.py) written to memory-backed
+# /dev/shm (R3_RESIDENT_MEMORY_DIR: elsewhere), then `r3 generate --device cuda` on it, whose log
+# names the host memory still resident once the weights are on the device, and its peak
+# (resident_memory.txt). The checkpoint is deleted after.
+if [[ "${R3_RESIDENT_MEMORY:-0}" == 1 ]]; then
+  dir=${R3_RESIDENT_MEMORY_DIR:-/dev/shm/r3-qwen3-30b-a3b-shape}
+  { python3 bench/resident_memory.py --out "$dir" &&
+    ./build-gpu/r3 generate --device cuda --model "$dir" --ids 1,2,3,4 --max-new-tokens 4 2>&1 | grep -E "loaded|host memory|error"
+  } 2>&1 | tee "$out/resident_memory.txt" || status=1
+  rm -rf "$dir"
 fi
 # R3_DEEP_PROFILE=1: one batch-1 layer's kernels (past the first steps), each with Nsight Compute's
 # throughput, memory, warp-stall and occupancy sections, bf16 and FP8 (deep_profile*.txt): where

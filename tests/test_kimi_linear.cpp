@@ -148,8 +148,8 @@ TEST(KimiLinearLayers, KdaLayerRunsEachSequenceOfABatchFromItsCachedState) {
   const Tensor again = run(std::vector<int32_t>(10, 0), {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, rows(0, 10));
   for (int t = 0; t < 10; ++t) EXPECT_EQ(row_of(again, t), row_of(want_a, t)) << "A again, row " << t;
   // Placed (here on the CPU) with q, k and v stacked into one projection, as on a GPU: the same bits.
-  const std::unique_ptr<models::KdaAttention> placed = kda.placed(ctx, DType::F32);
-  ASSERT_TRUE(placed->weights().qkv.defined());
+  const std::unique_ptr<models::AttentionLayer> placed = kda.placed(ctx, DType::F32);
+  ASSERT_TRUE(dynamic_cast<const models::KdaAttention&>(*placed).weights().qkv.defined());
   models::KvCache placed_cache({kda.cache_spec(), models::CacheSpec::full_kv(8)}, 2, 32);
   models::ForwardBatch batch;
   batch.seqs = seqs1;

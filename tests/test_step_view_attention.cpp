@@ -181,9 +181,10 @@ TEST(StepViewAttention, AGroupedQueryLayerPlacedWithStackedProjectionsGivesTheSa
   w.k_norm = random_normal({dim}, 18);
   const models::GqaAttention host(spec, 1e-6f, w, ops::Rotary(dim, 10000.0), 0);
   backend::Context ctx(2);
-  const std::unique_ptr<models::GqaAttention> placed = host.placed(ctx, DType::F32);
-  ASSERT_TRUE(placed->weights().qkv.defined());
-  EXPECT_FALSE(placed->weights().q.defined());
+  const std::unique_ptr<models::AttentionLayer> placed = host.placed(ctx, DType::F32);
+  const auto& placed_gqa = dynamic_cast<const models::GqaAttention&>(*placed);
+  ASSERT_TRUE(placed_gqa.weights().qkv.defined());
+  EXPECT_FALSE(placed_gqa.weights().q.defined());
   KvCache host_cache({host.cache_spec()}, 2, 32, {.block_size = 4, .shuffle_seed = 3});
   KvCache placed_cache({placed->cache_spec()}, 2, 32, {.block_size = 4, .shuffle_seed = 3});
   // A prefill of two sequences with a padding row, then two decode steps.

@@ -62,7 +62,7 @@ void project_qkv(backend::Context& ctx, const AttentionSpec& spec, float eps, co
   }
 }
 
-std::unique_ptr<GqaAttention> GqaAttention::placed(backend::Context& ctx, DType dtype) const {
+std::unique_ptr<AttentionLayer> GqaAttention::placed(backend::Context& ctx, DType dtype) const {
   const GqaAttentionWeights& h = w_;
   GqaAttentionWeights d;
   if (stacks_qkv(spec_) && !h.qkv.defined()) d.qkv = stacked_on_device(ctx, {&h.q, &h.k, &h.v}, dtype);

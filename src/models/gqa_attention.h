@@ -43,7 +43,7 @@ class GqaAttention final : public AttentionLayer {
   static bool stacks_qkv(const AttentionSpec& spec) { return spec.qk_norm != QkNorm::kFull && spec.clip_qkv <= 0; }
   // This layer with its weights on ctx's device: projections as `dtype` (or as stored when
   // quantized), norms, biases and sinks float32; q, k and v stacked where they may be.
-  std::unique_ptr<GqaAttention> placed(backend::Context& ctx, DType dtype) const;
+  std::unique_ptr<AttentionLayer> placed(backend::Context& ctx, DType dtype) const override;
 
   // Full K/V rows, or for a sliding-window layer K/V rows of which only the window is read.
   CacheSpec cache_spec() const override;

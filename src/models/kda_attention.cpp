@@ -35,7 +35,10 @@ KdaAttention::KdaAttention(const KdaSpec& spec, KdaWeights weights) : spec_(spec
   }
 }
 
-std::unique_ptr<KdaAttention> KdaAttention::placed(backend::Context& ctx, DType dtype) const {
+std::unique_ptr<AttentionLayer> KdaAttention::placed(backend::Context& ctx, DType dtype) const {
+  const int64_t most = ops::max_delta_rule_step_head_dim(ctx);
+  R3_CHECK(spec_.head_dim <= most, "--device ", device_name(ctx.device()), ": a Kimi Delta Attention head of ",
+           spec_.head_dim, " (the delta rule's step there holds heads of at most ", most, "); use --device cpu");
   KdaWeights d;
   d.qkv = stacked_on_device(ctx, {&w_.q, &w_.k, &w_.v}, dtype);
   if (!d.qkv.defined()) {

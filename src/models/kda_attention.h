@@ -71,7 +71,7 @@ class KdaAttention final : public AttentionLayer {
   // This layer with its weights on ctx's device: projections as `dtype` (or as stored when
   // quantized), q, k and v stacked where they may be; the rest float32. The host-only
   // forward_sequence is not for the copy (it keeps only the stacked taps).
-  std::unique_ptr<KdaAttention> placed(backend::Context& ctx, DType dtype) const;
+  std::unique_ptr<AttentionLayer> placed(backend::Context& ctx, DType dtype) const override;
 
   const KdaSpec& spec() const { return spec_; }
   const KdaWeights& weights() const { return w_; }

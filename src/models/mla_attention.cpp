@@ -49,7 +49,7 @@ void project_mla(backend::Context& ctx, const AttentionSpec& spec, float rms_eps
   ops::rms_norm(ctx, latent, &w.kv_a_norm, rms_eps, latent);
 }
 
-std::unique_ptr<MlaAttention> MlaAttention::placed(backend::Context& ctx, DType dtype) const {
+std::unique_ptr<AttentionLayer> MlaAttention::placed(backend::Context& ctx, DType dtype) const {
   auto copy = std::make_unique<MlaAttention>(*this);
   MlaWeights& d = copy->w_;
   d.q_proj = on_device(ctx, w_.q_proj, dtype);

@@ -40,7 +40,7 @@ class MlaAttention final : public AttentionLayer {
 
   // This layer with its weights on ctx's device: projections as `dtype` (or as stored when
   // quantized), norms and biases float32.
-  std::unique_ptr<MlaAttention> placed(backend::Context& ctx, DType dtype) const;
+  std::unique_ptr<AttentionLayer> placed(backend::Context& ctx, DType dtype) const override;
 
   void forward(backend::Context& ctx, const Tensor& x, const ops::StepView& step, KvCache& cache, int64_t layer,
                Tensor& out) const override;

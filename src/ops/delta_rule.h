@@ -86,6 +86,7 @@ struct DeltaRuleHeadWeights {
 };
 
 namespace cpu {  // ops/delta_rule.cpp
+inline int64_t max_delta_rule_step_head_dim(backend::Context&) { return kMaxDeltaRuleHeadDim; }
 void gated_delta_rule_step(backend::Context& ctx, int64_t heads, int64_t dim, const DeltaRuleStepRows& rows,
                            const DeltaRuleHeadWeights& w, const StepView& step, float* state, float* out);
 }
@@ -94,10 +95,17 @@ namespace cuda {  // ops/cuda/sm90_delta_rule.cu
 // Key and value head dimensions are equal, at most kMaxDeviceDeltaRuleHeadDim (a head's state
 // is held in shared memory while its run is processed); one kernel.
 constexpr int64_t kMaxDeviceDeltaRuleHeadDim = 128;
+inline int64_t max_delta_rule_step_head_dim(backend::Context&) { return kMaxDeviceDeltaRuleHeadDim; }
 void gated_delta_rule_step(backend::Context& ctx, int64_t heads, int64_t dim, const DeltaRuleStepRows& rows,
                            const DeltaRuleHeadWeights& w, const StepView& step, float* state, float* out);
 }  // namespace cuda
 #endif
+
+// The largest head dimension gated_delta_rule_step runs with on ctx's device (a layer asks before
+// it is placed there).
+inline int64_t max_delta_rule_step_head_dim(backend::Context& ctx) {
+  R3_DISPATCH_GPU(ctx, max_delta_rule_step_head_dim, ctx);
+}
 
 // A KDA layer's core over a step's rows: for every sequence's run of consecutive rows (one run a
 // sequence) and head, the log-decays from the forget-gate projection (delta_rule_log_decay), beta

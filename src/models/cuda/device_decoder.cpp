@@ -386,21 +386,6 @@ void check_device_moe_path(moe::MoePath path) {
            ": the GPU runs mega, modular or monolithic (every GPU path captures)");
 }
 
-void place_attention(backend::Context& ctx, const AttentionLayer& host, DType dtype, int64_t l, Layer& d) {
-  if (const auto* gqa = dynamic_cast<const GqaAttention*>(&host)) {
-    d.attention = gqa->placed(ctx, dtype);
-  } else if (const auto* mla = dynamic_cast<const MlaAttention*>(&host)) {
-    d.attention = mla->placed(ctx, dtype);
-  } else {
-    const auto* kda = dynamic_cast<const KdaAttention*>(&host);
-    R3_CHECK(kda != nullptr, "--device cuda: layer ", l, "'s attention has no CUDA kernels");
-    R3_CHECK(kda->spec().head_dim <= ops::cuda::kMaxDeviceDeltaRuleHeadDim, "--device cuda: a Kimi Delta Attention head of ",
-             kda->spec().head_dim, " (the CUDA kernel holds heads of at most ", ops::cuda::kMaxDeviceDeltaRuleHeadDim,
-             " in shared memory); use --device cpu");
-    d.attention = kda->placed(ctx, dtype);
-  }
-}
-
 }  // namespace device
 
 std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr<CausalLM> model, DType weights,
@@ -434,7 +419,7 @@ std::unique_ptr<CausalLM> place_on_device(backend::Context& ctx, std::unique_ptr
     device::Layer d;
     d.input_norm = on_device(ctx, layer.input_norm, DType::F32);
     d.post_attention_norm = on_device(ctx, layer.post_attention_norm, DType::F32);
-    device::place_attention(ctx, *layer.attention, weights, static_cast<int64_t>(l), d);
+    d.attention = layer.attention->placed(ctx, weights);
     if (const auto* dense = dynamic_cast<const DenseFeedForward*>(layer.feed_forward.get())) {
       d.dense.emplace(mlp_on_device(ctx, dense->mlp(), weights));
     } else {

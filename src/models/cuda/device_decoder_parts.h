@@ -150,8 +150,6 @@ struct Layer {
   const Moe* routed_moe() const { return moe ? &*moe : latent_moe ? &latent_moe->moe : nullptr; }
 };
 
-// The attention of host layer `l` on the device as `dtype` (GQA, latent or Kimi Delta).
-void place_attention(backend::Context& ctx, const AttentionLayer& host, DType dtype, int64_t l, Layer& d);
 
 // The MoE paths the GPU runs: mega, modular and monolithic; throws for monolithic-nocapture.
 void check_device_moe_path(moe::MoePath path);

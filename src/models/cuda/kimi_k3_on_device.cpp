@@ -113,7 +113,7 @@ std::unique_ptr<CausalLM> place_kimi_k3(backend::Context& ctx, std::unique_ptr<K
     d.post_attention_norm = on_device(ctx, layer.post_attention_norm, DType::F32);
     d.pre_mix.emplace(residual_on_device(ctx, *layer.pre_attention_mix));
     d.post_mix.emplace(residual_on_device(ctx, *layer.post_attention_mix));
-    place_attention(ctx, *layer.attention, weights, static_cast<int64_t>(l), d);
+    d.attention = layer.attention->placed(ctx, weights);
     if (const auto* moe = dynamic_cast<const LatentMoeFeedForward*>(layer.feed_forward.get())) {
       d.latent_moe.emplace(ctx, *moe, weights, eplb, experts);
     } else {
