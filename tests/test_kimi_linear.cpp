@@ -84,6 +84,9 @@ TEST(KimiLinearLayers, KdaLayerRunsEachSequenceOfABatchFromItsCachedState) {
   models::ParameterTable table;
   models::ParameterLoader params(c, table);
   const models::KdaAttention kda(spec, models::KdaAttention::load(params, "model.layers.0.self_attn.", spec, 0));
+  // The table names the memory the layer reads: each convolution's taps are rows of the stacked ones.
+  EXPECT_EQ(table.at("model.layers.0.self_attn.k_conv1d.weight").tensor.data<float>(),
+            kda.weights().conv.data<float>() + 64 * 4);
   backend::Context ctx(2);
   models::KvCache cache({kda.cache_spec(), models::CacheSpec::full_kv(8)}, 2, 32);
   EXPECT_NE(cache.prefix_sharing_unsupported().find("recurrent state"), std::string::npos);

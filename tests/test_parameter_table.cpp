@@ -156,6 +156,26 @@ TEST(ParameterTable, RefusesATensorReadByTwoParameters) {
   EXPECT_EQ(table.stored_names(), (std::vector<std::string>{"a.weight", "a.weight_scale_inv"}));
 }
 
+TEST(ParameterTable, ARelocatedParameterNamesItsNewMemoryAndNothingElseFits) {
+  ParameterTable table;
+  table.add({"a.weight", {2, 3}, ParameterForm::kFloat32, {0, -1}, {"a.weight"}, Tensor::empty(DType::F32, {2, 3})});
+  const Tensor stacked = Tensor::empty(DType::F32, {4, 3});
+  table.relocate("a.weight", stacked.rows(2, 4));
+  EXPECT_EQ(table.at("a.weight").tensor.data<float>(), stacked.data<float>() + 6);
+  const auto error_of = [&](const std::string& name, const Tensor& t) {
+    try {
+      table.relocate(name, t);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of("a.weight", stacked).find("relocating parameter 'a.weight': F32 [4, 3] for F32 [2, 3]"),
+            std::string::npos);
+  EXPECT_NE(error_of("b.weight", stacked).find("relocating parameter 'b.weight': no parameter of that name"),
+            std::string::npos);
+}
+
 // The resident kilobytes of this process's mapping that starts at `start` (/proc/self/smaps), or
 // -1 when there is none.
 int64_t mapping_rss_kb(const void* start) {

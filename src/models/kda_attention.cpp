@@ -23,16 +23,10 @@ KdaAttention::KdaAttention(const KdaSpec& spec, KdaWeights weights) : spec_(spec
                spec_.conv_kernel >= 1 && spec_.conv_kernel <= 64,
            "KDA: ", spec_.heads, " heads of ", spec_.head_dim, ", hidden ", spec_.hidden, ", convolution of ",
            spec_.conv_kernel, " taps");
-  if (!w_.conv.defined()) {
-    const int64_t width = spec_.width();
-    w_.conv = Tensor::empty(DType::F32, {3 * width, spec_.conv_kernel});
-    float* dst = w_.conv.data<float>();
-    for (const Tensor* taps : {&w_.q_conv, &w_.k_conv, &w_.v_conv}) {
-      R3_CHECK(taps->dtype() == DType::F32 && taps->numel() == width * spec_.conv_kernel, "KDA: convolution taps ",
-               shape_to_string(taps->shape()));
-      dst = std::copy_n(taps->data<float>(), taps->numel(), dst);
-    }
-  }
+  R3_CHECK(w_.conv.defined() && w_.conv.rank() == 2 && w_.conv.dim(0) == 3 * spec_.width() &&
+               w_.conv.dim(1) == spec_.conv_kernel,
+           "KDA: stacked convolution taps of ", shape_to_string(w_.conv.shape()), " for width ", spec_.width(),
+           " and ", spec_.conv_kernel, " taps");
 }
 
 std::unique_ptr<AttentionLayer> KdaAttention::placed(backend::Context& ctx, DType dtype) const {
@@ -67,9 +61,18 @@ KdaWeights KdaAttention::load(ParameterLoader& c, const std::string& p, const Kd
   w.q = c.load_weight(p + "q_proj.weight", {width, hidden}, site);
   w.k = c.load_weight(p + "k_proj.weight", {width, hidden}, site);
   w.v = c.load_weight(p + "v_proj.weight", {width, hidden}, site);
-  w.q_conv = c.load_f32(p + "q_conv1d.weight", {width, 1, s.conv_kernel}, site).reshaped({width, s.conv_kernel});
-  w.k_conv = c.load_f32(p + "k_conv1d.weight", {width, 1, s.conv_kernel}, site).reshaped({width, s.conv_kernel});
-  w.v_conv = c.load_f32(p + "v_conv1d.weight", {width, 1, s.conv_kernel}, site).reshaped({width, s.conv_kernel});
+  // The three convolutions' taps, stacked once as the step's convolution takes them; each tap
+  // tensor (and its parameter) is a view of its rows.
+  w.conv = Tensor::empty(DType::F32, {3 * width, s.conv_kernel});
+  Tensor* taps[3] = {&w.q_conv, &w.k_conv, &w.v_conv};
+  const char* names[3] = {"q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"};
+  for (int i = 0; i < 3; ++i) {
+    const Tensor loaded = c.load_f32(p + names[i], {width, 1, s.conv_kernel}, site);
+    Tensor rows = w.conv.rows(i * width, (i + 1) * width);
+    std::copy_n(loaded.data<float>(), loaded.numel(), rows.data<float>());
+    c.relocate(p + names[i], rows.reshaped({width, 1, s.conv_kernel}));
+    *taps[i] = rows;
+  }
   w.f_a = c.load_weight(p + "f_a_proj.weight", {d, hidden}, site);
   w.f_b = c.load_weight(p + "f_b_proj.weight", {width, d}, site);
   w.dt_bias = c.load_f32(p + "dt_bias", {width}, site);

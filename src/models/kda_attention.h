@@ -35,7 +35,7 @@ struct KdaSpec {
 
 struct KdaWeights {
   Tensor q, k, v;           // [width, hidden]
-  Tensor q_conv, k_conv, v_conv;  // [width, kernel]
+  Tensor q_conv, k_conv, v_conv;  // [width, kernel], rows of `conv`
   Tensor f_a, f_b;          // forget gate: [head_dim, hidden], [width, head_dim]
   Tensor dt_bias;           // [width]
   Tensor a_log;             // [heads]
@@ -45,7 +45,7 @@ struct KdaWeights {
   Tensor o_norm;            // [head_dim]
   Tensor o;                 // [hidden, width]
   // The three convolutions' taps stacked [3 width, kernel] (q, k, then v channels), as the step's
-  // convolution takes them: made by the constructor.
+  // convolution takes them; q_conv, k_conv and v_conv are views of its rows (load makes them).
   Tensor conv;
   // q, k and v as one projection [3 width, hidden] (q, k, v then empty): made by `placed` where
   // they stack.

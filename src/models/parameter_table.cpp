@@ -30,6 +30,17 @@ void ParameterTable::add(Parameter parameter) {
   parameters_.push_back(std::move(parameter));
 }
 
+void ParameterTable::relocate(const std::string& name, Tensor tensor) {
+  const auto it = by_stored_.find(name);
+  R3_CHECK(it != by_stored_.end() && parameters_[it->second].name == name, "relocating parameter '", name,
+           "': no parameter of that name");
+  Parameter& p = parameters_[it->second];
+  R3_CHECK(tensor.dtype() == p.tensor.dtype() && tensor.numel() == p.tensor.numel(), "relocating parameter '", name,
+           "': ", dtype_name(tensor.dtype()), " ", shape_to_string(tensor.shape()), " for ", dtype_name(p.tensor.dtype()),
+           " ", shape_to_string(p.tensor.shape()));
+  p.tensor = std::move(tensor);
+}
+
 const Parameter* ParameterTable::find(const std::string& stored_name) const {
   const auto it = by_stored_.find(stored_name);
   return it == by_stored_.end() ? nullptr : &parameters_[it->second];

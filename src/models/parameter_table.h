@@ -58,6 +58,10 @@ class ParameterTable {
   const Parameter& at(const std::string& stored_name) const;
   // Every checkpoint tensor some parameter reads, sorted.
   std::vector<std::string> stored_names() const;
+  // The parameter `name` now lives in `tensor` (the builder copied it there, e.g. into rows of a
+  // matrix it stacked it with): the same dtype and element count, so that the table names the
+  // memory the model reads. Throws naming it otherwise, or when no parameter has that name.
+  void relocate(const std::string& name, Tensor tensor);
   // Drops the process's resident pages of every parameter held as a view of the checkpoint's
   // mapping (a model placed on a device has copied them there): the host keeps no second copy.
   // A page touched again is read back from the file. Returns the bytes released.
@@ -84,6 +88,8 @@ class ParameterLoader {
   Tensor load_weight(const std::string& name, const Shape& shape, ParameterSite site = {});
   Tensor load_raw(const std::string& name, const Shape& shape, ParameterSite site = {});
   Tensor load_mxfp4(const std::string& name, const Shape& shape, ParameterSite site = {});
+  // ParameterTable::relocate.
+  void relocate(const std::string& name, Tensor tensor) { table_.relocate(name, std::move(tensor)); }
 
  private:
   Tensor record(const std::string& name, const Shape& shape, ParameterForm form, ParameterSite site, Tensor loaded);

@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <vector>
 
 #include "core/check.h"
 #include "ops/cpu/step_blocks.h"
@@ -43,10 +42,15 @@ void short_conv_silu_step(backend::Context& ctx, const ConvInputs& in, const flo
   for_each_sequence_run(step, [&](int32_t seq, int64_t first, int64_t end) {
     const int64_t n = end - first;
     for (int i = 0; i < in.parts; ++i) {
-      for (int64_t t = 0; t < n; ++t) {
-        std::memcpy(rows.data() + t * pc, in.part[i] + (first + t) * in.stride, sizeof(float) * static_cast<std::size_t>(pc));
+      // The run's rows of this part, gathered when they are columns of a wider row.
+      const float* x = in.part[i] + first * in.stride;
+      if (in.stride != pc) {
+        for (int64_t t = 0; t < n; ++t) {
+          std::memcpy(rows.data() + t * pc, x + t * in.stride, sizeof(float) * static_cast<std::size_t>(pc));
+        }
+        x = rows.data();
       }
-      short_conv_silu(rows.data(), n, pc, weight + i * pc * kernel, kernel, state + (seq * channels + i * pc) * kept,
+      short_conv_silu(x, n, pc, weight + i * pc * kernel, kernel, state + (seq * channels + i * pc) * kept,
                       convolved.data());
       for (int64_t t = 0; t < n; ++t) {
         std::memcpy(out + (first + t) * channels + i * pc, convolved.data() + t * pc,

@@ -18,14 +18,11 @@
 #include "backend/context.h"
 #include "models/decoder_model.h"
 #include "models/device_decoder.h"
-#include "models/kda_attention.h"
 #include "models/kimi_k3/attention_residual.h"
 #include "models/kimi_k3/kimi_k3_model.h"
 #include "models/kimi_k3/latent_moe.h"
 #include "models/kimi_k3/situ_mlp.h"
-#include "models/mla_attention.h"
 #include "models/device_step_builder.h"
-#include "models/gqa_attention.h"
 #include "models/weights_on_device.h"
 #include "moe/device_capture.h"
 #include "moe/device_expert_map.h"
@@ -37,8 +34,6 @@
 #include "core/function_ref.h"
 #include "ops/cuda/token_drawer.h"
 #include "ops/step_view.h"
-#include "ops/interleaved_rotary.h"
-#include "ops/rotary.h"
 
 namespace r3::models::device {
 

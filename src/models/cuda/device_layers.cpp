@@ -14,12 +14,7 @@
 #include "moe/device_ep_dispatch.h"
 #include "moe/ep/device_expert_moves.h"
 #include "moe/ep/expert_moves.h"
-#include "ops/activation.h"
-#include "ops/attention.h"
-#include "ops/kv_write.h"
-#include "ops/latent_attention.h"
 #include "ops/linear.h"
-#include "ops/rms_norm.h"
 
 namespace r3::models::device {
 
