@@ -18,7 +18,7 @@ CMAKE_FLAGS = -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)
 FUZZ_DIR       ?= build-fuzz
 # Seconds each fuzz target runs (`make fuzz`); CI runs them for FUZZ_SECONDS=60.
 FUZZ_SECONDS   ?= 600
-FUZZ_TARGETS   := safetensors config replay expert_loads expert_weights
+FUZZ_TARGETS   := safetensors config replay expert_loads expert_weights request
 
 .PHONY: all deps build demo test test-sanitize fuzz bench clean
 

@@ -10,7 +10,9 @@ packages=(
   libspdlog-dev        # logging, progress and timing lines on stderr
   libgtest-dev libgmock-dev  # unit and parity tests (CTest via gtest_discover_tests)
   libbenchmark-dev     # bench/ micro-benchmarks
-  libcpp-httplib-dev   # r3 serve: HTTP/1.1 server with timeouts and body limits (and the tests' client)
+  libboost1.81-dev     # r3 serve: Boost.Beast over Asio, the event-driven HTTP/1.1 layer (header-only)
+  zlib1g-dev           # r3 serve: gzip and deflate request bodies, inflated within the body limit
+  libcpp-httplib-dev   # the HTTP tests' client library (one of the real clients the server is tested with)
   clang libclang-rt-dev  # libFuzzer for `make fuzz` (fuzz/)
   python3              # tools/: writes the malformed-input suite and checks it in `make test`
 )

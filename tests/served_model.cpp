@@ -102,7 +102,10 @@ std::string RawConnection::read_until(const std::string& marker, double seconds)
     if (::poll(&p, 1, 100) <= 0) continue;
     char buffer[65536];
     const ssize_t n = ::recv(fd_, buffer, sizeof(buffer), 0);
-    if (n <= 0) break;  // closed by the server
+    if (n <= 0) {  // closed by the server
+      peer_closed_ = true;
+      break;
+    }
     received_.append(buffer, static_cast<std::size_t>(n));
   }
   return received_;

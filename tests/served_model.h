@@ -67,9 +67,12 @@ class RawConnection {
   // Reads until the peer closes the connection (or `seconds` pass).
   std::string read_to_end(double seconds = 120);
   void close();
+  // Whether a read found the connection closed by the server.
+  bool peer_closed() const { return peer_closed_; }
 
  private:
   int fd_ = -1;
+  bool peer_closed_ = false;
   std::string received_;
 };
 

@@ -1,6 +1,8 @@
 // `r3 serve`: the model behind the HTTP server (server/http_server.h) until SIGINT or SIGTERM.
-// Built only where cpp-httplib is (R3_WITH_HTTP); elsewhere the command says so.
+// Built only where the HTTP layer's libraries are (R3_WITH_HTTP); elsewhere the command says so.
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
@@ -55,21 +57,30 @@ int run_serve(const ServeOptions& o) {
   options.api_key = o.api_key;
   options.max_body_bytes = o.max_body_mb << 20;
   options.read_timeout_seconds = options.write_timeout_seconds = o.timeout_seconds;
-  // Enough workers for a full running batch plus new arrivals and scrapes.
-  options.worker_threads = std::clamp<int64_t>(2 * engine.options().scheduler.max_running + 16, 16, 1024);
+  const int64_t descriptors = server::raise_open_file_limit();
   server::HttpServer http(loop, model->info(), options);
   const int port = http.bind(o.host, o.port);
-  spdlog::info("serve: {} on http://{}:{} ({} running, {} queued at most, {} request workers{})", options.model_name,
-               o.host, port, engine.options().scheduler.max_running, engine.options().scheduler.max_waiting,
-               options.worker_threads, o.api_key.empty() ? "" : ", API key required");
+  spdlog::info("serve: {} on http://{}:{} ({} running, {} queued at most, {} connections at most{})", options.model_name,
+               o.host, port, engine.options().scheduler.max_running, engine.options().scheduler.max_waiting, descriptors - 64,
+               o.api_key.empty() ? "" : ", API key required");
+  std::atomic<bool> served{false};
   std::thread stopper([&] {
     int signal = 0;
     sigwait(&stop_signals, &signal);
-    spdlog::info("serve: signal {}: no new connections; the requests in flight have {} s to finish", signal,
-                 o.shutdown_timeout_seconds);
+    if (served) return;
+    spdlog::info("serve: signal {}: no new connections; the requests in flight have {} s to finish (a second "
+                 "signal exits at once)", signal, o.shutdown_timeout_seconds);
+    std::thread([stop_signals] {
+      int again = 0;
+      sigwait(&stop_signals, &again);
+      spdlog::warn("serve: signal {} again: exiting now", again);
+      spdlog::default_logger()->flush();
+      std::_Exit(128 + again);
+    }).detach();
     http.shutdown(std::chrono::milliseconds(static_cast<int64_t>(o.shutdown_timeout_seconds * 1000)));
   });
   http.serve();
+  served = true;
   spdlog::info("serve: stopped");
   if (stopper.joinable()) {
     pthread_kill(stopper.native_handle(), SIGTERM);  // serve() ended on its own: release the waiter
@@ -112,7 +123,7 @@ Command add_serve_command(CLI::App& app) {
 #if R3_WITH_HTTP
     return run_serve(*o);
 #else
-    R3_FAIL("this r3 was built without the HTTP server (cpp-httplib was not found at build time)");
+    R3_FAIL("this r3 was built without the HTTP server (Boost.Beast or zlib was not found at build time)");
 #endif
   };
 }

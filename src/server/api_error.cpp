@@ -8,6 +8,7 @@ nlohmann::json error_body(int status, const std::string& message, const std::str
                      : status == 404 ? "NotFoundError"
                      : status == 405 ? "MethodNotAllowedError"
                      : status == 413 ? "RequestTooLargeError"
+                     : status == 415 ? "UnsupportedMediaTypeError"
                      : status == 431 ? "RequestHeaderFieldsTooLargeError"
                      : status == 503 ? "ServiceUnavailableError"
                                      : "InternalServerError";

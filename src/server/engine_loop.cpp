@@ -27,17 +27,26 @@ engine::RequestId EngineLoop::submit(engine::RequestParams params, Sink sink) {
 
 std::vector<engine::RequestId> EngineLoop::submit_all(std::vector<engine::RequestParams> params,
                                                       std::vector<Sink> sinks) {
+  auto accepted = std::make_shared<std::promise<std::vector<engine::RequestId>>>();
+  std::future<std::vector<engine::RequestId>> answer = accepted->get_future();
+  submit_all_async(std::move(params), std::move(sinks), [accepted](std::vector<engine::RequestId> ids,
+                                                                   std::exception_ptr refusal) {
+    if (refusal) accepted->set_exception(refusal);
+    else accepted->set_value(std::move(ids));
+  });
+  return answer.get();  // rethrows the engine's refusal
+}
+
+void EngineLoop::submit_all_async(std::vector<engine::RequestParams> params, std::vector<Sink> sinks,
+                                  Accepted accepted) {
   R3_CHECK(params.size() == sinks.size() && !params.empty(), "submit_all: ", params.size(), " requests and ",
            sinks.size(), " sinks");
-  std::future<std::vector<engine::RequestId>> accepted;
   {
     std::lock_guard lock(mutex_);
     R3_CHECK(!stopping_, "the server is shutting down");
-    Pending& p = pending_.emplace_back(Pending{std::move(params), std::move(sinks), {}});
-    accepted = p.accepted.get_future();
+    pending_.push_back(Pending{std::move(params), std::move(sinks), std::move(accepted)});
   }
   wake_.notify_all();
-  return accepted.get();  // rethrows the engine's refusal
 }
 
 void EngineLoop::abort(engine::RequestId id, const std::string& message) {
@@ -84,15 +93,16 @@ void EngineLoop::take_queued() {
         ids.push_back(engine_.submit(std::move(p.params[i])));
         sinks_[ids.back()] = std::move(p.sinks[i]);
       }
-      p.accepted.set_value(std::move(ids));
     } catch (...) {
       // None of the group runs: the ones accepted end at the next step, unheard.
       for (const engine::RequestId id : ids) {
         engine_.abort(id, "another prompt of the request was refused");
         sinks_.erase(id);
       }
-      p.accepted.set_exception(std::current_exception());
+      p.accepted({}, std::current_exception());
+      continue;
     }
+    p.accepted(std::move(ids), nullptr);
   }
   for (const auto& [id, message] : aborts) engine_.abort(id, message);
   // After the submissions: a request accepted just now ends too.
@@ -161,7 +171,7 @@ void EngineLoop::run() {
     std::lock_guard lock(mutex_);
     pending.swap(pending_);
   }
-  for (Pending& p : pending) p.accepted.set_exception(std::make_exception_ptr(Error("the server is shutting down")));
+  for (Pending& p : pending) p.accepted({}, std::make_exception_ptr(Error("the server is shutting down")));
   if (!sinks_.empty()) abort_all("the server is shutting down");
 }
 

@@ -8,6 +8,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <future>
 #include <map>
@@ -40,6 +41,10 @@ class EngineLoop {
   // order) or none is: on the first refusal the ones accepted before it are aborted, their
   // sinks dropped (they hear nothing), and the refusal is rethrown here.
   std::vector<engine::RequestId> submit_all(std::vector<engine::RequestParams> params, std::vector<Sink> sinks);
+  // submit_all without the wait, for an event loop: `accepted` is called on the engine thread
+  // with the ids, or with the refusal (ids empty, `refusal` set), before any sink hears anything.
+  using Accepted = std::function<void(std::vector<engine::RequestId> ids, std::exception_ptr refusal)>;
+  void submit_all_async(std::vector<engine::RequestParams> params, std::vector<Sink> sinks, Accepted accepted);
   // Ends the request at the engine's next step (its sink gets the abort); unknown or finished
   // ids are ignored.
   void abort(engine::RequestId id, const std::string& message = "aborted");
@@ -54,7 +59,7 @@ class EngineLoop {
   struct Pending {
     std::vector<engine::RequestParams> params;
     std::vector<Sink> sinks;
-    std::promise<std::vector<engine::RequestId>> accepted;
+    Accepted accepted;
   };
   void run();
   // Engine thread: the queued submissions and aborts handed to the engine.

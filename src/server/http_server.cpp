@@ -1,394 +1,426 @@
 #include "server/http_server.h"
 
-#include <httplib.h>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
 #include <spdlog/spdlog.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
+#include <sys/resource.h>
 
+#include <algorithm>
 #include <atomic>
-#include <cerrno>
-#include <cstring>
-#include <chrono>
 #include <condition_variable>
-#include <deque>
-#include <map>
 #include <mutex>
-#include <optional>
+#include <set>
+#include <thread>
 
 #include "core/check.h"
-#include "io/json_file.h"
 #include "server/api_error.h"
-#include "server/metrics.h"
-#include "server/openai_api.h"
+#include "server/body_encoding.h"
 
 namespace r3::server {
 
-using nlohmann::json;
-
-bool equal_in_constant_time(const std::string& a, const std::string& b) {
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  const std::size_t n = std::max(a.size(), b.size());
-  for (std::size_t i = 0; i < n; ++i) {
-    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
-    diff |= static_cast<unsigned char>(x ^ y);
-  }
-  return diff == 0;
-}
-
-struct HttpServer::Impl {
-  EngineLoop& loop;
-  models::ModelInfo info;
-  ServerOptions options;
-  httplib::Server http;
-  std::atomic<int64_t> next_id{0};
-  ServerMetrics metrics;
-  std::mutex serving_mutex;
-  std::condition_variable serving_ended_cv;
-  bool serving_ended = false;
-  int port = 0;
-  // A graceful shutdown has begun: the listener is closed by cpp-httplib itself, so stop() must
-  // not close its descriptor again (the number may belong to a client's connection by then).
-  std::atomic<bool> draining{false};
-  // Each endpoint's method, for a 405 (with Allow) rather than a 404 on a known path.
-  std::map<std::string, std::string> methods = {{"/health", "GET"},  {"/v1/models", "GET"},     {"/metrics", "GET"},
-                                                {"/generate", "POST"}, {"/v1/completions", "POST"}};
-
-  Impl(EngineLoop& l, const models::ModelInfo& i, ServerOptions o) : loop(l), info(i), options(std::move(o)) {}
-
-  // Invalid UTF-8 (a client's bytes quoted in a message) is replaced rather than thrown on.
-  static std::string text_of(const json& body) { return body.dump(-1, ' ', false, json::error_handler_t::replace); }
-  static void reply_json(httplib::Response& res, int status, const json& body) {
-    res.status = status;
-    res.set_content(text_of(body), "application/json");
-  }
-  static void reply_error(httplib::Response& res, int status, const std::string& message, const std::string& param = "") {
-    reply_json(res, status, error_body(status, message, param));
-  }
-
-  // Why the request's headers are refused ("" when they are within the limits).
-  std::string headers_over_limits(const httplib::Request& req) const {
-    if (static_cast<int64_t>(req.headers.size()) > options.max_header_fields) {
-      return "the request has " + std::to_string(req.headers.size()) + " header fields; the server accepts " +
-             std::to_string(options.max_header_fields);
-    }
-    int64_t bytes = 0;
-    for (const auto& [name, value] : req.headers) bytes += static_cast<int64_t>(name.size() + value.size() + 4);
-    if (bytes > options.max_header_bytes) {
-      return "the request's headers are " + std::to_string(bytes) + " bytes; the server accepts " +
-             std::to_string(options.max_header_bytes);
-    }
-    return "";
-  }
-
-  bool authorized(const httplib::Request& req) const {
-    if (options.api_key.empty()) return true;
-    return equal_in_constant_time(req.get_header_value("Authorization"), "Bearer " + options.api_key);
-  }
-
-  // The body through r3's JSON reader: nesting deeper than kMaxJsonDepth is refused while parsing.
-  static json parse_body(const httplib::Request& req) {
-    try {
-      return parse_json(req.body, "the request body");
-    } catch (const Error& e) {
-      throw ApiError(400, e.what());
-    }
-  }
-
-  // Runs the requests together (submitted as one group, EngineLoop::submit_all) and returns each
-  // one's outputs. A refused request (the engine's reason: a 400, or a 503 for a full queue)
-  // refuses the whole group.
-  std::vector<std::vector<engine::RequestOutput>> run_all(const std::vector<engine::RequestParams>& requests,
-                                                          const std::string& param) {
-    struct Pending {
-      std::mutex mutex;
-      std::condition_variable done;
-      std::vector<engine::RequestOutput> outputs;
-      bool finished = false;
-      std::optional<RequestClock> clock;
-    };
-    std::vector<std::unique_ptr<Pending>> pending;
-    for (std::size_t i = 0; i < requests.size(); ++i) pending.push_back(std::make_unique<Pending>());
-    const auto wait = [](Pending& p) {
-      std::unique_lock lock(p.mutex);
-      p.done.wait(lock, [&] { return p.finished; });
-    };
-    std::vector<EngineLoop::Sink> sinks;
-    for (std::size_t i = 0; i < requests.size(); ++i) {
-      Pending& mine = *pending[i];
-      mine.clock.emplace(static_cast<int64_t>(requests[i].prompt.size()));
-      sinks.push_back([&mine](const engine::RequestOutput& out) {
-        std::lock_guard lock(mine.mutex);
-        mine.clock->observe(out);
-        mine.outputs.push_back(out);
-        mine.finished = out.finished;
-        if (out.finished) mine.done.notify_all();
-      });
-    }
-    try {
-      loop.submit_all(requests, std::move(sinks));
-    } catch (const Error& e) {
-      const bool queue_full = std::string(e.what()).find("queue is full") != std::string::npos;
-      throw ApiError(queue_full ? 503 : 400, e.what(), param);
-    }
-    std::vector<std::vector<engine::RequestOutput>> outputs;
-    for (std::size_t i = 0; i < pending.size(); ++i) {
-      Pending& p = *pending[i];
-      wait(p);
-      metrics.record(p.clock->timing());
-      outputs.push_back(std::move(p.outputs));
-    }
-    return outputs;
-  }
-
-  void generate(const httplib::Request& req, httplib::Response& res) {
-    const GenerateRequest request = parse_generate(parse_body(req), info, options.limits);
-    const auto outputs = run_all(request.prompts, "input_ids");
-    json answers = json::array();
-    for (std::size_t i = 0; i < outputs.size(); ++i) {
-      answers.push_back(generate_response(request.prompts[i], gather_sample(outputs[i]), info, request.return_logprob,
-                                          std::to_string(next_id++)));
-    }
-    reply_json(res, 200, request.batch ? answers : answers.front());
-  }
-
-  // A streamed completion: every prompt submitted, then each step's outputs sent as server-sent
-  // events as they come, `data: [DONE]` last. A client that stops reading (or goes away) ends
-  // its requests.
-  void stream_completions(const CompletionRequest& request, httplib::Response& res) {
-    struct Stream {
-      std::mutex mutex;
-      std::condition_variable ready;
-      std::deque<std::pair<std::size_t, engine::RequestOutput>> queue;  // (prompt, output)
-      std::size_t unfinished = 0;
-      std::vector<engine::RequestId> ids;
-      std::vector<RequestClock> clocks;  // per prompt
-    };
-    auto st = std::make_shared<Stream>();
-    for (const engine::RequestParams& p : request.prompts) st->clocks.emplace_back(static_cast<int64_t>(p.prompt.size()));
-    std::vector<EngineLoop::Sink> sinks;
-    for (std::size_t p = 0; p < request.prompts.size(); ++p) {
-      sinks.push_back([st, p](const engine::RequestOutput& out) {
-        std::lock_guard lock(st->mutex);
-        st->clocks[p].observe(out);
-        st->queue.emplace_back(p, out);
-        if (out.finished) --st->unfinished;
-        st->ready.notify_all();
-      });
-    }
-    {
-      std::lock_guard lock(st->mutex);
-      st->unfinished = request.prompts.size();
-    }
-    try {
-      st->ids = loop.submit_all(request.prompts, std::move(sinks));
-    } catch (const Error& e) {
-      const bool queue_full = std::string(e.what()).find("queue is full") != std::string::npos;
-      throw ApiError(queue_full ? 503 : 400, e.what(), "prompt");
-    }
-    const std::string id = "cmpl-" + std::to_string(next_id++);
-    const auto created = std::chrono::duration_cast<std::chrono::seconds>(
-                             std::chrono::system_clock::now().time_since_epoch()).count();
-    auto provider = [this, st, request, id, created](std::size_t, httplib::DataSink& sink) {
-      const auto send = [&sink](const json& event) {
-        const std::string line = "data: " + text_of(event) + "\n\n";
-        return sink.write(line.data(), line.size());
-      };
-      std::unique_lock lock(st->mutex);
-      st->ready.wait(lock, [&] { return !st->queue.empty() || st->unfinished == 0; });
-      if (st->queue.empty()) {  // every request finished and every output sent
-        int64_t prompt_tokens = 0, completion_tokens = 0;
-        for (const RequestClock& clock : st->clocks) {
-          prompt_tokens += clock.timing().prompt_tokens;
-          completion_tokens += clock.timing().generation_tokens;
-          metrics.record(clock.timing());
-        }
-        lock.unlock();
-        if (request.include_usage) {
-          send({{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", options.model_name},
-                {"choices", json::array()}, {"usage", usage_object(prompt_tokens, completion_tokens)}});
-        }
-        const std::string done = "data: [DONE]\n\n";
-        sink.write(done.data(), done.size());
-        sink.done();
-        return true;
-      }
-      const auto [prompt, out] = std::move(st->queue.front());
-      st->queue.pop_front();
-      lock.unlock();
-      for (const engine::SampleOutput& sample : out.samples) {
-        if (!send(completion_chunk(request, prompt, sample, info, options.model_name, id, created))) return false;
-      }
-      return true;
-    };
-    // Called when the response ends; not successfully: the client is gone, so are its requests.
-    auto releaser = [this, st](bool success) {
-      if (success) return;
-      for (const engine::RequestId rid : st->ids) loop.abort(rid, "the client went away");
-    };
-    res.set_chunked_content_provider("text/event-stream", provider, releaser);
-  }
-
-  void completions(const httplib::Request& req, httplib::Response& res) {
-    const CompletionRequest request = parse_completion(parse_body(req), info, options.limits, options.model_name);
-    if (request.stream) return stream_completions(request, res);
-    const auto outputs = run_all(request.prompts, "prompt");
-    std::vector<std::vector<CompletedSample>> samples;
-    for (std::size_t p = 0; p < outputs.size(); ++p) {
-      auto& mine = samples.emplace_back();
-      for (int64_t i = 0; i < request.prompts[p].n; ++i) mine.push_back(gather_sample(outputs[p], i));
-    }
-    const auto created = std::chrono::duration_cast<std::chrono::seconds>(
-                             std::chrono::system_clock::now().time_since_epoch()).count();
-    reply_json(res, 200, completion_response(request, samples, info, options.model_name,
-                                             "cmpl-" + std::to_string(next_id++), created));
-  }
-
-  void install_routes() {
-    const auto workers = static_cast<std::size_t>(std::max<int64_t>(1, options.worker_threads));
-    http.new_task_queue = [workers] { return new httplib::ThreadPool(workers); };
-    http.set_payload_max_length(static_cast<std::size_t>(options.max_body_bytes));
-    http.set_read_timeout(options.read_timeout_seconds, 0);
-    http.set_write_timeout(options.write_timeout_seconds, 0);
-    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      if (const std::string too_big = headers_over_limits(req); !too_big.empty()) {
-        reply_error(res, 431, too_big);
-        return httplib::Server::HandlerResponse::Handled;
-      }
-      if (draining) {  // a new request on a kept-alive connection: not one in flight
-        res.set_header("Connection", "close");
-        reply_error(res, 503, "the server is shutting down");
-        return httplib::Server::HandlerResponse::Handled;
-      }
-      if (req.path == "/health" || authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
-      reply_error(res, 401, "missing or wrong API key: send Authorization: Bearer <key>");
-      return httplib::Server::HandlerResponse::Handled;
-    });
-    http.Get("/health", [](const httplib::Request&, httplib::Response& res) { reply_json(res, 200, {{"status", "ok"}}); });
-    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-      const json model = {{"id", options.model_name}, {"object", "model"}, {"owned_by", "r3"},
-                          {"max_model_len", info.max_position_embeddings}};
-      reply_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
-    });
-    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(metrics.render(loop.stats(), loop.options().block_size), "text/plain; version=0.0.4");
-    });
-    http.Post("/generate", [this](const httplib::Request& req, httplib::Response& res) { generate(req, res); });
-    http.Post("/v1/completions",
-              [this](const httplib::Request& req, httplib::Response& res) { completions(req, res); });
-    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-      try {
-        std::rethrow_exception(ep);
-      } catch (const ApiError& e) {
-        reply_error(res, e.status(), e.what(), e.param());
-      } catch (const std::exception& e) {
-        spdlog::error("server: {}", e.what());
-        reply_error(res, 500, e.what());
-      }
-    });
-    http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-      if (!res.body.empty()) return;  // an answer of ours
-      const auto known = methods.find(req.path);
-      if (res.status == 404 && known != methods.end()) {
-        res.set_header("Allow", known->second);
-        reply_error(res, 405, req.path + " takes " + known->second + ", not " + req.method);
-      } else if (res.status == 404) reply_error(res, 404, "no endpoint " + req.method + " " + req.path);
-      else if (res.status == 413) reply_error(res, 413, "the request body is larger than the server accepts");
-      else reply_error(res, res.status, "the request could not be served");
-    });
-  }
-};
-
-HttpServer::HttpServer(EngineLoop& loop, const models::ModelInfo& info, ServerOptions options)
-    : impl_(std::make_unique<Impl>(loop, info, std::move(options))) {
-  impl_->install_routes();
-}
-
-HttpServer::~HttpServer() { stop(); }
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
 
 namespace {
 
-// The listening socket bound to `port` among this process's descriptors (-1 if none): cpp-httplib
-// does not expose it, and two things below need it.
-int listening_socket(int port) {
-  for (int fd = 0; fd < 4096; ++fd) {
-    sockaddr_storage address{};
-    socklen_t length = sizeof(address);
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) continue;
-    int bound_port = -1;
-    if (address.ss_family == AF_INET) bound_port = ntohs(reinterpret_cast<const sockaddr_in*>(&address)->sin_port);
-    else if (address.ss_family == AF_INET6) bound_port = ntohs(reinterpret_cast<const sockaddr_in6*>(&address)->sin6_port);
-    int listening = 0;
-    socklen_t size = sizeof(listening);
-    if (bound_port == port && getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &size) == 0 && listening) return fd;
+constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
+
+// How long the answers that a shutdown's aborts produce have to reach their clients before every
+// connection is closed.
+constexpr std::chrono::milliseconds kLastWordsGrace{1500};
+
+// Wakes a connection waiting for its engine call, from any thread, for as long as the server
+// lives (the engine thread may report on a request after its connection has gone).
+class Waker {
+ public:
+  explicit Waker(asio::io_context& io) : io_(&io) {}
+  void wake(const std::weak_ptr<asio::steady_timer>& timer) {
+    std::lock_guard lock(mutex_);
+    if (io_ == nullptr) return;
+    asio::post(*io_, [timer] {
+      if (auto t = timer.lock()) t->cancel();
+    });
   }
-  return -1;
+  void detach() {
+    std::lock_guard lock(mutex_);
+    io_ = nullptr;
+  }
+
+ private:
+  std::mutex mutex_;
+  asio::io_context* io_;
+};
+
+struct Connection {
+  explicit Connection(tcp::socket socket) : stream(std::move(socket)) {}
+  beast::tcp_stream stream;
+  beast::flat_buffer buffer;
+  // Between a request's complete headers and its answer's last byte: a shutdown lets it finish.
+  bool in_request = false;
+  void close() {
+    beast::error_code ignored;
+    stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream.socket().close(ignored);
+  }
+};
+
+// A request the parser could not read as HTTP (answered 400), as opposed to a client that left
+// or ran out of time (answered nothing).
+bool malformed(const beast::error_code& ec) {
+  return ec.category() == http::make_error_code(http::error::bad_target).category() &&
+         ec != http::error::end_of_stream && ec != http::error::partial_message;
 }
 
-// Debian's cpp-httplib is a compiled library whose listen backlog is its compile-time default, 5
-// connections: a burst of clients (a rollout step's requests all at once) overflows it and some
-// connections fail. listen() is called again with the system's maximum, which Linux applies to a
-// listening socket.
-void widen_listen_backlog(int port) {
-  const int fd = listening_socket(port);
-  if (fd < 0) {
-    spdlog::warn("serve: the listening socket was not found; the listen backlog stays at 5 connections");
-  } else if (::listen(fd, SOMAXCONN) != 0) {
-    spdlog::warn("serve: could not widen the listen backlog: {}", std::strerror(errno));
-  }
+std::string lower(std::string_view text) {
+  std::string out(text);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
 }
 
 }  // namespace
 
-int HttpServer::bind(const std::string& host, int port) {
-  int bound = port;
-  if (port == 0) {
-    bound = impl_->http.bind_to_any_port(host);
-    R3_CHECK(bound > 0, "serve: cannot listen on ", host, " (any port)");
-  } else {
-    R3_CHECK(impl_->http.bind_to_port(host, port), "serve: cannot listen on ", host, ":", port,
-             " (in use, or not an address of this machine)");
+struct HttpServer::Impl {
+  EngineLoop& loop;
+  ServerOptions options;
+  ApiRoutes routes;
+  asio::io_context io{1};
+  asio::thread_pool workers;
+  tcp::acceptor acceptor{io};
+  std::shared_ptr<Waker> waker = std::make_shared<Waker>(io);
+  std::set<std::shared_ptr<Connection>> connections;  // event-loop thread only
+  std::atomic<bool> accepting{false}, draining{false};
+  std::mutex serving_mutex;
+  std::condition_variable serving_ended_cv;
+  bool serving = false, serving_ended = false;
+
+  Impl(EngineLoop& l, const models::ModelInfo& info, ServerOptions o)
+      : loop(l),
+        options(std::move(o)),
+        routes(l, info, RouteOptions{options.model_name, options.api_key, options.limits}),
+        workers(static_cast<std::size_t>(options.worker_threads > 0
+                                             ? options.worker_threads
+                                             : std::max<int64_t>(2, std::thread::hardware_concurrency() / 2))) {}
+
+  ~Impl() {
+    waker->detach();
+    workers.join();
   }
-  widen_listen_backlog(bound);
-  impl_->port = bound;
-  return bound;
+
+  // `work` on a worker thread; the coroutine resumes on the event loop with its result (or its
+  // exception).
+  // (Callers pass a named lambda: GCC 12 destroys a temporary with captures inside a co_await
+  // expression twice.)
+  template <class Work>
+  auto on_workers(const Work& work) {
+    using Result = std::invoke_result_t<Work>;
+    return asio::co_spawn(
+        workers, [work]() mutable -> asio::awaitable<Result> { co_return work(); }, asio::use_awaitable);
+  }
+
+  asio::awaitable<void> accept_connections() {
+    while (acceptor.is_open()) {
+      auto [ec, socket] = co_await acceptor.async_accept(kTuple);
+      if (ec) {
+        if (!acceptor.is_open() || ec == asio::error::operation_aborted) break;
+        // Out of descriptors, or a connection reset before it was taken: wait a little, go on.
+        spdlog::warn("serve: accept failed: {}", ec.message());
+        asio::steady_timer pause(io, std::chrono::milliseconds(50));
+        co_await pause.async_wait(kTuple);
+        continue;
+      }
+      auto c = std::make_shared<Connection>(std::move(socket));
+      connections.insert(c);
+      asio::co_spawn(io, serve_connection(*c), [this, c](std::exception_ptr failed) {
+        connections.erase(c);
+        c->close();
+        if (!failed) return;
+        try {
+          std::rethrow_exception(failed);
+        } catch (const std::exception& e) {
+          spdlog::error("serve: a connection failed: {}", e.what());
+        }
+      });
+    }
+    accepting = false;
+  }
+
+  asio::awaitable<bool> write_answer(Connection& c, HttpAnswer& answer, unsigned version, bool keep_alive) {
+    http::response<http::string_body> res{static_cast<http::status>(answer.status), version};
+    res.set(http::field::content_type, answer.content_type);
+    for (const auto& [name, value] : answer.headers) res.set(name, value);
+    res.body() = std::move(answer.body);
+    res.keep_alive(keep_alive);
+    res.prepare_payload();
+    c.stream.expires_after(std::chrono::seconds(options.write_timeout_seconds));
+    auto [ec, n] = co_await http::async_write(c.stream, res, kTuple);
+    co_return !ec;
+  }
+
+  // Waits until `call` has something to take (woken through the waker).
+  asio::awaitable<void> wait_for(const EngineCall& call, const std::shared_ptr<asio::steady_timer>& timer) {
+    while (!call.ready()) {
+      timer->expires_at(asio::steady_timer::time_point::max());
+      co_await timer->async_wait(kTuple);
+    }
+  }
+
+  // An engine endpoint: decode, parse and submit on a worker, then the answer (or the stream) as the
+  // engine produces it. Returns whether the connection may serve another request.
+  asio::awaitable<bool> serve_engine_call(Connection& c, HttpRequest& request, unsigned version, bool keep_alive) {
+    auto timer = std::make_shared<asio::steady_timer>(io);
+    const std::weak_ptr<asio::steady_timer> weak_timer = timer;
+    std::shared_ptr<Waker> w = waker;
+    const auto start = [this, &request, w, weak_timer]() -> std::pair<std::shared_ptr<EngineCall>, std::optional<HttpAnswer>> {
+      try {
+        request.body = decode_body(std::move(request.body), request.content_encoding, options.max_body_bytes);
+        return {routes.start(request, [w, weak_timer] { w->wake(weak_timer); }), std::nullopt};
+      } catch (const ApiError& e) {
+        return {nullptr, error_answer(e.status(), e.what(), e.param())};
+      } catch (const std::exception& e) {
+        spdlog::error("serve: {}", e.what());
+        return {nullptr, error_answer(500, e.what())};
+      }
+    };
+    auto started = co_await on_workers(start);
+    request.body.clear();
+    request.body.shrink_to_fit();
+    if (!started.first) {
+      const bool written = co_await write_answer(c, *started.second, version, keep_alive);
+      co_return written && keep_alive;
+    }
+    const std::shared_ptr<EngineCall> call = std::move(started.first);
+    co_await wait_for(*call, timer);
+    if (std::optional<HttpAnswer> refused = call->refusal()) {
+      const bool written = co_await write_answer(c, *refused, version, keep_alive && !draining);
+      co_return written && keep_alive;
+    }
+    if (!call->streamed()) {
+      const auto format = [call] { return call->answer(); };
+      HttpAnswer answer = co_await on_workers(format);
+      const bool written = co_await write_answer(c, answer, version, keep_alive && !draining);
+      co_return written && keep_alive;
+    }
+    // Server-sent events, chunked: each batch of events is one chunk, written within the write
+    // deadline, or the client is dropped and its requests end.
+    http::response<http::empty_body> head{http::status::ok, version};
+    head.set(http::field::content_type, "text/event-stream");
+    head.set(http::field::cache_control, "no-cache");
+    head.keep_alive(keep_alive && !draining);
+    head.chunked(true);
+    http::response_serializer<http::empty_body> serializer{head};
+    c.stream.expires_after(std::chrono::seconds(options.write_timeout_seconds));
+    auto [head_ec, head_n] = co_await http::async_write_header(c.stream, serializer, kTuple);
+    if (head_ec) {
+      call->abandon("the client went away");
+      co_return false;
+    }
+    const auto take_events = [call] {
+      bool ended = false;
+      std::string events = call->take_events(ended);
+      return std::pair{std::move(events), ended};
+    };
+    for (;;) {
+      const std::pair<std::string, bool> taken = co_await on_workers(take_events);
+      beast::error_code ec;
+      c.stream.expires_after(std::chrono::seconds(options.write_timeout_seconds));
+      if (!taken.first.empty()) {
+        const auto chunk = http::make_chunk(asio::buffer(taken.first));
+        std::tie(ec, std::ignore) = co_await asio::async_write(c.stream, chunk, kTuple);
+      }
+      if (!ec && taken.second) {
+        const auto last = http::make_chunk_last();
+        std::tie(ec, std::ignore) = co_await asio::async_write(c.stream, last, kTuple);
+        if (!ec) co_return keep_alive && !draining;
+      }
+      if (ec) {
+        call->abandon(ec == beast::error::timeout ? "the client stopped reading" : "the client went away");
+        co_return false;
+      }
+      co_await wait_for(*call, timer);
+    }
+  }
+
+  // c: kept alive by the handler of the coroutine's end.
+  asio::awaitable<void> serve_connection(Connection& connection) {
+    Connection* const c = &connection;
+    for (;;) {
+      c->in_request = false;
+      if (draining) co_return;
+      http::request_parser<http::string_body> parser;
+      parser.header_limit(static_cast<std::uint32_t>(std::min<int64_t>(options.max_header_bytes, UINT32_MAX)));
+      parser.body_limit(static_cast<std::uint64_t>(options.max_body_bytes));
+      // One deadline for the request's headers and body together.
+      c->stream.expires_after(std::chrono::seconds(options.read_timeout_seconds));
+      auto [head_ec, head_n] = co_await http::async_read_header(c->stream, c->buffer, parser, kTuple);
+      if (head_ec == http::error::header_limit) {
+        HttpAnswer refusal = error_answer(431, "the request's headers are larger than the server accepts (" +
+                                                        std::to_string(options.max_header_bytes) + " bytes)");
+        co_await write_answer(*c, refusal, 11, false);
+        co_return;
+      }
+      if (head_ec == http::error::body_limit) {
+        HttpAnswer refusal = error_answer(413, "the request body is larger than the server accepts (" +
+                                                        std::to_string(options.max_body_bytes) + " bytes)");
+        co_await write_answer(*c, refusal, 11, false);
+        co_return;
+      }
+      if (head_ec) {
+        // A parse error gets a 400; a client that left, or that sent too slowly, nothing.
+        if (malformed(head_ec)) {
+          HttpAnswer refusal = error_answer(400, "malformed HTTP request: " + head_ec.message());
+          co_await write_answer(*c, refusal, 11, false);
+        }
+        co_return;
+      }
+      c->in_request = true;
+      const auto& head = parser.get();
+      const unsigned version = head.version();
+      const int64_t fields = std::distance(head.begin(), head.end());
+      if (fields > options.max_header_fields) {
+        HttpAnswer refusal = error_answer(431, "the request has " + std::to_string(fields) +
+                                                        " header fields; the server accepts " +
+                                                        std::to_string(options.max_header_fields));
+        co_await write_answer(*c, refusal, version, false);
+        co_return;
+      }
+      HttpRequest request;
+      request.method = std::string(head.method_string());
+      const std::string_view target = head.target();
+      request.path = std::string(target.substr(0, target.find('?')));
+      request.authorization = std::string(head[http::field::authorization]);
+      bool keep_alive = head.keep_alive() && !draining;
+      // Refusals that need no body are answered before it is read (and the connection closed
+      // when a body was coming, rather than read for nothing).
+      if (std::optional<HttpAnswer> at_once = routes.answer_at_once(request)) {
+        const bool body_pending = !parser.is_done();
+        const bool written = co_await write_answer(*c, *at_once, version, keep_alive && !body_pending);
+        if (!written || body_pending || !keep_alive) co_return;
+        continue;
+      }
+      if (lower(head[http::field::expect]) == "100-continue") {
+        http::response<http::empty_body> go_on{http::status::continue_, version};
+        auto [ec, n] = co_await http::async_write(c->stream, go_on, kTuple);
+        if (ec) co_return;
+      }
+      auto [body_ec, body_n] = co_await http::async_read(c->stream, c->buffer, parser, kTuple);
+      if (body_ec == http::error::body_limit) {
+        HttpAnswer refusal = error_answer(413, "the request body is larger than the server accepts (" +
+                                                        std::to_string(options.max_body_bytes) + " bytes)");
+        co_await write_answer(*c, refusal, version, false);
+        co_return;
+      }
+      if (body_ec) {
+        if (malformed(body_ec)) {
+          HttpAnswer refusal = error_answer(400, "malformed HTTP request: " + body_ec.message());
+          co_await write_answer(*c, refusal, version, false);
+        }
+        co_return;
+      }
+      http::request<http::string_body> message = parser.release();
+      request.body = std::move(message.body());
+      request.content_encoding = std::string(message[http::field::content_encoding]);
+      if (!co_await serve_engine_call(*c, request, version, keep_alive)) co_return;
+    }
+  }
+
+  // Event-loop thread: no new connections; those between requests closed.
+  void begin_draining() {
+    draining = true;
+    beast::error_code ignored;
+    acceptor.close(ignored);
+    for (const auto& c : connections) {
+      if (!c->in_request) c->close();
+    }
+  }
+
+  void close_everything() {
+    beast::error_code ignored;
+    acceptor.close(ignored);
+    for (const auto& c : connections) c->close();
+  }
+};
+
+int64_t raise_open_file_limit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return -1;
+  if (limit.rlim_cur < limit.rlim_max) {
+    rlimit raised = limit;
+    raised.rlim_cur = limit.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
+  }
+  return static_cast<int64_t>(limit.rlim_cur);
+}
+
+HttpServer::HttpServer(EngineLoop& loop, const models::ModelInfo& info, ServerOptions options)
+    : impl_(std::make_unique<Impl>(loop, info, std::move(options))) {}
+
+HttpServer::~HttpServer() {
+  stop();
+  std::unique_lock lock(impl_->serving_mutex);
+  impl_->serving_ended_cv.wait(lock, [this] { return !impl_->serving || impl_->serving_ended; });
+}
+
+int HttpServer::bind(const std::string& host, int port) {
+  beast::error_code ec;
+  const asio::ip::address address = asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
+  R3_CHECK(!ec, "serve: ", host, " is not an IP address (", ec.message(), ")");
+  const tcp::endpoint endpoint(address, static_cast<unsigned short>(port));
+  tcp::acceptor& acceptor = impl_->acceptor;
+  acceptor.open(endpoint.protocol(), ec);
+  if (!ec) acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor.bind(endpoint, ec);
+  // A rollout step's requests come all at once: the system's largest backlog.
+  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  R3_CHECK(!ec, "serve: cannot listen on ", host, ":", port, " (", ec.message(), ")");
+  impl_->accepting = true;
+  return acceptor.local_endpoint().port();
 }
 
 void HttpServer::serve() {
-  impl_->http.listen_after_bind();  // returns once stopped and every worker is done
+  {
+    std::lock_guard lock(impl_->serving_mutex);
+    R3_CHECK(!impl_->serving, "serve: already serving");
+    impl_->serving = true;
+  }
+  if (impl_->acceptor.is_open()) {
+    asio::co_spawn(impl_->io, impl_->accept_connections(), asio::detached);
+    impl_->io.run();
+  }
   std::lock_guard lock(impl_->serving_mutex);
   impl_->serving_ended = true;
   impl_->serving_ended_cv.notify_all();
 }
 
-bool HttpServer::running() const { return impl_->http.is_running(); }
+bool HttpServer::running() const { return impl_->accepting && !impl_->draining; }
 
 void HttpServer::stop() {
-  if (!impl_->draining && impl_->http.is_running()) impl_->http.stop();
+  impl_->accepting = false;
+  asio::post(impl_->io, [impl = impl_.get()] {
+    impl->close_everything();
+    impl->io.stop();
+  });
 }
 
-// cpp-httplib's stop() also cuts every streamed answer short (its chunk writer stops once the
-// server is stopping), so a graceful stop cannot use it. Shutting the listening socket down
-// instead makes the accept loop end on its own; the workers then finish what they hold, and
-// serve() returns when they are done.
 void HttpServer::shutdown(std::chrono::milliseconds grace) {
-  if (!impl_->draining.exchange(true)) {
-    const int fd = listening_socket(impl_->port);
-    if (fd >= 0) {
-      ::shutdown(fd, SHUT_RDWR);
-    } else {
-      impl_->draining = false;
-      stop();  // not found: the abrupt way
-    }
-  }
-  std::unique_lock lock(impl_->serving_mutex);
-  if (impl_->serving_ended_cv.wait_for(lock, grace, [this] { return impl_->serving_ended; })) return;
+  Impl& s = *impl_;
+  asio::post(s.io, [&s] { s.begin_draining(); });
+  const auto ended = [&s] { return !s.serving || s.serving_ended; };
+  std::unique_lock lock(s.serving_mutex);
+  if (s.serving_ended_cv.wait_for(lock, grace, ended)) return;
   lock.unlock();
   spdlog::warn("serve: requests still running after the shutdown grace of {} s; ending them",
                std::chrono::duration<double>(grace).count());
-  impl_->loop.abort_every_request("the server is shutting down");
+  s.loop.abort_every_request("the server is shutting down");
+  lock.lock();
+  if (s.serving_ended_cv.wait_for(lock, kLastWordsGrace, ended)) return;
+  lock.unlock();
+  stop();
+  lock.lock();
+  s.serving_ended_cv.wait(lock, ended);
 }
 
 }  // namespace r3::server

@@ -1,10 +1,12 @@
-// `r3 serve`'s HTTP layer (cpp-httplib, Debian's libcpp-httplib-dev: a thread-pool HTTP/1.1
-// server with read/write timeouts and a body-size limit, so a slow, silent or oversized client
-// cannot hold a worker or memory). It parses, validates and answers; the engine, on its own
-// thread behind EngineLoop, schedules. Endpoints so far: GET /health, GET /v1/models,
-// POST /generate (SGLang's format), POST /v1/completions (vLLM's, token ids) and GET /metrics
-// (Prometheus). With an API key, every endpoint but /health needs
-// `Authorization: Bearer KEY` (compared in constant time).
+// `r3 serve`'s HTTP/1.1 layer, event-driven on Boost.Beast over Asio (Debian's libboost-dev:
+// header-only, maintained with Boost, and the usual C++ choice for a server that must not give
+// a thread to each connection). One event-loop thread holds every connection; an idle or slow
+// one costs a socket and a few kilobytes, never a thread. Each request has one deadline for its
+// headers and body together; header bytes, header fields and the body (chunked and compressed
+// included, measured after decoding) are bounded while they are read. Bodies are parsed and
+// answers formatted on a small pool of worker threads, so /health and /metrics are answered
+// from the event loop whatever the load. The only queue is the engine's: a request beyond it is
+// a 503 with Retry-After. The endpoints themselves: server/api_routes.h.
 #pragma once
 
 #include <chrono>
@@ -13,6 +15,7 @@
 #include <string>
 
 #include "models/model_info.h"
+#include "server/api_routes.h"
 #include "server/engine_loop.h"
 #include "server/sglang_api.h"
 
@@ -21,15 +24,16 @@ namespace r3::server {
 struct ServerOptions {
   std::string model_name;          // what /v1/models lists
   std::string api_key;             // empty: no authentication
-  int64_t max_body_bytes = 64 << 20;
-  int read_timeout_seconds = 30;   // a client that sends nothing for this long is dropped
-  int write_timeout_seconds = 30;  // likewise for one that reads nothing
-  // Request workers: each holds its request until the answer is sent, so this bounds the
-  // requests in flight (the engine batches only what reaches it). r3 serve sizes it from
-  // --max-running.
-  int64_t worker_threads = 64;
-  // Request headers: more fields or more bytes in all is a 431 (each line is also limited to
-  // 8 KiB by cpp-httplib, a 400).
+  int64_t max_body_bytes = 64 << 20;  // after Content-Encoding is undone
+  // A request's headers and body must arrive within this, from its first byte (or, on a kept-alive
+  // connection, from the end of the answer before); else the connection is closed.
+  int read_timeout_seconds = 30;
+  // Each write of an answer (a stream's events included) must complete within this: a client
+  // that stops reading is dropped and its requests end.
+  int write_timeout_seconds = 30;
+  // Threads that parse request bodies and format answers (0: half the machine's cores, at least 2).
+  int64_t worker_threads = 0;
+  // Request headers: more fields or more bytes in all is a 431.
   int64_t max_header_fields = 100;
   int64_t max_header_bytes = 64 << 10;
   ApiLimits limits;
@@ -44,15 +48,17 @@ class HttpServer {
 
   // Binds host:port (port 0: any free port) and returns the port; throws r3::Error when it cannot.
   int bind(const std::string& host, int port);
-  // Serves until stop() (from another thread or a signal handler's thread).
+  // Serves on the calling thread until the server has stopped (stop(), or shutdown()'s end).
   void serve();
-  // Whether serve() is accepting connections.
+  // Whether the server is accepting connections.
   bool running() const;
-  // Stops accepting connections; requests in flight go on.
+  // Stops at once: no new connections, every connection closed (their requests end, as when a
+  // client goes away), serve() returns.
   void stop();
-  // A graceful stop (SIGTERM): stop(), then the requests in flight have `grace` to finish; those
-  // still running after it end with an abort (their clients get what was generated, finish
-  // reason "abort"). Returns once serve() has returned or the grace is over.
+  // A graceful stop (SIGTERM): no new connections; connections between requests are closed; the
+  // requests in flight have `grace` to finish; those still running then end with an abort (their
+  // clients get what was generated, finish reason "abort"), and after at most 2 s more every
+  // connection is closed and serve() returns. Returns when serve() has returned.
   void shutdown(std::chrono::milliseconds grace);
 
  private:
@@ -60,7 +66,8 @@ class HttpServer {
   std::unique_ptr<Impl> impl_;
 };
 
-// Equal strings, in time that depends only on their lengths (API keys).
-bool equal_in_constant_time(const std::string& a, const std::string& b);
+// Raises this process's soft limit on open descriptors to its hard limit (every connection holds
+// one), and returns the limit now in force.
+int64_t raise_open_file_limit();
 
 }  // namespace r3::server
