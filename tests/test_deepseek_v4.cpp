@@ -203,6 +203,33 @@ TEST(DeepseekV4Config, RefusesWhatIsNotImplemented) {
   }
 }
 
+// Values that would load and then change every answer (or fail every request) are refused when
+// the config is read, naming the key.
+TEST(DeepseekV4Config, RefusesValuesOutOfRangeByName) {
+  const std::vector<std::pair<std::string, nlohmann::json>> bad = {
+      {"index_topk", -5},          {"index_topk", 0},       {"index_n_heads", 0},     {"index_head_dim", -1},
+      {"hc_eps", -1},              {"hc_eps", 2},           {"max_position_embeddings", 0},
+      {"sliding_window", 0},       {"routed_scaling_factor", -1}, {"swiglu_limit", -3}, {"compress_rate_csa", 0}};
+  for (const auto& [key, value] : bad) {
+    auto j = v4_config();
+    j[key] = value;
+    const std::string error = v4_error(j);
+    EXPECT_NE(error.find(key == "compress_rate_csa" ? "compression rates must be >= 1" : "'" + key + "' = "),
+              std::string::npos)
+        << key << " = " << value << ": " << (error.empty() ? "accepted" : error);
+  }
+  // Every other family: a max_position_embeddings that is there must be at least 1.
+  std::ifstream in(family_dir("qwen3_moe") + "/config.json");
+  auto q = nlohmann::json::parse(in);
+  q["max_position_embeddings"] = 0;
+  try {
+    models::spec_from_config(HfConfig::parse(q.dump()));
+    ADD_FAILURE() << "max_position_embeddings 0 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'max_position_embeddings' = 0 is out of range"), std::string::npos) << e.what();
+  }
+}
+
 TEST(DeepseekV4Routing, SqrtSoftplusBiasSteersSelectionNotWeights) {
   // Expert 3 has the lowest score but a large bias: selected, weighted by its own score.
   const moe::SqrtSoftplusTopK rule(2, {0.0f, 0.0f, 0.0f, 10.0f}, 1.5f);

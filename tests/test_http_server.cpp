@@ -129,6 +129,51 @@ TEST(HttpServer, BadInputIsA400InVllmsErrorShapeBeforeTheEngine) {
   EXPECT_EQ(json::parse(missing->body)["error"]["code"], 404);
 }
 
+// Zero new tokens and integers past 2^63 - 1 are refused by the parser, naming the field and the
+// value as sent (not by the engine naming the prompt, nor wrapped negative).
+TEST(HttpServer, ZeroTokensAndHugeIntegersAreRefusedByName) {
+  Served s;
+  auto c = s.client();
+  json e = post(c, "/v1/completions", R"({"prompt": [1], "max_tokens": 0})", 400);
+  EXPECT_EQ(e["error"]["param"], "max_tokens");
+  EXPECT_EQ(e["error"]["message"], "max_tokens must be at least 1, got 0");
+  e = post(c, "/generate", R"({"input_ids": [1], "sampling_params": {"max_new_tokens": 0}})", 400);
+  EXPECT_EQ(e["error"]["param"], "sampling_params.max_new_tokens");
+  e = post(c, "/v1/completions", R"({"prompt": [1], "max_tokens": 9223372036854775808})", 400);
+  EXPECT_EQ(e["error"]["param"], "max_tokens");
+  EXPECT_EQ(e["error"]["message"], "max_tokens = 9223372036854775808 is too large (at most 9223372036854775807)");
+  e = post(c, "/v1/completions", R"({"prompt": [1], "max_tokens": 2, "seed": 18446744073709551615})", 400);
+  EXPECT_EQ(e["error"]["param"], "seed");
+  EXPECT_NE(e["error"]["message"].get<std::string>().find("18446744073709551615 is too large"), std::string::npos)
+      << e.dump();
+}
+
+// Fields that would change the result and that r3 does not implement are a 400 naming them, on
+// both endpoints, rather than accepted and ignored; their neutral values pass.
+TEST(HttpServer, FieldsThatWouldChangeTheResultAreRefusedUnlessNeutral) {
+  Served s;
+  auto c = s.client();
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"logit_bias", R"({"5": 100})"}, {"presence_penalty", "0.5"}, {"frequency_penalty", "-1"},
+      {"repetition_penalty", "1.2"},   {"best_of", "3"},            {"min_tokens", "2"},
+      {"prompt_logprobs", "1"},        {"response_format", R"({"type": "json_object"})"},
+      {"guided_json", R"({"type": "object"})"}, {"top_logprobs", "2"}};
+  for (const auto& [field, value] : refused) {
+    json e = post(c, "/v1/completions", R"({"prompt": [1], "max_tokens": 2, ")" + field + "\": " + value + "}", 400);
+    EXPECT_EQ(e["error"]["param"], field);
+    EXPECT_NE(e["error"]["message"].get<std::string>().find("not supported by r3"), std::string::npos) << e.dump();
+    e = post(c, "/generate",
+             R"({"input_ids": [1], "sampling_params": {"max_new_tokens": 2, ")" + field + "\": " + value + "}}", 400);
+    EXPECT_EQ(e["error"]["param"], "sampling_params." + field);
+  }
+  const json neutral = post(c, "/v1/completions", R"({"prompt": [1], "max_tokens": 2, "logit_bias": {},
+      "presence_penalty": 0, "frequency_penalty": 0.0, "repetition_penalty": 1, "best_of": 1, "min_tokens": 0,
+      "response_format": {"type": "text"}, "top_logprobs": 0, "prompt_logprobs": null})", 200);
+  EXPECT_EQ(neutral["choices"][0]["token_ids"].size(), 2u);
+  post(c, "/generate", R"({"input_ids": [1], "sampling_params": {"max_new_tokens": 2, "presence_penalty": 0,
+      "frequency_penalty": 0, "repetition_penalty": 1.0, "min_new_tokens": 0}})", 200);
+}
+
 // vLLM's /v1/completions for token ids: n seeded samples per prompt, logprobs with the top
 // tokens as "token_id:<id>", prompt_token_ids, and the routed experts object; every choice equals
 // what the engine gives for the same request directly.

@@ -1,5 +1,7 @@
 #include "io/hf_config.h"
 
+#include <cmath>
+
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -80,6 +82,14 @@ double HfConfig::get_double(const std::string& key) const {
 
 double HfConfig::get_double(const std::string& key, double fallback) const {
   return has(key) ? get_double(key) : fallback;
+}
+
+double HfConfig::get_double_in(const std::string& key, double min, double max, double fallback) const {
+  if (!has(key)) return fallback;
+  const double v = get_double(key);
+  R3_CHECK(std::isfinite(v) && v >= min && v <= max, source_, ": '", key, "' = ", v, " is out of range [", min, ", ",
+           max, "]");
+  return v;
 }
 
 bool HfConfig::get_bool(const std::string& key, bool fallback) const {

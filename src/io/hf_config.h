@@ -40,6 +40,8 @@ class HfConfig {
   int64_t get_int_in(const std::string& key, int64_t min, int64_t max, int64_t fallback) const;
   double get_double(const std::string& key) const;
   double get_double(const std::string& key, double fallback) const;
+  // A finite number in [min, max] (NaN and infinities refused), or `fallback` when absent.
+  double get_double_in(const std::string& key, double min, double max, double fallback) const;
   bool get_bool(const std::string& key, bool fallback) const;
   std::string get_string(const std::string& key, const std::string& fallback) const;
   template <typename T = int64_t>

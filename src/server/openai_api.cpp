@@ -81,7 +81,9 @@ engine::RequestParams parameters(const json& body, const models::ModelInfo& info
     if (value.is_null()) continue;
     if (key == "max_tokens") {
       p.max_new_tokens = integer(value, key);
-      if (p.max_new_tokens < 0) throw ApiError(400, "max_tokens must be >= 0", key);
+      if (p.max_new_tokens < 1) {
+        throw ApiError(400, "max_tokens must be at least 1, got " + std::to_string(p.max_new_tokens), key);
+      }
     } else if (key == "temperature") {
       p.sampling.temperature = number(value, key);
       if (!(p.sampling.temperature >= 0)) throw ApiError(400, "temperature must be >= 0", key);
@@ -124,6 +126,8 @@ engine::RequestParams parameters(const json& body, const models::ModelInfo& info
       p.return_routing_margins = flag(body, "return_routing_margins");
     } else if (key == "stop" && !(value.is_array() && value.empty())) {
       throw ApiError(400, "stop strings need a tokenizer, which this server does not have: use stop_token_ids", key);
+    } else {
+      refuse_unless_neutral(key, value, key);
     }
   }
   return p;

@@ -21,7 +21,10 @@ engine::RequestParams sampling(const json& sp, const models::ModelInfo& info) {
     if (value.is_null()) continue;
     if (key == "max_new_tokens") {
       p.max_new_tokens = integer(value, name);
-      if (p.max_new_tokens < 0) throw ApiError(400, name + " must be >= 0", name);
+      if (p.max_new_tokens < 1) {
+        throw ApiError(400, name + " must be at least 1 (r3 generates at least one token), got " +
+                                std::to_string(p.max_new_tokens), name);
+      }
     } else if (key == "temperature") {
       p.sampling.temperature = number(value, name);
       if (!(p.sampling.temperature >= 0)) throw ApiError(400, name + " must be >= 0", name);
@@ -47,9 +50,12 @@ engine::RequestParams sampling(const json& sp, const models::ModelInfo& info) {
     } else if (key == "n") {
       p.n = integer(value, name);
       if (p.n != 1) throw ApiError(400, name + ": /generate takes one sample per prompt (repeat the prompt)", name);
+    } else {
+      // Penalties, logit bias, structured output: refused unless neutral. Other fields (stop
+      // strings with no tokenizer to match them, ...) are left, as SGLang leaves what a model
+      // does not use.
+      refuse_unless_neutral(key, value, name);
     }
-    // Other SGLang sampling fields (stop strings, penalties, ...) need text or are not supported
-    // and are ignored, as SGLang ignores what a model does not use.
   }
   return p;
 }

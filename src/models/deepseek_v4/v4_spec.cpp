@@ -1,5 +1,6 @@
 #include "models/deepseek_v4/v4_spec.h"
 
+#include <limits>
 #include <optional>
 #include <utility>
 
@@ -12,6 +13,8 @@
 namespace r3::models {
 
 namespace {
+
+constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 
 // How transformers 5.17 (DeepseekV4Config and its rope utilities) reads V4's two rotaries:
 //  - `rope_scaling` when it is a non-empty object, else `rope_parameters`, is the rope dict.
@@ -114,7 +117,7 @@ DeepseekV4Spec DeepseekV4Spec::parse(const HfConfig& c) {
   s.vocab_size = c.get_int<int32_t>("vocab_size");
   s.hidden_size = c.get_int<int32_t>("hidden_size");
   s.num_layers = c.get_int_in("num_hidden_layers", 1, kMaxLayers);
-  s.max_position_embeddings = c.get_int<int32_t>("max_position_embeddings", 1048576);  // transformers' default
+  s.max_position_embeddings = c.get_int_in("max_position_embeddings", 1, kMaxInt32, 1048576);  // transformers' default
   s.rms_norm_eps = c.get_double("rms_norm_eps", 1e-6);
   R3_CHECK(s.rms_norm_eps >= 0, c.source(), ": 'rms_norm_eps' must be >= 0, got ", s.rms_norm_eps);
   s.tie_word_embeddings = c.get_bool("tie_word_embeddings", false);
@@ -126,7 +129,7 @@ DeepseekV4Spec DeepseekV4Spec::parse(const HfConfig& c) {
   s.q_lora_rank = c.get_int<int32_t>("q_lora_rank");
   s.o_groups = c.get_int<int32_t>("o_groups");
   s.o_lora_rank = c.get_int<int32_t>("o_lora_rank");
-  s.sliding_window = c.get_int<int32_t>("sliding_window");
+  s.sliding_window = c.get_int_in("sliding_window", 1, kMaxInt32);
   double partial = c.get_double("partial_rotary_factor",
                                 c.has("qk_rope_head_dim") ? static_cast<double>(c.get_int<int32_t>("qk_rope_head_dim")) /
                                                                 static_cast<double>(s.head_dim)
@@ -174,22 +177,24 @@ DeepseekV4Spec DeepseekV4Spec::parse(const HfConfig& c) {
   }
   s.csa_rate = c.get_int<int32_t>("compress_rate_csa", static_cast<int32_t>(s.csa_rate));  // legacy top-level overrides
   s.hca_rate = c.get_int<int32_t>("compress_rate_hca", static_cast<int32_t>(s.hca_rate));
-  s.index_heads = c.get_int<int32_t>("index_n_heads");
-  s.index_head_dim = c.get_int<int32_t>("index_head_dim");
-  s.index_topk = c.get_int<int32_t>("index_topk");
+  R3_CHECK(s.csa_rate >= 1 && s.hca_rate >= 1, c.source(), ": the compression rates must be >= 1, got ", s.csa_rate,
+           " (compressed_sparse_attention) and ", s.hca_rate, " (heavily_compressed_attention)");
+  s.index_heads = c.get_int_in("index_n_heads", 1, kMaxInt32);
+  s.index_head_dim = c.get_int_in("index_head_dim", 1, kMaxInt32);
+  s.index_topk = c.get_int_in("index_topk", 1, kMaxInt32);
 
   // Released checkpoints use 4 streams and 20 Sinkhorn iterations. Each iteration normalises an
   // hc_mult x hc_mult matrix per token and layer, and converges in a few tens of iterations: 1000
   // is far past any useful count while a hostile 1e12 would never finish.
   s.hc_mult = c.get_int_in("hc_mult", 1, kMaxHcMult, 1);
   s.hc_sinkhorn_iters = c.get_int_in("hc_sinkhorn_iters", 1, kMaxSinkhornIters, 20);
-  s.hc_eps = c.get_double("hc_eps", 1e-6);
+  s.hc_eps = c.get_double_in("hc_eps", 0.0, 1.0, 1e-6);
 
   s.num_experts = c.get_int_any<int32_t>({"n_routed_experts", "num_local_experts"});
   s.top_k = c.get_int<int32_t>("num_experts_per_tok");
   s.moe_intermediate = c.get_int<int32_t>("moe_intermediate_size");
-  s.routed_scaling_factor = c.get_double("routed_scaling_factor", 1.0);
-  s.swiglu_limit = c.get_double("swiglu_limit", 0.0);
+  s.routed_scaling_factor = c.get_double_in("routed_scaling_factor", 0.0, 1e6, 1.0);
+  s.swiglu_limit = c.get_double_in("swiglu_limit", 0.0, 1e30, 0.0);
   const std::string scoring = c.get_string("scoring_func", "sqrtsoftplus");
   R3_CHECK(scoring == "sqrtsoftplus", c.source(), ": scoring_func '", scoring,
            "' is not supported for deepseek_v4 yet (only 'sqrtsoftplus')");

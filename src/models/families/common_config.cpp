@@ -1,6 +1,7 @@
 #include "models/families/common_config.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "core/check.h"
 #include "core/checked.h"
@@ -50,7 +51,8 @@ void read_common_decoder_config(const HfConfig& config, DecoderSpec& spec) {
   spec.vocab_size = config.get_int<int32_t>("vocab_size");
   spec.hidden_size = config.get_int<int32_t>("hidden_size");
   spec.num_layers = config.get_int_in("num_hidden_layers", 1, kMaxLayers);
-  spec.max_position_embeddings = config.get_int<int32_t>("max_position_embeddings", 0);
+  // Absent: 0, no limit of the checkpoint's own; present, at least one position.
+  spec.max_position_embeddings = config.get_int_in("max_position_embeddings", 1, std::numeric_limits<int32_t>::max(), 0);
   spec.rms_norm_eps = config.get_double("rms_norm_eps", 1e-6);
   // A negative epsilon makes the norm of a small row the root of a negative number: NaN logits.
   R3_CHECK(spec.rms_norm_eps >= 0, config.source(), ": 'rms_norm_eps' must be >= 0, got ", spec.rms_norm_eps);

@@ -1,6 +1,7 @@
 #include "models/kimi_k3/k3_spec.h"
 
 #include <cmath>
+#include <limits>
 #include <optional>
 
 #include "core/check.h"
@@ -30,7 +31,7 @@ KimiK3Spec KimiK3Spec::parse(const HfConfig& config) {
   DecoderSpec& d = s.decoder;
   d = parse_kimi_linear(config);  // layer schedule, KDA / MLA sizes, routing, dense layers, names
   d.family = "kimi_k3";
-  d.max_position_embeddings = config.get_int<int32_t>("max_position_embeddings", 0);
+  d.max_position_embeddings = config.get_int_in("max_position_embeddings", 1, std::numeric_limits<int32_t>::max(), 0);
   require_bool(config, "mla_use_nope");
   require_bool(config, "mla_use_output_gate");
   require_bool(config, "latent_moe_use_norm");
