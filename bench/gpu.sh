@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build r3 with its CUDA backend (sm_90a) from the carried library
-# headers (scripts/gpu-deps.sh, carried as .gpu-deps), run the GPU tests and the kernel
+# headers (scripts/gpu-deps.sh, carried as .gpu-deps.tar.xz), run the GPU tests and the kernel
 # benchmarks (R3_TESTS_ONLY=1: none; with R3_BREAKDOWN=1, a per-kernel profile of a decode step;
 # with R3_AB=<kernel choice>, that choice measured forced each way; with R3_AB_CONFIGS, whole
 # settings of kernel choices compared; with R3_TIMELINE=1, each kernel's place in the step's graph as it ran; with
@@ -14,6 +14,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-out}
 mkdir -p "$out"
+# The carried library headers come as one compressed file (scripts/gpu-deps.sh).
+[[ -d .gpu-deps || ! -f .gpu-deps.tar.xz ]] || tar -xJf .gpu-deps.tar.xz
 {
   date -u +"date: %Y-%m-%dT%H:%M:%SZ"
   echo "commit: ${R3_COMMIT:-unknown (set R3_COMMIT)}"

@@ -10,9 +10,9 @@ rm -rf "$out"
 mkdir -p "$out/include"
 for d in nlohmann CLI spdlog fmt; do cp -r "/usr/include/$d" "$out/include/"; done
 cp /usr/include/zlib.h /usr/include/zconf.h "$out/include/"
-# Boost: the headers the HTTP server's sources include, as g++ and clang see them here, plus the
-# whole of config/ (which picks its headers by compiler and platform) and the libraries whose
-# headers choose among their own by what they find there. The rest of Boost (180 MB) stays behind.
+# Boost: the headers the HTTP server's sources include, as g++ and clang see them here (the same
+# platform as the GPU machine's), plus the whole of config/, which picks its headers by compiler.
+# The rest of Boost (180 MB) stays behind: a device call carries at most 64 MiB with the tree.
 server_sources=(src/server/http_server.cpp src/server/body_encoding.cpp)
 boost_headers() {
   for compiler in g++ clang++; do
@@ -28,7 +28,10 @@ for h in "${headers[@]}"; do
   mkdir -p "$out/include/$(dirname "${h#/usr/include/}")"
   cp "$h" "$out/include/${h#/usr/include/}"
 done
-for d in config asio beast predef; do cp -r "/usr/include/boost/$d" "$out/include/boost/"; done
+cp -r /usr/include/boost/config "$out/include/boost/"
 cp -r /usr/src/googletest "$out/googletest"
 grep -qx '/.gpu-deps/' .git/info/exclude 2>/dev/null || echo '/.gpu-deps/' >> .git/info/exclude
-du -sh "$out"
+# The same as one compressed file, what a device call carries (bench/gpu.sh unpacks it there).
+tar -cJf "$out.tar.xz" "$out"
+grep -qx '/.gpu-deps.tar.xz' .git/info/exclude 2>/dev/null || echo '/.gpu-deps.tar.xz' >> .git/info/exclude
+du -sh "$out" "$out.tar.xz"
