@@ -33,6 +33,18 @@ constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
 // connection is closed.
 constexpr std::chrono::milliseconds kLastWordsGrace{1500};
 
+// A request the parser could not read as HTTP (answered 400), as opposed to a client that left
+// or ran out of time (answered nothing).
+bool malformed(const beast::error_code& ec) {
+  return ec.category() == http::make_error_code(http::error::bad_target).category() &&
+         ec != http::error::end_of_stream && ec != http::error::partial_message;
+}
+
+}  // namespace
+
+// Named, not anonymous: HttpServer::Impl, which has external linkage, holds them.
+namespace http_parts {
+
 // Wakes a connection waiting for its engine call, from any thread, for as long as the server
 // lives (the engine thread may report on a request after its connection has gone).
 class Waker {
@@ -68,20 +80,10 @@ struct Connection {
   }
 };
 
-// A request the parser could not read as HTTP (answered 400), as opposed to a client that left
-// or ran out of time (answered nothing).
-bool malformed(const beast::error_code& ec) {
-  return ec.category() == http::make_error_code(http::error::bad_target).category() &&
-         ec != http::error::end_of_stream && ec != http::error::partial_message;
-}
+}  // namespace http_parts
 
-std::string lower(std::string_view text) {
-  std::string out(text);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
-}  // namespace
+using http_parts::Connection;
+using http_parts::Waker;
 
 struct HttpServer::Impl {
   EngineLoop& loop;
@@ -301,7 +303,7 @@ struct HttpServer::Impl {
         if (!written || body_pending || !keep_alive) co_return;
         continue;
       }
-      if (lower(head[http::field::expect]) == "100-continue") {
+      if (beast::iequals(head[http::field::expect], "100-continue")) {
         http::response<http::empty_body> go_on{http::status::continue_, version};
         auto [ec, n] = co_await http::async_write(c->stream, go_on, kTuple);
         if (ec) co_return;
